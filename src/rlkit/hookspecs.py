@@ -1,0 +1,80 @@
+"""The plugin contract: one ``rlkit_register_<kind>s()`` hook per registry.
+
+Each hook takes no arguments and returns a list of specs (``rlkit.specs``). Built-ins implement
+these hooks with the same ``@rlkit.hookimpl`` marker a third-party package uses. docs/plugins.md
+documents every hook (a test checks that).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from rlkit.specs import (
+    ComputeScoreSpec,
+    EstimatorSpec,
+    PolicyLossSpec,
+    RewardManagerSpec,
+    RoleSpec,
+    RolloutBackendSpec,
+    ToolSpec,
+    TrackerSpec,
+)
+
+__all__ = ["PROJECT", "hookspec", "hookimpl", "REGISTRY_KINDS"]
+
+PROJECT = "rlkit"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def rlkit_register_estimators() -> list[EstimatorSpec]:
+    """Advantage estimators (``algorithm.estimator``): ppo, grpo, dapo, rloo, ..."""
+
+
+@hookspec
+def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
+    """Policy losses (``actor.policy_loss``): ppo_clip, gspo, cispo, gpg, sapo."""
+
+
+@hookspec
+def rlkit_register_reward_managers() -> list[RewardManagerSpec]:
+    """Reward managers (``reward.manager``): naive, batch, dapo, parallel."""
+
+
+@hookspec
+def rlkit_register_compute_scores() -> list[ComputeScoreSpec]:
+    """Rule-based scoring functions, keyed by the ``data_source`` they score."""
+
+
+@hookspec
+def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
+    """Rollout engines (``rollout.backend``): hf, sglang (plugin package)."""
+
+
+@hookspec
+def rlkit_register_roles() -> list[RoleSpec]:
+    """Worker roles: actor_rollout_ref, actor, rollout, ref, critic, reward_model."""
+
+
+@hookspec
+def rlkit_register_trackers() -> list[TrackerSpec]:
+    """Experiment trackers (``tracking.backends``): console, mlflow, jsonl."""
+
+
+@hookspec
+def rlkit_register_tools() -> list[ToolSpec]:
+    """Tools a multi-turn rollout may call: calculator, python."""
+
+
+# registry kind -> (hook name, spec type). The single source of truth for the registries.
+REGISTRY_KINDS: dict[str, tuple[str, type]] = {
+    "estimators": ("rlkit_register_estimators", EstimatorSpec),
+    "policy_losses": ("rlkit_register_policy_losses", PolicyLossSpec),
+    "reward_managers": ("rlkit_register_reward_managers", RewardManagerSpec),
+    "compute_scores": ("rlkit_register_compute_scores", ComputeScoreSpec),
+    "rollout_backends": ("rlkit_register_rollout_backends", RolloutBackendSpec),
+    "roles": ("rlkit_register_roles", RoleSpec),
+    "trackers": ("rlkit_register_trackers", TrackerSpec),
+    "tools": ("rlkit_register_tools", ToolSpec),
+}
