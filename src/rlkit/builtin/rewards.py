@@ -1,3 +1,62 @@
-"""Registers rlkit's built-in rewards entries through the public hooks."""
+"""Registers rlkit's built-in score functions and reward managers through the public hooks.
+
+Score functions import only the standard library, so they are referenced directly; reward managers
+(which import torch) are referenced as ``"module:attr"`` strings, resolved by
+``rlkit.registry.load_object`` when a run builds one.
+"""
 
 from __future__ import annotations
+
+from rlkit.hookspecs import hookimpl
+from rlkit.rewards.scores import gsm8k, math, synthetic
+from rlkit.specs import ComputeScoreSpec, RewardManagerSpec
+
+
+@hookimpl
+def rlkit_register_compute_scores() -> list[ComputeScoreSpec]:
+    return [
+        ComputeScoreSpec(
+            name="openai/gsm8k",
+            aliases=("gsm8k",),
+            fn=gsm8k.compute_score,
+            description="GSM8K: number after '####' (strict) or last number (extra_info method=flexible)",
+        ),
+        ComputeScoreSpec(
+            name="HuggingFaceH4/MATH-500",
+            aliases=("math500", "math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"),
+            fn=math.compute_score,
+            description="MATH: last \\boxed{} answer, normalised (math-verify when installed)",
+        ),
+        ComputeScoreSpec(
+            name="rlkit/arithmetic",
+            aliases=("arithmetic",),
+            fn=synthetic.compute_score,
+            description="synthetic arithmetic: the response's final integer",
+        ),
+    ]
+
+
+@hookimpl
+def rlkit_register_reward_managers() -> list[RewardManagerSpec]:
+    return [
+        RewardManagerSpec(
+            name="naive",
+            cls="rlkit.rewards.managers:NaiveRewardManager",
+            description="one score call per sample, in the driver",
+        ),
+        RewardManagerSpec(
+            name="batch",
+            cls="rlkit.rewards.managers:BatchRewardManager",
+            description="one batched score call for the whole batch",
+        ),
+        RewardManagerSpec(
+            name="dapo",
+            cls="rlkit.rewards.managers:DapoRewardManager",
+            description="naive plus DAPO's overlong reward shaping",
+        ),
+        RewardManagerSpec(
+            name="parallel",
+            cls="rlkit.rewards.parallel:ParallelRewardManager",
+            description="process pool with a per-sample timeout (hanging scorers are killed)",
+        ),
+    ]

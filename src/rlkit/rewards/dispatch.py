@@ -1,0 +1,127 @@
+"""Find the score function for a ``data_source``; load custom scores from a file.
+
+``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` looks the source up in
+the ``compute_scores`` registry (built-ins plus every installed plugin). The registries are built
+once per process and cached; pass ``registries=`` to use your own (tests do).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import RlkitError, UnknownNameError
+from rlkit.registry import Registries, build_registries, load_object, suggest
+
+__all__ = [
+    "UnknownDataSourceError",
+    "ScoreLoadError",
+    "compute_score",
+    "get_score_fn",
+    "load_custom_score",
+    "ScoreDispatcher",
+    "batched",
+]
+
+ScoreFn = Callable[..., Any]
+
+
+class UnknownDataSourceError(UnknownNameError):
+    """No score function is registered for a ``data_source``."""
+
+
+class ScoreLoadError(RlkitError):
+    """A custom score file or function could not be loaded."""
+
+
+@functools.lru_cache(maxsize=1)
+def _default_registries() -> Registries:
+    return build_registries()
+
+
+def get_score_fn(data_source: str, registries: Registries | None = None) -> ScoreFn:
+    """The registered ``compute_score`` for ``data_source`` (aliases resolve)."""
+    registry = (registries or _default_registries()).compute_scores
+    if data_source not in registry:
+        known = registry.names(with_aliases=True)
+        raise UnknownDataSourceError(
+            f"no compute_score is registered for data_source '{data_source}'. "
+            f"Known data sources: {', '.join(known) or '(none)'}.{suggest(str(data_source), known)} "
+            "Fix the data_source column, register a function in the 'rlkit.compute_score' "
+            "entry-point group, or set reward.custom_score: {path: my_score.py, name: compute_score}."
+        )
+    return load_object(registry.get(data_source).fn)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    *,
+    registries: Registries | None = None,
+) -> Any:
+    """Score one response with the function registered for ``data_source``: a float or a dict with ``score``."""
+    fn = get_score_fn(data_source, registries)
+    return fn(data_source, solution_str, ground_truth, extra_info)
+
+
+def load_custom_score(path: str | Path, name: str = "compute_score") -> ScoreFn:
+    """Import the Python file at ``path`` and return its function ``name`` (``reward.custom_score``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScoreLoadError(
+            f"reward.custom_score.path: file '{path}' does not exist (resolved to '{path.resolve()}'). "
+            "Give the path of a .py file that defines the score function."
+        )
+    module_name = f"rlkit_custom_score_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ScoreLoadError(f"reward.custom_score.path: '{path}' cannot be imported as a Python module (is it a .py file?).")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # lets pickling find the function by module name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ScoreLoadError(f"reward.custom_score.path: importing '{path}' raised {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, name, None)
+    if fn is None:
+        functions = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise ScoreLoadError(
+            f"reward.custom_score.name: '{path}' defines no '{name}'. "
+            f"Callables it defines: {', '.join(functions) or '(none)'}.{suggest(name, functions)}"
+        )
+    if not callable(fn):
+        raise ScoreLoadError(f"reward.custom_score.name: '{name}' in '{path}' is a {type(fn).__name__}, not a function.")
+    return fn
+
+
+class ScoreDispatcher:
+    """A per-sample score function: the custom one if given, else the registered one for each data_source."""
+
+    def __init__(self, registries: Registries | None = None, custom: ScoreFn | None = None):
+        self.registries = registries
+        self.custom = custom
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+        fn = self.custom or get_score_fn(data_source, self.registries)
+        return fn(data_source, solution_str, ground_truth, extra_info)
+
+
+def batched(score_fn: ScoreFn) -> Callable[..., list[Any]]:
+    """Adapt a per-sample score function to the ``batch`` manager's batched call."""
+
+    def score_batch(
+        data_sources: Sequence[str],
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[dict | None],
+    ) -> list[Any]:
+        return [score_fn(*args) for args in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+    return score_batch
