@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from rlkit.errors import RecipeError
 from rlkit.recipe.load import apply_overrides, get_path, has_path, load_yaml, set_path
-from rlkit.recipe.schema import Recipe
-from rlkit.registry import Registries, build_registries
+from rlkit.recipe.schema import CriticConfig, Recipe
+from rlkit.registry import Registries, build_registries, suggest
 
 __all__ = ["load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]
 
@@ -64,6 +64,7 @@ def validate_recipe(
         recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
         problems += [(_loc(err["loc"]), _message(err)) for err in exc.errors()]
+        recipe = _validate_without_unknown_keys(raw, exc)  # so the rules below still run
     if recipe is not None:
         problems += _check_rules(recipe, explicit, registries)
         if check_files:
@@ -73,13 +74,43 @@ def validate_recipe(
     return recipe
 
 
+def _validate_without_unknown_keys(raw: dict, exc: ValidationError) -> Recipe | None:
+    """Drop unknown keys (already reported) and try again; None if other errors remain."""
+    if any(err["type"] != "extra_forbidden" for err in exc.errors()):
+        return None
+    pruned = copy.deepcopy(raw)
+    for err in exc.errors():
+        parent = get_path(pruned, [str(p) for p in err["loc"][:-1]]) if len(err["loc"]) > 1 else pruned
+        if isinstance(parent, dict):
+            parent.pop(err["loc"][-1], None)
+    try:
+        return Recipe.model_validate(pruned)
+    except ValidationError:
+        return None
+
+
+def _valid_keys(loc: tuple) -> list[str]:
+    """Field names of the section at ``loc`` (for did-you-mean on unknown keys)."""
+    model: Any = Recipe
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        annotation = getattr(field, "annotation", None)
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if hasattr(c, "model_fields")), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
 def _loc(loc: tuple) -> str:
     return ".".join(str(part) for part in loc)
 
 
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
-        return "unknown key; check its spelling (`rlkit recipe show` prints every valid key with its value)"
+        valid = _valid_keys(err["loc"][:-1])
+        hint = suggest(str(err["loc"][-1]), valid) or f" Valid keys here: {', '.join(valid)}." if valid else ""
+        return "unknown key." + hint + " (`rlkit recipe show` prints every key with its value)"
     if err["type"] == "missing":
         return "required key is missing"
     value = err.get("input")
@@ -141,7 +172,10 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     if est_name not in registries.estimators:
         return problems  # already reported by _check_names
     est = registries.estimators.get(est_name)
-    critic_keys = sorted(k for k in (explicit.get("critic") or {}) if k != "enable")
+    default_critic = CriticConfig()
+    critic_keys = sorted(  # critic options the user changed from their defaults
+        k for k in (explicit.get("critic") or {}) if k != "enable" and getattr(recipe.critic, k, None) != getattr(default_critic, k, None)
+    )
     if est.needs_critic and recipe.critic.enable is False:
         problems.append(("critic.enable", f"estimator '{est_name}' needs a critic; remove critic.enable=false or pick a critic-free estimator such as grpo"))
     if not est.needs_critic and recipe.critic.enable:

@@ -1,0 +1,1 @@
+"""An example rlkit plugin (see hooks.py and scores.py)."""

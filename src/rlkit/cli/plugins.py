@@ -1,0 +1,56 @@
+"""``rlkit plugins [--json]``: every registry, its entries, and where each came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rlkit.plugins import make_plugin_manager
+from rlkit.registry import build_registries
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plugins", help="list every registry and entry, with its package and version")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def collect() -> dict:
+    """Registries and broken plugins as plain data (what ``--json`` prints)."""
+    plugins = make_plugin_manager()
+    registries = build_registries(plugins, allow_broken=True)
+    return {
+        "registries": {
+            kind: [
+                {
+                    "name": entry.spec.name,
+                    "aliases": list(entry.spec.aliases),
+                    "description": entry.spec.description,
+                    "plugin": entry.source.plugin,
+                    "package": entry.source.package,
+                    "version": entry.source.version,
+                }
+                for entry in registry
+            ]
+            for kind, registry in registries.items()
+        },
+        "broken": [
+            {"entry_point": b.entry_point, "group": b.group, "package": b.package, "version": b.version, "error": b.error}
+            for b in plugins.broken
+        ],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    data = collect()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        for kind, entries in data["registries"].items():
+            print(f"{kind} ({len(entries)})")
+            for e in entries:
+                aliases = f" [{', '.join(e['aliases'])}]" if e["aliases"] else ""
+                print(f"  {e['name']}{aliases}  —  {e['package']} {e['version']}" + (f"  {e['description']}" if e["description"] else ""))
+        for b in data["broken"]:
+            print(f"BROKEN  {b['entry_point']} ({b['group']}) from {b['package']} {b['version']}: {b['error']}")
+    return 1 if data["broken"] else 0

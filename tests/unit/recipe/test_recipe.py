@@ -1,0 +1,156 @@
+"""Recipes: loading, overrides, estimator defaults, and a corpus of broken recipes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlkit.errors import RecipeError
+from rlkit.plugins import make_plugin_manager
+from rlkit.recipe import load_recipe, recipe_to_dict, validate_recipe
+from rlkit.recipe.load import parse_override
+from rlkit.registry import build_registries
+
+GOOD = """\
+model: {path: some/model}
+data:
+  train_files: [{train}]
+  train_batch_size: 4
+actor: {ppo_mini_batch_size: 2}
+rollout: {n: 4}
+algorithm: {estimator: grpo}
+"""
+
+
+@pytest.fixture(scope="module")
+def registries():
+    return build_registries(make_plugin_manager(entry_points=False))
+
+
+@pytest.fixture
+def recipe_file(tmp_path: Path):
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")  # existence is what validation checks
+
+    def write(text: str = GOOD) -> Path:
+        path = tmp_path / "recipe.yaml"
+        path.write_text(text.replace("{train}", str(train)))
+        return path
+
+    return write
+
+
+def problems_of(path, overrides=(), registries=None, **kw) -> list[tuple[str, str]]:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path, list(overrides), registries=registries, **kw)
+    assert str(path) in str(err.value)  # every error names the file
+    return err.value.problems
+
+
+def test_good_recipe_loads_with_defaults(recipe_file, registries):
+    recipe = load_recipe(recipe_file(), registries=registries)
+    assert recipe.rollout.n == 4 and recipe.actor.clip_ratio_high == 0.2
+    assert recipe.tracking.backends == ["console", "mlflow"]
+
+
+def test_overrides_are_typed_by_the_schema(recipe_file, registries):
+    recipe = load_recipe(
+        recipe_file(),
+        ["actor.optim.lr=3e-6", "rollout.stop=[a, b]", "trainer.total_steps=7", "rollout.engine_kwargs={mem: 0.5}"],
+        registries=registries,
+    )
+    assert recipe.actor.optim.lr == 3e-6 and recipe.rollout.stop == ["a", "b"]
+    assert recipe.trainer.total_steps == 7 and recipe.rollout.engine_kwargs == {"mem": 0.5}
+
+
+def test_tilde_removes_a_key(recipe_file, registries):
+    recipe = load_recipe(recipe_file(), ["~actor.ppo_mini_batch_size", "actor.ppo_mini_batch_size=4"], registries=registries)
+    assert recipe.actor.ppo_mini_batch_size == 4
+    problems = problems_of(recipe_file(), ["~model.path"], registries)
+    assert ("model.path", "required key is missing") in problems
+
+
+def test_dapo_sets_its_defaults_and_the_user_wins(recipe_file, registries):
+    dapo = load_recipe(recipe_file(), ["algorithm.estimator=dapo"], registries=registries)
+    assert dapo.actor.clip_ratio_high == 0.28 and dapo.actor.clip_ratio_low == 0.2
+    assert dapo.algorithm.filter_groups.enable and dapo.reward.overlong_buffer.enable
+    assert dapo.actor.loss_agg_mode == "token-mean" and dapo.reward.manager == "dapo"
+    mine = load_recipe(recipe_file(), ["algorithm.estimator=dapo", "actor.clip_ratio_high=0.3"], registries=registries)
+    assert mine.actor.clip_ratio_high == 0.3
+    plain = load_recipe(recipe_file(), registries=registries)
+    assert plain.actor.clip_ratio_high == 0.2 and not plain.algorithm.filter_groups.enable
+
+
+def test_effective_recipe_round_trips(recipe_file, registries):
+    recipe = load_recipe(recipe_file(), registries=registries)
+    again = validate_recipe(recipe_to_dict(recipe), registries=registries)
+    assert again == recipe
+
+
+@pytest.mark.parametrize("text", ["a.b", "=3", "a..b=1", "~", "a.b=[1, 2", "1a=2"])
+def test_bad_override_syntax(text):
+    with pytest.raises(ValueError):
+        parse_override(text)
+
+
+# (overrides, expected key path, fragment of the message)
+BROKEN = [
+    (["actor.clip_ratio_hgh=0.3"], "actor.clip_ratio_hgh", "Did you mean 'clip_ratio_high'"),
+    (["nonsense.key=1"], "nonsense", "unknown key"),
+    (["rollout.n=many"], "rollout.n", "valid integer"),
+    (["rollout.n=0"], "rollout.n", "greater than 0"),
+    (["actor.loss_agg_mode=mean"], "actor.loss_agg_mode", "token-mean"),
+    (["algorithm.estimator=grpoo"], "algorithm.estimator", "Did you mean 'grpo'"),
+    (["actor.policy_loss=ppo_clp"], "actor.policy_loss", "ppo_clip"),
+    (["reward.manager=navie"], "reward.manager", "naive"),
+    (["tracking.backends=[console, mlflw]"], "tracking.backends.1", "mlflow"),
+    (["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size", "does not divide"),
+    (["rollout.n=1"], "rollout.n", "2 or more"),
+    (["critic.enable=true"], "critic.enable", "uses no critic"),
+    (["critic.cliprange_value=0.3"], "critic.cliprange_value", "uses no critic"),
+    (["ref.enable=false", "actor.use_kl_loss=true"], "ref.enable", "needs the reference model"),
+    (["resources.roles={actor_rollout_ref: gpu_pool}"], "resources.roles.actor_rollout_ref", "unknown pool"),
+    (["data.train_files=[/no/such/file.parquet]"], "data.train_files.0", "file not found"),
+    (["reward.custom_score={path: /no/such.py}"], "reward.custom_score.path", "file not found"),
+    (["badoverride"], "override 'badoverride'", "not an override"),
+    (["~nothing.here"], "override '~nothing.here'", "no key"),
+    (["model=3"], "model", "valid dictionary"),
+]
+
+
+@pytest.mark.parametrize("overrides,loc,fragment", BROKEN, ids=[" ".join(o[0]) for o in BROKEN])
+def test_broken_recipe_corpus(recipe_file, registries, overrides, loc, fragment):
+    problems = problems_of(recipe_file(), overrides, registries)
+    matching = [msg for where, msg in problems if where == loc]
+    assert matching, f"no problem at {loc}: {problems}"
+    assert any(fragment in msg for msg in matching), problems
+
+
+def test_every_problem_is_reported_at_once(recipe_file, registries):
+    problems = problems_of(
+        recipe_file(),
+        ["actor.clip_ratio_hgh=1", "algorithm.estimator=nope", "actor.ppo_mini_batch_size=3", "data.train_files=[/missing]"],
+        registries,
+    )
+    assert {"actor.clip_ratio_hgh", "algorithm.estimator", "data.train_files.0"} <= {loc for loc, _ in problems}
+
+
+@pytest.mark.parametrize(
+    "content,fragment",
+    [("", "empty"), ("model: [unclosed\n", "YAML syntax error"), ("- a\n- b\n", "mapping"), (None, "not found")],
+    ids=["empty", "syntax", "list", "missing"],
+)
+def test_unreadable_files(tmp_path, registries, content, fragment):
+    path = tmp_path / "r.yaml"
+    if content is not None:
+        path.write_text(content)
+    problems = problems_of(path, registries=registries)
+    assert fragment in problems[0][1]
+
+
+def test_yaml_error_names_the_line(tmp_path, registries):
+    path = tmp_path / "r.yaml"
+    path.write_text("model:\n  path: a\ndata: {train_files: [x\n")
+    (loc, _), = problems_of(path, registries=registries)
+    assert loc.startswith("line ")
