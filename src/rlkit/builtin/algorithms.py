@@ -1,3 +1,161 @@
-"""Registers rlkit's built-in algorithms entries through the public hooks."""
+"""Registers rlkit's built-in estimators and policy losses through the public hooks.
+
+The functions live in ``rlkit.algos`` (torch). Each spec's ``fn`` is a ``LazyFunction``: a real
+callable that imports its target on first call, so `rlkit plugins` and `rlkit validate` never
+import torch. ``inspect.signature(spec.fn)`` resolves it and gives the target's signature.
+"""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from rlkit.hookspecs import hookimpl
+from rlkit.specs import EstimatorSpec, PolicyLossSpec
+
+__all__ = ["LazyFunction", "rlkit_register_estimators", "rlkit_register_policy_losses"]
+
+
+class LazyFunction:
+    """A callable standing for ``"package.module:function"``, imported on first use."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self._fn: Any = None
+
+    def resolve(self) -> Any:
+        if self._fn is None:
+            module_name, _, attr = self.target.partition(":")
+            self._fn = getattr(importlib.import_module(module_name), attr)
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.resolve())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazyFunction) and other.target == self.target
+
+    def __hash__(self) -> int:
+        return hash(self.target)
+
+    def __repr__(self) -> str:
+        return f"<lazy {self.target}>"
+
+
+def _est(name: str) -> LazyFunction:
+    return LazyFunction(f"rlkit.algos.estimators:{name}")
+
+
+def _loss(name: str) -> LazyFunction:
+    return LazyFunction(f"rlkit.algos.policy_losses:{name}")
+
+
+GROUP_PARAMS = ("norm_adv_by_std", "epsilon")  # `algorithm.*` keys of the GRPO family
+
+
+@hookimpl
+def rlkit_register_estimators() -> list[EstimatorSpec]:
+    return [
+        EstimatorSpec(
+            name="ppo", aliases=("gae",), fn=_est("ppo"), params=("gamma", "lam"), needs_critic=True,
+            description="PPO: GAE advantages from a learned critic, whitened over the batch",
+            paper="Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438)",
+        ),
+        EstimatorSpec(
+            name="grpo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            description="GRPO: (score - group mean) / (group std + epsilon)",
+            paper="Shao et al. 2024, DeepSeekMath (arXiv:2402.03300)",
+        ),
+        EstimatorSpec(
+            name="dapo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            description="DAPO: GRPO advantage + clip-higher, token-mean, dynamic sampling, overlong shaping",
+            recipe_defaults={
+                "actor.clip_ratio_low": 0.2,
+                "actor.clip_ratio_high": 0.28,
+                "actor.loss_agg_mode": "token-mean",
+                "algorithm.filter_groups.enable": True,
+                "reward.overlong_buffer.enable": True,
+                "reward.manager": "dapo",
+            },
+            paper="Yu et al. 2025 (arXiv:2503.14476)",
+        ),
+        EstimatorSpec(
+            name="dr_grpo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            description="Dr.GRPO: score - group mean (no std), constant-normalised token sum",
+            recipe_defaults={"algorithm.norm_adv_by_std": False, "actor.loss_agg_mode": "seq-mean-token-sum-norm"},
+            paper="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783)",
+        ),
+        EstimatorSpec(
+            name="rloo", fn=_est("rloo"), needs_groups=True,
+            description="RLOO: score minus the mean of the other samples of its group",
+            paper="Ahmadian et al. 2024 (arXiv:2402.14740)",
+        ),
+        EstimatorSpec(
+            name="reinforce_plus_plus", fn=_est("reinforce_plus_plus"), params=("gamma",),
+            description="REINFORCE++: discounted returns whitened over the batch",
+            paper="Hu 2025 (arXiv:2501.03262)",
+        ),
+        EstimatorSpec(
+            name="reinforce_plus_plus_baseline", fn=_est("reinforce_plus_plus_baseline"), needs_groups=True,
+            description="REINFORCE++-baseline: score - group mean, whitened over the batch",
+            paper="Hu 2025 (arXiv:2501.03262)",
+        ),
+        EstimatorSpec(
+            name="remax", fn=_est("remax"), needs_greedy_baseline=True,
+            description="ReMax: return minus the greedy rollout's score",
+            paper="Li et al. 2023 (arXiv:2310.10505)",
+        ),
+        EstimatorSpec(
+            name="opo", fn=_est("opo"), needs_groups=True,
+            description="OPO: score minus the length-weighted group mean",
+            paper="Hao et al. 2025, On-Policy RL with Optimal Reward Baseline (arXiv:2505.23585)",
+        ),
+        EstimatorSpec(
+            name="gpg", fn=_est("gpg"), needs_groups=True,
+            description="GPG: (score - group mean) * B / #non-zero scores; pairs with the gpg loss",
+            recipe_defaults={"actor.policy_loss": "gpg"},
+            paper="Chu et al. 2025, GPG (arXiv:2504.02546)",
+        ),
+        EstimatorSpec(
+            name="grpo_passk", fn=_est("grpo_passk"), params=GROUP_PARAMS, needs_groups=True,
+            description="Pass@k: only each group's best sample gets max - second max",
+            paper="Chen et al. 2025, Pass@k Training (arXiv:2503.19595)",
+        ),
+    ]
+
+
+@hookimpl
+def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
+    clip = ("clip_ratio_low", "clip_ratio_high")
+    return [
+        PolicyLossSpec(
+            name="ppo_clip", fn=_loss("ppo_clip"), params=(*clip, "clip_ratio_c"),
+            description="PPO clipped surrogate, asymmetric range, dual clip for negative advantages",
+            paper="Schulman et al. 2017 (arXiv:1707.06347); dual clip: Ye et al. 2020 (arXiv:1912.09729)",
+        ),
+        PolicyLossSpec(
+            name="gspo", fn=_loss("gspo"), params=clip,
+            description="GSPO: clipped sequence-level (geometric-mean) ratio, per-token gradient",
+            paper="Zheng et al. 2025 (arXiv:2507.18071)",
+        ),
+        PolicyLossSpec(
+            name="cispo", fn=_loss("cispo"), params=clip,
+            description="CISPO: stop-gradient clipped IS weight times advantage times log-prob",
+            paper="MiniMax 2025, MiniMax-M1 (arXiv:2506.13585)",
+        ),
+        PolicyLossSpec(
+            name="gpg", fn=_loss("gpg"),
+            description="GPG: plain policy gradient, -advantage * log-prob",
+            paper="Chu et al. 2025, GPG (arXiv:2504.02546)",
+        ),
+        PolicyLossSpec(
+            name="sapo", fn=_loss("sapo"), params=("tau_pos", "tau_neg"),
+            description="SAPO: soft sigmoid gate on the ratio instead of a hard clip",
+            paper="Gao et al. 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347)",
+        ),
+    ]
