@@ -1,6 +1,13 @@
 """Recipes: a pydantic schema, YAML loading, ``a.b=c`` overrides and composition."""
 
-from rlkit.recipe.compose import load_recipe, recipe_to_dict, role_world_size, uses_critic, uses_ref, validate_recipe
+from rlkit.recipe.compose import (
+    load_recipe,
+    recipe_to_dict,
+    role_world_size,
+    uses_critic,
+    uses_ref,
+    validate_recipe,
+)
 from rlkit.recipe.schema import Recipe
 
 __all__ = ["Recipe", "load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]
