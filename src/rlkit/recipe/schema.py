@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 __all__ = [
     "Recipe",
@@ -102,7 +102,7 @@ class ActorConfig(Section):
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + clip_ratio_high (DAPO: 0.28)")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
     loss_agg_mode: LossAggMode = Field("token-mean", description="how per-token losses become one number")
-    ppo_mini_batch_size: PositiveInt = Field(8, description="prompts per optimizer step")
+    ppo_mini_batch_size: PositiveInt | None = Field(None, description="prompts per optimizer step; None = data.train_batch_size")
     ppo_micro_batch_size_per_rank: PositiveInt = Field(4, description="samples per forward/backward on one rank")
     use_dynamic_bsz: bool = Field(False, description="micro-batches by token budget instead of sample count")
     ppo_max_token_len_per_rank: PositiveInt = Field(16384, description="token budget of a dynamic micro-batch")
@@ -226,6 +226,8 @@ class TrackingConfig(Section):
 
 
 class Recipe(Section):
+    """A whole recipe. Derived defaults are filled in after validation (see ``_fill_derived``)."""
+
     model: ModelConfig
     data: DataConfig
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -237,6 +239,12 @@ class Recipe(Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _fill_derived(self) -> Recipe:
+        if self.actor.ppo_mini_batch_size is None:
+            self.actor.ppo_mini_batch_size = self.data.train_batch_size
+        return self
 
 
 SECTIONS = tuple(Recipe.model_fields)

@@ -1,0 +1,60 @@
+"""Test sessions. `nox -s tests` is the default run (the README's test command runs the same
+pytest selection); heavier runs sit behind markers and their own sessions.
+
+All sessions reuse the torch CPU wheel (`torch==2.13.0`) so no CUDA build is ever pulled.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = "torch==2.13.0"
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    session.install(TORCH)
+    session.install("-e", f".[{','.join(('test', *extras))}]", "-e", "plugins/rlkit-example")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Default suite: unit tests with real components (Ray, gloo FSDP, MLflow, parquet)."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """End-to-end `rlkit run` of tiny recipes in subprocesses (marker `e2e`)."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-q", "-m", "e2e", *session.posargs)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """Heavy suites kept out of the default run: fault injection at many kill points, endurance (marker `slow`)."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-q", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def plugins(session: nox.Session) -> None:
+    """Plugin packages under plugins/ installed and their tests run."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-q", "tests/plugins", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "plugins", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Side-by-side benchmarks (see docs/benchmarks.md)."""
+    _install(session)
+    session.run("python", "benchmarks/run.py", *session.posargs)

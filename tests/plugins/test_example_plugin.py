@@ -1,0 +1,40 @@
+"""The example third-party plugin, installed into the test environment, shows up in rlkit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+import rlkit
+from rlkit.plugins import make_plugin_manager
+from rlkit.registry import build_registries
+
+
+def test_rlkit_plugins_lists_the_example_entries():
+    out = subprocess.run([sys.executable, "-m", "rlkit", "plugins", "--json"], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    estimators = {e["name"]: e for e in data["registries"]["estimators"]}
+    scores = {e["name"]: e for e in data["registries"]["compute_scores"]}
+    assert estimators["group_median"]["package"] == "rlkit-example"
+    assert scores["example/keyword"]["package"] == "rlkit-example"
+    assert estimators["grpo"]["package"] == "rlkit"  # built-ins are listed beside it
+    assert data["broken"] == []
+
+
+def test_example_estimator_has_the_uniform_signature():
+    spec = build_registries(make_plugin_manager()).estimators.get("group_median")
+    rewards = torch.zeros(4, 3)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 5.0, 2.0])  # scores; groups {0,1} and {2,3}
+    mask = torch.ones(4, 3)
+    adv, ret = spec.fn(rewards, mask, torch.tensor([0, 0, 1, 1]), values=None, reward_baselines=None)
+    # torch.median of an even group is its lower middle: group 0 → 0.0, group 1 → 2.0
+    assert torch.equal(adv[:, 0], torch.tensor([1.0, 0.0, 3.0, 0.0])) and torch.equal(adv, ret)
+
+
+def test_example_score_through_the_public_dispatcher():
+    result = rlkit.compute_score("example/keyword", "The answer is Paris.", "paris")
+    assert result["score"] == 1.0
+    assert rlkit.compute_score("example/keyword", "London", "paris")["score"] == 0.0
