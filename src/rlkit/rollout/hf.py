@@ -1,0 +1,158 @@
+"""The Hugging Face rollout backend: batched sampling with a KV cache, in the actor's process.
+
+Its own decode loop (rather than ``model.generate``) for three reasons: the sampled token's log-prob
+under the untruncated temperature-scaled distribution comes for free; stop strings end a row at the
+exact token that completes them; and when the module is FSDP-sharded every forward is a collective, so
+all ranks must run the same number of decode steps — the loop stops only when every rank is done.
+
+Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
+``T`` response width, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlkit.batch import Batch
+from rlkit.errors import RlkitError
+from rlkit.recipe.schema import RolloutConfig
+from rlkit.rollout.base import assemble_rollout
+
+__all__ = ["HFRollout", "sample_next"]
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, top_k: int, do_sample: bool,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from ``logits [B, V]``; returns ``(tokens [B], log_prob [B])``.
+
+    The log-prob is that of ``log_softmax(logits / temperature)`` (greedy: temperature 1), before
+    top-k / top-p truncation (``rlkit.rollout.base``).
+    """
+    logits = logits.float()
+    greedy = not do_sample or temperature == 0
+    scaled = logits if greedy else logits / temperature  # [B, V]
+    logp = torch.log_softmax(scaled, dim=-1)
+    if greedy:
+        tokens = logp.argmax(dim=-1)
+    else:
+        filtered = scaled.clone()
+        if top_k > 0 and top_k < filtered.shape[-1]:
+            kth = torch.topk(filtered, top_k, dim=-1).values[:, -1:]  # [B, 1]
+            filtered[filtered < kth] = float("-inf")
+        if top_p < 1.0:
+            sorted_logits, order = torch.sort(filtered, dim=-1, descending=True)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token already >= p
+            sorted_logits[drop] = float("-inf")
+            filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
+        probs = torch.softmax(filtered, dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFRollout:
+    """Sampling from a transformers causal LM (plain or FSDP2-sharded) with a KV cache."""
+
+    def __init__(self, *, module: nn.Module, tokenizer, rollout_config: RolloutConfig, max_response_length: int,
+                 device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None):
+        self.module = module
+        self.tokenizer = tokenizer
+        self.config = rollout_config
+        self.max_response_length = max_response_length
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
+        self.eos_token_ids = torch.tensor(sorted({i for i in ids if i is not None}), device=self.device)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
+
+    # ----- weights ------------------------------------------------------------------------------
+    def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
+        """Hybrid engine: the actor's module itself (shared, nothing copied) or a full state dict."""
+        if isinstance(weights, nn.Module):
+            self.module = weights
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.module, FSDPModule):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(self.module, weights, options=opts)
+        else:
+            self.module.load_state_dict(weights, strict=False)
+
+    # ----- generation ---------------------------------------------------------------------------
+    def _collective(self) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.module, FSDPModule) and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _all_done(self, finished: torch.Tensor) -> bool:
+        done = torch.tensor([int(bool(finished.all()))], device=self.device)
+        if self._collective():
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        return bool(done.item())
+
+    def _hits_stop(self, responses: torch.Tensor, step: int, rows: torch.Tensor, stop: list[str]) -> torch.Tensor:
+        """Rows (among ``rows``) whose response text now contains a stop string."""
+        hit = torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
+        window = 4 * max(len(s) for s in stop) + 4  # tokens enough to hold any stop string
+        lo = max(0, step + 1 - window)
+        for r in rows.nonzero().flatten().tolist():
+            text = self.tokenizer.decode(responses[r, lo:step + 1].tolist(), skip_special_tokens=False)
+            hit[r] = any(s in text for s in stop)
+        return hit
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
+                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
+                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+        cfg = self.config
+        n = cfg.n if n is None else n
+        temperature = cfg.temperature if temperature is None else temperature
+        top_p = cfg.top_p if top_p is None else top_p
+        top_k = cfg.top_k if top_k is None else top_k
+        max_new = self.max_response_length if max_new_tokens is None else max_new_tokens
+        do_sample = (temperature > 0) if do_sample is None else do_sample
+        stop = list(cfg.stop if stop is None else stop)
+        if "input_ids" not in prompts or "attention_mask" not in prompts:
+            raise RlkitError(f"rollout.generate needs prompt fields input_ids and attention_mask; got {prompts.keys()}.")
+
+        prompt_ids = prompts["input_ids"].to(self.device).repeat_interleave(n, dim=0)  # [B, P]
+        prompt_mask = prompts["attention_mask"].to(self.device).long().repeat_interleave(n, dim=0)  # [B, P]
+        b = prompt_ids.shape[0]
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=self.device)  # [B, T]
+        response_mask = torch.zeros((b, max_new), dtype=torch.long, device=self.device)
+        log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
+        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
+
+        was_training = self.module.training
+        self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
+        try:
+            mask = prompt_mask
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self.module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            last_pos = pos[:, -1]
+            for step in range(max_new):
+                tokens, lp = sample_next(out.logits[:, -1], temperature=temperature, top_p=top_p, top_k=top_k,
+                                         do_sample=do_sample, generator=self.generator)
+                live = ~finished
+                responses[:, step] = torch.where(live, tokens, self.pad_token_id)
+                log_probs[:, step] = torch.where(live, lp, 0.0)
+                response_mask[:, step] = live.long()
+                ended = live & torch.isin(tokens, self.eos_token_ids)
+                if stop:
+                    ended |= self._hits_stop(responses, step, live & ~ended, stop)
+                finished |= ended
+                if step + 1 == max_new or self._all_done(finished):
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                last_pos = last_pos + 1
+                out = self.module(input_ids=responses[:, step:step + 1], attention_mask=mask,
+                                  position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
+        finally:
+            self.module.train(was_training)
+        meta = {"temperature": float(temperature) if do_sample and temperature > 0 else 1.0, "do_sample": bool(do_sample)}
+        return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

@@ -1,0 +1,247 @@
+"""The FSDP2 actor: response log-probs (+ entropy) and the PPO-style policy update.
+
+``FSDPActor`` is plain Python (no Ray): it runs inside whichever process owns a rank of the default
+torch.distributed group (a Ray worker in production, a spawned process in tests).
+
+Update, for each of ``ppo_epochs`` passes over the rank's samples:
+  mini-batch  = ``actor.ppo_mini_batch_size`` prompts × ``rollout_n`` samples, split evenly over ranks
+  micro-batch = ``ppo_micro_batch_size_per_rank`` samples, or a token budget (``use_dynamic_bsz``)
+  loss        = policy loss − entropy_coeff · entropy (+ kl_loss_coef · KL to the reference), each
+                aggregated by ``agg_loss`` with the mini-batch's token / sequence counts summed over
+                all micro-batches and ranks, so every micro-batch's loss is its exact share and the
+                SUM-reduced gradient (``rlkit.workers.fsdp``) does not depend on the split.
+One optimizer step per mini-batch (gradients clipped; a non-finite norm skips the step); the LR
+scheduler steps once per ``update`` call (= per training step).
+
+Batch fields read: ``input_ids, attention_mask, position_ids [B, P+T]``, ``responses,
+response_mask, advantages [B, T]``, optional ``old_log_prob`` (absent = on-policy, the current
+log-prob detached), ``ref_log_prob [B, T]`` (when ``use_kl_loss``), meta ``temperature``.
+Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from rlkit.algos.aggregation import agg_loss, global_counts
+from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
+from rlkit.algos.kl import kl_penalty
+from rlkit.batch import Batch
+from rlkit.errors import WorkerError
+from rlkit.recipe.schema import ActorConfig, ModelConfig
+from rlkit.workers import fsdp
+
+__all__ = ["FSDPActor", "forward_response", "compute_log_probs"]
+
+
+def autocast(device: torch.device, mixed_precision: str):
+    if mixed_precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
+                     entropy_grad: bool = False, mixed_precision: str = "fp32",
+                     device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None).
+
+    Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
+    row are cut before the forward and the outputs padded back to ``T`` with zeros.
+    """
+    device = device or next(module.parameters()).device
+    ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
+    width = micro["responses"].shape[1]
+    with autocast(device, mixed_precision):
+        out = module(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                     use_cache=False)
+    logits = out.logits[:, p_keep - 1 : p_keep - 1 + t].float() / temperature  # [b, t, V]
+    labels = micro["responses"][:, :t].to(device)
+    log_prob = log_probs_from_logits(logits, labels)  # [b, t]
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    pad = (0, width - t)
+    return torch.nn.functional.pad(log_prob, pad), (torch.nn.functional.pad(entropy, pad) if entropy is not None else None)
+
+
+@torch.no_grad()
+def compute_log_probs(module: nn.Module, batch: Batch, *, temperature: float, micro_batch_size: int,
+                      with_entropy: bool, mixed_precision: str, device: torch.device,
+                      max_token_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of a whole local batch, micro-batch by micro-batch, in the input order."""
+    pieces = fsdp.micro_batch_indices(batch, size=micro_batch_size, max_tokens=max_token_len)
+    n_all = fsdp.num_chunks_everywhere(len(pieces))
+    log_prob = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+    entropy = torch.zeros_like(log_prob) if with_entropy else None
+    was_training = module.training
+    module.eval()
+    try:
+        for i in range(n_all):
+            idx = pieces[i] if i < len(pieces) else torch.tensor([0])  # extra forwards keep FSDP ranks in step
+            lp, ent = forward_response(module, batch[idx], temperature=temperature, with_entropy=with_entropy,
+                                       mixed_precision=mixed_precision, device=device)
+            if i < len(pieces):
+                log_prob[idx] = lp.cpu()
+                if entropy is not None:
+                    entropy[idx] = ent.cpu()
+    finally:
+        module.train(was_training)
+    return log_prob, entropy
+
+
+class FSDPActor:
+    """The policy model of one rank: FSDP2-sharded causal LM, AdamW, LR schedule."""
+
+    def __init__(self, model_config: ModelConfig, actor_config: ActorConfig, *, rollout_n: int, total_steps: int,
+                 device: torch.device | str = "cpu", temperature: float = 1.0, log_prob_micro_batch_size: int = 8,
+                 tokenizer=None, seed: int = 0):
+        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.registry import build_registries
+
+        self.model_config = model_config
+        self.cfg = actor_config
+        self.rollout_n = rollout_n
+        self.device = torch.device(device)
+        self.temperature = temperature
+        self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_config)
+        self.loss_spec = build_registries().policy_losses.get(actor_config.policy_loss)
+        torch.manual_seed(seed)
+        module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
+        if actor_config.gradient_checkpointing:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.module = fsdp.fsdp_wrap(module, self.device)
+        self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
+        self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
+        self.nonfinite_skips = 0
+        self._nonfinite_in_row = 0
+        self.update_calls = 0
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
+
+    # ----- log-probs ----------------------------------------------------------------------------
+    def compute_log_prob(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        """``old_log_prob [B, T]`` (and ``entropy [B, T]``) of the batch's responses under the current weights."""
+        log_prob, entropy = compute_log_probs(
+            self.module, batch, temperature=batch.meta.get("temperature", self.temperature),
+            micro_batch_size=self.log_prob_micro_batch_size, with_entropy=with_entropy,
+            mixed_precision=self.cfg.mixed_precision, device=self.device,
+            max_token_len=self.cfg.ppo_max_token_len_per_rank if self.cfg.use_dynamic_bsz else None)
+        out = {"old_log_prob": log_prob} | ({"entropy": entropy} if entropy is not None else {})
+        return Batch(out)
+
+    # ----- update -------------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs × mini-batches over this rank's samples; returns ``actor/*`` metrics (same on every rank)."""
+        cfg = self.cfg
+        mini_size = cfg.ppo_mini_batch_size * self.rollout_n // self.world_size
+        if mini_size == 0 or len(batch) % mini_size:
+            raise WorkerError(
+                f"actor.update: this rank holds {len(batch)} samples, not a multiple of the per-rank mini-batch "
+                f"actor.ppo_mini_batch_size ({cfg.ppo_mini_batch_size}) × rollout.n ({self.rollout_n}) / world size "
+                f"({self.world_size}) = {mini_size}. Make data.train_batch_size a multiple of actor.ppo_mini_batch_size "
+                "and the samples divisible by the world size.")
+        temperature = batch.meta.get("temperature", self.temperature)
+        self.module.train()
+        history: dict[str, list[float]] = defaultdict(list)
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))
+            for start in range(0, len(batch), mini_size):
+                for key, value in self._update_mini(batch[order[start:start + mini_size]], temperature).items():
+                    history[key].append(value)
+        self.scheduler.step()
+        self.update_calls += 1
+        metrics = {key: sum(values) / len(values) for key, values in history.items()}
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["actor/nonfinite_skips"] = float(self.nonfinite_skips)
+        return metrics
+
+    def _update_mini(self, mini: Batch, temperature: float) -> dict[str, float]:
+        cfg = self.cfg
+        counts = torch.stack(global_counts(mini["response_mask"])).double()
+        global_tokens, global_seqs = fsdp.all_reduce(counts).tolist()
+        pieces = fsdp.micro_batch_indices(mini, size=cfg.ppo_micro_batch_size_per_rank,
+                                          max_tokens=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None)
+        n_all = fsdp.num_chunks_everywhere(len(pieces))
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for i in range(n_all):
+            real = i < len(pieces)
+            micro = mini[pieces[i] if real else torch.tensor([0])]  # a dummy piece keeps FSDP ranks in step
+            loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs)
+            (loss if real else loss * 0.0).backward()
+            if real:
+                for key, value in metrics.items():
+                    sums[key] += value
+        grad_norm = fsdp.clip_grad_norm(self.module, cfg.optim.grad_clip)
+        keys = sorted(sums)
+        totals = fsdp.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
+        out = {f"actor/{k}": v for k, v in zip(keys, totals, strict=True)}
+        if not (math.isfinite(grad_norm) and math.isfinite(out.get("actor/pg_loss", 0.0))):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_skips += 1
+            self._nonfinite_in_row += 1
+            if self._nonfinite_in_row >= cfg.max_nonfinite_in_row:
+                raise WorkerError(
+                    f"actor.update: {self._nonfinite_in_row} non-finite losses or gradient norms in a row "
+                    f"(actor.max_nonfinite_in_row = {cfg.max_nonfinite_in_row}). Lower actor.optim.lr, check the "
+                    "rewards / advantages for inf or NaN, or use actor.mixed_precision: fp32.")
+        else:
+            self.optimizer.step()
+            self._nonfinite_in_row = 0
+        out["actor/grad_norm"] = grad_norm
+        return out
+
+    def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float,
+                    global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """This micro-batch's share of the mini-batch loss, and its share of every metric."""
+        cfg = self.cfg
+        mask = micro["response_mask"].to(self.device)  # [b, T]
+        width = mask.shape[1]
+        log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
+                                             entropy_grad=cfg.entropy_coeff != 0,
+                                             mixed_precision=cfg.mixed_precision, device=self.device)
+        old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
+        params = {k: getattr(cfg, k) for k in self.loss_spec.params if hasattr(cfg, k)}
+        pg_mat, pg_metrics = self.loss_spec.fn(log_prob, old, micro["advantages"].to(self.device), mask,
+                                               **params, **cfg.loss_params)
+
+        def agg(mat: torch.Tensor) -> torch.Tensor:
+            return agg_loss(mat, mask, cfg.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
+                            max_response_len=width)
+
+        pg_loss = agg(pg_mat)
+        entropy_loss = agg(entropy)
+        loss = pg_loss - cfg.entropy_coeff * entropy_loss if cfg.entropy_coeff != 0 else pg_loss
+        token_share = float(mask.sum()) / max(global_tokens, 1.0)  # weights token-mean metrics exactly
+        metrics = {"pg_loss": float(pg_loss.detach()), "entropy": float(entropy_loss.detach())}
+        metrics |= {k: float(v) * token_share for k, v in pg_metrics.items()}
+        if cfg.use_kl_loss:
+            kl = kl_penalty(log_prob, micro["ref_log_prob"].to(self.device), cfg.kl_loss_type)
+            kl_loss = agg(kl)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = float(kl_loss.detach())
+            metrics["kl_coef"] = cfg.kl_loss_coef * token_share
+        return loss, metrics
+
+    # ----- weights and checkpoints --------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-style full state dict on CPU (rank 0; ``{}`` elsewhere). Collective."""
+        return fsdp.full_state_dict(self.module)
+
+    def save_checkpoint(self, directory) -> None:
+        extra = {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips,
+                 "update_calls": self.update_calls, "shuffle_generator": self.shuffle_generator.get_state()}
+        fsdp.save_checkpoint(directory, self.module, self.optimizer, extra)
+
+    def load_checkpoint(self, directory) -> None:
+        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.nonfinite_skips = extra["nonfinite_skips"]
+        self.update_calls = extra["update_calls"]
+        self.shuffle_generator.set_state(extra["shuffle_generator"])
