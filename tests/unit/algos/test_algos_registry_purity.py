@@ -1,0 +1,138 @@
+"""Every built-in estimator and policy loss is registered and callable with the one signature;
+rlkit.algos imports only torch, the standard library and rlkit.errors."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlkit.algos
+from rlkit.plugins import make_plugin_manager
+from rlkit.registry import build_registries
+
+ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
+LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo"]
+# recipe values for every key a built-in names in `params` (algorithm.* / actor.*)
+ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6}
+ACTOR_KEYS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05}
+
+
+@pytest.fixture(scope="module")
+def registries():
+    return build_registries(make_plugin_manager(entry_points=False))
+
+
+def small_batch(b=6, t=4):
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(b, t)
+    mask[1, 3:] = 0
+    mask[4, 2:] = 0
+    rewards = torch.zeros(b, t)
+    rewards[torch.arange(b), mask.sum(-1).long() - 1] = torch.randint(0, 2, (b,), generator=g).float()
+    index = torch.tensor([11, 11, 11, 5, 5, 5])
+    return rewards, mask, index, torch.randn(b, t, generator=g), torch.rand(b, generator=g)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_registered_and_callable(registries, name):
+    spec = registries.estimators.get(name)
+    assert set(spec.params) <= set(ALGORITHM_KEYS), f"{name} needs a recipe key this test does not know"
+    assert set(inspect.signature(spec.fn).parameters) >= {"token_level_rewards", "response_mask", "index",
+                                                           "values", "reward_baselines", *spec.params}
+    rewards, mask, index, values, baselines = small_batch()
+    adv, ret = spec.fn(rewards, mask, index, values=values if spec.needs_critic else None,
+                       reward_baselines=baselines if spec.needs_greedy_baseline else None,
+                       **{k: ALGORITHM_KEYS[k] for k in spec.params})
+    assert adv.shape == ret.shape == rewards.shape
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+    assert spec.paper and spec.description
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_policy_loss_registered_and_callable(registries, name):
+    spec = registries.policy_losses.get(name)
+    rewards, mask, _, noise, _ = small_batch()
+    old = -torch.rand(rewards.shape)
+    log_prob = (old + 0.1 * noise).requires_grad_(True)
+    per_token, metrics = spec.fn(log_prob, old, noise, mask, **{k: ACTOR_KEYS[k] for k in spec.params})
+    assert per_token.shape == rewards.shape and isinstance(metrics, dict)
+    assert all(isinstance(v, float) and "/" not in k for k, v in metrics.items())
+    rlkit.algos.agg_loss(per_token, mask, "token-mean").backward()
+    assert log_prob.grad is not None and torch.isfinite(log_prob.grad).all()
+
+
+def test_what_the_specs_declare(registries):
+    est = registries.estimators
+    assert est.get("gae") is est.get("ppo") and est.get("ppo").needs_critic
+    assert est.get("remax").needs_greedy_baseline
+    assert all(est.get(n).needs_groups for n in ["grpo", "dapo", "dr_grpo", "rloo", "opo", "gpg", "grpo_passk",
+                                                    "reinforce_plus_plus_baseline"])
+    assert dict(est.get("dapo").recipe_defaults) == {
+        "actor.clip_ratio_low": 0.2, "actor.clip_ratio_high": 0.28, "actor.loss_agg_mode": "token-mean",
+        "algorithm.filter_groups.enable": True, "reward.overlong_buffer.enable": True, "reward.manager": "dapo"}
+    assert dict(est.get("dr_grpo").recipe_defaults) == {
+        "algorithm.norm_adv_by_std": False, "actor.loss_agg_mode": "seq-mean-token-sum-norm"}
+    assert sorted(registries.policy_losses.names()) == sorted(LOSSES)
+
+
+def test_dr_grpo_through_its_defaults_is_unscaled(registries):
+    rewards, mask, index, _, _ = small_batch()
+    spec = registries.estimators.get("dr_grpo")
+    adv, _ = spec.fn(rewards, mask, index, values=None, reward_baselines=None, epsilon=1e-6,
+                     norm_adv_by_std=spec.recipe_defaults["algorithm.norm_adv_by_std"])
+    mean = torch.stack([rewards[index == g].sum(-1).mean() for g in index.tolist()])
+    torch.testing.assert_close(adv[:, 0], rewards.sum(-1) - mean)
+
+
+def test_registering_the_algorithms_does_not_import_torch():
+    """`rlkit plugins` / `rlkit validate` stay fast: the specs hold lazy references to rlkit.algos."""
+    code = ("import sys, rlkit.builtin.algorithms as m; m.rlkit_register_estimators();"
+            "m.rlkit_register_policy_losses(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+ALGOS_DIR = Path(rlkit.algos.__file__).parent
+ALLOWED_ROOTS = {"torch", "rlkit"}
+
+
+def test_algos_sources_import_only_torch_stdlib_and_errors():
+    for path in sorted(ALGOS_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                ok = (root in sys.stdlib_module_names or root == "torch" or name == "rlkit.errors"
+                      or name == "rlkit.algos" or name.startswith("rlkit.algos."))
+                assert ok, f"{path.name} imports {name}: rlkit.algos may import only torch, stdlib, rlkit.errors"
+
+
+def test_importing_algos_adds_no_third_party_module():
+    """In a fresh interpreter: after `import torch, rlkit`, importing rlkit.algos adds only rlkit.algos,
+    torch submodules and stdlib modules (numpy is imported by torch itself, so it is checked statically
+    above); never transformers, ray, pydantic, etc."""
+    code = (
+        "import sys, json, torch, rlkit; before = set(sys.modules); import rlkit.algos;"
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    added = json.loads(out.stdout)
+    bad = [m for m in added if m.split(".")[0] not in sys.stdlib_module_names
+           and m.split(".")[0] != "torch" and not (m == "rlkit.algos" or m.startswith("rlkit.algos."))
+           and m != "rlkit.errors"]
+    assert not bad, f"importing rlkit.algos pulled in {bad}"
+    assert "rlkit.algos" in added
