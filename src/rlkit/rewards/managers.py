@@ -1,0 +1,288 @@
+"""Reward managers: turn a batch of responses into token-level scores.
+
+Contract (every manager, built-in or plugin)::
+
+    manager = cls(tokenizer, score_fn, num_examine=0, default_score=0.0, **params)
+    result = manager(batch)        # -> RewardResult
+
+The batch needs ``responses [B, T]`` (token ids), ``response_mask [B, T]`` and the per-sample fields
+``data_source``, ``reward_model`` (a mapping with ``ground_truth``) and ``extra_info``. The sequence
+score goes on the last valid response token (the last 1 of ``response_mask``); every other
+position is 0. A response with no valid token gets its score at position 0 (masked out later).
+
+A score function that raises, returns None / NaN / ±inf / a string / a dict without ``score``, or
+(``parallel`` only) runs past its timeout, gives ``default_score`` for that sample; the count goes
+to ``reward/errors`` or ``reward/timeouts`` and the first message of the batch is logged. The run
+never stops for a score.
+
+Reward models: when the batch has a tensor ``rm_scores [B]`` (from the reward-model worker), it is
+**added** to the rule-based score at the same position, so rule + model rewards combine; with
+``score_fn=None`` the model score is the whole reward.
+
+Glossary: ``B`` = prompts x group size, ``T`` = response tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlkit.batch import Batch
+from rlkit.errors import RlkitError
+
+__all__ = [
+    "RewardResult",
+    "ScoreOutcome",
+    "RewardManager",
+    "NaiveRewardManager",
+    "BatchRewardManager",
+    "DapoRewardManager",
+    "normalize_score",
+]
+
+log = logging.getLogger("rlkit.rewards")
+
+
+@dataclass
+class RewardResult:
+    token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
+    metrics: dict[str, float] = field(default_factory=dict)  # reward/errors, reward/timeouts, reward/score/mean ...
+
+
+@dataclass
+class ScoreOutcome:
+    """One sample's score after checking: ``error`` / ``timeout`` mean ``default_score`` was used."""
+
+    score: float
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    timeout: bool = False
+
+
+def normalize_score(raw: Any, default_score: float) -> ScoreOutcome:
+    """Check a score function's return value: a finite number, or a dict with a finite ``score``."""
+    extra: dict[str, Any] = {}
+    value = raw
+    if isinstance(raw, dict):
+        extra = {k: v for k, v in raw.items() if k != "score"}
+        if "score" not in raw:
+            return ScoreOutcome(default_score, extra, error=f"returned a dict without a 'score' key (keys: {sorted(raw)})")
+        value = raw["score"]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real):
+        shown = repr(value)[:60]
+        return ScoreOutcome(default_score, extra, error=f"returned {type(value).__name__} {shown}, not a number")
+    value = float(value)
+    if not math.isfinite(value):
+        return ScoreOutcome(default_score, extra, error=f"returned {value}, not a finite number")
+    return ScoreOutcome(value, extra)
+
+
+class RewardManager:
+    """Base class: decoding, score placement, metrics and logging. Subclasses implement ``score_all``."""
+
+    #: keyword params this manager accepts (recipe keys routed to it); anything else is refused.
+    accepted_params: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        score_fn: Callable[..., Any] | None,
+        *,
+        num_examine: int = 0,
+        default_score: float = 0.0,
+        **params: Any,
+    ):
+        unknown = sorted(set(params) - set(self.accepted_params))
+        if unknown:
+            raise RlkitError(
+                f"reward manager {type(self).__name__} got unknown parameter(s) {unknown}; "
+                f"it accepts {list(self.accepted_params) or 'none'}."
+            )
+        self.tokenizer = tokenizer
+        self.score_fn = score_fn
+        self.num_examine = num_examine
+        self.default_score = float(default_score)
+        self.params = params
+
+    # ----- what subclasses provide ------------------------------------------------------------
+    def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
+        """Score ``(data_source, solution_str, ground_truth, extra_info)`` items, one outcome each."""
+        raise NotImplementedError
+
+    # ----- the shared path --------------------------------------------------------------------
+    def __call__(self, batch: Batch) -> RewardResult:
+        responses, response_mask = batch["responses"], batch["response_mask"]  # [B, T], [B, T]
+        last = self._last_valid_index(response_mask)  # [B]
+        texts = [self._decode(responses[i, : int(last[i]) + 1], response_mask[i]) for i in range(len(batch))]
+        items = [
+            (str(batch["data_source"][i]), texts[i], self._ground_truth(batch, i), self._extra_info(batch, i))
+            for i in range(len(batch))
+        ]
+        if self.score_fn is not None:
+            outcomes = self.score_all(items)
+        else:
+            outcomes = [ScoreOutcome(0.0) for _ in items]
+        scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
+        metrics = self._metrics(outcomes, scores)
+        if "rm_scores" in batch.tensors.keys():
+            rm = batch["rm_scores"].to(torch.float32).reshape(-1)  # [B]
+            scores = scores + rm
+            metrics["reward/rm_scores/mean"] = float(rm.mean()) if len(rm) else 0.0
+        scores, extra_from_subclass = self.shape_scores(scores, response_mask, metrics)
+        token_level_scores = torch.zeros(response_mask.shape, dtype=torch.float32)  # [B, T]
+        token_level_scores[torch.arange(len(batch)), last] = scores
+        extra = self._collect_extra(outcomes)
+        extra.update(extra_from_subclass)
+        self._log_problems(items, outcomes)
+        self._examine(items, outcomes, scores)
+        return RewardResult(token_level_scores, extra, metrics)
+
+    def shape_scores(
+        self, scores: torch.Tensor, response_mask: torch.Tensor, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """Hook for sequence-level shaping (DAPO's overlong penalty). Default: unchanged."""
+        return scores, {}
+
+    @staticmethod
+    def _last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(response_mask.shape[1], device=response_mask.device)  # [T]
+        return (response_mask.bool() * (positions + 1)).amax(dim=1).clamp(min=1) - 1  # [B]
+
+    def _decode(self, ids: torch.Tensor, mask_row: torch.Tensor) -> str:
+        if not bool(mask_row.any()):
+            return ""
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    @staticmethod
+    def _ground_truth(batch: Batch, i: int) -> Any:
+        if "reward_model" not in batch:
+            return None
+        reward_model = batch["reward_model"][i]
+        return reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+
+    @staticmethod
+    def _extra_info(batch: Batch, i: int) -> dict | None:
+        return batch["extra_info"][i] if "extra_info" in batch else None
+
+    def _metrics(self, outcomes: Sequence[ScoreOutcome], scores: torch.Tensor) -> dict[str, float]:
+        return {
+            "reward/errors": float(sum(o.error is not None and not o.timeout for o in outcomes)),
+            "reward/timeouts": float(sum(o.timeout for o in outcomes)),
+            "reward/score/mean": float(scores.mean()) if len(scores) else 0.0,
+        }
+
+    @staticmethod
+    def _collect_extra(outcomes: Sequence[ScoreOutcome]) -> dict[str, list[Any]]:
+        keys = sorted({k for o in outcomes for k in o.extra})
+        return {k: [o.extra.get(k) for o in outcomes] for k in keys}
+
+    def _log_problems(self, items: Sequence[tuple], outcomes: Sequence[ScoreOutcome]) -> None:
+        bad = [(item, o) for item, o in zip(items, outcomes) if o.error is not None]
+        if not bad:
+            return
+        (data_source, *_), first = bad[0]
+        timeouts = sum(o.timeout for _, o in bad)
+        log.warning(
+            "%s: %d of %d samples got the default score %s (%d errors, %d timeouts); first, data_source '%s': %s",
+            type(self).__name__, len(bad), len(outcomes), self.default_score,
+            len(bad) - timeouts, timeouts, data_source, first.error,
+        )  # fmt: skip
+
+    def _examine(self, items: Sequence[tuple], outcomes: Sequence[ScoreOutcome], scores: torch.Tensor) -> None:
+        if self.num_examine <= 0:
+            return
+        shown: dict[str, int] = defaultdict(int)
+        for i, ((data_source, text, truth, _), outcome) in enumerate(zip(items, outcomes)):
+            if shown[data_source] >= self.num_examine:
+                continue
+            shown[data_source] += 1
+            note = f" ({outcome.error})" if outcome.error else ""
+            print(f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: {float(scores[i]):.4g}{note}")
+
+
+class NaiveRewardManager(RewardManager):
+    """Calls ``score_fn(data_source, solution_str, ground_truth, extra_info)`` per sample, in this process.
+
+    It cannot stop a score function that hangs; use ``parallel`` for untrusted or slow scorers.
+    """
+
+    def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
+        outcomes = []
+        for item in items:
+            try:
+                raw = self.score_fn(*item)
+            except Exception as exc:  # noqa: BLE001 - a score never stops the run
+                outcomes.append(ScoreOutcome(self.default_score, error=f"raised {type(exc).__name__}: {exc}"))
+                continue
+            outcomes.append(normalize_score(raw, self.default_score))
+        return outcomes
+
+
+class BatchRewardManager(RewardManager):
+    """One call for the whole batch: ``score_fn(data_sources=, solution_strs=, ground_truths=, extra_infos=)``
+    returns a list of B scores (numbers or dicts). ``rlkit.rewards.dispatch.batched`` adapts a
+    per-sample function. If the call raises or returns the wrong length, every sample gets the default.
+    """
+
+    def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
+        data_sources, solution_strs, ground_truths, extra_infos = (list(col) for col in zip(*items))
+        try:
+            raws = self.score_fn(
+                data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths, extra_infos=extra_infos
+            )
+            raws = list(raws)
+            if len(raws) != len(items):
+                raise ValueError(f"returned {len(raws)} scores for a batch of {len(items)}")
+        except Exception as exc:  # noqa: BLE001
+            error = f"batched score raised {type(exc).__name__}: {exc}"
+            return [ScoreOutcome(self.default_score, error=error) for _ in items]
+        return [normalize_score(raw, self.default_score) for raw in raws]
+
+
+class DapoRewardManager(NaiveRewardManager):
+    """``naive`` plus DAPO's overlong shaping: responses longer than ``max_response_length -
+    overlong_buffer_len`` tokens lose up to ``overlong_penalty_factor`` (``rlkit.algos.overlong_penalty``).
+
+    Params (recipe ``reward.overlong_buffer.{enable,len,penalty_factor}``): ``overlong_buffer_enable``
+    (default True), ``overlong_buffer_len``, ``overlong_penalty_factor`` (default 1.0),
+    ``max_response_length`` (default: the batch's response width ``T``).
+    Extra per sample: ``overlong_reward`` (the penalty) and ``overlong`` (penalty < 0).
+    """
+
+    accepted_params = ("overlong_buffer_enable", "overlong_buffer_len", "overlong_penalty_factor", "max_response_length")
+
+    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, **kwargs: Any):
+        super().__init__(tokenizer, score_fn, **kwargs)
+        self.enable = bool(self.params.get("overlong_buffer_enable", True))
+        self.buffer_len = self.params.get("overlong_buffer_len")
+        self.penalty_factor = float(self.params.get("overlong_penalty_factor", 1.0))
+        self.max_response_length = self.params.get("max_response_length")
+        if self.enable and (self.buffer_len is None or int(self.buffer_len) <= 0):
+            raise RlkitError(
+                f"reward.overlong_buffer.len must be a positive number of tokens when overlong shaping is on, "
+                f"got {self.buffer_len!r}. Set it (DAPO used 4096 of 20480), or set reward.overlong_buffer.enable=false."
+            )
+
+    def shape_scores(
+        self, scores: torch.Tensor, response_mask: torch.Tensor, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        if not self.enable:
+            return scores, {}
+        from rlkit.algos import overlong_penalty
+
+        max_len = int(self.max_response_length or response_mask.shape[1])
+        lengths = response_mask.sum(dim=1)  # [B]
+        penalty = overlong_penalty(lengths, max_len, int(self.buffer_len), self.penalty_factor).to(scores.dtype)  # [B]
+        metrics["reward/overlong_penalty/mean"] = float(penalty.mean()) if len(penalty) else 0.0
+        metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean()) if len(penalty) else 0.0
+        return scores + penalty, {"overlong_reward": penalty.tolist(), "overlong": (penalty < 0).tolist()}

@@ -1,0 +1,174 @@
+"""Reward managers: placement, bad score functions, batch/dapo/parallel, reward-model scores."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import pytest
+import torch
+
+from rlkit.errors import RlkitError
+from rlkit.plugins import make_plugin_manager
+from rlkit.registry import build_registries, load_object
+from rlkit.rewards.dispatch import ScoreDispatcher, batched
+from rlkit.rewards.managers import BatchRewardManager, DapoRewardManager, NaiveRewardManager, normalize_score
+from rlkit.rewards.parallel import ParallelRewardManager
+
+
+@pytest.fixture(scope="module")
+def dispatcher():
+    return ScoreDispatcher(build_registries(make_plugin_manager(entry_points=False)))
+
+
+def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
+    """The first word of the response says how to misbehave."""
+    word = solution_str.split()[0]
+    if word == "sleep":
+        time.sleep(30)
+    if word == "crash":
+        os._exit(3)
+    if word == "raise":
+        raise ValueError("scorer exploded")
+    return {"nan": math.nan, "none": None, "str": "1.0", "dict": {"acc": 1}, "ok": {"score": 0.75, "acc": True}}.get(word, 1.0)
+
+
+def test_naive_places_score_on_last_valid_token(tokenizer, make_batch, dispatcher):
+    batch = make_batch(["the answer is #### 12", "#### 3", "#### 4"], ["12", "3", "5"], width=8)
+    result = NaiveRewardManager(tokenizer, dispatcher)(batch)
+    # Lengths with eos: 6, 3, 3 -> scores at positions 5, 2, 2.
+    expected = torch.zeros(3, 8)
+    expected[0, 5], expected[1, 2] = 1.0, 1.0
+    assert torch.equal(result.token_level_scores, expected)
+    assert result.token_level_scores.shape == batch["responses"].shape
+    assert result.metrics == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/score/mean": pytest.approx(2 / 3)}
+
+
+def test_mask_with_holes_uses_the_last_one(tokenizer, make_batch, dispatcher):
+    batch = make_batch(["#### 3"], ["3"], width=6)
+    batch["response_mask"] = torch.tensor([[1, 0, 1, 0, 0, 0]])  # e.g. a masked tool turn
+    assert NaiveRewardManager(tokenizer, dispatcher)(batch).token_level_scores[0].tolist() == [0, 0, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("manager_cls", [NaiveRewardManager, ParallelRewardManager])
+def test_bad_scores_get_the_default_and_are_counted(tokenizer, make_batch, manager_cls, caplog):
+    texts = ["raise", "nan", "none", "str", "dict", "ok", "1"]
+    batch = make_batch(texts, ["x"] * len(texts), data_source="my/source")
+    manager = manager_cls(tokenizer, misbehaving, default_score=-1.0)
+    with caplog.at_level(logging.WARNING, logger="rlkit.rewards"):
+        result = manager(batch)
+    scores = result.token_level_scores.sum(1).tolist()
+    assert scores == [-1.0, -1.0, -1.0, -1.0, -1.0, 0.75, 1.0]
+    assert result.metrics["reward/errors"] == 5.0 and result.metrics["reward/timeouts"] == 0.0
+    assert result.extra == {"acc": [None, None, None, None, 1, True, None]}
+    assert "5 of 7 samples got the default score -1.0" in caplog.text
+    assert "first, data_source 'my/source': raised ValueError: scorer exploded" in caplog.text
+    if isinstance(manager, ParallelRewardManager):
+        manager.close()
+
+
+def test_normalize_score_cases():
+    assert normalize_score(1, 0.0).score == 1.0
+    assert normalize_score(torch.tensor(0.5), 0.0).score == 0.5
+    assert normalize_score(math.inf, 0.0).error == "returned inf, not a finite number"
+    assert normalize_score("1.0", 0.0).error == "returned str '1.0', not a number"
+    assert normalize_score({"acc": 1}, 0.0).error.startswith("returned a dict without a 'score' key")
+
+
+def test_batch_manager(tokenizer, make_batch, dispatcher):
+    batch = make_batch(["#### 3", "#### 4"], ["3", "5"])
+    calls = []
+
+    def score_batch(**kwargs):
+        calls.append(kwargs)
+        return batched(dispatcher)(**{k: v for k, v in kwargs.items()})
+
+    result = BatchRewardManager(tokenizer, lambda **kw: score_batch(**kw))(batch)
+    assert result.token_level_scores.sum(1).tolist() == [1.0, 0.0]
+    assert len(calls) == 1 and calls[0]["solution_strs"] == ["#### 3", "#### 4"]
+    assert calls[0]["ground_truths"] == ["3", "5"] and calls[0]["data_sources"] == ["openai/gsm8k"] * 2
+    short = BatchRewardManager(tokenizer, lambda **kw: [1.0], default_score=0.1)(batch)
+    assert short.token_level_scores.sum(1).tolist() == pytest.approx([0.1, 0.1])
+    assert short.metrics["reward/errors"] == 2.0
+
+
+def test_dapo_overlong_penalty(tokenizer, make_batch, dispatcher):
+    # max length 8, buffer 4: no penalty up to 4 tokens, then -factor * (L - 4) / 4.
+    texts = ["#### 3", "the answer is #### 3", "the answer is 1 2 #### 3"]  # + eos: 3, 6, 8 tokens
+    batch = make_batch(texts, ["3"] * 3, width=8)
+    manager = DapoRewardManager(
+        tokenizer, dispatcher, overlong_buffer_len=4, overlong_penalty_factor=1.0, max_response_length=8
+    )
+    result = manager(batch)
+    assert result.token_level_scores.sum(1).tolist() == [1.0, 0.5, 0.0]  # 1 - 0, 1 - 2/4, 1 - 4/4
+    assert result.extra["overlong_reward"] == [0.0, -0.5, -1.0]
+    assert result.extra["overlong"] == [False, True, True]
+    assert result.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
+    off = DapoRewardManager(tokenizer, dispatcher, overlong_buffer_enable=False)(batch)
+    assert off.token_level_scores.sum(1).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(RlkitError, match="overlong_buffer.len must be a positive"):
+        DapoRewardManager(tokenizer, dispatcher)
+
+
+def test_reward_model_scores_are_added(tokenizer, make_batch, dispatcher):
+    batch = make_batch(["#### 3", "#### 4"], ["3", "3"], rm_scores=torch.tensor([0.25, -0.5]))
+    result = NaiveRewardManager(tokenizer, dispatcher)(batch)
+    assert result.token_level_scores.sum(1).tolist() == [1.25, -0.5]
+    assert result.metrics["reward/rm_scores/mean"] == pytest.approx(-0.125)
+    only_rm = NaiveRewardManager(tokenizer, None)(batch)
+    assert only_rm.token_level_scores.sum(1).tolist() == [0.25, -0.5]
+
+
+def test_unknown_params_refused(tokenizer, dispatcher):
+    with pytest.raises(RlkitError, match=r"unknown parameter\(s\) \['timeout_s'\]"):
+        NaiveRewardManager(tokenizer, dispatcher, timeout_s=3)
+
+
+def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):
+    batch = make_batch(["#### 3", "#### 4", "5"], ["3", "4", "5"], data_source=["gsm8k", "gsm8k", "arithmetic"])
+    NaiveRewardManager(tokenizer, dispatcher, num_examine=1)(batch)
+    out = capsys.readouterr().out
+    assert "[gsm8k] response: '#### 3'" in out and "[arithmetic] response: '5'" in out
+    assert "#### 4" not in out
+
+
+def test_parallel_timeout_does_not_stall_the_batch(tokenizer, make_batch, dispatcher):
+    texts = ["sleep", "1", "sleep", "2", "3", "4"]
+    batch = make_batch(texts, ["x"] * 6, data_source="my/source")
+    with ParallelRewardManager(tokenizer, misbehaving, timeout_s=1.0, num_workers=2) as manager:
+        manager(make_batch(["1"], ["x"], data_source="my/source"))  # start the workers
+        start = time.monotonic()
+        result = manager(batch)
+        elapsed = time.monotonic() - start
+        print(f"batch with 2 sleeping scorers, timeout 1.0 s, 2 workers: {elapsed:.2f} s")
+        assert elapsed < 1.0 + 1.5
+        assert result.metrics["reward/timeouts"] == 2.0 and result.metrics["reward/errors"] == 0.0
+        assert result.token_level_scores.sum(1).tolist() == [0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+        # The pool recovered: the next batch is scored normally and quickly.
+        start = time.monotonic()
+        again = manager(make_batch(["1", "2", "3"], ["x"] * 3, data_source="my/source"))
+        assert again.token_level_scores.sum(1).tolist() == [1.0, 1.0, 1.0] and time.monotonic() - start < 1.0
+
+
+def test_parallel_survives_a_crashing_worker(tokenizer, make_batch, dispatcher):
+    with ParallelRewardManager(tokenizer, misbehaving, timeout_s=5.0, num_workers=2, default_score=-2.0) as manager:
+        result = manager(make_batch(["crash", "1", "2"], ["x"] * 3, data_source="my/source"))
+    assert result.token_level_scores.sum(1).tolist() == [-2.0, 1.0, 1.0]
+    assert result.metrics["reward/errors"] == 1.0
+
+
+def test_parallel_matches_naive_on_real_scores(tokenizer, make_batch, dispatcher):
+    batch = make_batch(["#### 3", "#### 4", "the answer is 12"], ["3", "5", "12"], data_source=["gsm8k", "gsm8k", "arithmetic"])
+    with ParallelRewardManager(tokenizer, dispatcher, num_workers=2) as manager:
+        parallel = manager(batch)
+    naive = NaiveRewardManager(tokenizer, dispatcher)(batch)
+    assert torch.equal(parallel.token_level_scores, naive.token_level_scores)
+
+
+def test_registered_managers_resolve():
+    registries = build_registries(make_plugin_manager(entry_points=False))
+    assert registries.reward_managers.names() == ["batch", "dapo", "naive", "parallel"]
+    for entry in registries.reward_managers:
+        assert issubclass(load_object(entry.spec.cls), NaiveRewardManager.__mro__[1])
