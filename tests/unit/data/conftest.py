@@ -1,11 +1,7 @@
-"""A tiny word-level chat tokenizer built locally (no hub), plus helpers to write parquet files."""
+"""A tiny word-level chat tokenizer built locally (no hub). Parquet helpers live in rlkit_data_rows.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 CHAT_TEMPLATE = (
@@ -38,19 +34,3 @@ def build_tokenizer():
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()
-
-
-def make_row(content, truth="2", source="rlkit/arithmetic", index=0):
-    return {
-        "data_source": source,
-        "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": "train", "index": index},
-    }
-
-
-def write_parquet(path: Path, rows=None, table: pa.Table | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table if table is not None else pa.Table.from_pylist(rows), path)
-    return path

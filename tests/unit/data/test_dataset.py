@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import torch
-from conftest import make_row, write_parquet
+from rlkit_data_rows import make_row, write_parquet
 
 from rlkit.data.dataset import RLDataset, collate_prompts
 from rlkit.errors import DataError
+
+DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 # "<|im_start|> user {content} <|im_end|> <|im_start|> assistant": 5 tokens + the content's words.
 TEMPLATE_TOKENS = 5
@@ -167,8 +170,6 @@ def test_collate_prompts_position_ids():
 
 
 def test_real_gsm8k_parquet_tokenizes(tmp_path, tokenizer):
-    from test_preprocess import DATA, needs_data  # noqa: F401
-
     if not (DATA / "gsm8k").is_dir():
         pytest.skip("shared data not present")
     from rlkit.data import preprocess_gsm8k

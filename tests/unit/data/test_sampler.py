@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_row, write_parquet
+from rlkit_data_rows import make_row, write_parquet
 
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader, epoch_order
