@@ -1,0 +1,86 @@
+"""``rlkit data gsm8k|math500|arithmetic``: write veRL-schema parquet files.
+
+    rlkit data gsm8k --input ../shared/data/gsm8k --output data/gsm8k      # train + test.parquet
+    rlkit data math500 --input ../shared/data/math500 --output data/math500  # test.parquet only
+    rlkit data arithmetic --output data/arithmetic --train-size 2000 --test-size 50 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("data", help="preprocess a dataset into veRL-schema parquet files")
+    kinds = parser.add_subparsers(dest="dataset", metavar="DATASET", required=True)
+
+    from rlkit.data import gsm8k, math500, synthetic
+
+    for name, module, what in (
+        ("gsm8k", gsm8k, "GSM8K: reads train.jsonl and test.jsonl; writes train.parquet and test.parquet"),
+        ("math500", math500, "MATH-500: reads test.jsonl; writes test.parquet (MATH-500 has no train split)"),
+    ):
+        sub = kinds.add_parser(name, help=what, description=what)
+        sub.add_argument("--input", required=True, help="folder with the upstream JSON Lines files")
+        sub.add_argument("--output", required=True, help="folder to write the parquet files to")
+        sub.add_argument(
+            "--instruction",
+            default=module.DEFAULT_INSTRUCTION,
+            help=f"text appended to each question (default: {module.DEFAULT_INSTRUCTION!r}; '' for none)",
+        )
+        sub.set_defaults(func=_run_gsm8k if name == "gsm8k" else _run_math500)
+
+    sub = kinds.add_parser(
+        "arithmetic",
+        help="seeded synthetic arithmetic task (train.parquet + test.parquet)",
+        description="Seeded sums/differences a small model can learn on a CPU (data_source rlkit/arithmetic).",
+    )
+    sub.add_argument("--output", required=True, help="folder to write the parquet files to")
+    sub.add_argument("--train-size", type=int, default=2000, help="training problems (default 2000)")
+    sub.add_argument("--test-size", type=int, default=50, help="held-out test problems (default 50)")
+    sub.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
+    sub.add_argument("--min-operand", type=int, default=0, help="smallest operand (default 0)")
+    sub.add_argument("--max-operand", type=int, default=9, help="largest operand (default 9: one-digit)")
+    sub.add_argument("--num-terms", type=int, default=2, help="operands per problem (default 2)")
+    sub.add_argument("--ops", default="+", help="operators to use, from '+-' (default '+')")
+    sub.add_argument("--instruction", default=synthetic.DEFAULT_INSTRUCTION, help="text appended to each question")
+    sub.set_defaults(func=_run_arithmetic)
+
+
+def _report(written: dict) -> int:
+    import pyarrow.parquet as pq
+
+    for split, path in written.items():
+        print(f"{split}: {pq.read_metadata(path).num_rows} rows -> {path}")
+    return 0
+
+
+def _run_gsm8k(args: argparse.Namespace) -> int:
+    from rlkit.data import preprocess_gsm8k
+
+    return _report(preprocess_gsm8k(args.input, args.output, instruction=args.instruction))
+
+
+def _run_math500(args: argparse.Namespace) -> int:
+    from rlkit.data import preprocess_math500
+
+    return _report(preprocess_math500(args.input, args.output, instruction=args.instruction))
+
+
+def _run_arithmetic(args: argparse.Namespace) -> int:
+    from rlkit.data import generate_arithmetic
+
+    written = generate_arithmetic(
+        args.output,
+        train_size=args.train_size,
+        test_size=args.test_size,
+        seed=args.seed,
+        min_operand=args.min_operand,
+        max_operand=args.max_operand,
+        num_terms=args.num_terms,
+        ops=tuple(args.ops),
+        instruction=args.instruction,
+    )
+    return _report(written)
