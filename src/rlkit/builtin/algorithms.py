@@ -58,14 +58,9 @@ def _loss(name: str) -> LazyFunction:
 GROUP_PARAMS = ("norm_adv_by_std", "epsilon")  # `algorithm.*` keys of the GRPO family
 
 
-@hookimpl
-def rlkit_register_estimators() -> list[EstimatorSpec]:
+def _grpo_family() -> list[EstimatorSpec]:
+    """GRPO's advantage under three names: what differs is declared as recipe defaults."""
     return [
-        EstimatorSpec(
-            name="ppo", aliases=("gae",), fn=_est("ppo"), params=("gamma", "lam"), needs_critic=True,
-            description="PPO: GAE advantages from a learned critic, whitened over the batch",
-            paper="Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438)",
-        ),
         EstimatorSpec(
             name="grpo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
             description="GRPO: (score - group mean) / (group std + epsilon)",
@@ -90,25 +85,15 @@ def rlkit_register_estimators() -> list[EstimatorSpec]:
             recipe_defaults={"algorithm.norm_adv_by_std": False, "actor.loss_agg_mode": "seq-mean-token-sum-norm"},
             paper="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783)",
         ),
+    ]
+
+
+def _other_group_baselines() -> list[EstimatorSpec]:
+    return [
         EstimatorSpec(
             name="rloo", fn=_est("rloo"), needs_groups=True,
             description="RLOO: score minus the mean of the other samples of its group",
             paper="Ahmadian et al. 2024 (arXiv:2402.14740)",
-        ),
-        EstimatorSpec(
-            name="reinforce_plus_plus", fn=_est("reinforce_plus_plus"), params=("gamma",),
-            description="REINFORCE++: discounted returns whitened over the batch",
-            paper="Hu 2025 (arXiv:2501.03262)",
-        ),
-        EstimatorSpec(
-            name="reinforce_plus_plus_baseline", fn=_est("reinforce_plus_plus_baseline"), needs_groups=True,
-            description="REINFORCE++-baseline: score - group mean, whitened over the batch",
-            paper="Hu 2025 (arXiv:2501.03262)",
-        ),
-        EstimatorSpec(
-            name="remax", fn=_est("remax"), needs_greedy_baseline=True,
-            description="ReMax: return minus the greedy rollout's score",
-            paper="Li et al. 2023 (arXiv:2310.10505)",
         ),
         EstimatorSpec(
             name="opo", fn=_est("opo"), needs_groups=True,
@@ -126,6 +111,34 @@ def rlkit_register_estimators() -> list[EstimatorSpec]:
             description="Pass@k: only each group's best sample gets max - second max",
             paper="Chen et al. 2025, Pass@k Training (arXiv:2503.19595)",
         ),
+    ]
+
+
+@hookimpl
+def rlkit_register_estimators() -> list[EstimatorSpec]:
+    return [
+        EstimatorSpec(
+            name="ppo", aliases=("gae",), fn=_est("ppo"), params=("gamma", "lam"), needs_critic=True,
+            description="PPO: GAE advantages from a learned critic, whitened over the batch",
+            paper="Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438)",
+        ),
+        EstimatorSpec(
+            name="reinforce_plus_plus", fn=_est("reinforce_plus_plus"), params=("gamma",),
+            description="REINFORCE++: discounted returns whitened over the batch",
+            paper="Hu 2025 (arXiv:2501.03262)",
+        ),
+        EstimatorSpec(
+            name="reinforce_plus_plus_baseline", fn=_est("reinforce_plus_plus_baseline"), needs_groups=True,
+            description="REINFORCE++-baseline: score - group mean, whitened over the batch",
+            paper="Hu 2025 (arXiv:2501.03262)",
+        ),
+        EstimatorSpec(
+            name="remax", fn=_est("remax"), needs_greedy_baseline=True,
+            description="ReMax: return minus the greedy rollout's score",
+            paper="Li et al. 2023 (arXiv:2310.10505)",
+        ),
+        *_grpo_family(),
+        *_other_group_baselines(),
     ]
 
 
