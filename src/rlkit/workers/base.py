@@ -1,0 +1,105 @@
+"""``Worker``: the base class of every role class (one instance per rank, one process per instance).
+
+Constructor contract (``WorkerGroup`` calls it inside a Ray actor; torchrun-style launchers can too)::
+
+    class MyRole(Worker):
+        def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *, config):
+            super().__init__(rank, world_size, master_addr, master_port, device, threads)
+            ...  # build the model; torch.distributed is ready here
+
+        def compute(self, batch: Batch) -> Batch: ...   # called by group.call("compute", batch)
+
+The base constructor sets ``torch.set_num_threads(threads)``, picks the device (``cpu``, or the CUDA
+device Ray assigned, which is ``cuda:0`` inside the actor since Ray narrows ``CUDA_VISIBLE_DEVICES``),
+and joins the process group: gloo on the CPU, nccl on CUDA, rendezvous over ``tcp://master:port``.
+Every rank's constructor must run at the same time (the rendezvous waits for all of them), which is
+what ``WorkerGroup`` does. The role kwargs are the subclass's business.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Worker", "find_free_port", "loopback_ifname"]
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS may hand it out again later; good enough)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def loopback_ifname() -> str | None:
+    """The loopback interface name (``lo`` on Linux, ``lo0`` on macOS), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
+class Worker:
+    """One rank of a worker group. Exposes ``rank``, ``world_size``, ``device``; ``destroy()`` at the end."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        device: str,
+        threads: int = 1,
+        *,
+        timeout_s: float = 1800.0,
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.threads = threads
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if device.startswith("cuda"):
+            self.device = torch.device(device if ":" in device else "cuda:0")
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        elif device == "cpu":
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        else:
+            raise ValueError(f"Worker device must be 'cpu' or 'cuda[:i]', got {device!r}.")
+        if _is_loopback(master_addr):
+            # Keep the collectives' own sockets on loopback too (gloo otherwise binds the host's address).
+            lo = loopback_ifname()
+            if lo:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+        if dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is already initialised in this process; one Worker per process."
+            )
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    # ----- helpers the group uses -------------------------------------------------------------
+    def ping(self) -> tuple[int, int, int]:
+        """``(rank, world_size, pid)``; proves the actor is alive and constructed."""
+        return self.rank, self.world_size, os.getpid()
+
+    def destroy(self) -> None:
+        """Leave the process group (idempotent). Subclasses free their models, then call this."""
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,152 @@
+"""Start a local Ray cluster bound to loopback, or join one; stop only what was started.
+
+    with RayCluster(recipe.resources) as cluster:
+        ...  # ray.* calls work here; cluster.started says whether rlkit owns the cluster
+
+Local cluster (``resources.ray_address`` is None): every socket stays on 127.0.0.1
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray use the loopback address as the node address), no
+dashboard, no usage stats, an object store of ``resources.object_store_memory_mb``, and at least as many
+logical CPUs as the pools reserve (bundles may oversubscribe the cores: a logical CPU is a reservation
+here, not a core; each worker runs ``threads_per_worker`` torch threads). ``address="local"`` makes Ray
+start a new cluster even when another user's cluster runs on the machine.
+
+Joined cluster (``resources.ray_address`` set, e.g. ``"10.0.0.1:6379"`` from ``ray start --head``):
+rlkit connects and, on exit, only disconnects. If Ray is already initialised in this process (a test
+session's cluster), it is used as is and left running.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from types import TracebackType
+from typing import Any
+
+from rlkit.errors import WorkerError
+from rlkit.recipe.schema import ResourcesConfig
+from rlkit.workers.pools import pool_cpu_demand
+
+__all__ = ["RayCluster", "LOCAL_CLUSTER_ENV"]
+
+# Environment a local cluster needs; set in the driver before Ray starts, inherited by Ray's processes.
+LOCAL_CLUSTER_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node address = 127.0.0.1, so sockets bind loopback only
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats reporting
+}
+
+
+class RayCluster:
+    """Context manager around ``ray.init`` / ``ray.shutdown`` that owns only what it started."""
+
+    def __init__(
+        self,
+        resources: ResourcesConfig | None = None,
+        *,
+        num_cpus: int | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.resources = resources or ResourcesConfig()
+        self.num_cpus = num_cpus
+        self.extra_env = dict(extra_env or {})
+        self.started = False  # True: this object started the cluster and will stop it
+        self.connected = False  # True: this object called ray.init (start or join)
+        self.start_s: float | None = None  # seconds ray.init took
+        self._saved_env: dict[str, str | None] = {}
+        self._saved_cluster_flag: bool | None = None
+
+    # ----- life cycle -------------------------------------------------------------------------
+    def start(self) -> RayCluster:
+        import ray
+
+        if ray.is_initialized():
+            return self  # someone else's cluster (a test session): use it, leave it running
+        t0 = time.perf_counter()
+        if self.resources.ray_address:
+            self._init_joined(ray)
+        else:
+            self._init_local(ray)
+        self.connected = True
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _local_cpus(self) -> int:
+        demand = math.ceil(pool_cpu_demand(self.resources))
+        return max(self.num_cpus or (os.cpu_count() or 1), demand)
+
+    def _init_local(self, ray: Any) -> None:
+        self._set_env({**LOCAL_CLUSTER_ENV, **self.extra_env})
+        # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it is first imported; if it was imported
+        # before the variable was set, its cached flag must follow the variable too.
+        from ray._private import ray_constants
+
+        self._saved_cluster_flag = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0"
+        try:
+            ray.init(
+                address="local",
+                num_cpus=self._local_cpus(),
+                object_store_memory=self.resources.object_store_memory_mb * 1024 * 1024,
+                include_dashboard=False,
+                log_to_driver=True,
+                logging_level="warning",
+                configure_logging=False,
+            )
+        except Exception as exc:
+            self._restore_env()
+            raise WorkerError(f"could not start a local Ray cluster: {exc}") from exc
+        self.started = True
+
+    def _init_joined(self, ray: Any) -> None:
+        self._set_env(self.extra_env)
+        try:
+            ray.init(address=self.resources.ray_address, logging_level="warning", configure_logging=False)
+        except Exception as exc:
+            self._restore_env()
+            raise WorkerError(
+                f"could not join the Ray cluster at resources.ray_address={self.resources.ray_address!r}: "
+                f"{exc}. Check that `ray start --head` runs there, or unset ray_address to start a local one."
+            ) from exc
+
+    def stop(self) -> None:
+        """Disconnect; stop the cluster's processes if this object started them."""
+        import ray
+
+        if self.connected:
+            ray.shutdown()  # for a cluster started by ray.init this also stops gcs_server and raylet
+            self.connected = False
+            self.started = False
+            self._restore_env()
+
+    def __enter__(self) -> RayCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    # ----- environment ------------------------------------------------------------------------
+    def _set_env(self, env: dict[str, str]) -> None:
+        for key, value in env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def _restore_env(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+        if self._saved_cluster_flag is not None:
+            from ray._private import ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = self._saved_cluster_flag
+            self._saved_cluster_flag = None
+
+    # ----- facts ------------------------------------------------------------------------------
+    @staticmethod
+    def node_ip() -> str:
+        """The driver node's address as Ray knows it (127.0.0.1 for a local cluster)."""
+        import ray
+
+        return ray.util.get_node_ip_address()

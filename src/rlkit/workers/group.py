@@ -1,0 +1,310 @@
+"""``WorkerGroup``: N Ray actors of one role class on one resource pool, joined in one process group.
+
+    pool = ResourcePoolManager(recipe.resources).pool_for("actor_rollout_ref")
+    group = WorkerGroup(ActorRolloutRefWorker, pool, role="actor_rollout_ref", role_kwargs={...})
+    out = group.call("compute_log_prob", batch, balance=True)   # split, call on all, concat in order
+    metrics = group.call("update_actor", batch, dispatch="all")  # same arguments, list of per-rank results
+    group.shutdown()
+
+Colocation: roles that share a pool share one process by being one class (the hybrid engine's
+``ActorRolloutRefWorker`` holds actor + rollout + ref). Two different classes on one pool are two
+groups whose actors each take ``share`` of every bundle (e.g. 0.5 each).
+
+Dispatch modes of ``call``/``submit``:
+
+- ``split`` (default): a ``Batch`` is cut into ``world_size`` parts (contiguous, or token-balanced with
+  ``balance=True``: equal sample counts, near-equal ``attention_mask`` sums), rank ``i`` gets part
+  ``i``; results that are Batches are concatenated back in the batch's original sample order, other
+  results come back as a list by rank. Balancing records veRL's ``global_seqlen/*`` metrics in
+  ``group.last_metrics``.
+- ``all``: every rank gets the same arguments (the batch is put in the object store once); list by rank.
+- ``rank0``: every rank runs the method (SPMD code needs all ranks), rank 0's result is returned.
+
+Failures: an exception on a rank raises ``WorkerError`` on the driver naming the role, the rank and the
+method, with the remote traceback (``err.remote_traceback``). A rank whose process died raises
+``WorkerError`` with "worker process died". The first failure wins; the group is then unusable
+(other ranks may be blocked in a collective) and must be shut down.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlkit.batch import Batch
+from rlkit.errors import WorkerError
+from rlkit.workers.balance import balanced_partitions, contiguous_partitions, seqlen_balance_metrics
+from rlkit.workers.base import find_free_port
+from rlkit.workers.pools import ResourcePool
+
+__all__ = ["WorkerGroup", "PendingCall", "Dispatch", "worker_error"]
+
+Dispatch = Literal["split", "all", "rank0"]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its remote tracebacks
+
+
+def worker_error(role: str, rank: int, method: str, exc: BaseException) -> WorkerError:
+    """Turn a Ray failure of one rank into a ``WorkerError`` with ``role``, ``rank``, ``method`` and
+    ``remote_traceback`` attributes."""
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        # ray.get raises a subclass of both RayTaskError and the remote exception's class, whose
+        # str() is Ray's report: the remote traceback with the pid and address of the rank.
+        tb = _ANSI.sub("", getattr(exc, "traceback_str", None) or str(exc))
+        what = f"{type(cause).__name__}: {cause}" if cause is not None else "an exception"
+        msg = (
+            f"role '{role}', rank {rank}, method '{method}' raised {what}\n"
+            f"--- remote traceback (rank {rank}) ---\n{tb}"
+        )
+    elif isinstance(exc, RayActorError):
+        init = getattr(exc, "actor_init_failed", False)
+        why = "its constructor raised" if init else "worker process died"
+        tb = _ANSI.sub("", str(exc))
+        msg = (
+            f"role '{role}', rank {rank}, method '{method}': {why} ({type(exc).__name__}). "
+            f"The group cannot continue; shut it down and restart from a checkpoint.\n{tb}"
+        )
+    else:
+        tb = str(exc)
+        msg = f"role '{role}', rank {rank}, method '{method}': {type(exc).__name__}: {exc}"
+    err = WorkerError(msg)
+    err.role, err.rank, err.method, err.remote_traceback = role, rank, method, tb
+    return err
+
+
+@ray.remote(num_cpus=0)
+def _address_on_node() -> tuple[str, int]:
+    """Runs inside bundle 0 of a pool on another node: that node's address and a free port."""
+    ip = ray.util.get_node_ip_address()
+    return ip, find_free_port(ip)
+
+
+@dataclass
+class PendingCall:
+    """A dispatched call; ``get()`` waits for every rank and assembles the result."""
+
+    group: WorkerGroup
+    method: str
+    dispatch: Dispatch
+    refs: list[Any]
+    parts: list[list[int]] | None = None  # split: the original indices each rank received
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        results = self.group._gather(self.refs, self.method, timeout_s)
+        if self.dispatch == "rank0":
+            return results[0]
+        if self.dispatch == "all" or not all(isinstance(r, Batch) for r in results):
+            return results
+        return _restore_order(results, self.parts, self.group.role, self.method)
+
+
+def _restore_order(results: list[Batch], parts: list[list[int]], role: str, method: str) -> Batch:
+    sizes = [len(r) for r in results]
+    if sizes != [len(p) for p in parts]:
+        raise WorkerError(
+            f"role '{role}', method '{method}': ranks returned {sizes} samples for parts of "
+            f"{[len(p) for p in parts]}; a split call must return one row per input sample "
+            f"(return a list or use dispatch='all' for anything else)."
+        )
+    sent = [i for p in parts for i in p]  # concat position j holds original sample sent[j]
+    where = [0] * len(sent)
+    for j, i in enumerate(sent):
+        where[i] = j
+    return Batch.concat(results).reorder(where)
+
+
+class WorkerGroup:
+    """``pool.world_size`` actors of ``cls`` (a ``Worker`` subclass), rank ``i`` in bundle ``i``."""
+
+    def __init__(
+        self,
+        cls: type,
+        pool: ResourcePool,
+        *,
+        role: str,
+        threads: int = 1,
+        share: float = 1.0,
+        role_kwargs: dict[str, Any] | None = None,
+        env_vars: dict[str, str] | None = None,
+        start_timeout_s: float | None = 600.0,
+    ):
+        if hasattr(cls, "remote"):
+            raise WorkerError(
+                f"WorkerGroup takes the plain role class, not a Ray actor class (role '{role}')."
+            )
+        if not 0 < share <= 1:
+            raise WorkerError(f"WorkerGroup share must be in (0, 1], got {share} (role '{role}').")
+        self.cls = cls
+        self.pool = pool.create()
+        self.role = role
+        self.world_size = pool.world_size
+        self.device = pool.device
+        self.last_metrics: dict[str, float] = {}
+        self.start_s: float | None = None
+        t0 = time.perf_counter()
+        self.master_addr, self.master_port = self._rendezvous_address()
+        bundle = pool.bundle()
+        remote_cls = ray.remote(cls)
+        self.actors = []
+        for rank in range(self.world_size):
+            pg, index = pool.location(rank)
+            options: dict[str, Any] = {
+                "num_cpus": bundle["CPU"] * share,
+                "num_gpus": bundle.get("GPU", 0.0) * share,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=index
+                ),
+                "max_restarts": 0,
+            }
+            if env_vars:
+                options["runtime_env"] = {"env_vars": dict(env_vars)}
+            self.actors.append(
+                remote_cls.options(**options).remote(
+                    rank,
+                    self.world_size,
+                    self.master_addr,
+                    self.master_port,
+                    self.device,
+                    threads,
+                    **(role_kwargs or {}),
+                )
+            )
+        # Constructors rendezvous with each other; a ping per rank waits until all are up.
+        self._gather([a.ping.remote() for a in self.actors], "__init__", start_timeout_s)
+        self.start_s = time.perf_counter() - t0
+
+    def _rendezvous_address(self) -> tuple[str, int]:
+        """Address of rank 0's node and a free port there (loopback for a local cluster)."""
+        pg, index = self.pool.location(0)
+        node_of_bundle = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(index)
+        if node_of_bundle is None or node_of_bundle == ray.get_runtime_context().get_node_id():
+            ip = ray.util.get_node_ip_address()
+            return ip, find_free_port(ip)
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        return tuple(ray.get(_address_on_node.options(scheduling_strategy=strategy).remote()))
+
+    # ----- dispatch ---------------------------------------------------------------------------
+    def submit(
+        self,
+        method: str,
+        batch: Batch | None = None,
+        *,
+        dispatch: Dispatch = "split",
+        balance: bool = False,
+        balance_key: str = "attention_mask",
+        **kwargs: Any,
+    ) -> PendingCall:
+        """Start ``method`` on every rank without waiting; ``.get()`` the returned ``PendingCall``."""
+        if not callable(getattr(self.cls, method, None)) or method.startswith("_"):
+            public = sorted(
+                m for m in dir(self.cls) if not m.startswith("_") and callable(getattr(self.cls, m))
+            )
+            raise WorkerError(
+                f"role '{self.role}' ({self.cls.__name__}) has no method '{method}'. Methods: {public}."
+            )
+        if dispatch == "split":
+            parts = self._split(batch, balance, balance_key, method)
+            refs = [
+                getattr(actor, method).remote(batch[part], **kwargs)
+                for actor, part in zip(self.actors, parts)
+            ]
+            return PendingCall(self, method, dispatch, refs, parts)
+        if dispatch in ("all", "rank0"):
+            args = () if batch is None else (ray.put(batch),)
+            refs = [getattr(actor, method).remote(*args, **kwargs) for actor in self.actors]
+            return PendingCall(self, method, dispatch, refs)
+        raise WorkerError(f"dispatch must be 'split', 'all' or 'rank0', got {dispatch!r}.")
+
+    def call(
+        self,
+        method: str,
+        batch: Batch | None = None,
+        *,
+        dispatch: Dispatch = "split",
+        balance: bool = False,
+        balance_key: str = "attention_mask",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``method`` on every rank and wait (see the module docstring for ``dispatch``)."""
+        pending = self.submit(
+            method, batch, dispatch=dispatch, balance=balance, balance_key=balance_key, **kwargs
+        )
+        return pending.get(timeout_s)
+
+    def _split(self, batch: Batch | None, balance: bool, balance_key: str, method: str) -> list[list[int]]:
+        if not isinstance(batch, Batch):
+            raise WorkerError(
+                f"role '{self.role}', method '{method}': dispatch='split' needs a Batch, got "
+                f"{type(batch).__name__}; use dispatch='all' to send the same arguments to every rank."
+            )
+        n = len(batch)
+        if n < self.world_size:
+            raise WorkerError(
+                f"role '{self.role}', method '{method}': cannot split {n} sample(s) across {self.world_size} "
+                f"ranks; make the batch at least as large as the world size."
+            )
+        if not balance:
+            return contiguous_partitions(n, self.world_size)
+        if balance_key not in batch.tensors.keys():
+            raise WorkerError(
+                f"role '{self.role}', method '{method}': balance=True counts tokens with '{balance_key}', "
+                f"which the batch lacks (fields: {sorted(batch.keys())}); pass balance_key= or balance=False."
+            )
+        seqlens = batch[balance_key].reshape(n, -1).sum(-1).tolist()  # [N] tokens per sample
+        parts = balanced_partitions(seqlens, self.world_size)
+        self.last_metrics = seqlen_balance_metrics(seqlens, parts)
+        return parts
+
+    def _gather(self, refs: Sequence[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+        """Results by rank; the first rank to fail raises ``WorkerError`` without waiting for the rest."""
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                ranks = sorted(rank_of[r] for r in pending)
+                raise WorkerError(
+                    f"role '{self.role}', method '{method}': rank(s) {ranks} did not answer within "
+                    f"{timeout_s} s (a rank may be blocked in a collective after another failed)."
+                )
+            for ref in ready:
+                rank = rank_of[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except (RayTaskError, RayActorError, GetTimeoutError) as exc:
+                    raise worker_error(self.role, rank, method, exc) from None
+        return results
+
+    # ----- life cycle -------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        """Process id of each rank."""
+        return [pid for _, _, pid in self.call("ping", dispatch="all")]
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """``destroy()`` every rank (best effort), then kill the actors. The pool stays reserved."""
+        if not self.actors:
+            return
+        try:
+            ray.wait(
+                [a.destroy.remote() for a in self.actors], num_returns=len(self.actors), timeout=timeout_s
+            )
+        except Exception:  # noqa: BLE001 - a dead rank must not stop the others from being killed
+            pass
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup(role={self.role!r}, cls={self.cls.__name__}, world_size={self.world_size}, device={self.device})"
