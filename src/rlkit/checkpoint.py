@@ -1,0 +1,131 @@
+"""Atomic checkpoints: written to a temporary folder, then renamed; the last K kept.
+
+Layout of ``<output_dir>/checkpoints/global_step_<N>/``::
+
+    actor/ critic/ ...      each role's model, optimizer, scheduler and RNG states (written by the workers)
+    trainer_state.pt        global step, data sampler state, KL controller, tracker run ids, driver RNG
+    recipe.yaml             the effective recipe
+    COMPLETE                written last; a folder without it is never resumed from
+
+A kill at any moment leaves either the previous checkpoints untouched plus a ``.tmp-*`` folder
+(removed at the next start) or the new checkpoint complete. Multi-node runs need
+``trainer.output_dir`` on a file system every node sees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from rlkit.errors import RlkitError
+
+__all__ = ["CheckpointError", "CheckpointManager", "COMPLETE"]
+
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(RlkitError):
+    """A checkpoint could not be written or read."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves and finds checkpoints under ``root``; keeps the newest ``keep``."""
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        self.root = Path(root)
+        self.keep = keep
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for child in self.root.iterdir():
+            match = _STEP_DIR.match(child.name)
+            if match and (child / COMPLETE).is_file():
+                found.append((int(match.group(1)), child))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        steps = self.steps()
+        return steps[-1][1] if steps else None
+
+    def clean_partial(self) -> list[Path]:
+        """Remove folders a killed save left behind; returns what was removed."""
+        removed = []
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                if child.name.startswith(".tmp-") or (_STEP_DIR.match(child.name) and not (child / COMPLETE).exists()):
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child)
+        return removed
+
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Call ``write(tmp_dir)`` to fill a new checkpoint, then publish it atomically."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"global_step_{step}"
+        tmp = self.root / f".tmp-global_step_{step}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = self.latest()
+        try:
+            tmp.mkdir()
+            write(tmp)
+            marker = tmp / COMPLETE
+            with marker.open("w") as f:
+                f.write(f"{step}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            if final.exists():  # saving the same step again (e.g. after a resume): replace it
+                old = self.root / f".tmp-old-{step}-{os.getpid()}"
+                final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(final)
+            _fsync_dir(self.root)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+                raise CheckpointError(
+                    f"could not write the checkpoint of step {step} under {self.root}: {exc.strerror or exc}; "
+                    f"{kept}. Free disk space or set trainer.output_dir to another disk, then resume."
+                ) from exc
+            raise
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        steps = self.steps()
+        for _, path in steps[: max(len(steps) - self.keep, 0)]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def resolve_resume(self, mode: str) -> Path | None:
+        """``auto`` → newest complete checkpoint or None; ``never`` → None; else a checkpoint path."""
+        if mode == "never":
+            return None
+        if mode == "auto":
+            return self.latest()
+        path = Path(mode).expanduser()
+        if not (path / COMPLETE).is_file():
+            raise CheckpointError(
+                f"trainer.resume={mode}: not a complete checkpoint folder (no {COMPLETE} file). "
+                f"Complete checkpoints here: {[str(p) for _, p in self.steps()] or 'none'}."
+            )
+        return path
