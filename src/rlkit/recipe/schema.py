@@ -101,6 +101,8 @@ class ActorConfig(Section):
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - clip_ratio_low")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + clip_ratio_high (DAPO: 0.28)")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
+    tau_pos: PositiveFloat = Field(1.0, description="sapo: gate temperature for positive advantages")
+    tau_neg: PositiveFloat = Field(1.05, description="sapo: gate temperature for negative advantages")
     loss_agg_mode: LossAggMode = Field("token-mean", description="how per-token losses become one number")
     ppo_mini_batch_size: PositiveInt | None = Field(None, description="prompts per optimizer step; None = data.train_batch_size")
     ppo_micro_batch_size_per_rank: PositiveInt = Field(4, description="samples per forward/backward on one rank")
