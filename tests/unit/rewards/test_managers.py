@@ -172,3 +172,14 @@ def test_registered_managers_resolve():
     assert registries.reward_managers.names() == ["batch", "dapo", "naive", "parallel"]
     for entry in registries.reward_managers:
         assert issubclass(load_object(entry.spec.cls), NaiveRewardManager.__mro__[1])
+
+
+def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path):
+    from rlkit.rewards.dispatch import load_custom_score
+
+    path = tmp_path / "my_reward.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str)\n")
+    fn = load_custom_score(path, "compute_score")
+    with ParallelRewardManager(tokenizer, fn, num_workers=1) as manager:
+        result = manager(make_batch(["1 2 3", "4"], ["x", "x"], data_source="anything"))
+    assert result.token_level_scores.sum(1).tolist() == [5.0, 1.0]

@@ -163,3 +163,7 @@ def test_arithmetic_score(response, expected):
 
 def test_arithmetic_bad_ground_truth_scores_zero():
     assert synthetic.compute_score("rlkit/arithmetic", "8", "eight") == 0.0
+
+
+def test_arithmetic_answer_in_quotes():
+    assert synthetic.compute_score("rlkit/arithmetic", 'The answer is "5", since 2 + 3.', "5") == 1.0

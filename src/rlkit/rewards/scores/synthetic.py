@@ -14,7 +14,7 @@ __all__ = ["compute_score", "extract_answer"]
 
 _INT = r"-?\d+(?:\.0+)?"
 _BOXED = re.compile(r"\\boxed\{\s*(" + _INT + r")\s*\}")
-_ANSWER_IS = re.compile(r"answer(?:\s+is)?\s*[:=]?\s*\**\s*(" + _INT + r")", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer(?:\s+is)?[\s:=*\"'`$]*(" + _INT + r")", re.IGNORECASE)
 _LAST = re.compile(_INT)
 
 
