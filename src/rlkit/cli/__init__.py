@@ -17,8 +17,10 @@ __all__ = ["main", "build_parser"]
 
 # Order is the order of `rlkit --help`.
 COMMAND_MODULES = (
+    "rlkit.cli.run",
     "rlkit.cli.recipe",
     "rlkit.cli.plugins",
+    "rlkit.cli.data",
 )
 
 

@@ -1,0 +1,91 @@
+"""``rlkit run RECIPE [overrides]``: validate first (nothing starts before the recipe is valid), then train."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from rlkit.checkpoint import CheckpointManager
+from rlkit.errors import RlkitError, WorkerError
+from rlkit.recipe import Recipe, load_recipe
+from rlkit.registry import Registries, build_registries
+
+log = logging.getLogger("rlkit")
+
+# Offline and quiet by default; a user's own setting wins.
+_ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="train with a recipe (validates it first)")
+    parser.add_argument("recipe", help="recipe YAML file")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, ~key.sub removes a key")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for key, value in _ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    registries = build_registries()
+    recipe = load_recipe(args.recipe, args.overrides, registries=registries)
+    final = train(recipe, registries)
+    shown = {k: round(v, 4) for k, v in sorted(final.items()) if k.startswith(("val-core/", "critic/score/mean"))}
+    print(f"done: {shown}")
+    return 0
+
+
+def train(recipe: Recipe, registries: Registries) -> dict[str, float]:
+    """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies."""
+    import torch
+
+    from rlkit.runtime import output_dir_of
+
+    torch.manual_seed(recipe.trainer.seed)
+    checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+    attempt = 0
+    while True:
+        try:
+            return _train_once(recipe, registries, checkpoints)
+        except WorkerError as exc:
+            latest = checkpoints.latest()
+            where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
+            if attempt >= recipe.trainer.max_restarts:
+                raise WorkerError(f"{exc}\nTraining stopped; {where}. Resume with trainer.resume=auto.") from exc
+            attempt += 1
+            log.warning("a worker failed (%s); restart %d of %d from %s", exc, attempt, recipe.trainer.max_restarts, where)
+            recipe = recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"resume": "auto"})})
+
+
+def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager) -> dict[str, float]:
+    import torch
+
+    from rlkit.runtime import Runtime
+    from rlkit.trainer import Trainer
+
+    resume_from = checkpoints.resolve_resume(recipe.trainer.resume)
+    run_ids = {}
+    if resume_from is not None:  # continue the same tracking run
+        run_ids = torch.load(resume_from / "trainer_state.pt", weights_only=False).get("tracker_run_ids", {})
+    runtime = Runtime.start(recipe, registries, run_ids=run_ids)
+    status = "FAILED"
+    try:
+        final = Trainer(recipe, runtime).fit()
+        status = "FINISHED"
+        return final
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        runtime.close(status=status)
+
+
+__all__ = ["add_parser", "run", "train", "RlkitError"]

@@ -1,0 +1,288 @@
+"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow.
+
+One step, top to bottom (DESIGN.md, "One step")::
+
+    gen      rollout.n responses per prompt (hybrid engine: the actor's own weights)
+    reward   score → token_level_scores
+    sampler  identity, or DAPO's group filter that refills the batch from new prompts
+    old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch)
+    ref      reference log-probs, when a KL term needs them
+    values   critic values, when the estimator needs a critic
+    adv      KL-in-reward (optional), then the registered estimator
+    update_critic, update_actor
+
+The only branches are "is this role present". Everything named by the recipe comes from the
+registries (``rlkit.runtime`` builds it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from rlkit.algos import DynamicSamplingAccumulator, apply_kl_penalty, first_groups_mask
+from rlkit.batch import Batch
+from rlkit.checkpoint import CheckpointManager
+from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
+from rlkit.recipe import Recipe, recipe_to_dict
+from rlkit.runtime import Runtime
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger("rlkit.trainer")
+
+
+class Trainer:
+    """Owns the data flow; the worker groups in ``runtime`` do the compute."""
+
+    def __init__(self, recipe: Recipe, runtime: Runtime):
+        self.recipe = recipe
+        self.rt = runtime
+        self.global_step = 0
+        self.output_dir = runtime.output_dir
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+        est = runtime.estimator
+        self.dynamic_sampling = (
+            DynamicSamplingAccumulator(recipe.data.train_batch_size, recipe.algorithm.filter_groups.max_num_gen_batches,
+                                       recipe.algorithm.filter_groups.metric)
+            if recipe.algorithm.filter_groups.enable else None
+        )
+        self.needs_baseline = est.needs_greedy_baseline
+        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one.
+        actor = recipe.actor
+        self.recompute_old_log_prob = not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
+
+    # ----- the loop -----------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train for ``trainer.total_steps`` (or epochs), validating and saving on schedule."""
+        cfg = self.recipe.trainer
+        resumed = self.resume()
+        self.write_run_info()
+        last: dict[str, float] = {}
+        if cfg.val_before_train and self.rt.val_loader is not None and not resumed:
+            last = self.validate()
+            self.rt.tracking.log(last, self.global_step)
+        batches = self.rt.train_batches()
+        while self.global_step < self.rt.total_steps:
+            prompts = next(batches)
+            self.global_step += 1
+            metrics = self.step(prompts, batches)
+            is_last = self.global_step == self.rt.total_steps
+            if self.rt.val_loader is not None and (is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)):
+                metrics |= self.validate()
+            self.rt.tracking.log(metrics, self.global_step)
+            last = metrics
+            if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
+                self.save()
+        return last
+
+    def step(self, prompts: Batch, more_prompts: Any = None) -> dict[str, float]:
+        """One RL step on ``prompts`` (``more_prompts`` refills the batch for dynamic sampling)."""
+        rt, timer = self.rt, Timer()
+        metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
+        with timer("step"):
+            with timer("gen"):
+                batch = self.rollout(prompts, metrics)
+            with timer("reward"):
+                batch = self.score(batch, metrics)
+            if self.dynamic_sampling is not None:
+                batch = self.fill_by_dynamic_sampling(batch, more_prompts, timer, metrics)
+            if self.recompute_old_log_prob:
+                with timer("old_log_prob"):
+                    batch = batch.union(rt.actor.call("compute_log_prob", batch, balance=self.balance))
+            if rt.ref is not None:
+                with timer("ref"):
+                    batch = batch.union(rt.ref_call("compute_ref_log_prob", batch))
+            if rt.critic is not None:
+                with timer("values"):
+                    batch = batch.union(rt.critic.call("compute_values", batch, balance=self.balance))
+            with timer("adv"):
+                batch = self.compute_advantage(batch, metrics)
+            if rt.critic is not None:
+                with timer("update_critic"):
+                    metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
+            with timer("update_actor"):
+                metrics |= rt.actor.call("update_actor", batch, balance=self.balance)[0]  # same on every rank
+        metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
+                                max_response_length=self.recipe.data.max_response_length)
+        metrics |= timing_metrics(timer.times, batch)
+        metrics |= throughput_metrics(batch, timer.times["step"], rt.actor.world_size)
+        metrics |= rt.perf_metrics(batch, timer.times)
+        return metrics
+
+    @property
+    def balance(self) -> bool:
+        return self.recipe.trainer.balance_batch
+
+    # ----- phases -------------------------------------------------------------------------------
+    def rollout(self, prompts: Batch, metrics: dict[str, float]) -> Batch:
+        """Repeat each prompt rollout.n times (interleaved), give each group a uid, generate."""
+        n = self.recipe.rollout.n
+        prompts = Batch(prompts.tensors, prompts.non_tensors, prompts.meta)
+        prompts["uid"] = [f"{self.global_step}-{i}" for i in range(len(prompts))]
+        repeated = prompts.repeat(n, interleave=True)
+        gen = self.rt.actor.call("generate", repeated.select(["input_ids", "attention_mask", "position_ids"]),
+                                 balance=False)
+        batch = repeated.pop(["uid", *[k for k in repeated.non_tensors if k != "uid"]]).union(
+            Batch(gen.tensors, {}, gen.meta))
+        metrics |= self.rt.actor.last_metrics
+        if self.needs_baseline:  # ReMax: each prompt's greedy response score is its baseline
+            greedy = self.rt.actor.call("generate", prompts.select(["input_ids", "attention_mask", "position_ids"]),
+                                        balance=False, do_sample=False)
+            greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
+            baseline = self.rt.reward(greedy_batch).token_level_scores.sum(-1)  # [B/n]
+            batch["reward_baselines"] = baseline.repeat_interleave(n)
+        return batch
+
+    def score(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        result = self.rt.reward(batch)
+        batch["token_level_scores"] = result.token_level_scores
+        for key, values in result.extra.items():
+            batch[f"reward_extra/{key}"] = list(values)
+        metrics |= result.metrics
+        return batch
+
+    def fill_by_dynamic_sampling(self, batch: Batch, more_prompts: Any, timer: Timer,
+                                 metrics: dict[str, float]) -> Batch:
+        """DAPO: keep groups whose metric varies; generate from new prompts until the batch is full."""
+        acc = self.dynamic_sampling
+        acc.reset()
+        kept: list[Batch] = []
+        while True:
+            index = self.group_index(batch)
+            keep = acc.add(index, self.filter_metric(batch))
+            kept.append(batch[keep])
+            if acc.full:
+                break
+            with timer("gen"):
+                batch = self.rollout(next(more_prompts), metrics)
+            with timer("reward"):
+                batch = self.score(batch, metrics)
+        full = Batch.concat(kept)
+        full = full[first_groups_mask(self.group_index(full), acc.target_groups)]
+        metrics |= acc.metrics()
+        return full
+
+    def filter_metric(self, batch: Batch) -> torch.Tensor:
+        name = self.recipe.algorithm.filter_groups.metric
+        if name in ("score", "seq_final_reward"):
+            return batch["token_level_scores"].sum(-1)
+        if f"reward_extra/{name}" in batch:
+            return torch.tensor([float(v) for v in batch[f"reward_extra/{name}"]])
+        raise KeyError(f"algorithm.filter_groups.metric={name!r}: the scores carry no such metric; use 'score' or one of "
+                       f"{[k.split('/', 1)[1] for k in batch.keys() if k.startswith('reward_extra/')]}")
+
+    @staticmethod
+    def group_index(batch: Batch) -> torch.Tensor:
+        """uid strings → dense group ids [B] (the estimators' ``index``)."""
+        _, inverse = np.unique(batch["uid"].astype(str), return_inverse=True)
+        return torch.as_tensor(inverse, dtype=torch.long)
+
+    def compute_advantage(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        algo = self.recipe.algorithm
+        scores = batch["token_level_scores"]
+        if algo.use_kl_in_reward:
+            old = batch["old_log_prob"] if "old_log_prob" in batch else batch["rollout_log_probs"]
+            rewards, kl_metrics = apply_kl_penalty(scores, old, batch["ref_log_prob"], batch["response_mask"],
+                                                   self.rt.kl_ctrl, algo.kl_penalty)
+            metrics |= kl_metrics
+        else:
+            rewards = scores
+        batch["token_level_rewards"] = rewards
+        est = self.rt.estimator
+        params = {k: getattr(algo, k) for k in est.params}
+        advantages, returns = est.fn(
+            rewards, batch["response_mask"].to(rewards.dtype), self.group_index(batch),
+            values=batch["values"] if "values" in batch else None,
+            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+            **params,
+        )
+        batch["advantages"] = advantages
+        batch["returns"] = returns
+        return batch
+
+    # ----- validation ---------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """mean@n / best@n of the validation data per data_source; logs a table of generations."""
+        val = self.recipe.rollout.val
+        sources, uids, scores, rows = [], [], [], []
+        extra: dict[str, list[Any]] = {}
+        for prompts in self.rt.val_loader:
+            prompts["uid"] = [f"val-{len(uids) + i}" for i in range(len(prompts))]
+            repeated = prompts.repeat(val.n, interleave=True)
+            gen = self.rt.actor.call("generate", repeated.select(["input_ids", "attention_mask", "position_ids"]),
+                                     balance=False, do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
+            batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
+            result = self.rt.reward(batch)
+            sources += list(batch["data_source"])
+            uids += list(batch["uid"])
+            scores += result.token_level_scores.sum(-1).tolist()
+            for key, values in result.extra.items():
+                extra.setdefault(key, []).extend(values)
+            if len(rows) < self.recipe.tracking.log_generations:
+                rows += self.generation_rows(batch, result.token_level_scores.sum(-1))
+        metrics = validation_metrics(np.array(sources, dtype=object), np.array(uids, dtype=object), scores, val.n,
+                                     extra if len(next(iter(extra.values()), [])) == len(scores) else None)
+        table = "| prompt | response | score |\n|---|---|---|\n" + "\n".join(rows[: self.recipe.tracking.log_generations])
+        self.rt.tracking.log_text(table, f"generations/step_{self.global_step}.md")
+        return metrics
+
+    def generation_rows(self, batch: Batch, scores: torch.Tensor) -> list[str]:
+        tok = self.rt.tokenizer
+
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", "<br>")
+
+        rows = []
+        for i in range(len(batch)):
+            prompt = tok.decode(batch["prompts"][i][batch["attention_mask"][i, : batch["prompts"].shape[1]].bool()])
+            response = tok.decode(batch["responses"][i][batch["response_mask"][i].bool()])
+            rows.append(f"| {cell(prompt[-300:])} | {cell(response)} | {scores[i].item():.3f} |")
+        return rows
+
+    # ----- checkpoints --------------------------------------------------------------------------
+    def save(self) -> Path:
+        def write(tmp: Path) -> None:
+            self.rt.save_workers(tmp)
+            state = {
+                "global_step": self.global_step,
+                "dataloader": self.rt.train_loader.state_dict(),
+                "kl_ctrl": self.rt.kl_ctrl.__dict__ if self.rt.kl_ctrl is not None else None,
+                "tracker_run_ids": self.rt.tracking.run_ids(),
+                "driver_rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+            }
+            torch.save(state, tmp / "trainer_state.pt")
+            (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False))
+
+        path = self.checkpoints.save(self.global_step, write)
+        log.info("saved checkpoint %s", path)
+        return path
+
+    def resume(self) -> bool:
+        """Restore the newest (``auto``) or given checkpoint; returns whether one was loaded."""
+        self.checkpoints.clean_partial()
+        path = self.checkpoints.resolve_resume(self.recipe.trainer.resume)
+        if path is None:
+            return False
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.rt.load_workers(path)
+        self.global_step = state["global_step"]
+        self.rt.train_loader.load_state_dict(state["dataloader"])
+        if state["kl_ctrl"] is not None and self.rt.kl_ctrl is not None:
+            self.rt.kl_ctrl.__dict__.update(state["kl_ctrl"])
+        torch.set_rng_state(state["driver_rng"]["torch"])
+        np.random.set_state(state["driver_rng"]["numpy"])
+        log.info("resumed from %s at step %d", path, self.global_step)
+        return True
+
+    def write_run_info(self) -> None:
+        info = {"run_ids": self.rt.tracking.run_ids(), "mlflow_uri": self.rt.mlflow_uri, "started": time.time(),
+                "output_dir": str(self.output_dir)}
+        (self.output_dir / "run_info.json").write_text(json.dumps(info, indent=1))
