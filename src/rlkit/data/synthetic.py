@@ -2,8 +2,10 @@
 
 Problems are sums (and, if asked, differences) of ``num_terms`` integers in
 ``[min_operand, max_operand]``, asked in plain words: "What is 3 + 5?". The defaults (two one-digit
-terms, addition only) are the regime where SmolLM2-135M-Instruct starts partly right (DESIGN.md
-measured ≈ 42% free-text accuracy on one-digit sums), so GRPO has signal from the first step.
+terms, addition only, "Answer with only the number.") are the regime where SmolLM2-135M-Instruct
+starts partly right, so GRPO has signal from the first step. Measured on the 64 test problems of
+seed 0 (64 new tokens, bf16): greedy 62.5% correct, sampling at temperature 1.0 25%; without the
+instruction 59% / 14%.
 Raise ``max_operand`` / ``num_terms`` or add ``-`` to make it harder. Differences are written so
 that no intermediate result is negative.
 
@@ -24,7 +26,7 @@ from rlkit.errors import DataError
 __all__ = ["DATA_SOURCE", "DEFAULT_INSTRUCTION", "generate_arithmetic", "make_problem"]
 
 DATA_SOURCE = "rlkit/arithmetic"
-DEFAULT_INSTRUCTION = ""  # the question alone; the score reads the model's natural answer
+DEFAULT_INSTRUCTION = "Answer with only the number."  # no format demand: the score reads the natural answer
 _ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated, larger ones sampled
 
 
