@@ -48,7 +48,7 @@ def autocast(device: torch.device, mixed_precision: str):
 def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
                      entropy_grad: bool = False, mixed_precision: str = "fp32",
                      device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None).
+    """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
     row are cut before the forward and the outputs padded back to ``T`` with zeros.
@@ -66,7 +66,11 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     pad = (0, width - t)
-    return torch.nn.functional.pad(log_prob, pad), (torch.nn.functional.pad(entropy, pad) if entropy is not None else None)
+    keep = micro["response_mask"].to(device)  # zeros past each response's end, whatever the piece's width
+    log_prob = torch.nn.functional.pad(log_prob, pad) * keep
+    if entropy is not None:
+        entropy = torch.nn.functional.pad(entropy, pad) * keep
+    return log_prob, entropy
 
 
 @torch.no_grad()

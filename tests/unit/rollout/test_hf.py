@@ -1,0 +1,122 @@
+"""The HF rollout backend: layout, log-probs the actor reproduces, n samples, greedy, eos and stop strings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.batch import Batch
+from rlkit.models.load import load_model, load_tokenizer
+from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
+from rlkit.rollout.base import RolloutBackend
+from rlkit.rollout.hf import HFRollout, sample_next
+
+
+@pytest.fixture(scope="module")
+def tok_and_model(tiny_model_dir):
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    return tok, load_model(cfg, tokenizer=tok).eval()
+
+
+def prompts(tok, k: int = 3) -> Batch:
+    texts = [tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?" * (i + 1)}], tokenize=False,
+                                     add_generation_prompt=True) for i in range(k)]
+    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+def rollout(tok, module, **cfg) -> HFRollout:
+    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=12, seed=1)
+
+
+def test_layout_and_n_samples(tok_and_model):
+    tok, model = tok_and_model
+    ro = rollout(tok, model, n=4, temperature=1.0)
+    assert isinstance(ro, RolloutBackend)
+    p = prompts(tok)
+    out = ro.generate(p)
+    b, width_p, width_t = 3 * 4, p["input_ids"].shape[1], 12
+    assert out["responses"].shape == (b, width_t) and out["input_ids"].shape == (b, width_p + width_t)
+    assert torch.equal(out["prompts"], p["input_ids"].repeat_interleave(4, 0))  # interleaved: a a a a b b ...
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], 1))
+    assert torch.equal(out["attention_mask"][:, width_p:], out["response_mask"])
+    pos, mask = out["position_ids"], out["attention_mask"]
+    first = mask[:, :width_p].argmax(1)  # first real prompt column
+    assert all(pos[i, first[i]] == 0 for i in range(b))
+    assert torch.equal(pos[:, width_p:] - pos[:, width_p - 1 : width_p], torch.arange(1, width_t + 1).expand(b, -1))
+    # response mask is a prefix; after it only pad ids and zero log-probs
+    rm = out["response_mask"]
+    assert torch.equal(rm, rm.cummin(1).values)
+    assert (out["responses"][rm == 0] == tok.pad_token_id).all() and (out["rollout_log_probs"][rm == 0] == 0).all()
+    assert len({tuple(r.tolist()) for r in out["responses"][:4]}) > 1  # the 4 samples of a prompt differ
+    assert out.meta == {"temperature": 1.0, "do_sample": True}
+
+
+def test_rollout_log_probs_match_the_actor(tiny_model_dir, gloo_world1):
+    """Sample from the FSDP actor's own module (hybrid engine) with temperature, top-k and top-p; the
+    actor's recomputed log-probs (same temperature, full distribution) equal the rollout's."""
+    from rlkit.workers.actor import FSDPActor
+
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), rollout_n=2, total_steps=1,
+                      log_prob_micro_batch_size=5)
+    ro = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=RolloutConfig(
+        n=2, temperature=0.7, top_k=50, top_p=0.9), max_response_length=12, seed=0)
+    out = ro.generate(prompts(actor.tokenizer))
+    assert out.meta["temperature"] == 0.7
+    recomputed = actor.compute_log_prob(out)["old_log_prob"]
+    torch.testing.assert_close(recomputed, out["rollout_log_probs"], atol=1e-4, rtol=1e-4)
+    assert (out["rollout_log_probs"][out["response_mask"] == 1] < 0).all()
+
+
+def test_greedy_is_deterministic_and_matches_transformers_generate(tok_and_model):
+    tok, model = tok_and_model
+    p = prompts(tok)
+    first = rollout(tok, model).generate(p, do_sample=False)
+    second = rollout(tok, model).generate(p, do_sample=False)
+    assert torch.equal(first["responses"], second["responses"]) and first.meta["temperature"] == 1.0
+    ref = model.generate(input_ids=p["input_ids"], attention_mask=p["attention_mask"], do_sample=False,
+                         max_new_tokens=12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    ref = ref[:, p["input_ids"].shape[1]:]
+    got = first["responses"][:, : ref.shape[1]]
+    assert torch.equal(got, ref)
+
+
+def test_eos_ends_a_response_and_is_kept(tok_and_model):
+    tok, model = tok_and_model
+    p = prompts(tok, 1)
+    free = rollout(tok, model).generate(p, do_sample=False)["responses"][0]
+    eos = int(free[3])  # pretend the 4th greedy token is the end of turn
+    ro = HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=12,
+                   eos_token_ids=[eos])
+    out = ro.generate(p, do_sample=False)
+    stop_at = int((free == eos).nonzero()[0])
+    assert out["response_mask"][0].sum() == stop_at + 1
+    assert torch.equal(out["responses"][0, : stop_at + 1], free[: stop_at + 1])
+
+
+def test_stop_string_masks_everything_after_it(tok_and_model):
+    tok, model = tok_and_model
+    p = prompts(tok, 1)
+    free = rollout(tok, model).generate(p)["responses"][0]  # seeded sampling: the same tokens every time
+    # the first token (after the first two) whose text has not appeared before becomes the stop string
+    k, stop = next((k, tok.decode([int(free[k])])) for k in range(2, 12)
+                   if tok.decode([int(free[k])]).strip() and tok.decode([int(free[k])]) not in tok.decode(free[:k].tolist()))
+    out = rollout(tok, model, stop=[stop]).generate(p)
+    kept = int(out["response_mask"][0].sum())
+    assert kept == k + 1
+    assert torch.equal(out["responses"][0, :kept], free[:kept])
+    assert (out["responses"][0, kept:] == tok.pad_token_id).all()
+
+
+def test_sample_next_truncation():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    tokens, logp = sample_next(logits, temperature=1.0, top_p=1.0, top_k=2, do_sample=True, generator=g)
+    assert set(tokens.tolist()) == {0, 1}
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+    # top_p = 0.6: p(0) = 0.64 already covers it, so only token 0 survives
+    tokens, _ = sample_next(logits, temperature=1.0, top_p=0.6, top_k=0, do_sample=True, generator=g)
+    assert set(tokens.tolist()) == {0}
+    tokens, _ = sample_next(logits, temperature=0.0, top_p=1.0, top_k=0, do_sample=True, generator=g)
+    assert set(tokens.tolist()) == {0}

@@ -1,0 +1,78 @@
+"""Run one actor update on a fixed global batch with N gloo ranks; rank 0 saves loss, metrics and weights.
+
+Usage: python _fsdp_ranks.py MODEL_DIR WORLD_SIZE OUT_FILE  (runs fixed, then dynamic micro-batches)
+Each rank takes its contiguous 1/N of the global batch (as the driver's equal split does).
+``update_once`` also runs in-process under a world-size-1 group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def global_batch(tokenizer, n_prompts: int = 4, n: int = 2, width_t: int = 8):
+    """A deterministic batch: chat prompts of different lengths, responses of different lengths."""
+    from rlkit.batch import Batch
+
+    g = torch.Generator().manual_seed(0)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?" * (i + 1)}],
+                                           tokenize=False, add_generation_prompt=True) for i in range(n_prompts)]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    prompts = enc["input_ids"].repeat_interleave(n, 0)  # [B, P]
+    pmask = enc["attention_mask"].repeat_interleave(n, 0)
+    b = prompts.shape[0]
+    lengths = torch.tensor([8, 3, 5, 8, 1, 6, 2, 7])[:b]
+    rmask = (torch.arange(width_t)[None, :] < lengths[:, None]).long()  # [B, T]
+    responses = torch.randint(3, 300, (b, width_t), generator=g) * rmask
+    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+    return Batch({
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": torch.cat([pmask, rmask], 1),
+        "position_ids": torch.cat([ppos, ppos[:, -1:] + torch.arange(1, width_t + 1)], 1),
+        "responses": responses,
+        "response_mask": rmask,
+        "advantages": torch.randn(b, 1, generator=g).expand(b, width_t).contiguous(),
+        "ref_log_prob": -3.0 - torch.rand(b, width_t, generator=g),
+    }, meta={"temperature": 0.9})
+
+
+def update_once(model_dir: str, dynamic: bool) -> dict:
+    """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs."""
+    from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
+    from rlkit.workers.actor import FSDPActor
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,
+                      kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=dynamic, ppo_max_token_len_per_rank=40,
+                      loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-2, weight_decay=0.0))
+    actor = FSDPActor(ModelConfig(path=model_dir), cfg, rollout_n=2, total_steps=4, log_prob_micro_batch_size=3)
+    batch = global_batch(actor.tokenizer)
+    local = batch.chunk(world_size)[rank]
+    old = actor.compute_log_prob(local)["old_log_prob"]
+    local["old_log_prob"] = old - 0.3 * local["response_mask"]  # ratios away from 1: clipping is exercised
+    metrics = actor.update(local)
+    olds = [torch.zeros_like(old) for _ in range(world_size)]
+    dist.all_gather(olds, old)
+    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds)}
+
+
+def run(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    results = {mode: update_once(model_dir, mode == "dynamic") for mode in ("fixed", "dynamic")}
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    from rlkit.workers.base import find_free_port
+
+    model_dir, ws, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    os.environ["OMP_NUM_THREADS"] = "1"
+    mp.spawn(run, args=(ws, find_free_port(), model_dir, out), nprocs=ws)
