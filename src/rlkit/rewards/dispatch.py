@@ -25,6 +25,7 @@ __all__ = [
     "load_custom_score",
     "ScoreDispatcher",
     "batched",
+    "make_score_fn",
 ]
 
 ScoreFn = Callable[..., Any]
@@ -125,3 +126,22 @@ def batched(score_fn: ScoreFn) -> Callable[..., list[Any]]:
         return [score_fn(*args) for args in zip(data_sources, solution_strs, ground_truths, extra_infos)]
 
     return score_batch
+
+
+def make_score_fn(
+    registries: Registries | None = None,
+    custom_score: dict[str, str] | None = None,
+    *,
+    batch_call: bool = False,
+) -> Callable[..., Any]:
+    """The score function a reward manager gets: ``reward.custom_score`` (``{path, name}``) if set,
+    else registry dispatch by data_source; wrapped with ``batched`` when the manager is ``batch``.
+
+    A custom file used with the ``batch`` manager must itself be batched (keyword arguments
+    ``data_sources, solution_strs, ground_truths, extra_infos``), so it is not wrapped.
+    """
+    if custom_score:
+        fn = load_custom_score(custom_score["path"], custom_score.get("name", "compute_score"))
+        return fn if batch_call else ScoreDispatcher(registries, custom=fn)
+    dispatcher = ScoreDispatcher(registries)
+    return batched(dispatcher) if batch_call else dispatcher

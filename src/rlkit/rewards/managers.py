@@ -45,6 +45,7 @@ __all__ = [
     "BatchRewardManager",
     "DapoRewardManager",
     "normalize_score",
+    "manager_kwargs",
 ]
 
 log = logging.getLogger("rlkit.rewards")
@@ -286,3 +287,33 @@ class DapoRewardManager(NaiveRewardManager):
         metrics["reward/overlong_penalty/mean"] = float(penalty.mean()) if len(penalty) else 0.0
         metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean()) if len(penalty) else 0.0
         return scores + penalty, {"overlong_reward": penalty.tolist(), "overlong": (penalty < 0).tolist()}
+
+
+def manager_kwargs(
+    cls: type,
+    *,
+    num_examine: int = 0,
+    default_score: float = 0.0,
+    timeout_s: float = 10.0,
+    num_workers: int = 2,
+    overlong_buffer: dict[str, Any] | None = None,
+    max_response_length: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``cls(tokenizer, score_fn, **kwargs)`` from the ``reward.*`` recipe values.
+
+    Only the params ``cls`` declares in ``accepted_params`` are passed (a plugin manager that
+    declares none gets just ``num_examine`` and ``default_score``). ``overlong_buffer`` is the
+    ``reward.overlong_buffer`` mapping ``{enable, len, penalty_factor}``.
+    """
+    overlong_buffer = dict(overlong_buffer or {})
+    available = {
+        "timeout_s": timeout_s,
+        "num_workers": num_workers,
+        "overlong_buffer_enable": bool(overlong_buffer.get("enable", False)),
+        "overlong_buffer_len": overlong_buffer.get("len"),
+        "overlong_penalty_factor": overlong_buffer.get("penalty_factor", 1.0),
+        "max_response_length": max_response_length,
+    }
+    accepted = getattr(cls, "accepted_params", ())
+    params = {k: v for k, v in available.items() if k in accepted}
+    return {"num_examine": num_examine, "default_score": default_score, **params}

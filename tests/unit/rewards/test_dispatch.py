@@ -92,3 +92,13 @@ def test_load_custom_score_errors(tmp_path):
     broken.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ScoreLoadError, match="RuntimeError: boom"):
         load_custom_score(broken, "compute_score")
+
+
+def test_make_score_fn(tmp_path, registries):
+    from rlkit.rewards.dispatch import make_score_fn
+
+    assert make_score_fn(registries)("gsm8k", "#### 3", "3") == 1.0
+    assert make_score_fn(registries, batch_call=True)(["gsm8k"], ["#### 3"], ["4"], [None]) == [0.0]
+    path = tmp_path / "s.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.5\n")
+    assert make_score_fn(registries, {"path": str(path), "name": "compute_score"})("any/source", "x", "y") == 0.5

@@ -183,3 +183,17 @@ def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path):
     with ParallelRewardManager(tokenizer, fn, num_workers=1) as manager:
         result = manager(make_batch(["1 2 3", "4"], ["x", "x"], data_source="anything"))
     assert result.token_level_scores.sum(1).tolist() == [5.0, 1.0]
+
+
+def test_manager_kwargs_from_recipe_values(tokenizer, dispatcher):
+    from rlkit.rewards.managers import manager_kwargs
+
+    overlong = {"enable": True, "len": 4, "penalty_factor": 0.5}
+    naive = manager_kwargs(NaiveRewardManager, num_examine=1, default_score=-1.0, overlong_buffer=overlong)
+    assert naive == {"num_examine": 1, "default_score": -1.0}
+    dapo = manager_kwargs(DapoRewardManager, overlong_buffer=overlong, max_response_length=16)
+    assert dapo["overlong_buffer_len"] == 4 and dapo["overlong_penalty_factor"] == 0.5 and dapo["max_response_length"] == 16
+    parallel = manager_kwargs(ParallelRewardManager, timeout_s=3.0, num_workers=1)
+    assert {k: parallel[k] for k in ("timeout_s", "num_workers")} == {"timeout_s": 3.0, "num_workers": 1}
+    for cls, kwargs in ((NaiveRewardManager, naive), (DapoRewardManager, dapo), (BatchRewardManager, naive)):
+        cls(tokenizer, dispatcher, **kwargs)  # accepted as is
