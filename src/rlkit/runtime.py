@@ -22,7 +22,8 @@ from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.recipe import Recipe, recipe_to_dict, uses_critic, uses_ref
 from rlkit.registry import Registries, load_object
-from rlkit.rewards.dispatch import ScoreDispatcher, load_custom_score
+from rlkit.rewards.dispatch import make_score_fn
+from rlkit.rewards.managers import manager_kwargs
 from rlkit.specs import EstimatorSpec
 from rlkit.tracking import TrackerConfig, Tracking
 
@@ -169,19 +170,14 @@ def _loaders(recipe: Recipe, tokenizer: Any) -> tuple[StatefulDataLoader, Statef
 
 def _reward_manager(recipe: Recipe, registries: Registries, tokenizer: Any) -> Any:
     reward = recipe.reward
-    custom = load_custom_score(reward.custom_score.path, reward.custom_score.name) if reward.custom_score else None
-    score_fn = ScoreDispatcher(registries, custom)
     cls = load_object(registries.reward_managers.get(reward.manager).cls)
-    params: dict[str, Any] = {}
-    accepted = getattr(cls, "accepted_params", ())
-    candidates = {
-        "timeout_s": reward.timeout_s, "num_workers": reward.num_workers,
-        "overlong_buffer_enable": reward.overlong_buffer.enable, "overlong_buffer_len": reward.overlong_buffer.len,
-        "overlong_penalty_factor": reward.overlong_buffer.penalty_factor,
-        "max_response_length": recipe.data.max_response_length,
-    }
-    params = {k: v for k, v in candidates.items() if k in accepted}
-    return cls(tokenizer, score_fn, num_examine=reward.num_examine, default_score=reward.default_score, **params)
+    custom = reward.custom_score.model_dump() if reward.custom_score else None
+    score_fn = make_score_fn(registries, custom, batch_call=reward.manager == "batch")
+    kwargs = manager_kwargs(cls, num_examine=reward.num_examine, default_score=reward.default_score,
+                            timeout_s=reward.timeout_s, num_workers=reward.num_workers,
+                            overlong_buffer=reward.overlong_buffer.model_dump(),
+                            max_response_length=recipe.data.max_response_length)
+    return cls(tokenizer, score_fn, **kwargs)
 
 
 def _kl_controller(recipe: Recipe) -> Any:
