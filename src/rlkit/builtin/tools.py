@@ -1,3 +1,16 @@
 """Registers rlkit's built-in tools entries through the public hooks."""
 
 from __future__ import annotations
+
+from rlkit.hookspecs import hookimpl
+from rlkit.specs import ToolSpec
+
+
+@hookimpl
+def rlkit_register_tools() -> list[ToolSpec]:
+    return [
+        ToolSpec(name="calculator", cls="rlkit.rollout.tools.calculator:CalculatorTool",
+                 description="safe arithmetic (numbers, + - * / // % **, parentheses); no eval"),
+        ToolSpec(name="python", cls="rlkit.rollout.tools.python:PythonTool",
+                 description="Python in a sandboxed subprocess: time, CPU, memory limits; no network"),
+    ]
