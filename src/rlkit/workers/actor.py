@@ -119,7 +119,10 @@ class FSDPActor:
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
         if actor_config.gradient_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.module = fsdp.fsdp_wrap(module, self.device)
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)

@@ -86,10 +86,14 @@ def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dty
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded CPU state dict on rank 0 (``{}`` on other ranks). Collective: call on every rank."""
+    """Unsharded CPU state dict on rank 0 (``{}`` on other ranks), never aliasing the live parameters.
+    Collective: call on every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _world_size() == 1:  # one CPU rank: the "full" tensors alias the live parameters; hand out copies
+        state = {k: v.detach().clone() for k, v in state.items()}
+    return state
 
 
 def rng_state() -> dict[str, Any]:
