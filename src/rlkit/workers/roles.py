@@ -1,0 +1,223 @@
+"""The Ray-facing role classes: one instance per rank, built by ``WorkerGroup`` on a resource pool.
+
+Every class takes the ``Worker`` arguments ``(rank, world_size, master_addr, master_port, device,
+threads)`` then keyword-only recipe sections (pydantic objects, picklable) and scalars. Methods whose
+first argument is a ``Batch`` are meant for ``dispatch="split"`` (each rank gets its part, results are
+concatenated in the original order); the others for ``dispatch="all"`` / ``"rank0"``. Update methods
+return the same metrics dict on every rank (already reduced over ranks).
+
+- ``ActorRolloutRefWorker`` (roles actor_rollout_ref, actor, rollout): the hybrid engine. The actor's
+  FSDP2 module, the HF rollout (sharing that module: no weight copy) and, when ``ref_config`` is given,
+  a frozen reference copy live in one process. ``actor_config=None`` makes a rollout-only worker that
+  loads its own sharded copy and receives weights through ``update_rollout_weights(state_dict)``;
+  ``rollout_config=None`` an actor without rollout.
+- ``CriticWorker`` (critic), ``RefWorker`` (ref), ``RewardModelWorker`` (reward_model).
+
+Checkpoints: ``save_checkpoint(dir)`` / ``load_checkpoint(dir)`` on every rank (``dispatch="all"``);
+each role writes its own sub-folder (``actor/``, ``critic/``...) holding DCP shards of model and
+optimizer and one file per rank with scheduler, counters and RNG states.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlkit.batch import Batch
+from rlkit.errors import WorkerError
+from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
+from rlkit.workers.base import Worker
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RefWorker", "RewardModelWorker"]
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor + rollout + optional reference in one process (veRL's hybrid engine)."""
+
+    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
+                 model_config: ModelConfig, actor_config: ActorConfig | None = None,
+                 rollout_config: RolloutConfig | None = None, ref_config: RefConfig | None = None,
+                 max_response_length: int = 512, total_steps: int = 1, seed: int = 1):
+        """``max_response_length``: ``data.max_response_length``; ``total_steps``: LR-schedule length;
+        ``seed``: ``trainer.seed`` (model init is the same on every rank; sampling is seeded by rank)."""
+        super().__init__(rank, world_size, master_addr, master_port, device, threads)
+        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.workers import fsdp
+
+        if actor_config is None and rollout_config is None and ref_config is None:
+            raise WorkerError("ActorRolloutRefWorker needs at least one of actor_config, rollout_config, ref_config.")
+        self.model_config = model_config
+        self.tokenizer = load_tokenizer(model_config)
+        temperature = rollout_config.temperature if rollout_config is not None else 1.0
+        self.actor = self.rollout = self.ref = None
+        if actor_config is not None:
+            from rlkit.workers.actor import FSDPActor
+
+            self.actor = FSDPActor(model_config, actor_config, rollout_n=rollout_config.n if rollout_config else 1,
+                                   total_steps=total_steps, device=self.device, temperature=temperature,
+                                   log_prob_micro_batch_size=(rollout_config.log_prob_micro_batch_size_per_rank
+                                                              if rollout_config else 8),
+                                   tokenizer=self.tokenizer, seed=seed)
+        if rollout_config is not None:
+            from rlkit.registry import build_registries, load_object
+
+            spec = build_registries().rollout_backends.get(rollout_config.backend)
+            if self.actor is not None:
+                module = self.actor.module
+            else:
+                module = fsdp.fsdp_wrap(load_model(model_config, tokenizer=self.tokenizer), self.device)
+            self.rollout = load_object(spec.cls)(
+                module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
+                max_response_length=max_response_length, device=self.device, seed=seed * 1000 + rank)
+        if ref_config is not None:
+            from rlkit.workers.ref import FSDPRef
+
+            self.ref = FSDPRef(model_config, ref_config, device=self.device, temperature=temperature,
+                               mixed_precision=actor_config.mixed_precision if actor_config else "fp32",
+                               tokenizer=self.tokenizer)
+
+    def _need(self, part: str):
+        obj = getattr(self, part)
+        if obj is None:
+            raise WorkerError(f"this ActorRolloutRefWorker was built without its {part} (pass {part}_config).")
+        return obj
+
+    # ----- rollout ------------------------------------------------------------------------------
+    def generate_sequences(self, prompts: Batch, **sampling) -> Batch:
+        """Responses for ``prompts`` (``input_ids``, ``attention_mask`` [B, P]); ``sampling`` overrides
+        ``n, temperature, top_p, top_k, max_new_tokens, do_sample, stop``. Returns ``B * n`` rows in
+        the layout of ``rlkit.rollout.base``. A split ``WorkerGroup`` call must return one row per input:
+        send ``prompts.repeat(n, interleave=True)`` with ``n=1`` (same order, and balanced across ranks)."""
+        return self._need("rollout").generate(prompts, **sampling)
+
+    def sync_weights(self) -> None:
+        """Hand the actor's current weights to the rollout (shared module here: nothing is copied)."""
+        self._need("rollout").update_weights(self._need("actor").module)
+
+    def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Rollout-only worker: load a full state dict (rank 0's; broadcast to the other ranks)."""
+        self._need("rollout").update_weights(state_dict)
+
+    # ----- actor / ref --------------------------------------------------------------------------
+    def compute_log_prob(self, batch: Batch, with_entropy: bool = False) -> Batch:
+        """``old_log_prob [B, T]`` (+ ``entropy [B, T]``) under the current actor weights."""
+        return self._need("actor").compute_log_prob(batch, with_entropy=with_entropy)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_prob [B, T]`` under the frozen reference model."""
+        return self._need("ref").compute_ref_log_prob(batch)
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
+        return self._need("actor").update(batch)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The actor's full HF-style state dict on CPU (rank 0; ``{}`` elsewhere): use ``dispatch="rank0"``."""
+        return self._need("actor").full_state_dict()
+
+    def save_checkpoint(self, directory: str) -> None:
+        if self.actor is not None:
+            self.actor.save_checkpoint(Path(directory) / "actor")
+        if self.rollout is not None and hasattr(self.rollout, "generator"):
+            path = Path(directory) / "rollout"
+            path.mkdir(parents=True, exist_ok=True)
+            torch.save(self.rollout.generator.get_state(), path / f"generator_rank{self.rank}.pt")
+
+    def load_checkpoint(self, directory: str) -> None:
+        if self.actor is not None:
+            self.actor.load_checkpoint(Path(directory) / "actor")
+        path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
+        if self.rollout is not None and hasattr(self.rollout, "generator") and path.exists():
+            self.rollout.generator.set_state(torch.load(path))
+
+    def destroy(self) -> None:
+        self.actor = self.rollout = self.ref = None
+        super().destroy()
+
+
+class CriticWorker(Worker):
+    """The value model (``FSDPCritic``) of one rank."""
+
+    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
+                 model_config: ModelConfig, critic_config: CriticConfig, rollout_n: int, ppo_mini_batch_size: int,
+                 total_steps: int = 1, mixed_precision: str = "fp32", seed: int = 1):
+        """``ppo_mini_batch_size``: ``actor.ppo_mini_batch_size`` (used unless the critic sets its own)."""
+        super().__init__(rank, world_size, master_addr, master_port, device, threads)
+        from rlkit.workers.critic import FSDPCritic
+
+        self.critic = FSDPCritic(model_config, critic_config, rollout_n=rollout_n, total_steps=total_steps,
+                                 ppo_mini_batch_size=ppo_mini_batch_size, device=self.device,
+                                 mixed_precision=mixed_precision, seed=seed)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values [B, T]``."""
+        return self.critic.compute_values(batch)
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Clipped value update on ``values``, ``returns``; ``critic/*`` metrics."""
+        return self.critic.update(batch)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.critic.save_checkpoint(Path(directory) / "critic")
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.critic.load_checkpoint(Path(directory) / "critic")
+
+    def destroy(self) -> None:
+        self.critic = None
+        super().destroy()
+
+
+class RefWorker(Worker):
+    """A stand-alone reference policy (when it is not colocated with the actor)."""
+
+    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
+                 model_config: ModelConfig, ref_config: RefConfig, temperature: float = 1.0,
+                 mixed_precision: str = "fp32"):
+        super().__init__(rank, world_size, master_addr, master_port, device, threads)
+        from rlkit.workers.ref import FSDPRef
+
+        self.ref = FSDPRef(model_config, ref_config, device=self.device, temperature=temperature,
+                           mixed_precision=mixed_precision)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_prob [B, T]``."""
+        return self.ref.compute_ref_log_prob(batch)
+
+    def save_checkpoint(self, directory: str) -> None:
+        """The reference never changes: nothing to save."""
+
+    def load_checkpoint(self, directory: str) -> None:
+        """The reference never changes: nothing to load."""
+
+    def destroy(self) -> None:
+        self.ref = None
+        super().destroy()
+
+
+class RewardModelWorker(Worker):
+    """A sequence-classification reward model; ``compute_rm_score`` writes ``rm_scores [B]``."""
+
+    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
+                 model_config: ModelConfig, reward_model_path: str, micro_batch_size: int = 8,
+                 mixed_precision: str = "fp32"):
+        """``model_config``: the policy's (tokenizer, dtype); ``reward_model_path``: ``reward.reward_model.path``."""
+        super().__init__(rank, world_size, master_addr, master_port, device, threads)
+        from rlkit.workers.reward_model import FSDPRewardModel
+
+        self.rm = FSDPRewardModel(model_config, path=reward_model_path, device=self.device,
+                                  micro_batch_size=micro_batch_size, mixed_precision=mixed_precision)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        return self.rm.compute_rm_score(batch)
+
+    def save_checkpoint(self, directory: str) -> None:
+        """A frozen reward model: nothing to save."""
+
+    def load_checkpoint(self, directory: str) -> None:
+        """A frozen reward model: nothing to load."""
+
+    def destroy(self) -> None:
+        self.rm = None
+        super().destroy()
