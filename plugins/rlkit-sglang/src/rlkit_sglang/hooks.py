@@ -1,0 +1,17 @@
+"""Registers the ``sglang`` rollout backend (lazy class reference: nothing heavy is imported here)."""
+
+from __future__ import annotations
+
+import rlkit
+from rlkit.specs import RolloutBackendSpec
+
+
+@rlkit.hookimpl
+def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
+    return [
+        RolloutBackendSpec(
+            name="sglang",
+            cls="rlkit_sglang.backend:SglangRollout",
+            description="SGLang servers over HTTP (launched per replica or attached by URL)",
+        )
+    ]

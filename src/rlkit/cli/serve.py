@@ -1,0 +1,46 @@
+"""``rlkit serve MODEL``: serve a model over SGLang's native HTTP API subset, on CPU (``rlkit.serve``).
+
+    rlkit serve path/to/hf_model --port 30000
+    curl -s localhost:30000/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}}'
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model on CPU over SGLang's native HTTP API subset (for the sglang backend)",
+        description="A CPU server speaking /generate, /update_weights_from_disk, /release_memory_occupation, "
+                    "/resume_memory_occupation, /flush_cache, /health as SGLang 0.5 does, backed by the HF "
+                    "rollout backend.",
+    )
+    parser.add_argument("model", help="HF model folder (or id, with hub access)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 = any free port)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--eos-token", default=None, help="override the end-of-response token")
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.set_defaults(func=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlkit.serve import serve
+
+    serve(args.model, args.host, args.port, dtype=args.dtype, seed=args.seed, eos_token=args.eos_token,
+          verbose=args.verbose)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``serve`` alone (``python -m rlkit.serve``) while it is not yet in ``rlkit``'s command list."""
+    parser = argparse.ArgumentParser(prog="rlkit")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return args.func(args)
