@@ -3,7 +3,10 @@
 Its own decode loop (rather than ``model.generate``) for three reasons: the sampled token's log-prob
 under the untruncated temperature-scaled distribution comes for free; stop strings end a row at the
 exact token that completes them; and when the module is FSDP-sharded every forward is a collective, so
-all ranks must run the same number of decode steps — the loop stops only when every rank is done.
+all ranks must run the same number of decode steps — the loop stops only when every rank is done —
+and the parameters are gathered once for the whole loop (``set_reshard_after_forward(False)``), not
+once per token, then resharded (the full weights are held on every rank while generating, as veRL's
+hybrid engine does).
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -81,13 +84,31 @@ class HFRollout:
             opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(self.module, weights, options=opts)
         else:
-            self.module.load_state_dict(weights, strict=False)
+            result = self.module.load_state_dict(weights, strict=False)
+            tied = getattr(getattr(self.module, "config", None), "tie_word_embeddings", False)
+            missing = [k for k in result.missing_keys if not (tied and k.endswith("lm_head.weight"))]
+            if missing or result.unexpected_keys:
+                raise RlkitError(f"rollout.update_weights: the state dict does not fit the rollout's model "
+                                 f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}).")
 
     # ----- generation ---------------------------------------------------------------------------
     def _collective(self) -> bool:
         from torch.distributed.fsdp import FSDPModule
 
         return isinstance(self.module, FSDPModule) and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _keep_unsharded(self, keep: bool, modules: list | None = None) -> list:
+        """FSDP2: gather the full parameters once for the whole decode loop instead of once per token
+        (``keep=True``); afterwards (``keep=False``) free them again and restore resharding."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if keep:
+            modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in modules or []:
+            m.set_reshard_after_forward(not keep)
+            if not keep:
+                m.reshard()
+        return modules or []
 
     def _all_done(self, finished: torch.Tensor) -> bool:
         done = torch.tensor([int(bool(finished.all()))], device=self.device)
@@ -130,6 +151,7 @@ class HFRollout:
 
         was_training = self.module.training
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
+        sharded = self._keep_unsharded(True)
         try:
             mask = prompt_mask
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -154,5 +176,6 @@ class HFRollout:
                                   position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
         finally:
             self.module.train(was_training)
+            self._keep_unsharded(False, sharded)
         meta = {"temperature": float(temperature) if do_sample and temperature > 0 else 1.0, "do_sample": bool(do_sample)}
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

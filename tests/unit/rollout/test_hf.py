@@ -120,3 +120,24 @@ def test_sample_next_truncation():
     assert set(tokens.tolist()) == {0}
     tokens, _ = sample_next(logits, temperature=0.0, top_p=1.0, top_k=0, do_sample=True, generator=g)
     assert set(tokens.tolist()) == {0}
+
+
+def test_update_weights_from_a_full_state_dict(tiny_model_dir, gloo_world1, tok_and_model):
+    """A rollout with its own copy takes the actor's full state dict and then samples like the actor."""
+    from rlkit.workers.actor import FSDPActor
+
+    tok, _ = tok_and_model
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), rollout_n=1, total_steps=1)
+    with torch.no_grad():
+        for param in actor.module.parameters():
+            param.add_(0.05)  # weights the rollout's own copy does not have yet
+    copy = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()
+    ro = rollout(tok, copy)
+    p = prompts(tok)
+    before = ro.generate(p, do_sample=False)
+    ro.update_weights(actor.full_state_dict())
+    after = ro.generate(p, do_sample=False)
+    hybrid = rollout(tok, actor.module).generate(p, do_sample=False)
+    assert torch.equal(after["responses"], hybrid["responses"])
+    torch.testing.assert_close(after["rollout_log_probs"], hybrid["rollout_log_probs"], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(before["rollout_log_probs"], after["rollout_log_probs"])
