@@ -150,3 +150,21 @@ def test_server_killed_mid_request_is_a_clear_error_naming_the_url(plugin_tiny_m
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_agent_loop_drives_the_sglang_backend_turn_by_turn(serve_thread):
+    url, model = serve_thread
+    from rlkit.batch import Batch
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout.agent import AgentLoopRollout
+
+    tok = model.tokenizer
+    cfg = RolloutConfig(temperature=0.0, agent="tool", tools=["calculator"], max_turns=2, engine_kwargs={"urls": [url]})
+    backend = SglangRollout(tokenizer=tok, rollout_config=cfg, max_response_length=10)
+    prompt = _prompt(tok)
+    batch = Batch({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)})
+    agent = AgentLoopRollout(backend, tok, rollout_config=cfg, max_response_length=10)
+    assert agent.generator is backend  # the sglang backend is its own TurnGenerator
+    out = agent.generate(batch)
+    direct = backend.generate(batch)  # greedy: the loop's single turn equals the batch call
+    assert torch.equal(out["responses"], direct["responses"]) and out.meta["metrics"]["num_turns/max"] == 1.0
