@@ -20,6 +20,7 @@ from rlkit.algos import make_kl_controller
 from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
+from rlkit.merge import save_hf_config
 from rlkit.recipe import Recipe, recipe_to_dict, uses_critic, uses_ref
 from rlkit.registry import Registries, load_object
 from rlkit.rewards.dispatch import make_score_fn
@@ -95,16 +96,27 @@ class Runtime:
         threads = recipe.resources.threads_per_worker
         with_ref = uses_ref(recipe)
         actor_cls = load_object(registries.roles.get("actor_rollout_ref").cls)
-        self.actor = WorkerGroup(actor_cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref", threads=threads,
-                                 role_kwargs={"recipe": recipe, "total_steps": self.total_steps, "with_ref": with_ref})
+        actor_kwargs = {
+            "model_config": recipe.model, "actor_config": recipe.actor, "rollout_config": recipe.rollout,
+            "ref_config": recipe.ref if with_ref else None, "max_response_length": recipe.data.max_response_length,
+            "total_steps": self.total_steps, "seed": recipe.trainer.seed,
+        }
+        self.actor = WorkerGroup(actor_cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref",
+                                 threads=threads, role_kwargs=actor_kwargs)
         self.groups.append(self.actor)
         self.ref = "colocated" if with_ref else None
         if uses_critic(recipe, registries):
             critic_cls = load_object(registries.roles.get("critic").cls)
             critic_pool = pools.pool_for("critic")
             share = 0.5 if critic_pool is pools.pool_for("actor_rollout_ref") else 1.0  # two roles on one bundle
+            critic_kwargs = {
+                "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
+                "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
+                "total_steps": self.total_steps, "mixed_precision": recipe.actor.mixed_precision,
+                "seed": recipe.trainer.seed,
+            }
             self.critic = WorkerGroup(critic_cls, critic_pool, role="critic", threads=threads, share=share,
-                                      role_kwargs={"recipe": recipe, "total_steps": self.total_steps})
+                                      role_kwargs=critic_kwargs)
             self.groups.append(self.critic)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
         self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
@@ -119,14 +131,16 @@ class Runtime:
             yield from self.train_loader
 
     def save_workers(self, directory: Path) -> None:
-        self.actor.call("save_checkpoint", dispatch="all", directory=str(directory / "actor"))
+        """Each role writes its own sub-folders (actor/, rollout/, critic/); hf_config/ lets merge rebuild the model."""
+        self.actor.call("save_checkpoint", dispatch="all", directory=str(directory))
         if self.critic is not None:
-            self.critic.call("save_checkpoint", dispatch="all", directory=str(directory / "critic"))
+            self.critic.call("save_checkpoint", dispatch="all", directory=str(directory))
+        save_hf_config(self.recipe.model, self.tokenizer, directory / "hf_config")
 
     def load_workers(self, directory: Path) -> None:
-        self.actor.call("load_checkpoint", dispatch="all", directory=str(directory / "actor"))
+        self.actor.call("load_checkpoint", dispatch="all", directory=str(directory))
         if self.critic is not None:
-            self.critic.call("load_checkpoint", dispatch="all", directory=str(directory / "critic"))
+            self.critic.call("load_checkpoint", dispatch="all", directory=str(directory))
 
     def perf_metrics(self, batch: Batch, times: dict[str, float]) -> dict[str, float]:
         """perf/mfu/actor: 6·N·tokens·epochs FLOPs of the update over its time, against the measured peak."""

@@ -111,7 +111,9 @@ class JsonlTracker:
         pass
 
     def log_text(self, text: str, name: str) -> None:
-        (self.path.parent / name).write_text(text, encoding="utf-8")
+        target = self.path.parent / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
 
     def finish(self, status: str = "FINISHED") -> None:
         pass

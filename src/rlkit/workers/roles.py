@@ -112,6 +112,10 @@ class ActorRolloutRefWorker(Worker):
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
         return self._need("actor").update(batch)
 
+    def num_params(self) -> int:
+        """Parameters of the full (unsharded) actor model, for the MFU estimate."""
+        return sum(p.numel() for p in self._need("actor").module.parameters())
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The actor's full HF-style state dict on CPU (rank 0; ``{}`` elsewhere): use ``dispatch="rank0"``."""
         return self._need("actor").full_state_dict()

@@ -1,0 +1,91 @@
+"""``rlkit merge CHECKPOINT --out DIR``: a checkpoint's sharded actor → a Hugging Face folder.
+
+A checkpoint holds the actor as torch.distributed.checkpoint (DCP) shards (``actor/dcp``, one file
+per rank) plus ``hf_config/`` (model config and tokenizer, written by the driver). Merging needs
+no process group and no GPU: DCP's shards are read into one state dict, the model is rebuilt from
+its config, the weights are loaded strictly (tied weights excepted), and ``save_pretrained`` writes
+config, tokenizer and safetensors that ``AutoModelForCausalLM.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import RlkitError
+
+__all__ = ["MergeError", "save_hf_config", "load_actor_state_dict", "merge_checkpoint"]
+
+
+class MergeError(RlkitError):
+    """A checkpoint could not be merged into a Hugging Face folder."""
+
+
+def save_hf_config(model_config: Any, tokenizer: Any, directory: Path) -> None:
+    """Write the model's config (and generation config) and the tokenizer, without weights."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from rlkit.models.load import resolve_model_path
+
+    source = resolve_model_path(model_config.path)
+    directory.mkdir(parents=True, exist_ok=True)
+    AutoConfig.from_pretrained(source, trust_remote_code=model_config.trust_remote_code).save_pretrained(directory)
+    try:
+        GenerationConfig.from_pretrained(source).save_pretrained(directory)
+    except OSError:
+        pass  # a model without generation_config.json
+    tokenizer.save_pretrained(directory)
+
+
+def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
+    """The full actor state dict from the DCP shards of ``checkpoint/actor/dcp`` (CPU tensors)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_dir = checkpoint / "actor" / "dcp"
+    if not dcp_dir.is_dir():
+        raise MergeError(f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as .../checkpoints/global_step_10")
+    with tempfile.TemporaryDirectory() as tmp:
+        single = Path(tmp) / "full.pt"
+        dcp_to_torch_save(str(dcp_dir), str(single))
+        state = torch.load(single, weights_only=False, map_location="cpu")
+    return state["model"] if "model" in state else state
+
+
+def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
+    """Write ``out`` (config, tokenizer, safetensors) from ``checkpoint``; atomic (temp folder + rename)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    hf_config = checkpoint / "hf_config"
+    if not (hf_config / "config.json").is_file():
+        raise MergeError(f"{checkpoint}: no hf_config/config.json; is this an rlkit checkpoint folder (global_step_N)?")
+    weights = load_actor_state_dict(checkpoint)
+    config = AutoConfig.from_pretrained(hf_config)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype) if dtype else torch.float32)
+    result = model.load_state_dict(weights, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in result.missing_keys if k not in tied and not k.endswith("lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise MergeError(f"{checkpoint}: the actor weights do not fit the model config: missing {missing[:5]}, "
+                         f"unexpected {result.unexpected_keys[:5]}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(hf_config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if (hf_config / "generation_config.json").is_file():
+            shutil.copy(hf_config / "generation_config.json", tmp / "generation_config.json")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
