@@ -110,6 +110,7 @@ class Trainer:
                     metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
             with timer("update_actor"):
                 metrics |= rt.actor.call("update_actor", batch, balance=self.balance)[0]  # same on every rank
+                metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
             with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
                 rt.actor.call("sync_weights", dispatch="all")
         metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
@@ -130,18 +131,22 @@ class Trainer:
         prompts = Batch(prompts.tensors, prompts.non_tensors, prompts.meta)
         prompts["uid"] = [f"{self.global_step}-{i}" for i in range(len(prompts))]
         repeated = prompts.repeat(n, interleave=True)
-        gen = self.rt.actor.call("generate_sequences", repeated.select(["input_ids", "attention_mask", "position_ids"]),
-                                 balance=False, n=1)
-        batch = repeated.pop(["uid", *[k for k in repeated.non_tensors if k != "uid"]]).union(
-            Batch(gen.tensors, {}, gen.meta))
-        metrics |= self.rt.actor.last_metrics
+        gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1)
+        metrics |= gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
+        batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
         if self.needs_baseline:  # ReMax: each prompt's greedy response score is its baseline
-            greedy = self.rt.actor.call("generate_sequences", prompts.select(["input_ids", "attention_mask", "position_ids"]),
-                                        balance=False, n=1, do_sample=False)
+            greedy = self.rt.actor.call("generate_sequences", self.rollout_inputs(prompts), balance=False, n=1,
+                                        do_sample=False)
             greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
             baseline = self.rt.reward(greedy_batch).token_level_scores.sum(-1)  # [B/n]
             batch["reward_baselines"] = baseline.repeat_interleave(n)
         return batch
+
+    @staticmethod
+    def rollout_inputs(prompts: Batch) -> Batch:
+        """What a backend reads: the prompt tensors, plus the per-row fields agent loops use."""
+        keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
+        return prompts.select(keys)
 
     def score(self, batch: Batch, metrics: dict[str, float]) -> Batch:
         result = self.rt.reward(batch)
@@ -219,8 +224,9 @@ class Trainer:
         for prompts in self.rt.val_loader:
             prompts["uid"] = [f"val-{len(uids) + i}" for i in range(len(prompts))]
             repeated = prompts.repeat(val.n, interleave=True)
-            gen = self.rt.actor.call("generate_sequences", repeated.select(["input_ids", "attention_mask", "position_ids"]),
-                                     balance=False, n=1, do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
+            gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1,
+                                     do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
+            gen.meta.pop("metrics", None)
             batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
             result = self.rt.reward(batch)
             sources += list(batch["data_source"])

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "rlkit.cli.plugins",
     "rlkit.cli.data",
     "rlkit.cli.merge",
+    "rlkit.cli.serve",
 )
 
 

@@ -207,6 +207,7 @@ class RLDataset(torch.utils.data.Dataset):
                 "raw_prompt": row[self.prompt_key],
                 "index": index,
                 "uid": f"{file_number}:{row_number}",
+                **({"agent_name": row["agent_name"]} if row.get("agent_name") else {}),
             }
         )
         self.stats["rows_kept"] += 1
@@ -225,7 +226,7 @@ class RLDataset(torch.utils.data.Dataset):
         return max(len(s["input_ids"]) for s in self.samples)
 
 
-NON_TENSOR_FIELDS = ("data_source", "reward_model", "extra_info", "ability", "raw_prompt", "index", "uid")
+NON_TENSOR_FIELDS = ("data_source", "reward_model", "extra_info", "ability", "raw_prompt", "index", "uid", "agent_name")
 
 
 def collate_prompts(samples: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
@@ -241,7 +242,7 @@ def collate_prompts(samples: Sequence[dict[str, Any]], pad_token_id: int) -> Bat
             input_ids[i, width - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[i, width - len(ids) :] = 1
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    non_tensors = {key: [s[key] for s in samples] for key in NON_TENSOR_FIELDS if key in samples[0]}
+    non_tensors = {key: [s.get(key) for s in samples] for key in NON_TENSOR_FIELDS if any(key in s for s in samples)}
     return Batch(
         {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         non_tensors,

@@ -11,7 +11,8 @@ Constructor contract (``WorkerGroup`` calls it inside a Ray actor; torchrun-styl
 
 The base constructor sets ``torch.set_num_threads(threads)``, picks the device (``cpu``, or the CUDA
 device Ray assigned, which is ``cuda:0`` inside the actor since Ray narrows ``CUDA_VISIBLE_DEVICES``),
-and joins the process group: gloo on the CPU, nccl on CUDA, rendezvous over ``tcp://master:port``.
+and joins the process group: gloo on the CPU, nccl on CUDA, rendezvous over ``tcp://master:port``
+(on loopback, rank 0 serves the rendezvous store from a socket bound to 127.0.0.1 only).
 Every rank's constructor must run at the same time (the rendezvous waits for all of them), which is
 what ``WorkerGroup`` does. The role kwargs are the subclass's business.
 """
@@ -76,22 +77,50 @@ class Worker:
             backend = "gloo"
         else:
             raise ValueError(f"Worker device must be 'cpu' or 'cuda[:i]', got {device!r}.")
-        if _is_loopback(master_addr):
-            # Keep the collectives' own sockets on loopback too (gloo otherwise binds the host's address).
-            lo = loopback_ifname()
-            if lo:
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-                os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+        self._store_socket: socket.socket | None = None
+        timeout = timedelta(seconds=timeout_s)
         if dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is already initialised in this process; one Worker per process."
             )
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
+        if _is_loopback(master_addr):
+            # Keep every socket on loopback: gloo's own (it otherwise binds the host's address) and the
+            # rendezvous store's (torch's TCPStore server listens on all interfaces unless handed a socket).
+            lo = loopback_ifname()
+            if lo:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+            store = self._loopback_store(master_addr, master_port, timeout)
+            dist.init_process_group(
+                backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+            )
+        else:
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+            )
+
+    def _loopback_store(self, addr: str, port: int, timeout: timedelta) -> dist.TCPStore:
+        """The rendezvous store; rank 0 serves it from a socket bound to ``addr`` only."""
+        if self.rank != 0:
+            return dist.TCPStore(addr, port, self.world_size, is_master=False, timeout=timeout)
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen()
+        self._store_socket = sock  # keep the descriptor open as long as the store serves it
+        return dist.TCPStore(
+            addr,
+            port,
+            self.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
         )
 
     # ----- helpers the group uses -------------------------------------------------------------
@@ -103,3 +132,6 @@ class Worker:
         """Leave the process group (idempotent). Subclasses free their models, then call this."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._store_socket is not None:
+            self._store_socket.close()
+            self._store_socket = None

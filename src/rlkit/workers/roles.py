@@ -70,6 +70,11 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = load_object(spec.cls)(
                 module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
                 max_response_length=max_response_length, device=self.device, seed=seed * 1000 + rank)
+            if rollout_config.agent is not None:  # multi-turn: agent loops drive the backend turn by turn
+                from rlkit.rollout.agent import AgentLoopRollout
+
+                self.rollout = AgentLoopRollout(self.rollout, self.tokenizer, rollout_config=rollout_config,
+                                                max_response_length=max_response_length)
         if ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
@@ -123,17 +128,25 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.save_checkpoint(Path(directory) / "actor")
-        if self.rollout is not None and hasattr(self.rollout, "generator"):
+        sampler = self._sampling_generator()
+        if sampler is not None:
             path = Path(directory) / "rollout"
             path.mkdir(parents=True, exist_ok=True)
-            torch.save(self.rollout.generator.get_state(), path / f"generator_rank{self.rank}.pt")
+            torch.save(sampler.get_state(), path / f"generator_rank{self.rank}.pt")
 
     def load_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(Path(directory) / "actor")
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
-        if self.rollout is not None and hasattr(self.rollout, "generator") and path.exists():
-            self.rollout.generator.set_state(torch.load(path))
+        sampler = self._sampling_generator()
+        if sampler is not None and path.exists():
+            sampler.set_state(torch.load(path))
+
+    def _sampling_generator(self) -> torch.Generator | None:
+        """The rollout's torch RNG (under an agent-loop wrapper, its backend's), saved for exact resume."""
+        backend = getattr(self.rollout, "backend", self.rollout)
+        generator = getattr(backend, "generator", None)
+        return generator if isinstance(generator, torch.Generator) else None
 
     def destroy(self) -> None:
         self.actor = self.rollout = self.ref = None
