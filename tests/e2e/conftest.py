@@ -1,0 +1,59 @@
+"""Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPE = """\
+model: {{path: {model}}}
+data:
+  train_files: [{data}/train.parquet]
+  val_files: [{data}/test.parquet]
+  max_prompt_length: 64
+  max_response_length: 8
+  train_batch_size: 4
+algorithm: {{estimator: grpo}}
+actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
+rollout: {{n: 4}}
+resources:
+  pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
+trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e}}
+tracking: {{backends: [console, mlflow, jsonl]}}
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
+    from rlkit.data import generate_arithmetic
+    from rlkit.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("e2e-assets")
+    model = build_tiny_model(root / "model")
+    generate_arithmetic(root / "data", train_size=64, test_size=8, seed=0)
+    return model, root / "data"
+
+
+@pytest.fixture
+def write_recipe(tiny_assets, tmp_path):
+    model, data = tiny_assets
+
+    def write(out: Path, name: str = "recipe.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(RECIPE.format(model=model, data=data, out=out))
+        return path
+
+    return write
+
+
+def rlkit_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def run_rlkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True,
+                          env=rlkit_env(), timeout=timeout)
