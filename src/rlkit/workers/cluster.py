@@ -11,7 +11,9 @@ here, not a core; each worker runs ``threads_per_worker`` torch threads). ``addr
 start a new cluster even when another user's cluster runs on the machine.
 
 Joined cluster (``resources.ray_address`` set, e.g. ``"10.0.0.1:6379"`` from ``ray start --head``):
-rlkit connects and, on exit, only disconnects. If Ray is already initialised in this process (a test
+rlkit connects and, on exit, only disconnects. Ray 2.60 turns token authentication on by default: the
+driver needs the cluster's token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_MODE=token``
+with the token file). A loopback address (``127.0.0.1:port``) makes this driver use loopback too. If Ray is already initialised in this process (a test
 session's cluster), it is used as is and left running.
 """
 
@@ -74,7 +76,8 @@ class RayCluster:
         demand = math.ceil(pool_cpu_demand(self.resources))
         return max(self.num_cpus or (os.cpu_count() or 1), demand)
 
-    def _init_local(self, ray: Any) -> None:
+    def _use_loopback(self) -> None:
+        """Make this driver (and the Ray processes it starts) use 127.0.0.1 as the node address."""
         self._set_env({**LOCAL_CLUSTER_ENV, **self.extra_env})
         # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it is first imported; if it was imported
         # before the variable was set, its cached flag must follow the variable too.
@@ -82,6 +85,9 @@ class RayCluster:
 
         self._saved_cluster_flag = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0"
+
+    def _init_local(self, ray: Any) -> None:
+        self._use_loopback()
         try:
             ray.init(
                 address="local",
@@ -98,14 +104,19 @@ class RayCluster:
         self.started = True
 
     def _init_joined(self, ray: Any) -> None:
-        self._set_env(self.extra_env)
+        address = self.resources.ray_address
+        host = address.split("://")[-1].rsplit(":", 1)[0]
+        if host in ("localhost", "::1", "[::1]") or host.startswith("127."):
+            self._use_loopback()  # a loopback cluster on this machine: this driver must use 127.0.0.1 too
+        else:
+            self._set_env(self.extra_env)
         try:
-            ray.init(address=self.resources.ray_address, logging_level="warning", configure_logging=False)
+            ray.init(address=address, logging_level="warning", configure_logging=False)
         except Exception as exc:
             self._restore_env()
             raise WorkerError(
-                f"could not join the Ray cluster at resources.ray_address={self.resources.ray_address!r}: "
-                f"{exc}. Check that `ray start --head` runs there, or unset ray_address to start a local one."
+                f"could not join the Ray cluster at resources.ray_address={address!r}: {exc}. "
+                f"Check that `ray start --head` runs there, or unset ray_address to start a local one."
             ) from exc
 
     def stop(self) -> None:

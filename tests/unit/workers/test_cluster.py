@@ -116,3 +116,31 @@ def test_pool_placement_and_refusal(ray_cluster):
     with pytest.raises(WorkerError, match="could not place"):
         huge.create(timeout_s=1)
     assert huge.placement_groups == []
+
+
+_JOIN = textwrap.dedent(
+    """
+    import json, sys, ray
+    from rlkit.recipe.schema import ResourcesConfig
+    from rlkit.workers import RayCluster
+
+    with RayCluster(ResourcesConfig(ray_address=sys.argv[1])) as cluster:
+        info = {"started": cluster.started, "connected": cluster.connected,
+                "cpus": ray.cluster_resources().get("CPU")}
+    info["initialized"] = ray.is_initialized()
+    print(json.dumps(info))
+    """
+)
+
+
+def test_joining_a_cluster_leaves_it_running(ray_cluster):
+    address = ray.get_runtime_context().gcs_address
+    # Keep RAY_AUTH_MODE=token (set by the session's ray.init): Ray 2.60 clusters require their token.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _JOIN, address], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"started": False, "connected": True, "cpus": 8.0, "initialized": False}
+    assert ray.cluster_resources()["CPU"] == 8.0  # the joined cluster is still up after the guest left

@@ -45,6 +45,12 @@ class EchoWorker(Worker):
             {"text": batch["text"]},
         )
 
+    def socket_addresses(self) -> list[str]:
+        """Local addresses of every inet socket of this process (Ray's and gloo's)."""
+        import psutil
+
+        return sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet")})
+
     def count(self, batch: Batch) -> int:
         return len(batch)
 
@@ -85,6 +91,9 @@ def test_process_group_is_real(group):
     assert {o["backend"] for o in out} == {"gloo"}
     assert {o["threads"] for o in out} == {1}
     assert group.master_addr == "127.0.0.1"
+    loopback = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+    for addresses in group.call("socket_addresses", dispatch="all"):
+        assert addresses and set(addresses) <= loopback  # gloo's sockets stay on loopback too
     assert group.call("all_reduce_rank", dispatch="rank0")["sum"] == 3.0
 
 
