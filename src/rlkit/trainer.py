@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import yaml
 
+from rlkit import faults
 from rlkit.algos import DynamicSamplingAccumulator, apply_kl_penalty, first_groups_mask
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
@@ -58,6 +59,7 @@ class Trainer:
         # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one.
         actor = recipe.actor
         self.recompute_old_log_prob = not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
+        faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
 
     # ----- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -65,6 +67,8 @@ class Trainer:
         cfg = self.recipe.trainer
         resumed = self.resume()
         self.write_run_info()
+        if not resumed:
+            self.rt.tracking.log_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml")
         last: dict[str, float] = {}
         if cfg.val_before_train and self.rt.val_loader is not None and not resumed:
             last = self.validate()
@@ -78,10 +82,22 @@ class Trainer:
             if self.rt.val_loader is not None and (is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)):
                 metrics |= self.validate()
             self.rt.tracking.log(metrics, self.global_step)
+            faults.maybe_fail("logged", self.global_step)
             last = metrics
             if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
                 self.save()
+        if cfg.merge_at_end:
+            self.merge_final()
         return last
+
+    def merge_final(self) -> Path:
+        """The newest checkpoint's actor as an HF folder; its path is logged to the trackers."""
+        from rlkit.merge import merge_checkpoint
+
+        out = merge_checkpoint(self.checkpoints.latest(), self.output_dir / "hf_model")
+        self.rt.tracking.log_text(str(out.resolve()), "merged_model_path.txt")
+        log.info("merged the final actor into %s", out)
+        return out
 
     def step(self, prompts: Batch, more_prompts: Any = None) -> dict[str, float]:
         """One RL step on ``prompts`` (``more_prompts`` refills the batch for dynamic sampling)."""
@@ -89,8 +105,10 @@ class Trainer:
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         with timer("step"):
             with timer("gen"):
+                faults.maybe_fail("gen", self.global_step)
                 batch = self.rollout(prompts, metrics)
             with timer("reward"):
+                faults.maybe_fail("reward", self.global_step)
                 batch = self.score(batch, metrics)
             if self.dynamic_sampling is not None:
                 batch = self.fill_by_dynamic_sampling(batch, more_prompts, timer, metrics)
@@ -109,9 +127,11 @@ class Trainer:
                 with timer("update_critic"):
                     metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
             with timer("update_actor"):
+                faults.maybe_fail("update_actor", self.global_step)
                 metrics |= rt.actor.call("update_actor", batch, balance=self.balance)[0]  # same on every rank
                 metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
             with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
+                faults.maybe_fail("sync_weights", self.global_step)
                 rt.actor.call("sync_weights", dispatch="all")
         metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
                                 max_response_length=self.recipe.data.max_response_length)
@@ -211,6 +231,9 @@ class Trainer:
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
             **params,
         )
+        for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
+            if faults.poisoned(kind, self.global_step):  # RLKIT_FAULT (tests): a numerical blow-up
+                advantages = torch.full_like(advantages, value)
         batch["advantages"] = advantages
         batch["returns"] = returns
         return batch

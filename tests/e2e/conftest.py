@@ -22,7 +22,7 @@ actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
 rollout: {{n: 4}}
 resources:
   pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
-trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e}}
+trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e, merge_at_end: true}}
 tracking: {{backends: [console, mlflow, jsonl]}}
 """
 

@@ -43,6 +43,9 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "critic/score/mean")] == [1, 2, 3, 4]
     assert run.data.params["rollout.n"] == "4"
     assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} >= {"generations/step_0.md"}
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"recipe.yaml", "merged_model_path.txt"} <= artifacts
+    assert (out / "hf_model" / "config.json").is_file()  # trainer.merge_at_end
 
     # keep-last-2 checkpoints, each complete; merge the newest and generate with transformers
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())

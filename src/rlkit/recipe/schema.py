@@ -218,6 +218,7 @@ class TrainerConfig(Section):
     resume: str = Field("auto", description="auto | never | PATH to a checkpoint")
     max_restarts: int = Field(0, ge=0, description="restart from the last checkpoint after a worker dies")
     balance_batch: bool = Field(True, description="balance ranks by token count")
+    merge_at_end: bool = Field(False, description="write the final actor as an HF folder <output_dir>/hf_model")
 
 
 class TrackingConfig(Section):
