@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from rlkit import faults
 from rlkit.errors import RlkitError
 
 __all__ = ["CheckpointError", "CheckpointManager", "COMPLETE"]
@@ -85,12 +86,14 @@ class CheckpointManager:
         try:
             tmp.mkdir()
             write(tmp)
+            faults.maybe_fail("checkpoint_write", step)  # RLKIT_FAULT (tests); no-op when unset
             marker = tmp / COMPLETE
             with marker.open("w") as f:
                 f.write(f"{step}\n")
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
+            faults.maybe_fail("checkpoint_publish", step)
             if final.exists():  # saving the same step again (e.g. after a resume): replace it
                 old = self.root / f".tmp-old-{step}-{os.getpid()}"
                 final.rename(old)
