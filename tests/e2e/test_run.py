@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import rlkit_env, run_rlkit
 
@@ -96,3 +97,16 @@ def test_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_path):
     a = load_actor_state_dict(straight / "checkpoints" / "global_step_4")
     b = load_actor_state_dict(killed / "checkpoints" / "global_step_4")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.e2e
+def test_tool_agent_recipe_runs_on_cpu(write_recipe, tmp_path):
+    """rollout.agent=tool with the HF backend: the multi-turn loop runs inside the training step."""
+    out = tmp_path / "agent"
+    recipe = write_recipe(out)
+    result = run_rlkit("run", str(recipe), "rollout.agent=tool", "rollout.tools=[calculator]", "rollout.max_turns=2",
+                       "trainer.total_steps=2", "trainer.merge_at_end=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = records(out)[-1]
+    assert last["num_turns/min"] >= 1 and last["num_turns/max"] <= 2
+    assert "tool_call_counts/mean" in last
