@@ -137,6 +137,7 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
     stop: list[str] = Field(default_factory=list, description="extra stop strings")
+    ignore_eos: bool = Field(False, description="benchmarks: do not stop at eos, every response gets the full length")
     agent: Literal["single_turn", "tool"] | None = Field(None, description="default agent loop; a row may choose its own")
     max_turns: PositiveInt = Field(4, description="tool agent: assistant turns per trajectory")
     tools: list[str] = Field(default_factory=list, description="tools the tool agent offers (registry `tools`)")

@@ -164,7 +164,7 @@ class HFRollout:
                 responses[:, step] = torch.where(live, tokens, self.pad_token_id)
                 log_probs[:, step] = torch.where(live, lp, 0.0)
                 response_mask[:, step] = live.long()
-                ended = live & torch.isin(tokens, self.eos_token_ids)
+                ended = live & torch.isin(tokens, self.eos_token_ids) if not cfg.ignore_eos else torch.zeros_like(live)
                 if stop:
                     ended |= self._hits_stop(responses, step, live & ~ended, stop)
                 finished |= ended

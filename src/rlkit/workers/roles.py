@@ -20,6 +20,7 @@ optimizer and one file per rank with scheduler, counters and RNG states.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -94,7 +95,10 @@ class ActorRolloutRefWorker(Worker):
         ``n, temperature, top_p, top_k, max_new_tokens, do_sample, stop``. Returns ``B * n`` rows in
         the layout of ``rlkit.rollout.base``. A split ``WorkerGroup`` call must return one row per input:
         send ``prompts.repeat(n, interleave=True)`` with ``n=1`` (same order, and balanced across ranks)."""
-        return self._need("rollout").generate(prompts, **sampling)
+        start = time.perf_counter()
+        out = self._need("rollout").generate(prompts, **sampling)
+        out.meta.setdefault("metrics", {})["perf/worker_s/gen"] = time.perf_counter() - start
+        return out
 
     def sync_weights(self) -> None:
         """Hand the actor's current weights to the rollout (shared module here: nothing is copied)."""
@@ -115,7 +119,9 @@ class ActorRolloutRefWorker(Worker):
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
-        return self._need("actor").update(batch)
+        start = time.perf_counter()
+        metrics = self._need("actor").update(batch)
+        return metrics | {"perf/worker_s/update_actor": time.perf_counter() - start}
 
     def num_params(self) -> int:
         """Parameters of the full (unsharded) actor model, for the MFU estimate."""

@@ -95,6 +95,18 @@ def test_eos_ends_a_response_and_is_kept(tok_and_model):
     assert torch.equal(out["responses"][0, : stop_at + 1], free[: stop_at + 1])
 
 
+def test_ignore_eos_keeps_every_response_at_full_length(tok_and_model):
+    """Benchmarks: rollout.ignore_eos samples on through eos (greedy: the same tokens as without eos)."""
+    tok, model = tok_and_model
+    p = prompts(tok, 1)
+    free = rollout(tok, model).generate(p, do_sample=False)["responses"][0]
+    eos = int(free[3])  # the 4th greedy token would end the response
+    ro = HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(ignore_eos=True),
+                   max_response_length=12, eos_token_ids=[eos])
+    out = ro.generate(p, do_sample=False)
+    assert out["response_mask"].sum() == 12 and torch.equal(out["responses"][0], free)
+
+
 def test_stop_string_masks_everything_after_it(tok_and_model):
     tok, model = tok_and_model
     p = prompts(tok, 1)

@@ -1,0 +1,108 @@
+"""Shared by both sides of the benchmark: the workload, the matmul peak, the FLOP count, result files.
+
+Imports only the standard library and torch, because it runs in two virtual environments: rlkit's
+(``benchmarks/rlkit_grpo.py``) and TRL's (``benchmarks/trl_grpo.py``, ``benchmarks/.venv-trl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["Workload", "matmul_peak_flops", "update_flops", "write_result", "workload_args", "arithmetic_reward",
+           "one_thread"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One GRPO step's work, identical in both toolkits.
+
+    ``prompts`` × ``group`` completions of exactly ``tokens`` tokens each (eos never ends a completion),
+    token-mean loss, no KL term (no reference model), one PPO epoch over one mini-batch (one optimizer
+    step), one micro-batch (all samples in one forward/backward), AdamW at ``lr``, temperature 1.
+    """
+
+    model: str  # HF folder
+    model_name: str  # label in the report: tiny | smollm2
+    dtype: str  # fp32 | bf16 (bf16 = autocast over fp32 weights in both toolkits)
+    data: str  # parquet file with veRL rows (prompt = chat messages, reward_model.ground_truth)
+    prompts: int = 8
+    group: int = 8
+    tokens: int = 32
+    max_prompt_length: int = 64
+    steps: int = 3  # measured steps
+    warmup: int = 1  # steps run before the measured ones (first-call costs: allocations, lazy init)
+    lr: float = 1e-6
+    seed: int = 1
+
+    @property
+    def completions(self) -> int:
+        return self.prompts * self.group
+
+
+def workload_args(description: str) -> tuple[Workload, Path]:
+    """Parse the common command line of ``rlkit_grpo.py`` / ``trl_grpo.py``; returns (workload, --out)."""
+    parser = argparse.ArgumentParser(description=description)
+    for name, kind in (("model", str), ("model-name", str), ("dtype", str), ("data", str), ("prompts", int),
+                       ("group", int), ("tokens", int), ("max-prompt-length", int), ("steps", int),
+                       ("warmup", int), ("lr", float), ("seed", int)):
+        required = name in ("model", "model-name", "dtype", "data")
+        default = None if required else Workload.__dataclass_fields__[name.replace("-", "_")].default
+        parser.add_argument(f"--{name}", type=kind, required=required, default=default)
+    parser.add_argument("--out", required=True, help="JSON result file")
+    args = vars(parser.parse_args())
+    out = Path(args.pop("out"))
+    return Workload(**{k.replace("-", "_"): v for k, v in args.items()}), out
+
+
+def one_thread() -> None:
+    """One torch thread (the machine is shared; two threads are unstable). Call before any torch work."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def matmul_peak_flops(dtype: str, size: int = 1024, reps: int = 5) -> float:
+    """Best-of-``reps`` FLOP/s of one ``size``² matmul in ``dtype`` on the current thread count."""
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best
+
+
+def update_flops(n_params: int, tokens: int) -> float:
+    """Forward + backward of a dense decoder: 6 · parameters · tokens (attention's own FLOPs left out:
+    sequences here are under 100 tokens). ``n_params`` counts tied embeddings once (the head matmul)."""
+    return 6.0 * n_params * tokens
+
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def arithmetic_reward(text: str, ground_truth: str) -> float:
+    """1.0 when the last integer in ``text`` equals the answer (both toolkits score with this rule)."""
+    numbers = _NUMBER.findall(text)
+    return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
+
+
+def write_result(out: Path, workload: Workload, framework: str, steps: list[dict[str, float]],
+                 extra: dict) -> dict:
+    """Write per-step phase times plus medians to ``out`` (JSON); returns the record."""
+    keys = sorted({k for s in steps for k in s})
+    medians = {k: statistics.median(s[k] for s in steps if k in s) for k in keys}
+    record = {"framework": framework, "workload": asdict(workload), "steps": steps, "median": medians, **extra}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    return record

@@ -1,0 +1,99 @@
+"""rlkit side of the GRPO benchmark: the real Runtime + Trainer.step, timed per step and per phase.
+
+    python benchmarks/rlkit_grpo.py --model DIR --model-name tiny --dtype fp32 --data X.parquet --out r.json
+
+Start-up (recipe validation, Ray, worker construction, model load) is timed separately and not part
+of any step. Each step is ``Trainer.step`` followed by the trackers' ``log`` (console + jsonl), as in
+``Trainer.fit``; validation and checkpoints are off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Workload, matmul_peak_flops, one_thread, update_flops, workload_args, write_result  # noqa: E402
+
+
+def recipe_dict(w: Workload, out_dir: str) -> dict:
+    """The recipe: GRPO, token-mean, no KL, one epoch over one mini-batch, one micro-batch, fixed length."""
+    samples = w.completions
+    return {
+        "model": {"path": w.model},
+        "data": {"train_files": [w.data], "max_prompt_length": w.max_prompt_length, "max_response_length": w.tokens,
+                 "train_batch_size": w.prompts, "seed": w.seed, "shuffle": False},
+        "algorithm": {"estimator": "grpo", "use_kl_in_reward": False},
+        "actor": {"optim": {"lr": w.lr, "warmup_steps": 0, "weight_decay": 0.0}, "loss_agg_mode": "token-mean",
+                  "ppo_epochs": 1, "ppo_mini_batch_size": w.prompts, "ppo_micro_batch_size_per_rank": samples,
+                  "use_kl_loss": False, "entropy_coeff": 0.0,
+                  "mixed_precision": "bf16" if w.dtype == "bf16" else "fp32"},
+        "rollout": {"n": w.group, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "ignore_eos": True,
+                    "log_prob_micro_batch_size_per_rank": samples},
+        "resources": {"threads_per_worker": 1, "pools": {"global": {"nodes": 1, "bundles_per_node": 1,
+                                                                    "cpus_per_bundle": 1}}},
+        "trainer": {"total_steps": w.warmup + w.steps, "val_before_train": False, "seed": w.seed,
+                    "output_dir": out_dir, "resume": "never"},
+        "tracking": {"backends": ["console", "jsonl"]},
+    }
+
+
+def main() -> None:
+    one_thread()
+    w, out = workload_args(__doc__)
+    for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
+                       "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}.items():
+        os.environ.setdefault(key, value)
+    import yaml
+
+    from rlkit.recipe import load_recipe
+    from rlkit.registry import build_registries
+    from rlkit.runtime import Runtime
+    from rlkit.trainer import Trainer
+
+    peak = matmul_peak_flops(w.dtype)
+    with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
+        path = Path(tmp) / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe_dict(w, str(Path(tmp) / "out"))))
+        t0 = time.perf_counter()
+        registries = build_registries()
+        recipe = load_recipe(str(path), [], registries=registries)
+        runtime = Runtime.start(recipe, registries)
+        startup_s = time.perf_counter() - t0
+        try:
+            trainer = Trainer(recipe, runtime)
+            batches = runtime.train_batches()
+            steps = []
+            for i in range(w.warmup + w.steps):
+                prompts = next(batches)
+                trainer.global_step += 1
+                start = time.perf_counter()
+                metrics = trainer.step(prompts, batches)
+                runtime.tracking.log(metrics, trainer.global_step)
+                wall = time.perf_counter() - start
+                assert metrics["response_length/min"] == w.tokens, "every completion must have the full length"
+                if i >= w.warmup:
+                    steps.append(phases(metrics, wall))
+        finally:
+            runtime.close()
+    peak = max(peak, matmul_peak_flops(w.dtype))
+    write_result(out, w, "rlkit", steps, {"startup_s": startup_s, "peak_flops": peak, "n_params": runtime.n_params,
+                                          "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"]))})
+
+
+def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:
+    """Per-step seconds: ``step`` (Trainer.step + logging), each phase, and what ran inside the worker."""
+    out = {"step": wall, "tokens": metrics["perf/total_num_tokens"]}
+    for key, value in metrics.items():
+        if key.startswith("timing_s/") and key != "timing_s/step":
+            out[key.split("/", 1)[1]] = value
+        elif key.startswith("perf/worker_s/"):
+            out["worker_" + key.rsplit("/", 1)[1]] = value
+    return out
+
+
+if __name__ == "__main__":
+    main()
