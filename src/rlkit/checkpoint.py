@@ -8,7 +8,8 @@ Layout of ``<output_dir>/checkpoints/global_step_<N>/``::
     COMPLETE                written last; a folder without it is never resumed from
 
 A kill at any moment leaves either the previous checkpoints untouched plus a ``.tmp-*`` folder
-(removed at the next start) or the new checkpoint complete. Multi-node runs need
+(removed at the next start, or published then if it already holds COMPLETE) or the new checkpoint
+complete. A write that fails (full disk) raises ``CheckpointError`` naming the intact previous checkpoint. Multi-node runs need
 ``trainer.output_dir`` on a file system every node sees.
 """
 
@@ -44,6 +45,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _complete_step(folder: Path) -> int | None:
+    """The step a COMPLETE marker in ``folder`` names, or None."""
+    try:
+        return int((folder / COMPLETE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 class CheckpointManager:
     """Saves and finds checkpoints under ``root``; keeps the newest ``keep``."""
 
@@ -67,9 +76,18 @@ class CheckpointManager:
         return steps[-1][1] if steps else None
 
     def clean_partial(self) -> list[Path]:
-        """Remove folders a killed save left behind; returns what was removed."""
+        """Remove folders a killed save left behind; returns what was removed.
+
+        A ``.tmp-*`` folder that holds COMPLETE is whole (COMPLETE is written last and synced): when its
+        step has no published folder (a kill between COMPLETE and the rename, or in the middle of
+        replacing a step), it is published instead of removed; the newly written one wins over ``.tmp-old-*``.
+        """
         removed = []
         if self.root.is_dir():
+            for child in sorted(self.root.iterdir()):  # ".tmp-global_step_*" sorts before ".tmp-old-*"
+                step = _complete_step(child)
+                if child.name.startswith(".tmp-") and step is not None and not (self.root / f"global_step_{step}").exists():
+                    child.rename(self.root / f"global_step_{step}")
             for child in self.root.iterdir():
                 if child.name.startswith(".tmp-") or (_STEP_DIR.match(child.name) and not (child / COMPLETE).exists()):
                     shutil.rmtree(child, ignore_errors=True)
@@ -104,15 +122,25 @@ class CheckpointManager:
             _fsync_dir(self.root)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(exc, OSError):
-                kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-                raise CheckpointError(
-                    f"could not write the checkpoint of step {step} under {self.root}: {exc.strerror or exc}; "
-                    f"{kept}. Free disk space or set trainer.output_dir to another disk, then resume."
-                ) from exc
+            # A write that failed (full disk, quota, I/O error: an OSError here, or a worker's error while it
+            # wrote its shards, which DCP reports as a RuntimeError) is a checkpoint error; a worker that
+            # died (``died``) is left to the restart loop, and KeyboardInterrupt / SystemExit pass through.
+            if isinstance(exc, Exception) and not getattr(exc, "died", False):
+                raise CheckpointError(self._write_failed(step, previous, exc)) from exc
             raise
         self._prune()
         return final
+
+    def _write_failed(self, step: int, previous: Path | None, exc: Exception) -> str:
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0]
+        try:
+            free = f" ({shutil.disk_usage(self.root).free / 2**30:.1f} GiB free there now)"
+        except OSError:
+            free = ""
+        return (f"could not write the checkpoint of step {step} under {self.root}: {type(exc).__name__}: {cause}; "
+                f"{kept}. Free disk space{free} or set trainer.output_dir to another disk, then resume "
+                f"(trainer.resume=auto).")
 
     def _prune(self) -> None:
         steps = self.steps()

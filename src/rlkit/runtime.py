@@ -8,6 +8,7 @@ stops only the Ray cluster it started.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from rlkit.registry import Registries, load_object
 from rlkit.rewards.dispatch import make_score_fn
 from rlkit.rewards.managers import manager_kwargs
 from rlkit.specs import EstimatorSpec
-from rlkit.tracking import TrackerConfig, Tracking
+from rlkit.tracking import TrackerConfig, Tracking, start_tracker
 
 __all__ = ["Runtime", "output_dir_of"]
 
@@ -120,6 +121,9 @@ class Runtime:
             self.groups.append(self.critic)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
         self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
+        # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
+        info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
+        (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
     # ----- calls the trainer makes --------------------------------------------------------------
     def ref_call(self, method: str, batch: Batch) -> Batch:
@@ -208,7 +212,7 @@ def _tracking(recipe: Recipe, registries: Registries, out: Path, total_steps: in
         total_steps=total_steps, mlflow_uri=recipe.tracking.mlflow_uri,
         jsonl_path=Path(recipe.tracking.jsonl_path) if recipe.tracking.jsonl_path else None, run_ids=run_ids,
     )
-    trackers = [load_object(registries.trackers.get(name).cls)(cfg) for name in recipe.tracking.backends]
+    trackers = [start_tracker(load_object(registries.trackers.get(name).cls), cfg) for name in recipe.tracking.backends]
     mlflow_uri = next((getattr(t, "uri", None) for t in trackers if getattr(t, "name", "") == "mlflow"), None)
     return Tracking(trackers), mlflow_uri
 

@@ -5,7 +5,9 @@ Tracker classes are registered in the ``trackers`` registry; a recipe lists the 
 ``log(metrics, step)``, ``log_params(params)``, ``log_artifact(path)``, ``log_text(text, name)``,
 ``finish(status)`` and a ``run_id`` (saved in checkpoints so a resumed run continues the same
 run). A tracker that fails (a locked or unwritable store) never stops training: ``Tracking``
-reports the first error of each tracker once and counts them in ``tracking/errors``.
+reports the first error of each tracker once and counts them in ``tracking/errors``; a tracker
+whose constructor fails is replaced by a ``FailedTracker`` (``start_tracker``), so that too is reported
+once and counted.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrackerConfig", "Tracking", "ConsoleTracker", "MlflowTracker", "JsonlTracker", "flatten"]
+__all__ = ["TrackerConfig", "Tracking", "FailedTracker", "start_tracker", "ConsoleTracker", "MlflowTracker", "JsonlTracker", "flatten"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +189,30 @@ class MlflowTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+
+class FailedTracker:
+    """Stands in for a tracker whose constructor raised (an unreachable or unwritable store): every call
+    raises that error again, so ``Tracking`` reports it once and counts it, and training goes on."""
+
+    run_id = ""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = error
+
+    def _fail(self, *args: Any) -> None:
+        raise RuntimeError(f"the tracker could not start: {type(self.error).__name__}: {self.error}")
+
+    log_params = log = log_artifact = log_text = finish = _fail
+
+
+def start_tracker(cls: Any, config: TrackerConfig) -> Any:
+    """``cls(config)``, or a ``FailedTracker`` when that raises."""
+    try:
+        return cls(config)
+    except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+        return FailedTracker(getattr(cls, "name", cls.__name__), exc)
 
 
 class Tracking:

@@ -39,7 +39,7 @@ def test_failed_write_leaves_previous_intact_and_no_partial(tmp_path):
         writer(b"two")(tmp)
         raise RuntimeError("killed while writing")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(CheckpointError, match="killed while writing; the previous checkpoint .*global_step_1 is intact"):
         manager.save(2, crash)
     assert [s for s, _ in manager.steps()] == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]
@@ -91,3 +91,18 @@ def test_disk_full_during_write_keeps_previous_and_says_so(tmp_path):
     manager = CheckpointManager(tmp_path)
     assert [s for s, _ in manager.steps()] == [1]
     assert (manager.latest() / "model.bin").read_bytes() == b"small"
+
+
+def test_a_kill_after_complete_publishes_the_whole_folder_at_the_next_start(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(3, writer(b"old"))
+    # killed while replacing step 3: the old one moved aside, the new (complete) one not yet renamed
+    (tmp_path / "global_step_3").rename(tmp_path / ".tmp-old-3-99")
+    new = tmp_path / ".tmp-global_step_3-99"
+    new.mkdir()
+    writer(b"new")(new)
+    (new / "COMPLETE").write_text("3\n")
+    manager.clean_partial()
+    assert [s for s, _ in manager.steps()] == [3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_3"]
+    assert (tmp_path / "global_step_3" / "actor" / "model.bin").read_bytes() == b"new"

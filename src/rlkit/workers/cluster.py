@@ -155,6 +155,21 @@ class RayCluster:
             self._saved_cluster_flag = None
 
     # ----- facts ------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Where this cluster lives: session folder, driver pid and, for a cluster this object started,
+        the pid of each Ray process (gcs_server, raylet, ...). Written to ``<output_dir>/ray_session.json``
+        so a supervisor (or a test) can check that nothing of a killed run survives."""
+        import ray
+
+        info: dict[str, Any] = {"started": self.started, "driver_pid": os.getpid(), "session_dir": None, "pids": {}}
+        node = getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)  # private API
+        if node is not None:
+            info["session_dir"] = node.get_session_dir_path()
+            if self.started:
+                info["pids"] = {name: [p.process.pid for p in procs if p.process is not None]
+                                for name, procs in node.all_processes.items()}
+        return info
+
     @staticmethod
     def node_ip() -> str:
         """The driver node's address as Ray knows it (127.0.0.1 for a local cluster)."""

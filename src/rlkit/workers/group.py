@@ -76,6 +76,7 @@ def worker_error(role: str, rank: int, method: str, exc: BaseException) -> Worke
         msg = f"role '{role}', rank {rank}, method '{method}': {type(exc).__name__}: {exc}"
     err = WorkerError(msg)
     err.role, err.rank, err.method, err.remote_traceback = role, rank, method, tb
+    err.died = isinstance(exc, RayActorError) and not getattr(exc, "actor_init_failed", False)  # restartable
     return err
 
 
