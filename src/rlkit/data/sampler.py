@@ -50,8 +50,10 @@ class StatefulDataLoader:
         if batch_size < 1:
             raise DataError(f"batch size must be >= 1, got {batch_size}.")
         if drop_last and len(dataset) < batch_size:
+            files = getattr(dataset, "files", None)
+            where = f"{', '.join(map(str, files))}: " if files else ""
             raise DataError(
-                f"the dataset has {len(dataset)} rows, fewer than one batch of {batch_size}; "
+                f"{where}the dataset has {len(dataset)} rows, fewer than one batch of {batch_size}; "
                 "lower data.train_batch_size or add data."
             )
         self.dataset = dataset

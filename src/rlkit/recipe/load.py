@@ -26,7 +26,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         hint = " (it is a folder)" if path.is_dir() else ""
         raise RecipeError([("", f"recipe file not found{hint}; give the path to a .yaml file")], str(path))
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError([(f"byte {exc.start}", f"the file is not valid UTF-8 text ({exc.reason}); save it as UTF-8")],
+                          str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
