@@ -1,0 +1,175 @@
+"""Helpers of the reliability suite: a tiny recipe, `rlkit run` in a subprocess, checks on what a run leaves.
+
+Every run here is a real `python -m rlkit run` (real Ray cluster, real FSDP worker, real files). A run's
+own Ray processes are known from ``<output_dir>/ray_session.json`` (written by the product once the workers
+are up): the session folder, the pid of every Ray process the driver started, and the worker pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+RECIPE = """\
+model: {{path: {model}}}
+data:
+  train_files: [{data}/train.parquet]
+  max_prompt_length: 64
+  max_response_length: 6
+  train_batch_size: 2
+algorithm: {{estimator: grpo}}
+actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 4}}
+rollout: {{n: 2}}
+resources:
+  object_store_memory_mb: 128
+  pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
+trainer:
+  total_steps: {steps}
+  save_freq: 1
+  max_ckpt_to_keep: {keep}
+  val_before_train: false
+  output_dir: {out}
+  experiment_name: reliability
+tracking: {{backends: [{backends}]}}
+"""
+
+# Metrics that differ between two identical runs (wall-clock timings, memory, throughput).
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "time")
+
+
+def write_recipe(path: Path, model: Path, data: Path, out: Path, *, steps: int = 4, keep: int = 10,
+                 backends: str = "jsonl", extra: str = "") -> Path:
+    path.write_text(RECIPE.format(model=model, data=data, out=out, steps=steps, keep=keep, backends=backends) + extra)
+    return path
+
+
+def rlkit_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RLKIT_FAULT"}
+    return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> subprocess.Popen:
+    """`python -m rlkit ARGS` in the background; stdout and stderr are read by ``finish``."""
+    return subprocess.Popen([sys.executable, "-m", "rlkit", *args], env=env or rlkit_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"rlkit did not finish within {timeout} s; stderr tail:\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300, preexec_fn=None) -> subprocess.CompletedProcess:
+    return finish(start(*args, env=env, preexec_fn=preexec_fn), timeout)
+
+
+# ----- what a run leaves behind ------------------------------------------------------------------
+def records(out: Path) -> list[dict]:
+    """metrics.jsonl without the volatile keys, in file order (a resumed run appends re-run steps)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def last_record_per_step(out: Path) -> dict[int, dict]:
+    """The newest record of each step: what a resumed run finally reported for it."""
+    return {r["step"]: r for r in records(out)}
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Block until metrics.jsonl holds ``step`` (or the process ended)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if any(r["step"] >= step and "training/global_step" in r for r in records(out)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} was not logged within {timeout} s (rc={proc.poll()})")
+
+
+def ray_session(out: Path) -> dict:
+    return json.loads((out / "ray_session.json").read_text())
+
+
+def sessions_started_by(pid: int, ray_tmp: Path = Path("/tmp/ray")) -> list[str]:
+    """Ray names a session ``session_<date>_<time>_<pid of the driver that started it>``."""
+    return [p.name for p in ray_tmp.glob(f"session_*_{pid}")] if ray_tmp.is_dir() else []
+
+
+def session_processes(session: dict) -> list[psutil.Process]:
+    """Live processes of one run's Ray cluster: recorded pids, plus anything naming its session folder.
+
+    ``session`` is a ray_session.json dict, or ``{"session_dir": name}`` for a run killed before it wrote one
+    (its Ray workers name no session on their command line, but they die with its raylet).
+    """
+    name = Path(session["session_dir"]).name
+    pids = {pid for pids in session.get("pids", {}).values() for pid in pids}
+    pids |= {pid for pids in session.get("worker_pids", {}).values() for pid in pids}
+    alive = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.info["pid"] in pids or any(name in part for part in proc.info["cmdline"] or ()):
+                alive.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return alive
+
+
+def wait_until_reaped(session: dict, timeout: float = 30.0) -> float:
+    """Seconds until no process of the run's Ray session is left; fails (naming them) after ``timeout``."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if not session_processes(session):
+            return time.time() - t0
+        time.sleep(0.1)
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in session_processes(session)]
+    raise AssertionError(f"Ray processes of {session['session_dir']} still alive after {timeout} s: {left}")
+
+
+def check_checkpoints(out: Path) -> list[int]:
+    """Every checkpoint folder is complete and loads (trainer state + actor weights); returns the steps.
+
+    A ``.tmp-*`` folder may be left by a kill (the next start removes it) but no ``global_step_*``
+    folder without COMPLETE may exist.
+    """
+    import torch
+
+    from rlkit.checkpoint import COMPLETE
+    from rlkit.merge import load_actor_state_dict
+
+    steps = []
+    root = out / "checkpoints"
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
+        if child.name.startswith(".tmp-"):
+            continue
+        assert (child / COMPLETE).is_file(), f"{child} has no {COMPLETE} marker: a corrupted checkpoint"
+        state = torch.load(child / "trainer_state.pt", weights_only=False)
+        step = int(child.name.rsplit("_", 1)[1])
+        assert state["global_step"] == step, child
+        weights = load_actor_state_dict(child)
+        assert weights and all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point()), child
+        steps.append(step)
+    return sorted(steps)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    from rlkit.merge import load_actor_state_dict
+
+    wa, wb = load_actor_state_dict(a), load_actor_state_dict(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
