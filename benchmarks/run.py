@@ -71,6 +71,8 @@ def run_one(framework: str, python: str, model: str, name: str, dtype: str, data
            "--prompts", str(prompts), "--group", str(group), "--tokens", str(tokens), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--out", str(out)]
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if framework == "rlkit" and args.rlkit_src:  # another rlkit version (a worktree's src/) ahead of the install
+        env["PYTHONPATH"] = str(Path(args.rlkit_src).resolve())
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -128,6 +130,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per run")
     parser.add_argument("--label", default="", help="name of this run in benchmarks/results/")
+    parser.add_argument("--rlkit-src", default="", help="run rlkit from this src/ folder (e.g. a git worktree of "
+                        "an older commit) instead of the installed one")
     args = parser.parse_args()
     models, dtypes = args.models.split(","), args.dtypes.split(",")
     trl_python = str(ensure_trl_venv())

@@ -1,6 +1,7 @@
 """FSDP2 plumbing shared by the model workers: wrapping, state dicts, checkpoints, optimizer, micro-batches.
 
-Wrapping: ``fully_shard`` on every decoder layer, then on the root (embeddings, final norm, head).
+Wrapping: ``fully_shard`` on every decoder layer, then on the root (embeddings, final norm, head); at
+world size 1 the module stays plain (nothing to shard; FSDP2 would only add copies per step).
 Gradients are reduced across ranks with **SUM** (divide factor 1, forced sum reduction — gloo has no
 PREMUL_SUM), matching ``rlkit.algos.agg_loss``: every micro-batch's loss is its share of the global
 mini-batch loss, so the summed gradient never depends on the micro-batch or rank split.
@@ -48,6 +49,12 @@ __all__ = [
 ]
 
 
+# One rank holds the whole model anyway, so the plain module is used: same numbers, same state-dict keys and
+# DCP checkpoints (resumable at any world size), without FSDP2's per-forward parameter copies, gradient
+# copies and DTensor dispatch in the optimizer (measured in docs/benchmarks.md). benchmarks/ab.py flips it.
+_plain_at_world_size_1 = True
+
+
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -64,7 +71,8 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 
 def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dtype | None = None,
               reshard_after_forward: bool = True) -> nn.Module:
-    """Shard ``module`` in place with FSDP2 over all ranks of the default group; returns it.
+    """Shard ``module`` in place with FSDP2 over all ranks of the default group; returns it (unwrapped at
+    world size 1 without ``param_dtype``: see ``_plain_at_world_size_1``).
 
     ``param_dtype``: FSDP2 ``MixedPrecisionPolicy`` compute dtype (e.g. bf16; reductions stay fp32);
     None keeps the parameters' dtype (use autocast for bf16 compute instead).
@@ -73,6 +81,8 @@ def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dty
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     module.to(device)
+    if _plain_at_world_size_1 and _world_size() == 1 and param_dtype is None:
+        return module  # nothing to shard: FSDP2 would only add gather copies and DTensor dispatch per step
     mesh = init_device_mesh(device.type, (_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for layer in decoder_layers(module):

@@ -119,9 +119,12 @@ class ActorRolloutRefWorker(Worker):
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
+        from rlkit.workers import fsdp
+
         start = time.perf_counter()
         metrics = self._need("actor").update(batch)
-        return metrics | {"perf/worker_s/update_actor": time.perf_counter() - start}
+        seconds = fsdp.all_reduce(torch.tensor([time.perf_counter() - start]), torch.distributed.ReduceOp.MAX)
+        return metrics | {"perf/worker_s/update_actor": float(seconds)}  # the slowest rank's: same on every rank
 
     def num_params(self) -> int:
         """Parameters of the full (unsharded) actor model, for the MFU estimate."""
