@@ -22,6 +22,8 @@ Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width, ``
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 from collections import defaultdict
 
@@ -56,10 +58,16 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     device = device or next(module.parameters()).device
     ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
     width = micro["responses"].shape[1]
+    # Only the last t + 1 positions predict response tokens: the head (and its [b, ·, V] logits and their
+    # gradient) is computed for those alone when the model supports it (HF's ``logits_to_keep``).
+    keep = {"logits_to_keep": t + 1} if _accepts_logits_to_keep(type(module)) else {}
     with autocast(device, mixed_precision):
         out = module(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                     use_cache=False)
-    logits = out.logits[:, p_keep - 1 : p_keep - 1 + t].float() / temperature  # [b, t, V]
+                     use_cache=False, **keep)
+    first = 0 if keep else p_keep - 1
+    logits = out.logits[:, first : first + t].float()  # [b, t, V]
+    if temperature != 1.0:
+        logits = logits / temperature
     labels = micro["responses"][:, :t].to(device)
     log_prob = log_probs_from_logits(logits, labels)  # [b, t]
     entropy = None
@@ -71,6 +79,11 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     if entropy is not None:
         entropy = torch.nn.functional.pad(entropy, pad) * keep
     return log_prob, entropy
+
+
+@functools.cache
+def _accepts_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 @torch.no_grad()
@@ -118,6 +131,8 @@ class FSDPActor:
         self.loss_spec = build_registries().policy_losses.get(actor_config.policy_loss)
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
+        if actor_config.mixed_precision == "bf16" and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
+            module.set_attn_implementation("eager")  # CPU SDPA's bf16 backward is slow (docs/benchmarks.md)
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
                 module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

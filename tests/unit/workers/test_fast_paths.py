@@ -1,0 +1,48 @@
+"""Speed paths of the actor give the plain path's numbers: log-probs and gradients under a fixed seed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.algos.entropy import log_probs_from_logits
+from rlkit.models.load import load_model, load_tokenizer
+from rlkit.recipe.schema import ModelConfig
+from rlkit.workers import fsdp
+from rlkit.workers.actor import forward_response
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _fsdp_ranks import global_batch  # noqa: E402
+
+sys.path.pop(0)
+
+
+def plain_log_prob(module, micro, temperature: float) -> torch.Tensor:
+    """The reference: logits at every position, sliced to the response, then log-softmax [b, T]."""
+    ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
+    logits = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+    lp = log_probs_from_logits(logits[:, p_keep - 1 : p_keep - 1 + t].float() / temperature, micro["responses"][:, :t])
+    width = micro["responses"].shape[1]
+    return torch.nn.functional.pad(lp, (0, width - t)) * micro["response_mask"]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_on_response_positions_only_matches_the_full_forward(tiny_model_dir, temperature):
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    torch.manual_seed(0)
+    module = load_model(cfg, tokenizer=tok)
+    batch = global_batch(tok)  # 8 samples, left-padded prompts, response lengths 1..8
+    fast, _ = forward_response(module, batch, temperature=temperature, with_entropy=False, device=torch.device("cpu"))
+    fast.sum().backward()
+    fast_grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad(set_to_none=True)
+    plain = plain_log_prob(module, batch, temperature)
+    plain.sum().backward()
+    assert fast.shape == plain.shape == batch["responses"].shape
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    for got, want in zip(fast_grads, (p.grad for p in module.parameters()), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
