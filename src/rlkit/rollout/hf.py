@@ -8,11 +8,18 @@ and the parameters are gathered once for the whole loop (``set_reshard_after_for
 once per token, then resharded (the full weights are held on every rank while generating, as veRL's
 hybrid engine does).
 
+``rollout.engine_kwargs.dtype: bfloat16`` decodes with a bf16 copy of the weights (refreshed from the
+actor's fp32 weights at the start of every ``generate``; the optimizer keeps its fp32 master): decoding
+reads every weight once per token, so half the bytes is about half the time, and bf16 matmuls use AMX
+where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype.
+
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -69,11 +76,37 @@ class HFRollout:
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.eos_token_ids = torch.tensor(sorted({i for i in ids if i is not None}), device=self.device)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
+        dtype = dict(rollout_config.engine_kwargs).get("dtype")
+        if dtype not in (None, "float32", "bfloat16"):
+            raise RlkitError(f"rollout.engine_kwargs.dtype={dtype!r}: the hf backend decodes in float32 or bfloat16.")
+        self.decode_dtype = getattr(torch, dtype) if dtype else None
+        self._decode_copy: nn.Module | None = None
+
+    def _decoder(self) -> nn.Module:
+        """The module to decode with: the actor's own, or (``engine_kwargs.dtype``) a copy in that dtype
+        holding the actor's current weights."""
+        from torch.distributed.fsdp import FSDPModule
+
+        params = list(self.module.parameters())
+        if self.decode_dtype is None or isinstance(self.module, FSDPModule) or params[0].dtype == self.decode_dtype:
+            return self.module
+        if self._decode_copy is None:
+            self._decode_copy = copy.deepcopy(self.module).requires_grad_(False)
+            for p in self._decode_copy.parameters():  # parameters only: buffers (rotary inv_freq) stay fp32
+                p.data = p.data.to(self.decode_dtype)
+        with torch.no_grad():
+            for mine, source in zip(self._decode_copy.parameters(), params, strict=True):
+                mine.copy_(source)
+            for mine, source in zip(self._decode_copy.buffers(), self.module.buffers(), strict=True):
+                mine.copy_(source)
+        return self._decode_copy
 
     # ----- weights ------------------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
         """Hybrid engine: the actor's module itself (shared, nothing copied) or a full state dict."""
         if isinstance(weights, nn.Module):
+            if weights is not self.module:
+                self._decode_copy = None
             self.module = weights
             return
         from torch.distributed.fsdp import FSDPModule
@@ -152,10 +185,12 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
         sharded = self._keep_unsharded(True)
+        module = self._decoder()
+        module.eval()
         try:
             mask = prompt_mask
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            out = module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True)
             last_pos = pos[:, -1]
             for step in range(max_new):
                 tokens, lp = sample_next(out.logits[:, -1], temperature=temperature, top_p=top_p, top_k=top_k,
@@ -172,7 +207,7 @@ class HFRollout:
                     break
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 last_pos = last_pos + 1
-                out = self.module(input_ids=responses[:, step:step + 1], attention_mask=mask,
+                out = module(input_ids=responses[:, step:step + 1], attention_mask=mask,
                                   position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
         finally:
             self.module.train(was_training)

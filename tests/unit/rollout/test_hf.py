@@ -153,3 +153,35 @@ def test_update_weights_from_a_full_state_dict(tiny_model_dir, gloo_world1, tok_
     assert torch.equal(after["responses"], hybrid["responses"])
     torch.testing.assert_close(after["rollout_log_probs"], hybrid["rollout_log_probs"], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(before["rollout_log_probs"], after["rollout_log_probs"])
+
+
+def _bf16_copy(model):
+    import copy
+
+    twin = copy.deepcopy(model)
+    for p in twin.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return twin
+
+
+def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny_model_dir, tok_and_model):
+    """engine_kwargs.dtype=bfloat16 decodes with a bf16 copy of the current fp32 weights: the same tokens and
+    log-probs (same seed) as the plain loop over a bf16 model made by hand, before and after an update."""
+    tok, _ = tok_and_model
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    model = load_model(cfg, tokenizer=tok).eval()
+    fast = HFRollout(module=model, tokenizer=tok, max_response_length=12, seed=3,
+                     rollout_config=RolloutConfig(n=3, temperature=1.0, engine_kwargs={"dtype": "bfloat16"}))
+    p = prompts(tok)
+    for _ in range(2):
+        plain = HFRollout(module=_bf16_copy(model), tokenizer=tok, max_response_length=12, seed=3,
+                          rollout_config=RolloutConfig(n=3, temperature=1.0))
+        fast.generator.manual_seed(3)
+        got, want = fast.generate(p), plain.generate(p)
+        assert torch.equal(got["responses"], want["responses"])
+        assert torch.equal(got["rollout_log_probs"], want["rollout_log_probs"])
+        assert next(model.parameters()).dtype == torch.float32  # the actor's weights are untouched
+        with torch.no_grad():  # an "update" of the fp32 weights; the next generate must see it
+            for param in model.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+        fast.update_weights(model)
