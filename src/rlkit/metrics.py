@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,13 +21,19 @@ __all__ = ["Timer", "data_metrics", "timing_metrics", "throughput_metrics", "val
 
 
 class Timer:
-    """Accumulates wall time per phase: ``with timer("gen"): ...`` → ``timer.times["gen"]``."""
+    """Accumulates wall time per phase: ``with timer("gen"): ...`` → ``timer.times["gen"]``.
 
-    def __init__(self) -> None:
+    ``on_enter(name)`` runs as each phase starts (the trainer's fault-injection point).
+    """
+
+    def __init__(self, on_enter: Callable[[str], None] | None = None) -> None:
         self.times: dict[str, float] = defaultdict(float)
+        self.on_enter = on_enter
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(name)
         start = time.perf_counter()
         try:
             yield

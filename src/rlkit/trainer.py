@@ -101,14 +101,13 @@ class Trainer:
 
     def step(self, prompts: Batch, more_prompts: Any = None) -> dict[str, float]:
         """One RL step on ``prompts`` (``more_prompts`` refills the batch for dynamic sampling)."""
-        rt, timer = self.rt, Timer()
+        rt = self.rt
+        timer = Timer(on_enter=lambda phase: faults.maybe_fail(phase, self.global_step))  # no-op unless RLKIT_FAULT
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         with timer("step"):
             with timer("gen"):
-                faults.maybe_fail("gen", self.global_step)
                 batch = self.rollout(prompts, metrics)
             with timer("reward"):
-                faults.maybe_fail("reward", self.global_step)
                 batch = self.score(batch, metrics)
             if self.dynamic_sampling is not None:
                 batch = self.fill_by_dynamic_sampling(batch, more_prompts, timer, metrics)
@@ -127,11 +126,9 @@ class Trainer:
                 with timer("update_critic"):
                     metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
             with timer("update_actor"):
-                faults.maybe_fail("update_actor", self.global_step)
                 metrics |= rt.actor.call("update_actor", batch, balance=self.balance)[0]  # same on every rank
                 metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
             with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
-                faults.maybe_fail("sync_weights", self.global_step)
                 rt.actor.call("sync_weights", dispatch="all")
         metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
                                 max_response_length=self.recipe.data.max_response_length)
