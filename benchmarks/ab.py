@@ -5,6 +5,7 @@
 Changes (each toggled here by patching, never by a setting in rlkit):
   head   actor forward: LM head on response positions only (``logits_to_keep``) vs every position
   fsdp   world size 1: the plain module vs an FSDP2-wrapped one
+  fused  fused AdamW vs the foreach implementation
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (engine_kwargs.dtype) vs the fp32 weights
 One actor per variant (same seed, same weights), world size 1 (gloo), one thread. Prints the median
@@ -31,6 +32,11 @@ def variant(change: str, on: bool):
     from rlkit.workers import fsdp
 
     saved = []
+    if change == "fused" and not on:
+        import torch
+
+        saved.append((torch.optim, "AdamW", torch.optim.AdamW))
+        torch.optim.AdamW = lambda *a, fused=None, _cls=torch.optim.AdamW, **k: _cls(*a, **k)
     if change == "head" and not on:
         saved.append((actor_mod, "_accepts_logits_to_keep", actor_mod._accepts_logits_to_keep))
         actor_mod._accepts_logits_to_keep = lambda cls: False

@@ -156,7 +156,10 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None) ->
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in module.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    # One fused kernel per step instead of ~10 foreach passes over parameters and states (plain CPU tensors;
+    # sharded DTensor parameters keep the foreach implementation).
+    fused = all(p.device.type == "cpu" and type(p.data) is torch.Tensor for p in params) or None
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
