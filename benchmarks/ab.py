@@ -5,6 +5,7 @@
 Changes (each toggled here by patching, never by a setting in rlkit):
   head   actor forward: LM head on response positions only (``logits_to_keep``) vs every position
   fsdp   world size 1: the plain module vs an FSDP2-wrapped one
+  prefill  rollout: one prefill per distinct prompt (KV cache shared by its n rows) vs one per row
   fused  fused AdamW vs the foreach implementation
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (engine_kwargs.dtype) vs the fp32 weights
@@ -82,15 +83,18 @@ def main() -> None:
             rollout = HFRollout(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
                                 rollout_config=RolloutConfig(ignore_eos=True, engine_kwargs=(
                                     {"dtype": "bfloat16"} if args.change == "bf16w" and on else {})))
+            if args.change == "prefill":
+                rollout._share_prefill = on
             if args.change == "attn" and on:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
     tok = built[False][0].tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 4 + 6? Answer with only the number."}],
-                                   tokenize=False, add_generation_prompt=True)
-    enc = tok([text], return_tensors="pt")
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + 6? Answer with only the number."}],
+                                     tokenize=False, add_generation_prompt=True) for a in (4, 17, 9, 23)]
+    enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    batch = built[False][1].generate(prompts, n=args.samples)
+    n = args.samples // len(texts)  # 4 prompts × n samples, as the benchmark's SmolLM2 workload
+    batch = built[False][1].generate(prompts, n=n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
 
     def run(on: bool) -> float:
@@ -98,7 +102,7 @@ def main() -> None:
         with variant(args.change, on):
             start = time.perf_counter()
             if args.phase == "gen":
-                rollout.generate(prompts, n=args.samples)
+                rollout.generate(prompts, n=n)
             elif args.phase == "log_prob":
                 actor.compute_log_prob(batch)
             else:

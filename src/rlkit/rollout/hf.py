@@ -20,6 +20,7 @@ Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,8 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, top_k
 
 class HFRollout:
     """Sampling from a transformers causal LM (plain or FSDP2-sharded) with a KV cache."""
+
+    _share_prefill = True  # one prefill per distinct prompt (tests turn it off to compare with the plain path)
 
     def __init__(self, *, module: nn.Module, tokenizer, rollout_config: RolloutConfig, max_response_length: int,
                  device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None):
@@ -159,6 +162,25 @@ class HFRollout:
             hit[r] = any(s in text for s in stop)
         return hit
 
+    def _prefill(self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
+        """Forward the prompts once each: a group's n identical rows share one prefill whose KV cache is then
+        copied to every row (HF's ``batch_select_indices``); the head runs on the last position only.
+        Returns the model output (its cache covers all B rows) and the next-token logits [B, V]."""
+        rows = torch.cat([ids, mask], dim=1)  # identical prompt = identical ids and mask
+        unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        share = self._share_prefill and len(unique) < len(rows)
+        if share:
+            first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce_(
+                0, inverse, torch.arange(len(rows)), reduce="amin")  # one representative row per prompt
+            ids, mask, pos = ids[first], mask[first], pos[first]
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(module).forward).parameters else {}
+        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+        logits = out.logits[:, -1]
+        if share:
+            out.past_key_values.batch_select_indices(inverse)
+            logits = logits[inverse]
+        return out, logits
+
     @torch.no_grad()
     def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
                  top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
@@ -190,10 +212,10 @@ class HFRollout:
         try:
             mask = prompt_mask
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            out, logits = self._prefill(module, prompt_ids, mask, pos)  # logits [B, V]
             last_pos = pos[:, -1]
             for step in range(max_new):
-                tokens, lp = sample_next(out.logits[:, -1], temperature=temperature, top_p=top_p, top_k=top_k,
+                tokens, lp = sample_next(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                          do_sample=do_sample, generator=self.generator)
                 live = ~finished
                 responses[:, step] = torch.where(live, tokens, self.pad_token_id)
@@ -208,7 +230,8 @@ class HFRollout:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 last_pos = last_pos + 1
                 out = module(input_ids=responses[:, step:step + 1], attention_mask=mask,
-                                  position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
+                             position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
+                logits = out.logits[:, -1]
         finally:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)

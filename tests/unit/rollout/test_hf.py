@@ -185,3 +185,18 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny
             for param in model.parameters():
                 param.add_(0.05 * torch.randn_like(param))
         fast.update_weights(model)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_shared_prefill_matches_one_prefill_per_row(tok_and_model, do_sample):
+    """n samples of a prompt share one prefill (KV cache copied to each row): the same tokens as prefilling
+    every row, and the same log-probs up to float rounding, under one seed."""
+    tok, model = tok_and_model
+    p = prompts(tok, 2)
+    out = {}
+    for share in (True, False):
+        ro = rollout(tok, model, n=4, temperature=1.0)
+        ro._share_prefill = share
+        out[share] = ro.generate(p, do_sample=do_sample)
+    assert torch.equal(out[True]["responses"], out[False]["responses"])
+    torch.testing.assert_close(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"], atol=1e-5, rtol=1e-5)
