@@ -134,6 +134,18 @@ def test_sample_next_truncation():
     assert set(tokens.tolist()) == {0}
 
 
+def test_sampling_frequencies_follow_the_distribution():
+    """The inverse-CDF sampler draws token v with probability softmax(logits)_v: frequencies over 40k draws
+    lie within 4 standard errors of p, and a zero-probability token (top-k cut) is never drawn."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -30.0]]).repeat(40000, 1)
+    g = torch.Generator().manual_seed(0)
+    tokens, _ = sample_next(logits, temperature=1.0, top_p=1.0, top_k=4, do_sample=True, generator=g)
+    p = torch.softmax(logits[0, :4], -1).double()
+    freq = torch.bincount(tokens, minlength=5).double() / len(tokens)
+    assert freq[4] == 0
+    assert ((freq[:4] - p).abs() <= 4 * (p * (1 - p) / len(tokens)).sqrt()).all()
+
+
 def test_update_weights_from_a_full_state_dict(tiny_model_dir, gloo_world1, tok_and_model):
     """A rollout with its own copy takes the actor's full state dict and then samples like the actor."""
     from rlkit.workers.actor import FSDPActor
