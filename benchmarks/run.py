@@ -6,7 +6,7 @@
 Makes TRL's virtual environment on first use (``benchmarks/.venv-trl``: torch 2.13 CPU + trl 1.16 from
 the package index), builds the tiny model and the prompts under ``benchmarks/.work``, then for every
 model × dtype runs alternating rounds (ABBA: rlkit, TRL, TRL, rlkit, ...), one process per run, one torch
-thread per process. Each process measures its own matmul peak, skips ``--warmup`` steps and times
+thread per process (``--base-src``: a third, older rlkit in the rotation). Each process measures its own matmul peak, skips ``--warmup`` steps and times
 ``--steps``. Prints a Markdown table and writes the raw numbers to ``benchmarks/results/``.
 """
 
@@ -66,13 +66,13 @@ def prepare(models: list[str]) -> tuple[dict[str, str], str]:
 
 def run_one(framework: str, python: str, model: str, name: str, dtype: str, data: str, args, out: Path) -> dict:
     prompts, group, tokens = WORKLOADS[name]
-    script = HERE / ("rlkit_grpo.py" if framework == "rlkit" else "trl_grpo.py")
+    script = HERE / ("trl_grpo.py" if framework == "trl" else "rlkit_grpo.py")
     cmd = [python, str(script), "--model", model, "--model-name", name, "--dtype", dtype, "--data", data,
            "--prompts", str(prompts), "--group", str(group), "--tokens", str(tokens), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--out", str(out)]
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if framework == "rlkit" and args.rlkit_src:  # another rlkit version (a worktree's src/) ahead of the install
-        env["PYTHONPATH"] = str(Path(args.rlkit_src).resolve())
+    if framework == "rlkit@base":  # another rlkit version (a worktree's src/) ahead of the installed one
+        env["PYTHONPATH"] = str(Path(args.base_src).resolve())
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -84,6 +84,9 @@ def run_one(framework: str, python: str, model: str, name: str, dtype: str, data
 def summarise(runs: list[dict]) -> dict:
     """Medians over every measured step of every run of one framework × model × dtype."""
     steps = [s for r in runs for s in r["steps"]]
+    for s in steps:
+        if "worker_gen" in s:  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+            s["overhead"] = s["step"] - s["worker_gen"] - s["worker_update_actor"]
     w = runs[0]["workload"]
     med = {k: statistics.median(s[k] for s in steps if k in s) for k in sorted({k for s in steps for k in s})}
     update = med.get("update_actor", med.get("update"))
@@ -93,10 +96,9 @@ def summarise(runs: list[dict]) -> dict:
            "update_flops_s": runs[0]["update_flops"] / update, "peak_flops": peak,
            "startup_s": statistics.median(r["startup_s"] for r in runs), "phases": med}
     out["update_peak_frac"] = out["update_flops_s"] / peak
-    if "worker_gen" in med:  # rlkit: time outside the worker's model work (dispatch, Ray, reward, adv, logging)
-        inside = med["worker_gen"] + med["worker_update_actor"]
-        out["overhead_s"] = med["step"] - inside
-        out["overhead_frac"] = out["overhead_s"] / med["step"]
+    if "overhead" in med:
+        out["overhead_s"] = med["overhead"]
+        out["overhead_frac"] = statistics.median(s["overhead"] / s["step"] for s in steps)
     return out
 
 
@@ -105,6 +107,13 @@ def table(summary: dict) -> str:
              "(% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |", "|" + "---|" * 10]
     for key, s in summary.items():
         r, t = s["rlkit"], s["trl"]
+        if "rlkit@base" in s:
+            b = s["rlkit@base"]
+            lines.append(
+                f"| {key[0]} | {key[1]} (rlkit@base) | {b['step']:.2f} | {t['step']:.2f} | {b['step'] / t['step']:.2f} | "
+                f"{b['gen_tok_s']:.0f} / - | {b['update_flops_s'] / 1e9:.1f} ({100 * b['update_peak_frac']:.0f}%) / - | "
+                f"{b['peak_flops'] / 1e9:.0f} | {b['overhead_s']:.2f} s ({100 * b['overhead_frac']:.1f}%) | "
+                f"{b['startup_s']:.0f} / - |")
         lines.append(
             f"| {key[0]} | {key[1]} | {r['step']:.2f} | {t['step']:.2f} | **{r['step'] / t['step']:.2f}** | "
             f"{r['gen_tok_s']:.0f} / {t['gen_tok_s']:.0f} | {r['update_flops_s'] / 1e9:.1f} "
@@ -113,13 +122,15 @@ def table(summary: dict) -> str:
             f"{r['startup_s']:.0f} / {t['startup_s']:.0f} |")
     lines += ["", "rlkit phases (median s): | model | dtype | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
     for key, s in summary.items():
-        ph = s["rlkit"]["phases"]
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES) + " |")
+        for fw in [f for f in ("rlkit@base", "rlkit") if f in s]:
+            ph = s[fw]["phases"]
+            lines.append(f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
+                         + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES) + " |")
     return "\n".join(lines)
 
 
 PHASES = ["step", "gen", "worker_gen", "reward", "old_log_prob", "adv", "update_actor", "worker_update_actor",
-          "sync_weights"]
+          "sync_weights", "overhead"]
 
 
 def main() -> None:
@@ -130,8 +141,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per run")
     parser.add_argument("--label", default="", help="name of this run in benchmarks/results/")
-    parser.add_argument("--rlkit-src", default="", help="run rlkit from this src/ folder (e.g. a git worktree of "
-                        "an older commit) instead of the installed one")
+    parser.add_argument("--base-src", default="", help="also run rlkit from this src/ folder (e.g. a git worktree "
+                        "of an older commit: before/after in one invocation), reported as rlkit@base")
     args = parser.parse_args()
     models, dtypes = args.models.split(","), args.dtypes.split(",")
     trl_python = str(ensure_trl_venv())
@@ -141,11 +152,12 @@ def main() -> None:
     results: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for name in models:
         for dtype in dtypes:
-            runs: dict[str, list[dict]] = {"rlkit": [], "trl": []}
+            frameworks = ["rlkit", "trl"] + (["rlkit@base"] if args.base_src else [])
+            runs: dict[str, list[dict]] = {fw: [] for fw in frameworks}
             for r in range(args.rounds):
-                order = ["rlkit", "trl"] if r % 2 == 0 else ["trl", "rlkit"]
+                order = frameworks if r % 2 == 0 else frameworks[::-1]
                 for fw in order:
-                    python = sys.executable if fw == "rlkit" else trl_python
+                    python = trl_python if fw == "trl" else sys.executable
                     out = raw_dir / f"{name}-{dtype}-{fw}-{r}.json"
                     runs[fw].append(run_one(fw, python, paths[name], name, dtype, data, args, out))
             results[(name, dtype)] = runs
