@@ -4,6 +4,7 @@
 
 Changes (each toggled here by patching, never by a setting in rlkit):
   head   actor forward: LM head on response positions only (``logits_to_keep``) vs every position
+  prefix actor forward/backward: one prompt pass per group (KV cache indexed to its rows) vs one per row
   fsdp   world size 1: the plain module vs an FSDP2-wrapped one
   prefill  rollout: one prefill per distinct prompt (KV cache shared by its n rows) vs one per row
   fused  fused AdamW vs the foreach implementation
@@ -38,6 +39,9 @@ def variant(change: str, on: bool):
 
         saved.append((torch.optim, "AdamW", torch.optim.AdamW))
         torch.optim.AdamW = lambda *a, fused=None, _cls=torch.optim.AdamW, **k: _cls(*a, **k)
+    if change == "prefix" and not on:
+        saved.append((actor_mod, "_share_prefix", actor_mod._share_prefix))
+        actor_mod._share_prefix = False
     if change == "head" and not on:
         saved.append((actor_mod, "_accepts_logits_to_keep", actor_mod._accepts_logits_to_keep))
         actor_mod._accepts_logits_to_keep = lambda cls: False

@@ -61,11 +61,14 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     # Only the last t + 1 positions predict response tokens: the head (and its [b, ·, V] logits and their
     # gradient) is computed for those alone when the model supports it (HF's ``logits_to_keep``).
     keep = {"logits_to_keep": t + 1} if _accepts_logits_to_keep(type(module)) else {}
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     with autocast(device, mixed_precision):
-        out = module(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                     use_cache=False, **keep)
-    first = 0 if keep else p_keep - 1
-    logits = out.logits[:, first : first + t].float()  # [b, t, V]
+        logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keep and _share_prefix else None
+        if logits is None:
+            out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **keep)
+            first = 0 if keep else p_keep - 1
+            logits = out.logits[:, first : first + t]
+    logits = logits.float()  # [b, t, V]
     if temperature != 1.0:
         logits = logits / temperature
     labels = micro["responses"][:, :t].to(device)
@@ -79,6 +82,42 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     if entropy is not None:
         entropy = torch.nn.functional.pad(entropy, pad) * keep
     return log_prob, entropy
+
+
+# Rows with the same prompt (a GRPO group) run the prompt once (tests turn it off to compare with the plain path).
+_share_prefix = True
+
+
+def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                          p_keep: int, t: int) -> torch.Tensor | None:
+    """Response logits [b, t, V] with each distinct prompt forwarded (and back-propagated) once.
+
+    The prompt part (``p_keep`` columns) of each group runs once with a KV cache; the cache is indexed out
+    to the group's rows (differentiable, so gradients of every row flow into the one prompt pass) and the
+    responses run on top of it. None when nothing is shared, or where it does not apply: FSDP-sharded
+    modules (every rank must run the same number of forwards) and gradient checkpointing (no cache).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    checkpointing = getattr(module, "is_activation_checkpointing", None)  # transformers 5 name, then the old one
+    if checkpointing is None:
+        checkpointing = getattr(module, "is_gradient_checkpointing", False)
+    if isinstance(module, FSDPModule) or checkpointing:
+        return None
+    prompt_rows = torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1)
+    unique, inverse = torch.unique(prompt_rows, dim=0, return_inverse=True)
+    if len(unique) == len(prompt_rows):
+        return None
+    first = torch.full((len(unique),), len(ids), dtype=torch.long, device=ids.device).scatter_reduce_(
+        0, inverse, torch.arange(len(ids), device=ids.device), reduce="amin")  # one row per prompt
+    head = module(input_ids=ids[first, :p_keep], attention_mask=mask[first, :p_keep],
+                  position_ids=pos[first, :p_keep], use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...], an indexing op autograd follows
+    tail = module(input_ids=ids[:, p_keep:], attention_mask=mask, position_ids=pos[:, p_keep:],
+                  past_key_values=cache, use_cache=True, logits_to_keep=t)
+    # the last prompt position predicts response token 0; response position j predicts token j + 1
+    return torch.cat([head.logits[inverse, -1:], tail.logits[:, : t - 1]], dim=1)
 
 
 @functools.cache

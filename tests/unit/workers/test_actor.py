@@ -35,8 +35,12 @@ def prepared(actor: FSDPActor):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world1, mode):
+def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world1, mode, monkeypatch):
     """8 samples in one micro-batch vs micro-batches of 3 (3+3+2): same loss, grad norm, weights."""
+    # One prompt pass per row in both splits: the shared prompt pass (tested against this one in
+    # test_fast_paths.py) sums in another order, and Adam at lr 1e-2 turns that float noise in near-zero
+    # gradients into steps of up to 2e-4, above this test's 1e-4.
+    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)
     results = []
     for micro in (8, 3):
         actor = make_actor(tiny_model_dir, loss_agg_mode=mode, ppo_micro_batch_size_per_rank=micro,

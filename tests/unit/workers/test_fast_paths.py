@@ -46,3 +46,37 @@ def test_head_on_response_positions_only_matches_the_full_forward(tiny_model_dir
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
     for got, want in zip(fast_grads, (p.grad for p in module.parameters()), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mixed_precision", ["fp32", "bf16"])
+def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, monkeypatch, mixed_precision):
+    """A group's rows share one prompt forward/backward: the same log-probs, entropies and gradients as
+    running every row's prompt (2 prompts of different lengths × 3 sampled responses of varying length)."""
+    from rlkit.batch import Batch
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout.hf import HFRollout
+    from rlkit.workers import actor as actor_mod
+
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    torch.manual_seed(0)
+    module = load_model(cfg, tokenizer=tok)
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    eos = int(tok.convert_tokens_to_ids("7"))  # a common token ends some responses early: lengths vary
+    batch = HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=3), max_response_length=10,
+                      eos_token_ids=[eos], seed=2).generate(Batch(dict(enc)))
+    results = {}
+    for share in (True, False):
+        monkeypatch.setattr(actor_mod, "_share_prefix", share)
+        module.zero_grad(set_to_none=True)
+        lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
+                                   mixed_precision=mixed_precision, device=torch.device("cpu"))
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        results[share] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
+    tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(results[True][0], results[False][0], **tol)
+    torch.testing.assert_close(results[True][1], results[False][1], **tol)
+    for got, want in zip(results[True][2], results[False][2], strict=True):
+        torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)

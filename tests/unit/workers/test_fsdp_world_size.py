@@ -31,7 +31,10 @@ def two_ranks(tiny_model_dir, tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["fixed", "dynamic"])
-def test_world_size_1_and_2_agree(tiny_model_dir, gloo_world1, two_ranks, mode):
+def test_world_size_1_and_2_agree(tiny_model_dir, gloo_world1, two_ranks, mode, monkeypatch):
+    # FSDP ranks run one prompt pass per row; so does world size 1 here (the shared prompt pass is tested
+    # against it in test_fast_paths.py; its float reassociation, through Adam, exceeds this test's 1e-4).
+    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         from _fsdp_ranks import update_once
