@@ -43,7 +43,7 @@ def main() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import pandas as pd
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     peak = matmul_peak_flops(w.dtype)
@@ -98,7 +98,10 @@ def main() -> None:
             generation_kwargs={"min_new_tokens": w.tokens}, bf16=w.dtype == "bf16",
             model_init_kwargs={"dtype": "float32"}, dataloader_num_workers=0,
         )
-        tokenizer = AutoTokenizer.from_pretrained(w.model)
+        # the fast tokenizer as saved (rlkit loads it the same way): AutoTokenizer may swap in the model
+        # type's own class, which tokenizes the tiny model's prompts 2 tokens longer
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(w.model) if w.model_name == "tiny" else \
+            AutoTokenizer.from_pretrained(w.model)
         tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(w.model, dtype="float32")
         trainer = Timed(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
