@@ -16,7 +16,7 @@ __all__ = ["DEFAULT_KEYS", "read_history", "plot_runs"]
 
 DEFAULT_KEYS = (
     "critic/score/mean",
-    "val-core/*/score/mean@*",
+    "val-core/*/score/mean[@_]*",  # MLflow stores mean@1 as mean_1
     "response_length/mean",
     "actor/entropy",
     "actor/pg_loss",
