@@ -96,13 +96,34 @@ class ActorRolloutRefWorker(Worker):
         the layout of ``rlkit.rollout.base``. A split ``WorkerGroup`` call must return one row per input:
         send ``prompts.repeat(n, interleave=True)`` with ``n=1`` (same order, and balanced across ranks)."""
         start = time.perf_counter()
-        out = self._need("rollout").generate(prompts, **sampling)
+        rollout = self._need("rollout")
+        self._wake_engine()
+        try:
+            out = rollout.generate(prompts, **sampling)
+        finally:
+            self._sleep_engine()
         out.meta.setdefault("metrics", {})["perf/worker_s/gen"] = time.perf_counter() - start
         return out
 
     def sync_weights(self) -> None:
         """Hand the actor's current weights to the rollout (shared module here: nothing is copied)."""
+        self._wake_engine()  # an engine must hold its memory again before it can load weights
         self._need("rollout").update_weights(self._need("actor").module)
+
+    # An engine with its own accelerator memory (SGLang: release/resume_memory) holds it only from the
+    # weight sync through generation, so the colocated actor update can use it (veRL's wake/sleep).
+    def _engine(self):
+        return getattr(self.rollout, "backend", self.rollout)  # under an agent-loop wrapper, the engine
+
+    def _wake_engine(self) -> None:
+        if getattr(self, "_engine_asleep", False) and hasattr(self._engine(), "resume_memory"):
+            self._engine().resume_memory()
+        self._engine_asleep = False
+
+    def _sleep_engine(self) -> None:
+        if hasattr(self._engine(), "release_memory"):
+            self._engine().release_memory()
+            self._engine_asleep = True
 
     def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Rollout-only worker: load a full state dict (rank 0's; broadcast to the other ranks)."""
