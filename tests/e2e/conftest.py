@@ -1,10 +1,10 @@
-"""Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session."""
+"""Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session.
+
+Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability).
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,10 +50,3 @@ def write_recipe(tiny_assets, tmp_path):
     return write
 
 
-def rlkit_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def run_rlkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True,
-                          env=rlkit_env(), timeout=timeout)

@@ -8,18 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import rlkit_env, run_rlkit
-
-_VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "time")
-
-
-def records(out: Path) -> list[dict]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_VOLATILE)} for line in lines]
+from rlkit_harness import records, rlkit_env
+from rlkit_harness import run as run_rlkit
 
 
 def test_run_end_to_end_then_merge(write_recipe, tmp_path):

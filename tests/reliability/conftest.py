@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _harness import write_recipe
+from rlkit_harness import write_recipe
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,7 @@ def assets(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def recipe(assets, tmp_path):
-    """``recipe(out, name, **kw)`` writes the tiny recipe (see _harness.RECIPE) and returns its path."""
+    """``recipe(out, name, **kw)`` writes the tiny recipe (see rlkit_harness.RECIPE) and returns its path."""
     model, data = assets
 
     def make(out: Path, name: str = "recipe.yaml", **kwargs) -> Path:

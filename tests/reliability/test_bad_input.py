@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _harness import (
+from rlkit_harness import (
     RECIPE,
     check_checkpoints,
     last_record_per_step,
@@ -44,7 +44,7 @@ def base(assets, tmp_path) -> Path:
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
-    from _harness import sessions_started_by
+    from rlkit_harness import sessions_started_by
 
     before = set(sessions_started_by(os.getpid()))
     code = main(list(argv))

@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from _harness import check_checkpoints, finish, ray_session, start, wait_until_reaped
+from rlkit_harness import check_checkpoints, finish, ray_session, start, wait_until_reaped
 
 STEPS = 200
 SLOPE_BOUND_MIB_PER_STEP = 0.2

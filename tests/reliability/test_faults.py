@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _harness import (
+from rlkit_harness import (
     check_checkpoints,
     finish,
     last_record_per_step,

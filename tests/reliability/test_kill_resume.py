@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _harness import (
+from rlkit_harness import (
     check_checkpoints,
     finish,
     last_record_per_step,

@@ -1,4 +1,4 @@
-"""Helpers of the reliability suite: a tiny recipe, `rlkit run` in a subprocess, checks on what a run leaves.
+"""Helpers for tests that run `rlkit run` in a subprocess (tests/e2e, tests/reliability): a tiny recipe, the run, checks on what it leaves.
 
 Every run here is a real `python -m rlkit run` (real Ray cluster, real FSDP worker, real files). A run's
 own Ray processes are known from ``<output_dir>/ray_session.json`` (written by the product once the workers
