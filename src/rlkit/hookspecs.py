@@ -10,6 +10,7 @@ from __future__ import annotations
 import pluggy
 
 from rlkit.specs import (
+    AgentLoopSpec,
     ComputeScoreSpec,
     EstimatorSpec,
     PolicyLossSpec,
@@ -67,6 +68,11 @@ def rlkit_register_tools() -> list[ToolSpec]:
     """Tools a multi-turn rollout may call: calculator, python."""
 
 
+@hookspec
+def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
+    """Multi-turn agent loops (``rollout.agent``, a data row's ``agent_name``): single_turn, tool."""
+
+
 # registry kind -> (hook name, spec type). The single source of truth for the registries.
 REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "estimators": ("rlkit_register_estimators", EstimatorSpec),
@@ -77,4 +83,5 @@ REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "roles": ("rlkit_register_roles", RoleSpec),
     "trackers": ("rlkit_register_trackers", TrackerSpec),
     "tools": ("rlkit_register_tools", ToolSpec),
+    "agent_loops": ("rlkit_register_agent_loops", AgentLoopSpec),
 }

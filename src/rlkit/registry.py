@@ -114,6 +114,7 @@ class Registries:
     roles: Registry
     trackers: Registry
     tools: Registry
+    agent_loops: Registry
 
     def __init__(self, plugins: PluginSet):
         self.plugins = plugins

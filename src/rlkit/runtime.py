@@ -1,9 +1,10 @@
 """Set-up and clean-up of one run: every component the trainer's step uses, built from the recipe.
 
-``Runtime.start(recipe, registries)`` builds, in order: output folder → tokenizer → datasets and
-loaders → reward manager → trackers → Ray cluster → worker groups (actor+rollout+ref colocated in
-one process, the hybrid engine; a critic when the estimator needs one). ``close()`` undoes it, and
-stops only the Ray cluster it started.
+``Runtime.start(recipe, registries)`` builds, in order: the pipeline (``rlkit.pipeline.compose``:
+every name resolved once, here on the driver) → output folder → tokenizer → datasets and loaders →
+reward step → trackers → Ray cluster → one worker group per placed role (the hybrid actor-rollout-ref,
+and a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share its
+bundles equally. ``close()`` undoes it, and stops only the Ray cluster it started.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.merge import save_hf_config
-from rlkit.recipe import Recipe, recipe_to_dict, uses_critic, uses_ref
+from rlkit.pipeline import Pipeline, PlacedRole, Resolved, compose
+from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
 from rlkit.registry import Registries, load_object
 from rlkit.rewards.dispatch import make_score_fn
-from rlkit.rewards.managers import manager_kwargs
-from rlkit.specs import EstimatorSpec
+from rlkit.rewards.steps import OverlongShaping, RewardStep
 from rlkit.tracking import TrackerConfig, Tracking, start_tracker
 
 __all__ = ["Runtime", "output_dir_of"]
@@ -42,21 +43,22 @@ def output_dir_of(recipe: Recipe) -> Path:
 @dataclass
 class Runtime:
     recipe: Recipe
-    registries: Registries
+    pipeline: Pipeline
     output_dir: Path
     tokenizer: Any
     train_loader: StatefulDataLoader
     val_loader: StatefulDataLoader | None
     total_steps: int
-    reward: Any
-    estimator: EstimatorSpec
+    reward: RewardStep
+    estimator: Resolved
     kl_ctrl: Any
     tracking: Tracking
     mlflow_uri: str | None
     cluster: Any = None
     actor: Any = None  # WorkerGroup of the hybrid actor_rollout_ref role
     critic: Any = None
-    ref: Any = None  # "colocated" when the actor process holds the reference model
+    ref: Any = None  # a WorkerGroup, or "colocated" when the actor process holds the reference model
+    reward_model: Any = None
     groups: list[Any] = field(default_factory=list)
     n_params: int = 0
     peak_flops: float = 0.0
@@ -66,19 +68,19 @@ class Runtime:
     def start(cls, recipe: Recipe, registries: Registries, *, run_ids: dict[str, str] | None = None) -> Runtime:
         from rlkit.models.load import load_tokenizer
 
+        pipeline = compose(recipe, registries)
         out = output_dir_of(recipe)
         out.mkdir(parents=True, exist_ok=True)
         tokenizer = load_tokenizer(recipe.model)
         train_loader, val_loader = _loaders(recipe, tokenizer)
         per_epoch = len(train_loader)
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
-        tracking, mlflow_uri = _tracking(recipe, registries, out, total_steps, run_ids or {})
+        tracking, mlflow_uri = _tracking(recipe, pipeline, out, total_steps, run_ids or {})
         tracking.log_params(recipe_to_dict(recipe))
         rt = cls(
-            recipe=recipe, registries=registries, output_dir=out, tokenizer=tokenizer,
+            recipe=recipe, pipeline=pipeline, output_dir=out, tokenizer=tokenizer,
             train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
-            reward=_reward_manager(recipe, registries, tokenizer),
-            estimator=registries.estimators.get(recipe.algorithm.estimator),
+            reward=_reward_step(recipe, pipeline, tokenizer), estimator=pipeline.estimator,
             kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri,
         )
         try:
@@ -91,43 +93,64 @@ class Runtime:
     def _start_workers(self) -> None:
         from rlkit.workers import RayCluster, ResourcePoolManager, WorkerGroup
 
-        recipe, registries = self.recipe, self.registries
+        recipe = self.recipe
         self.cluster = RayCluster(recipe.resources).start()
         pools = ResourcePoolManager(recipe.resources)
         threads = recipe.resources.threads_per_worker
-        with_ref = uses_ref(recipe)
-        actor_cls = load_object(registries.roles.get("actor_rollout_ref").cls)
-        actor_kwargs = {
-            "model_config": recipe.model, "actor_config": recipe.actor, "rollout_config": recipe.rollout,
-            "ref_config": recipe.ref if with_ref else None, "max_response_length": recipe.data.max_response_length,
-            "total_steps": self.total_steps, "seed": recipe.trainer.seed,
-        }
-        self.actor = WorkerGroup(actor_cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref",
-                                 threads=threads, role_kwargs=actor_kwargs)
-        self.groups.append(self.actor)
-        self.ref = "colocated" if with_ref else None
-        if uses_critic(recipe, registries):
-            critic_cls = load_object(registries.roles.get("critic").cls)
-            critic_pool = pools.pool_for("critic")
-            share = 0.5 if critic_pool is pools.pool_for("actor_rollout_ref") else 1.0  # two roles on one bundle
-            critic_kwargs = {
-                "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
-                "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
-                "total_steps": self.total_steps, "mixed_precision": recipe.actor.mixed_precision,
-                "seed": recipe.trainer.seed,
-            }
-            self.critic = WorkerGroup(critic_cls, critic_pool, role="critic", threads=threads, share=share,
-                                      role_kwargs=critic_kwargs)
-            self.groups.append(self.critic)
+        placed = self.pipeline.roles
+        per_pool: dict[str, int] = {}
+        for role in placed.values():
+            per_pool[role.pool] = per_pool.get(role.pool, 0) + 1
+        groups = {}
+        for slot in ("actor_rollout_ref", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
+            role = placed.get(slot)
+            if role is None:
+                continue
+            groups[slot] = WorkerGroup(load_object(role.role.spec.cls), pools.pools[role.pool].create(), role=role.role.name,
+                                       threads=threads, share=1.0 / per_pool[role.pool],
+                                       role_kwargs=self._role_kwargs(role))
+            self.groups.append(groups[slot])
+        self.actor = groups["actor_rollout_ref"]
+        self.critic = groups.get("critic")
+        self.reward_model = groups.get("reward_model")
+        self.ref = groups.get("ref") or ("colocated" if uses_ref(recipe) else None)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
         self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
+    def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
+        """The keyword arguments of the role class filling ``placed.slot`` (the slot's contract,
+        ``rlkit.protocols``): recipe sections and the resolved components that slot uses."""
+        recipe, pipe = self.recipe, self.pipeline
+        if placed.slot == "actor_rollout_ref":
+            colocated_ref = uses_ref(recipe) and pipe.role("ref") is None
+            return {
+                "model_config": recipe.model, "actor_config": recipe.actor, "rollout_config": recipe.rollout,
+                "ref_config": recipe.ref if colocated_ref else None,
+                "max_response_length": recipe.data.max_response_length, "total_steps": self.total_steps,
+                "seed": recipe.trainer.seed, "policy_loss": pipe.policy_loss, "rollout_backend": pipe.rollout_backend,
+                "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
+            }
+        if placed.slot == "ref":
+            return {"model_config": recipe.model, "ref_config": recipe.ref, "temperature": recipe.rollout.temperature,
+                    "mixed_precision": recipe.actor.mixed_precision}
+        if placed.slot == "critic":
+            return {
+                "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
+                "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
+                "total_steps": self.total_steps, "mixed_precision": recipe.actor.mixed_precision,
+                "seed": recipe.trainer.seed,
+            }
+        rm = recipe.reward.reward_model
+        return {"model_config": recipe.model, "reward_model_path": rm.path,
+                "micro_batch_size": rm.micro_batch_size_per_rank, "mixed_precision": recipe.actor.mixed_precision}
+
     # ----- calls the trainer makes --------------------------------------------------------------
     def ref_call(self, method: str, batch: Batch) -> Batch:
-        return self.actor.call(method, batch, balance=self.recipe.trainer.balance_batch)
+        group = self.actor if self.ref == "colocated" else self.ref
+        return group.call(method, batch, balance=self.recipe.trainer.balance_batch)
 
     def train_batches(self) -> Iterator[Batch]:
         """Batches forever: epoch after epoch (the loader's state says where a resumed run is)."""
@@ -165,9 +188,7 @@ class Runtime:
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
-        close_reward = getattr(self.reward, "close", None)
-        if close_reward:
-            close_reward()
+        self.reward.close()
         self.tracking.finish(status)
 
 
@@ -186,16 +207,23 @@ def _loaders(recipe: Recipe, tokenizer: Any) -> tuple[StatefulDataLoader, Statef
     return train, val
 
 
-def _reward_manager(recipe: Recipe, registries: Registries, tokenizer: Any) -> Any:
+def _reward_step(recipe: Recipe, pipeline: Pipeline, tokenizer: Any) -> RewardStep:
+    """The reward manager the recipe names, then the reward-model and overlong steps it turns on."""
     reward = recipe.reward
-    cls = load_object(registries.reward_managers.get(reward.manager).cls)
+    spec = pipeline.reward_manager.spec
     custom = reward.custom_score.model_dump() if reward.custom_score else None
-    score_fn = make_score_fn(registries, custom, batch_call=reward.manager == "batch")
-    kwargs = manager_kwargs(cls, num_examine=reward.num_examine, default_score=reward.default_score,
-                            timeout_s=reward.timeout_s, num_workers=reward.num_workers,
-                            overlong_buffer=reward.overlong_buffer.model_dump(),
-                            max_response_length=recipe.data.max_response_length)
-    return cls(tokenizer, score_fn, **kwargs)
+    rm = reward.reward_model
+    fallback = rm.enable and rm.combine == "fallback"
+    score_fn = make_score_fn(pipeline.score_fns, custom, batch_call=spec.batched_scores,
+                             unknown_score=0.0 if fallback else None)
+    manager = pipeline.reward_manager.build(tokenizer, score_fn, num_examine=reward.num_examine,
+                                            default_score=reward.default_score, timeout_s=reward.timeout_s)
+    overlong = None
+    if reward.overlong_buffer.enable:
+        ob = reward.overlong_buffer
+        overlong = OverlongShaping(ob.len, ob.penalty_factor, recipe.data.max_response_length)
+    has_rule = getattr(score_fn, "has_rule", None)
+    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule, overlong=overlong)
 
 
 def _kl_controller(recipe: Recipe) -> Any:
@@ -205,14 +233,14 @@ def _kl_controller(recipe: Recipe) -> Any:
     return make_kl_controller(ctrl.type, kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
 
-def _tracking(recipe: Recipe, registries: Registries, out: Path, total_steps: int,
+def _tracking(recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int,
               run_ids: dict[str, str]) -> tuple[Tracking, str | None]:
     cfg = TrackerConfig(
         project=recipe.trainer.project_name, experiment=recipe.trainer.experiment_name, output_dir=out,
         total_steps=total_steps, mlflow_uri=recipe.tracking.mlflow_uri,
         jsonl_path=Path(recipe.tracking.jsonl_path) if recipe.tracking.jsonl_path else None, run_ids=run_ids,
     )
-    trackers = [start_tracker(load_object(registries.trackers.get(name).cls), cfg) for name in recipe.tracking.backends]
+    trackers = [start_tracker(load_object(t.spec.cls), cfg) for t in pipeline.trackers]
     mlflow_uri = next((getattr(t, "uri", None) for t in trackers if getattr(t, "name", "") == "mlflow"), None)
     return Tracking(trackers), mlflow_uri
 

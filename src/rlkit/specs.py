@@ -10,11 +10,20 @@ Call contracts (the trainer and workers call every entry the same way):
 
 - ``EstimatorSpec.fn(token_level_rewards, response_mask, index, *, values, reward_baselines,
   **params) -> (advantages, returns)``, shapes ``[B, T], [B, T], [B]`` in and ``[B, T], [B, T]``
-  out; ``params`` are the ``algorithm`` recipe keys named in ``EstimatorSpec.params``.
+  out; ``params`` are the fields of the spec's params model, as keyword scalars.
 - ``PolicyLossSpec.fn(log_prob, old_log_prob, advantages, response_mask, **params)
-  -> (per_token_loss [B, T], metrics dict)``; ``params`` are the ``actor`` recipe keys named in
-  ``PolicyLossSpec.params``. Aggregation over tokens happens outside the loss
-  (``rlkit.algos.agg_loss``) so it can use the global token count.
+  -> (per_token_loss [B, T], metrics dict)``; ``params`` as above. Aggregation over tokens happens
+  outside the loss (``rlkit.algos.agg_loss``) so it can use the global token count.
+
+Parameters (the one parameter door): any spec may declare ``params``, a pydantic model class (or a
+``"module:Class"`` string). The recipe gives the component its parameters beside its name::
+
+    algorithm:
+      estimator: {name: my_adv, my_param: 2}     # the short form `estimator: grpo` also works
+
+Validation checks them against the model (unknown keys forbidden; every error names the plugin);
+functions receive the validated fields as keyword arguments, classes receive the model instance as
+``params=``. A spec without a params model takes no parameters.
 - ``ComputeScoreSpec.fn(data_source, solution_str, ground_truth, extra_info=None)
   -> float | dict`` (veRL's contract; a dict has a ``score`` key plus extra metrics).
 - ``RewardManagerSpec.cls``, ``RolloutBackendSpec.cls``, ``RoleSpec.cls``, ``TrackerSpec.cls``,
@@ -38,6 +47,7 @@ __all__ = [
     "RoleSpec",
     "TrackerSpec",
     "ToolSpec",
+    "AgentLoopSpec",
 ]
 
 
@@ -48,6 +58,7 @@ class Spec:
     name: str  # the name a recipe uses
     aliases: tuple[str, ...] = ()  # other names that resolve to this entry
     description: str = ""  # one line, shown by `rlkit plugins`
+    params: Any = None  # pydantic model class (or "module:Class") of the component's parameters; None = none
 
 
 @dataclass(frozen=True)
@@ -55,12 +66,12 @@ class EstimatorSpec(Spec):
     """An advantage estimator: what a recipe names as its algorithm (``algorithm.estimator``)."""
 
     fn: Callable[..., Any] | None = None
-    params: tuple[str, ...] = ()  # `algorithm.*` keys passed to fn as keywords
     needs_critic: bool = False  # PPO/GAE: a critic role must exist and `values` is passed
     needs_groups: bool = False  # group-relative: rollout.n must be > 1 (singleton groups degrade)
     needs_greedy_baseline: bool = False  # ReMax: a greedy rollout's score is passed as reward_baselines
     # Defaults the estimator sets on other parts of the recipe, as dotted keys
-    # ("actor.clip_ratio_high": 0.28). A key the user set explicitly always wins.
+    # ("actor.policy_loss.clip_ratio_high": 0.28). A key the user set explicitly always wins; a
+    # parameter default applies only when the chosen component's params model has that field.
     recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     paper: str = ""  # citation or URL, shown in docs
 
@@ -68,13 +79,17 @@ class EstimatorSpec(Spec):
 @dataclass(frozen=True)
 class PolicyLossSpec(Spec):
     fn: Callable[..., Any] | None = None
-    params: tuple[str, ...] = ()  # `actor.*` keys passed to fn as keywords
     paper: str = ""
 
 
 @dataclass(frozen=True)
 class RewardManagerSpec(Spec):
-    cls: type | None = None
+    """``cls(tokenizer, score_fn, *, num_examine, default_score, params)`` (``rlkit.rewards.managers``)."""
+
+    cls: type | str | None = None
+    # True: the manager calls score_fn once per batch with lists (data_sources=, solution_strs=,
+    # ground_truths=, extra_infos=); False: once per sample with veRL's compute_score arguments.
+    batched_scores: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,13 +101,28 @@ class ComputeScoreSpec(Spec):
 
 @dataclass(frozen=True)
 class RolloutBackendSpec(Spec):
-    cls: type | None = None
+    """An engine class (``rlkit.rollout.base.RolloutBackend``). Optional capabilities are declared here,
+    never probed with ``hasattr``: ``generate_ids`` (token-level turns for agent loops) and
+    ``memory_release`` (``release_memory``/``resume_memory`` between generation and the update)."""
+
+    cls: type | str | None = None
+    generate_ids: bool = False
+    memory_release: bool = False
 
 
 @dataclass(frozen=True)
 class RoleSpec(Spec):
-    cls: type | None = None
+    """A worker class (``rlkit.workers.base.Worker``) and the step slot it fills: ``actor_rollout_ref``,
+    ``actor``, ``rollout``, ``ref``, ``critic`` or ``reward_model`` (``rlkit.protocols`` lists the
+    methods each slot needs). A third-party role fills a slot by naming it in ``slot``."""
+
+    cls: type | str | None = None
+    slot: str = ""  # defaults to the role's own name
     needs_model: bool = True
+
+    @property
+    def fills(self) -> str:
+        return self.slot or self.name
 
 
 @dataclass(frozen=True)
@@ -102,4 +132,14 @@ class TrackerSpec(Spec):
 
 @dataclass(frozen=True)
 class ToolSpec(Spec):
-    cls: type | None = None
+    cls: type | str | None = None
+
+
+@dataclass(frozen=True)
+class AgentLoopSpec(Spec):
+    """A multi-turn agent loop (``rollout.agent``, or a data row's ``agent_name``):
+    ``cls(generator, tokenizer, tools, *, max_turns, max_response_length, params)`` with an async
+    ``run(messages, tools_kwargs, sampling) -> Trajectory`` (``rlkit.rollout.agent``)."""
+
+    cls: type | str | None = None
+    uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model

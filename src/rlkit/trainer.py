@@ -55,7 +55,7 @@ class Trainer:
                                        recipe.algorithm.filter_groups.metric)
             if recipe.algorithm.filter_groups.enable else None
         )
-        self.needs_baseline = est.needs_greedy_baseline
+        self.needs_baseline = est.spec.needs_greedy_baseline
         # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one.
         actor = recipe.actor
         self.recompute_old_log_prob = not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
@@ -155,7 +155,7 @@ class Trainer:
             greedy = self.rt.actor.call("generate_sequences", self.rollout_inputs(prompts), balance=False, n=1,
                                         do_sample=False)
             greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
-            baseline = self.rt.reward(greedy_batch).token_level_scores.sum(-1)  # [B/n]
+            baseline = self.reward_of(greedy_batch).token_level_scores.sum(-1)  # [B/n]
             batch["reward_baselines"] = baseline.repeat_interleave(n)
         return batch
 
@@ -165,8 +165,14 @@ class Trainer:
         keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
         return prompts.select(keys)
 
+    def reward_of(self, batch: Batch) -> Any:
+        """The reward step's result (``RewardResult``); the reward model scores the batch first when there is one."""
+        if self.rt.reward_model is not None:
+            batch = batch.union(self.rt.reward_model.call("compute_rm_score", batch, balance=self.balance))
+        return self.rt.reward(batch)
+
     def score(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        result = self.rt.reward(batch)
+        result = self.reward_of(batch)
         batch["token_level_scores"] = result.token_level_scores
         for key, values in result.extra.items():
             batch[f"reward_extra/{key}"] = list(values)
@@ -221,12 +227,11 @@ class Trainer:
             rewards = scores
         batch["token_level_rewards"] = rewards
         est = self.rt.estimator
-        params = {k: getattr(algo, k) for k in est.params}
         advantages, returns = est.fn(
             rewards, batch["response_mask"].to(rewards.dtype), self.group_index(batch),
             values=batch["values"] if "values" in batch else None,
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
-            **params,
+            **est.kwargs,
         )
         for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
             if faults.poisoned(kind, self.global_step):  # RLKIT_FAULT (tests): a numerical blow-up
@@ -248,7 +253,7 @@ class Trainer:
                                      do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
             gen.meta.pop("metrics", None)
             batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
-            result = self.rt.reward(batch)
+            result = self.reward_of(batch)
             sources += list(batch["data_source"])
             uids += list(batch["uid"])
             scores += result.token_level_scores.sum(-1).tolist()

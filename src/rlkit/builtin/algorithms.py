@@ -11,6 +11,7 @@ import importlib
 import inspect
 from typing import Any
 
+from rlkit.builtin.params import ClipParams, DiscountParams, DrGrpoParams, GaeParams, GroupNormParams, PPOClipParams, SapoParams
 from rlkit.hookspecs import hookimpl
 from rlkit.specs import EstimatorSpec, PolicyLossSpec
 
@@ -55,34 +56,30 @@ def _loss(name: str) -> LazyFunction:
     return LazyFunction(f"rlkit.algos.policy_losses:{name}")
 
 
-GROUP_PARAMS = ("norm_adv_by_std", "epsilon")  # `algorithm.*` keys of the GRPO family
-
-
 def _grpo_family() -> list[EstimatorSpec]:
     """GRPO's advantage under three names: what differs is declared as recipe defaults."""
     return [
         EstimatorSpec(
-            name="grpo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            name="grpo", fn=_est("grpo"), params=GroupNormParams, needs_groups=True,
             description="GRPO: (score - group mean) / (group std + epsilon)",
             paper="Shao et al. 2024, DeepSeekMath (arXiv:2402.03300)",
         ),
         EstimatorSpec(
-            name="dapo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            name="dapo", fn=_est("grpo"), params=GroupNormParams, needs_groups=True,
             description="DAPO: GRPO advantage + clip-higher, token-mean, dynamic sampling, overlong shaping",
             recipe_defaults={
-                "actor.clip_ratio_low": 0.2,
-                "actor.clip_ratio_high": 0.28,
+                "actor.policy_loss.clip_ratio_low": 0.2,
+                "actor.policy_loss.clip_ratio_high": 0.28,
                 "actor.loss_agg_mode": "token-mean",
                 "algorithm.filter_groups.enable": True,
                 "reward.overlong_buffer.enable": True,
-                "reward.manager": "dapo",
             },
             paper="Yu et al. 2025 (arXiv:2503.14476)",
         ),
         EstimatorSpec(
-            name="dr_grpo", fn=_est("grpo"), params=GROUP_PARAMS, needs_groups=True,
+            name="dr_grpo", fn=_est("grpo"), params=DrGrpoParams, needs_groups=True,
             description="Dr.GRPO: score - group mean (no std), constant-normalised token sum",
-            recipe_defaults={"algorithm.norm_adv_by_std": False, "actor.loss_agg_mode": "seq-mean-token-sum-norm"},
+            recipe_defaults={"actor.loss_agg_mode": "seq-mean-token-sum-norm"},
             paper="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783)",
         ),
     ]
@@ -107,7 +104,7 @@ def _other_group_baselines() -> list[EstimatorSpec]:
             paper="Chu et al. 2025, GPG (arXiv:2504.02546)",
         ),
         EstimatorSpec(
-            name="grpo_passk", fn=_est("grpo_passk"), params=GROUP_PARAMS, needs_groups=True,
+            name="grpo_passk", fn=_est("grpo_passk"), params=GroupNormParams, needs_groups=True,
             description="Pass@k: only each group's best sample gets max - second max",
             paper="Chen et al. 2025, Pass@k Training (arXiv:2503.19595)",
         ),
@@ -118,12 +115,12 @@ def _other_group_baselines() -> list[EstimatorSpec]:
 def rlkit_register_estimators() -> list[EstimatorSpec]:
     return [
         EstimatorSpec(
-            name="ppo", aliases=("gae",), fn=_est("ppo"), params=("gamma", "lam"), needs_critic=True,
+            name="ppo", aliases=("gae",), fn=_est("ppo"), params=GaeParams, needs_critic=True,
             description="PPO: GAE advantages from a learned critic, whitened over the batch",
             paper="Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438)",
         ),
         EstimatorSpec(
-            name="reinforce_plus_plus", fn=_est("reinforce_plus_plus"), params=("gamma",),
+            name="reinforce_plus_plus", fn=_est("reinforce_plus_plus"), params=DiscountParams,
             description="REINFORCE++: discounted returns whitened over the batch",
             paper="Hu 2025 (arXiv:2501.03262)",
         ),
@@ -144,20 +141,19 @@ def rlkit_register_estimators() -> list[EstimatorSpec]:
 
 @hookimpl
 def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
-    clip = ("clip_ratio_low", "clip_ratio_high")
     return [
         PolicyLossSpec(
-            name="ppo_clip", fn=_loss("ppo_clip"), params=(*clip, "clip_ratio_c"),
+            name="ppo_clip", fn=_loss("ppo_clip"), params=PPOClipParams,
             description="PPO clipped surrogate, asymmetric range, dual clip for negative advantages",
             paper="Schulman et al. 2017 (arXiv:1707.06347); dual clip: Ye et al. 2020 (arXiv:1912.09729)",
         ),
         PolicyLossSpec(
-            name="gspo", fn=_loss("gspo"), params=clip,
+            name="gspo", fn=_loss("gspo"), params=ClipParams,
             description="GSPO: clipped sequence-level (geometric-mean) ratio, per-token gradient",
             paper="Zheng et al. 2025 (arXiv:2507.18071)",
         ),
         PolicyLossSpec(
-            name="cispo", fn=_loss("cispo"), params=clip,
+            name="cispo", fn=_loss("cispo"), params=ClipParams,
             description="CISPO: stop-gradient clipped IS weight times advantage times log-prob",
             paper="MiniMax 2025, MiniMax-M1 (arXiv:2506.13585)",
         ),
@@ -167,7 +163,7 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
             paper="Chu et al. 2025, GPG (arXiv:2504.02546)",
         ),
         PolicyLossSpec(
-            name="sapo", fn=_loss("sapo"), params=("tau_pos", "tau_neg"),
+            name="sapo", fn=_loss("sapo"), params=SapoParams,
             description="SAPO: soft sigmoid gate on the ratio instead of a hard clip",
             paper="Gao et al. 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347)",
         ),

@@ -7,6 +7,7 @@ Score functions import only the standard library, so they are referenced directl
 
 from __future__ import annotations
 
+from rlkit.builtin.params import ParallelManagerParams
 from rlkit.hookspecs import hookimpl
 from rlkit.rewards.scores import gsm8k, math, synthetic
 from rlkit.specs import ComputeScoreSpec, RewardManagerSpec
@@ -47,16 +48,13 @@ def rlkit_register_reward_managers() -> list[RewardManagerSpec]:
         RewardManagerSpec(
             name="batch",
             cls="rlkit.rewards.managers:BatchRewardManager",
+            batched_scores=True,
             description="one batched score call for the whole batch",
-        ),
-        RewardManagerSpec(
-            name="dapo",
-            cls="rlkit.rewards.managers:DapoRewardManager",
-            description="naive plus DAPO's overlong reward shaping",
         ),
         RewardManagerSpec(
             name="parallel",
             cls="rlkit.rewards.parallel:ParallelRewardManager",
+            params=ParallelManagerParams,
             description="process pool with a per-sample timeout (hanging scorers are killed)",
         ),
     ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from rlkit.builtin.params import HFRolloutParams, ToolAgentParams
 from rlkit.hookspecs import hookimpl
-from rlkit.specs import RolloutBackendSpec
+from rlkit.specs import AgentLoopSpec, RolloutBackendSpec
 
 
 @hookimpl
@@ -12,6 +13,25 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
         RolloutBackendSpec(
             name="hf",
             cls="rlkit.rollout.hf:HFRollout",
+            params=HFRolloutParams,
             description="transformers model in the actor's process: KV-cache sampling, stop strings, greedy",
+        ),
+    ]
+
+
+@hookimpl
+def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
+    return [
+        AgentLoopSpec(
+            name="single_turn",
+            cls="rlkit.rollout.agent:SingleTurnAgentLoop",
+            description="one assistant turn, no tools (what a plain rollout does, through the agent machinery)",
+        ),
+        AgentLoopSpec(
+            name="tool",
+            cls="rlkit.rollout.agent:ToolAgentLoop",
+            params=ToolAgentParams,
+            uses_tools=True,
+            description="Hermes-style tool calls between assistant turns; tool tokens masked out of the loss",
         ),
     ]

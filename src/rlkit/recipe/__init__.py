@@ -1,6 +1,6 @@
 """Recipes: a pydantic schema, YAML loading, ``a.b=c`` overrides and composition."""
 
-from rlkit.recipe.compose import (
+from rlkit.recipe.validate import (
     load_recipe,
     recipe_to_dict,
     role_world_size,

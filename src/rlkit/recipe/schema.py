@@ -1,8 +1,10 @@
 """The recipe schema: every key, its type, its default and a one-line meaning.
 
 Unknown keys are errors (``extra="forbid"``): a misspelled key is never silently ignored.
-Names of registry entries (estimator, policy loss, reward manager, rollout backend, trackers)
-are plain strings here and are checked against the live registries in ``rlkit.recipe.compose``.
+Registry entries (estimator, policy loss, reward manager, rollout backend, agent loop, tools,
+trackers) are ``Component`` values: a name, or a mapping ``{name: ..., <parameters>}``. Names and
+parameters are checked against the live registries and each component's params model in
+``rlkit.recipe.validate``.
 Batch sizes follow veRL: ``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count
 prompts; micro-batch sizes count samples (prompt × response) per rank.
 """
@@ -11,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_serializer, model_validator
 
 __all__ = [
     "Recipe",
+    "Component",
     "ModelConfig",
     "DataConfig",
     "AlgorithmConfig",
@@ -35,6 +38,35 @@ KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k3+", "mse", "kl
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class Component(BaseModel):
+    """A registry entry named by the recipe, with its parameters beside the name.
+
+    ``estimator: grpo`` and ``estimator: {name: grpo, epsilon: 1.0e-6}`` are the same component with
+    default and explicit parameters. ``params`` holds the parameters (checked against the entry's
+    params model during validation, defaults filled in); it serialises back to the short form when
+    there are none.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(description="registry name (or alias)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @model_serializer(mode="plain")
+    def _serialise(self) -> Any:
+        return {"name": self.name, **self.params} if self.params else self.name
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ModelConfig(Section):
@@ -74,11 +106,7 @@ class FilterGroupsConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    estimator: str = Field("grpo", description="advantage estimator (registry `estimators`)")
-    gamma: float = Field(1.0, ge=0, le=1, description="discount")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (off = Dr. GRPO)")
-    epsilon: PositiveFloat = Field(1e-6, description="added to the std in advantage normalisation")
+    estimator: Component = Field(Component(name="grpo"), description="advantage estimator (registry `estimators`) and its parameters")
     use_kl_in_reward: bool = Field(False, description="subtract a KL penalty from the token rewards")
     kl_penalty: KLKind = Field("k1", description="estimator of the in-reward KL")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
@@ -97,12 +125,7 @@ class OptimConfig(Section):
 
 
 class ActorConfig(Section):
-    policy_loss: str = Field("ppo_clip", description="policy loss (registry `policy_losses`)")
-    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - clip_ratio_low")
-    clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + clip_ratio_high (DAPO: 0.28)")
-    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
-    tau_pos: PositiveFloat = Field(1.0, description="sapo: gate temperature for positive advantages")
-    tau_neg: PositiveFloat = Field(1.05, description="sapo: gate temperature for negative advantages")
+    policy_loss: Component = Field(Component(name="ppo_clip"), description="policy loss (registry `policy_losses`) and its parameters (clip ratios, ...)")
     loss_agg_mode: LossAggMode = Field("token-mean", description="how per-token losses become one number")
     ppo_mini_batch_size: PositiveInt | None = Field(None, description="prompts per optimizer step; None = data.train_batch_size")
     ppo_micro_batch_size_per_rank: PositiveInt = Field(4, description="samples per forward/backward on one rank")
@@ -118,9 +141,6 @@ class ActorConfig(Section):
     mixed_precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast for forward/backward")
     max_nonfinite_in_row: PositiveInt = Field(3, description="stop after this many skipped non-finite updates in a row")
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    loss_params: dict[str, float] = Field(
-        default_factory=dict, description="extra keyword scalars for the policy loss (e.g. sapo's taus)"
-    )
 
 
 class ValidationSampling(Section):
@@ -131,19 +151,17 @@ class ValidationSampling(Section):
 
 
 class RolloutConfig(Section):
-    backend: str = Field("hf", description="rollout engine (registry `rollout_backends`)")
+    backend: Component = Field(Component(name="hf"), description="rollout engine (registry `rollout_backends`) and its parameters")
     n: PositiveInt = Field(1, description="responses per prompt (the group size)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
     stop: list[str] = Field(default_factory=list, description="extra stop strings")
     ignore_eos: bool = Field(False, description="benchmarks: do not stop at eos, every response gets the full length")
-    agent: Literal["single_turn", "tool"] | None = Field(None, description="default agent loop; a row may choose its own")
-    max_turns: PositiveInt = Field(4, description="tool agent: assistant turns per trajectory")
-    tools: list[str] = Field(default_factory=list, description="tools the tool agent offers (registry `tools`)")
+    agent: Component | None = Field(None, description="default agent loop (registry `agent_loops`); a data row may name its own in agent_name")
+    tools: list[Component] = Field(default_factory=list, description="tools an agent loop offers (registry `tools`)")
     log_prob_micro_batch_size_per_rank: PositiveInt = Field(8)
     val: ValidationSampling = Field(default_factory=ValidationSampling)
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend-specific options")
 
 
 class CustomScore(Section):
@@ -152,22 +170,25 @@ class CustomScore(Section):
 
 
 class OverlongBuffer(Section):
-    enable: bool = Field(False, description="DAPO overlong reward shaping")
+    enable: bool = Field(False, description="DAPO overlong reward shaping, applied after any reward manager")
     len: PositiveInt = Field(64, description="tokens before the maximum where the penalty starts")
     penalty_factor: float = Field(1.0, ge=0, description="penalty at the maximum length")
 
 
 class RewardModelConfig(Section):
-    enable: bool = Field(False)
-    path: str | None = Field(None, description="sequence-classification model folder")
+    enable: bool = Field(False, description="score responses with a sequence-classification model (role reward_model)")
+    path: str | None = Field(None, description="model folder (AutoModelForSequenceClassification, num_labels=1)")
+    combine: Literal["fallback", "sum"] = Field(
+        "fallback", description="fallback: the model's score where no compute_score applies to the data_source "
+        "(veRL); sum: rule score + model score on every sample")
+    micro_batch_size_per_rank: PositiveInt = Field(8, description="samples per forward on one rank")
 
 
 class RewardConfig(Section):
-    manager: str = Field("naive", description="reward manager (registry `reward_managers`)")
+    manager: Component = Field(Component(name="naive"), description="reward manager (registry `reward_managers`) and its parameters")
     num_examine: int = Field(0, ge=0, description="decoded samples printed per batch")
     custom_score: CustomScore | None = Field(None, description="score every sample with a function from a file")
     timeout_s: PositiveFloat = Field(10.0, description="parallel manager: per-sample timeout")
-    num_workers: PositiveInt = Field(2, description="parallel manager: processes")
     default_score: float = Field(0.0, description="score of a sample whose scorer failed")
     overlong_buffer: OverlongBuffer = Field(default_factory=OverlongBuffer)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
@@ -223,7 +244,8 @@ class TrainerConfig(Section):
 
 
 class TrackingConfig(Section):
-    backends: list[str] = Field(default_factory=lambda: ["console", "mlflow"], description="registry `trackers`")
+    backends: list[Component] = Field(default_factory=lambda: [Component(name="console"), Component(name="mlflow")],
+                                      description="registry `trackers`")
     mlflow_uri: str | None = Field(None, description="default: sqlite:///<output_dir>/../mlflow.db")
     jsonl_path: str | None = Field(None, description="default: <output_dir>/metrics.jsonl")
     log_generations: PositiveInt = Field(8, description="generations logged per validation")

@@ -1,16 +1,16 @@
 """Find the score function for a ``data_source``; load custom scores from a file.
 
-``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` looks the source up in
-the ``compute_scores`` registry (built-ins plus every installed plugin). The registries are built
-once per process and cached; pass ``registries=`` to use your own (tests do).
+A run's score functions come resolved from the driver's pipeline (``Pipeline.score_fns``: data_source
+→ function); ``ScoreDispatcher`` picks one per sample. ``compute_score(...)`` is a convenience for
+scripts: it builds the registries on each call unless given ``registries=`` (nothing is cached
+process-wide).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "ScoreDispatcher",
     "batched",
     "make_score_fn",
+    "score_functions",
 ]
 
 ScoreFn = Callable[..., Any]
@@ -39,23 +40,27 @@ class ScoreLoadError(RlkitError):
     """A custom score file or function could not be loaded."""
 
 
-@functools.lru_cache(maxsize=1)
-def _default_registries() -> Registries:
-    return build_registries()
+def score_functions(registries: Registries) -> dict[str, ScoreFn]:
+    """data_source (and every alias) → its registered ``compute_score``."""
+    return {source: entry.spec.fn for entry in registries.compute_scores
+            for source in (entry.spec.name, *entry.spec.aliases)}
 
 
-def get_score_fn(data_source: str, registries: Registries | None = None) -> ScoreFn:
-    """The registered ``compute_score`` for ``data_source`` (aliases resolve)."""
-    registry = (registries or _default_registries()).compute_scores
-    if data_source not in registry:
-        known = registry.names(with_aliases=True)
+def get_score_fn(data_source: str, sources: Mapping[str, ScoreFn] | Registries | None = None) -> ScoreFn:
+    """The ``compute_score`` for ``data_source`` from a data_source → function map (or registries)."""
+    if sources is None:
+        sources = build_registries()
+    if isinstance(sources, Registries):
+        sources = score_functions(sources)
+    if data_source not in sources:
+        known = sorted(sources)
         raise UnknownDataSourceError(
             f"no compute_score is registered for data_source '{data_source}'. "
             f"Known data sources: {', '.join(known) or '(none)'}.{suggest(str(data_source), known)} "
             "Fix the data_source column, register a function in the 'rlkit.compute_score' "
             "entry-point group, or set reward.custom_score: {path: my_score.py, name: compute_score}."
         )
-    return load_object(registry.get(data_source).fn)
+    return load_object(sources[data_source])
 
 
 def compute_score(
@@ -103,14 +108,25 @@ def load_custom_score(path: str | Path, name: str = "compute_score") -> ScoreFn:
 
 
 class ScoreDispatcher:
-    """A per-sample score function: the custom one if given, else the registered one for each data_source."""
+    """A per-sample score function: the custom one if given, else the registered one for each data_source.
 
-    def __init__(self, registries: Registries | None = None, custom: ScoreFn | None = None):
-        self.registries = registries
+    ``unknown_score``: what a data_source without a function scores (None = raise, so the manager counts
+    an error; a number when another reward — the reward model — covers those samples).
+    """
+
+    def __init__(self, sources: Mapping[str, ScoreFn] | Registries, custom: ScoreFn | None = None,
+                 unknown_score: float | None = None):
+        self.sources = score_functions(sources) if isinstance(sources, Registries) else dict(sources)
         self.custom = custom
+        self.unknown_score = unknown_score
+
+    def has_rule(self, data_source: str) -> bool:
+        return self.custom is not None or data_source in self.sources
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
-        fn = self.custom or get_score_fn(data_source, self.registries)
+        if self.unknown_score is not None and not self.has_rule(data_source):
+            return self.unknown_score
+        fn = self.custom or get_score_fn(data_source, self.sources)
         return fn(data_source, solution_str, ground_truth, extra_info)
 
 
@@ -125,23 +141,26 @@ def batched(score_fn: ScoreFn) -> Callable[..., list[Any]]:
     ) -> list[Any]:
         return [score_fn(*args) for args in zip(data_sources, solution_strs, ground_truths, extra_infos)]
 
+    score_batch.has_rule = getattr(score_fn, "has_rule", None)  # type: ignore[attr-defined]
     return score_batch
 
 
 def make_score_fn(
-    registries: Registries | None = None,
+    sources: Mapping[str, ScoreFn] | Registries,
     custom_score: dict[str, str] | None = None,
     *,
     batch_call: bool = False,
+    unknown_score: float | None = None,
 ) -> Callable[..., Any]:
     """The score function a reward manager gets: ``reward.custom_score`` (``{path, name}``) if set,
-    else registry dispatch by data_source; wrapped with ``batched`` when the manager is ``batch``.
+    else dispatch by data_source; wrapped with ``batched`` when the manager's spec declares
+    ``batched_scores``.
 
-    A custom file used with the ``batch`` manager must itself be batched (keyword arguments
+    A custom file used with a batched manager must itself be batched (keyword arguments
     ``data_sources, solution_strs, ground_truths, extra_infos``), so it is not wrapped.
     """
     if custom_score:
         fn = load_custom_score(custom_score["path"], custom_score.get("name", "compute_score"))
-        return fn if batch_call else ScoreDispatcher(registries, custom=fn)
-    dispatcher = ScoreDispatcher(registries)
+        return fn if batch_call else ScoreDispatcher(sources, custom=fn)
+    dispatcher = ScoreDispatcher(sources, unknown_score=unknown_score)
     return batched(dispatcher) if batch_call else dispatcher

@@ -1,9 +1,14 @@
 """Reward managers: turn a batch of responses into token-level scores.
 
-Contract (every manager, built-in or plugin)::
+Contract (every manager, built-in or plugin; ``rlkit.protocols.RewardManager``)::
 
-    manager = cls(tokenizer, score_fn, num_examine=0, default_score=0.0, **params)
+    manager = cls(tokenizer, score_fn, num_examine=0, default_score=0.0, timeout_s=10.0[, params=...])
     result = manager(batch)        # -> RewardResult
+
+``params`` (the manager's own parameters, a pydantic model) is passed only when the manager's spec
+declares a params model (``RewardManagerSpec.params``). Shaping that composes with any manager —
+the reward model's score, DAPO's overlong penalty — is applied after the manager by
+``rlkit.rewards.steps.RewardStep``.
 
 The batch needs ``responses [B, T]`` (token ids), ``response_mask [B, T]`` and the per-sample fields
 ``data_source``, ``reward_model`` (a mapping with ``ground_truth``) and ``extra_info``. The sequence
@@ -14,10 +19,6 @@ A score function that raises, returns None / NaN / ±inf / a string / a dict wit
 (``parallel`` only) runs past its timeout, gives ``default_score`` for that sample; the count goes
 to ``reward/errors`` or ``reward/timeouts`` and the first message of the batch is logged. The run
 never stops for a score.
-
-Reward models: when the batch has a tensor ``rm_scores [B]`` (from the reward-model worker), it is
-**added** to the rule-based score at the same position, so rule + model rewards combine; with
-``score_fn=None`` the model score is the whole reward.
 
 Glossary: ``B`` = prompts x group size, ``T`` = response tokens.
 """
@@ -43,9 +44,7 @@ __all__ = [
     "RewardManager",
     "NaiveRewardManager",
     "BatchRewardManager",
-    "DapoRewardManager",
     "normalize_score",
-    "manager_kwargs",
 ]
 
 log = logging.getLogger("rlkit.rewards")
@@ -91,9 +90,6 @@ def normalize_score(raw: Any, default_score: float) -> ScoreOutcome:
 class RewardManager:
     """Base class: decoding, score placement, metrics and logging. Subclasses implement ``score_all``."""
 
-    #: keyword params this manager accepts (recipe keys routed to it); anything else is refused.
-    accepted_params: tuple[str, ...] = ()
-
     def __init__(
         self,
         tokenizer: Any,
@@ -101,18 +97,16 @@ class RewardManager:
         *,
         num_examine: int = 0,
         default_score: float = 0.0,
-        **params: Any,
+        timeout_s: float = 10.0,
+        params: Any = None,
     ):
-        unknown = sorted(set(params) - set(self.accepted_params))
-        if unknown:
-            raise RlkitError(
-                f"reward manager {type(self).__name__} got unknown parameter(s) {unknown}; "
-                f"it accepts {list(self.accepted_params) or 'none'}."
-            )
+        if timeout_s <= 0:
+            raise RlkitError(f"reward.timeout_s must be > 0 seconds, got {timeout_s}.")
         self.tokenizer = tokenizer
         self.score_fn = score_fn
         self.num_examine = num_examine
         self.default_score = float(default_score)
+        self.timeout_s = float(timeout_s)
         self.params = params
 
     # ----- what subclasses provide ------------------------------------------------------------
@@ -123,7 +117,7 @@ class RewardManager:
     # ----- the shared path --------------------------------------------------------------------
     def __call__(self, batch: Batch) -> RewardResult:
         responses, response_mask = batch["responses"], batch["response_mask"]  # [B, T], [B, T]
-        last = self._last_valid_index(response_mask)  # [B]
+        last = self.last_valid_index(response_mask)  # [B]
         texts = [self._decode(responses[i, : int(last[i]) + 1], response_mask[i]) for i in range(len(batch))]
         items = [
             (str(batch["data_source"][i]), texts[i], self._ground_truth(batch, i), self._extra_info(batch, i))
@@ -135,27 +129,15 @@ class RewardManager:
             outcomes = [ScoreOutcome(0.0) for _ in items]
         scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
         metrics = self._metrics(outcomes, scores)
-        if "rm_scores" in batch.tensors.keys():
-            rm = batch["rm_scores"].to(torch.float32).reshape(-1)  # [B]
-            scores = scores + rm
-            metrics["reward/rm_scores/mean"] = float(rm.mean()) if len(rm) else 0.0
-        scores, extra_from_subclass = self.shape_scores(scores, response_mask, metrics)
         token_level_scores = torch.zeros(response_mask.shape, dtype=torch.float32)  # [B, T]
         token_level_scores[torch.arange(len(batch)), last] = scores
         extra = self._collect_extra(outcomes)
-        extra.update(extra_from_subclass)
         self._log_problems(items, outcomes)
         self._examine(items, outcomes, scores)
         return RewardResult(token_level_scores, extra, metrics)
 
-    def shape_scores(
-        self, scores: torch.Tensor, response_mask: torch.Tensor, metrics: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        """Hook for sequence-level shaping (DAPO's overlong penalty). Default: unchanged."""
-        return scores, {}
-
     @staticmethod
-    def _last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
+    def last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(response_mask.shape[1], device=response_mask.device)  # [T]
         return (response_mask.bool() * (positions + 1)).amax(dim=1).clamp(min=1) - 1  # [B]
 
@@ -248,72 +230,3 @@ class BatchRewardManager(RewardManager):
             error = f"batched score raised {type(exc).__name__}: {exc}"
             return [ScoreOutcome(self.default_score, error=error) for _ in items]
         return [normalize_score(raw, self.default_score) for raw in raws]
-
-
-class DapoRewardManager(NaiveRewardManager):
-    """``naive`` plus DAPO's overlong shaping: responses longer than ``max_response_length -
-    overlong_buffer_len`` tokens lose up to ``overlong_penalty_factor`` (``rlkit.algos.overlong_penalty``).
-
-    Params (recipe ``reward.overlong_buffer.{enable,len,penalty_factor}``): ``overlong_buffer_enable``
-    (default True), ``overlong_buffer_len``, ``overlong_penalty_factor`` (default 1.0),
-    ``max_response_length`` (default: the batch's response width ``T``).
-    Extra per sample: ``overlong_reward`` (the penalty) and ``overlong`` (penalty < 0).
-    """
-
-    accepted_params = ("overlong_buffer_enable", "overlong_buffer_len", "overlong_penalty_factor", "max_response_length")
-
-    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, **kwargs: Any):
-        super().__init__(tokenizer, score_fn, **kwargs)
-        self.enable = bool(self.params.get("overlong_buffer_enable", True))
-        self.buffer_len = self.params.get("overlong_buffer_len")
-        self.penalty_factor = float(self.params.get("overlong_penalty_factor", 1.0))
-        self.max_response_length = self.params.get("max_response_length")
-        if self.enable and (self.buffer_len is None or int(self.buffer_len) <= 0):
-            raise RlkitError(
-                f"reward.overlong_buffer.len must be a positive number of tokens when overlong shaping is on, "
-                f"got {self.buffer_len!r}. Set it (DAPO used 4096 of 20480), or set reward.overlong_buffer.enable=false."
-            )
-
-    def shape_scores(
-        self, scores: torch.Tensor, response_mask: torch.Tensor, metrics: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        if not self.enable:
-            return scores, {}
-        from rlkit.algos import overlong_penalty
-
-        max_len = int(self.max_response_length or response_mask.shape[1])
-        lengths = response_mask.sum(dim=1)  # [B]
-        penalty = overlong_penalty(lengths, max_len, int(self.buffer_len), self.penalty_factor).to(scores.dtype)  # [B]
-        metrics["reward/overlong_penalty/mean"] = float(penalty.mean()) if len(penalty) else 0.0
-        metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean()) if len(penalty) else 0.0
-        return scores + penalty, {"overlong_reward": penalty.tolist(), "overlong": (penalty < 0).tolist()}
-
-
-def manager_kwargs(
-    cls: type,
-    *,
-    num_examine: int = 0,
-    default_score: float = 0.0,
-    timeout_s: float = 10.0,
-    num_workers: int = 2,
-    overlong_buffer: dict[str, Any] | None = None,
-    max_response_length: int | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments for ``cls(tokenizer, score_fn, **kwargs)`` from the ``reward.*`` recipe values.
-
-    Only the params ``cls`` declares in ``accepted_params`` are passed (a plugin manager that
-    declares none gets just ``num_examine`` and ``default_score``). ``overlong_buffer`` is the
-    ``reward.overlong_buffer`` mapping ``{enable, len, penalty_factor}``.
-    """
-    overlong_buffer = dict(overlong_buffer or {})
-    available = {
-        "timeout_s": timeout_s,
-        "num_workers": num_workers,
-        "overlong_buffer_enable": bool(overlong_buffer.get("enable", False)),
-        "overlong_buffer_len": overlong_buffer.get("len"),
-        "overlong_penalty_factor": overlong_buffer.get("penalty_factor", 1.0),
-        "max_response_length": max_response_length,
-    }
-    accepted = getattr(cls, "accepted_params", ())
-    params = {k: v for k, v in available.items() if k in accepted}
-    return {"num_examine": num_examine, "default_score": default_score, **params}

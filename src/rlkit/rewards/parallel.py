@@ -140,22 +140,15 @@ class ScorePool:
 class ParallelRewardManager(NaiveRewardManager):
     """``naive``'s contract, scored in a process pool with a per-sample timeout.
 
-    Params: ``num_workers`` (``reward.num_workers``, default 2), ``timeout_s`` (``reward.timeout_s``,
-    default 10.0), ``mp_context`` (``fork`` on Linux, else ``spawn``).
+    Params (``ParallelManagerParams``): ``num_workers`` (default 2); the per-sample timeout is
+    ``reward.timeout_s``. ``mp_context``: ``fork`` on Linux, else ``spawn``.
     """
 
-    accepted_params = ("num_workers", "timeout_s", "mp_context")
-
-    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, **kwargs: Any):
-        super().__init__(tokenizer, score_fn, **kwargs)
-        self.timeout_s = float(self.params.get("timeout_s", 10.0))
-        if self.timeout_s <= 0:
-            raise RlkitError(f"reward.timeout_s must be > 0 seconds, got {self.timeout_s}.")
-        self.pool = (
-            ScorePool(score_fn, int(self.params.get("num_workers", 2)), self.params.get("mp_context"))
-            if score_fn is not None
-            else None
-        )
+    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, *, params: Any = None,
+                 mp_context: str | None = None, **kwargs: Any):
+        super().__init__(tokenizer, score_fn, params=params, **kwargs)
+        num_workers = params.num_workers if params is not None else 2
+        self.pool = ScorePool(score_fn, int(num_workers), mp_context) if score_fn is not None else None
 
     def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
         assert self.pool is not None

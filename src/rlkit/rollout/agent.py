@@ -186,7 +186,11 @@ class ToolAgentLoop:
 
     def __init__(self, generator: TurnGenerator, tokenizer, tools: dict[str, Tool] | None = None, *,
                  max_turns: int = 4, max_response_length: int = 256, sampling: dict | None = None,
-                 max_tool_response_chars: int = 2000):
+                 max_tool_response_chars: int = 2000, params: Any = None):
+        """``params`` (``ToolAgentParams``, from ``rollout.agent: {name: tool, max_turns: ...}``) wins over
+        the keyword defaults when given."""
+        if params is not None:
+            max_turns, max_tool_response_chars = params.max_turns, params.max_tool_response_chars
         self.generator = generator
         self.tokenizer = tokenizer
         self.tools = tools or {}
@@ -287,36 +291,48 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     return out
 
 
+class SingleTurnAgentLoop(ToolAgentLoop):
+    """One assistant turn and no tools: a plain rollout through the agent machinery."""
+
+    def __init__(self, generator: TurnGenerator, tokenizer, tools: dict[str, Tool] | None = None, *,
+                 max_response_length: int = 256, sampling: dict | None = None):
+        super().__init__(generator, tokenizer, None, max_turns=1, max_response_length=max_response_length,
+                         sampling=sampling)
+
+
 # ----- the batch-level wrapper ------------------------------------------------------------------------
 class AgentLoopRollout:
     """A backend plus agent loops, behind the ``generate(prompts: Batch, ...)`` contract."""
 
-    def __init__(self, backend, tokenizer, *, rollout_config, max_response_length: int,
-                 tools: dict[str, Tool] | None = None, max_tool_response_chars: int = 2000):
+    def __init__(self, backend, tokenizer, *, rollout_config, max_response_length: int, loops: dict[str, Any],
+                 default_agent: str, tools: tuple[Any, ...] | dict[str, Tool] = (), generate_ids: bool = False):
+        """``loops``: agent-loop name → resolved component (``rlkit.pipeline.Resolved``); ``tools``: resolved
+        tool components (or built ``Tool`` objects by name); ``generate_ids``: the backend's declared
+        capability (``RolloutBackendSpec.generate_ids``), else turns go through ``HFTurnGenerator``."""
         self.backend = backend
-        self.generator: TurnGenerator = backend if hasattr(backend, "generate_ids") else HFTurnGenerator(backend)
+        self.generator: TurnGenerator = backend if generate_ids else HFTurnGenerator(backend)
         self.tokenizer = tokenizer
         self.config = rollout_config
         self.max_response_length = max_response_length
-        if tools is None:
+        self.loops = dict(loops)
+        self.default_agent = default_agent
+        if not isinstance(tools, dict):
             from rlkit.rollout.tools import build_tools
 
-            tools = build_tools(list(rollout_config.tools)) if rollout_config.tools else {}
+            tools = build_tools(tools)
         self.tools = tools
-        self.max_tool_response_chars = max_tool_response_chars
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def update_weights(self, weights) -> None:
         self.backend.update_weights(weights)
 
     def _loop(self, agent: str, sampling: dict, max_len: int) -> ToolAgentLoop:
-        if agent not in ("single_turn", "tool"):
-            raise RlkitError(f"unknown agent_name {agent!r} in a data row; valid: single_turn, tool.")
-        tool = agent == "tool"
-        return ToolAgentLoop(self.generator, self.tokenizer, self.tools if tool else None,
-                             max_turns=self.config.max_turns if tool else 1,
-                             max_response_length=max_len, sampling=sampling,
-                             max_tool_response_chars=self.max_tool_response_chars)
+        resolved = self.loops.get(agent)
+        if resolved is None:
+            raise RlkitError(f"unknown agent_name {agent!r} in a data row; registered agent loops: "
+                             f"{', '.join(sorted(self.loops))} (registry `agent_loops`).")
+        tools = self.tools if resolved.spec.uses_tools else None
+        return resolved.build(self.generator, self.tokenizer, tools, max_response_length=max_len, sampling=sampling)
 
     def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
                  top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
@@ -342,12 +358,12 @@ class AgentLoopRollout:
         for i in range(ids.shape[0]):
             extra = dict(nt["extra_info"][i] or {}) if "extra_info" in nt else {}
             agent = (nt["agent_name"][i] if "agent_name" in nt else None) or extra.get("agent_name") \
-                or self.config.agent or "single_turn"
+                or self.default_agent
             loop = self._loop(agent, sampling, max_len)
             raw = list(nt["raw_prompt"][i]) if "raw_prompt" in nt else None
             row_ids = ids[i][mask[i].bool()].tolist()
-            # The tool loop re-renders the messages with the tool schemas; otherwise the given ids are the prompt.
-            prompt_ids = loop.prompt_ids(raw) if (agent == "tool" and raw and loop.schemas) else row_ids
+            # A loop with tools re-renders the messages with the tool schemas; otherwise the given ids are the prompt.
+            prompt_ids = loop.prompt_ids(raw) if (raw and loop.schemas) else row_ids
             messages = raw if raw else [{"role": "user", "content": self.tokenizer.decode(row_ids)}]
             for _ in range(n):
                 jobs.append(loop.run(messages, extra.get("tools_kwargs") or {}, prompt_ids=prompt_ids))

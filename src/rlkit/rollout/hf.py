@@ -8,7 +8,7 @@ and the parameters are gathered once for the whole loop (``set_reshard_after_for
 once per token, then resharded (the full weights are held on every rank while generating, as veRL's
 hybrid engine does).
 
-``rollout.engine_kwargs.dtype: bfloat16`` decodes with a bf16 copy of the weights (refreshed from the
+``rollout.backend: {name: hf, dtype: bfloat16}`` decodes with a bf16 copy of the weights (refreshed from the
 actor's fp32 weights at the start of every ``generate``; the optimizer keeps its fp32 master): decoding
 reads every weight once per token, so half the bytes is about half the time, and bf16 matmuls use AMX
 where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype.
@@ -18,6 +18,8 @@ Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import copy
 import inspect
@@ -78,7 +80,9 @@ class HFRollout:
     _share_prefill = True  # one prefill per distinct prompt (tests turn it off to compare with the plain path)
 
     def __init__(self, *, module: nn.Module, tokenizer, rollout_config: RolloutConfig, max_response_length: int,
-                 device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None):
+                 device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None,
+                 params: Any = None):
+        """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults."""
         self.module = module
         self.tokenizer = tokenizer
         self.config = rollout_config
@@ -88,14 +92,14 @@ class HFRollout:
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.eos_token_ids = torch.tensor(sorted({i for i in ids if i is not None}), device=self.device)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
-        dtype = dict(rollout_config.engine_kwargs).get("dtype")
-        if dtype not in (None, "float32", "bfloat16"):
-            raise RlkitError(f"rollout.engine_kwargs.dtype={dtype!r}: the hf backend decodes in float32 or bfloat16.")
-        self.decode_dtype = getattr(torch, dtype) if dtype else None
+        dtype = getattr(params, "dtype", None)
+        if dtype not in (None, "auto", "float32", "bfloat16"):
+            raise RlkitError(f"rollout.backend.dtype={dtype!r}: the hf backend decodes in float32 or bfloat16.")
+        self.decode_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16") else None
         self._decode_copy: nn.Module | None = None
 
     def _decoder(self) -> nn.Module:
-        """The module to decode with: the actor's own, or (``engine_kwargs.dtype``) a copy in that dtype
+        """The module to decode with: the actor's own, or (``rollout.backend.dtype``) a copy in that dtype
         holding the actor's current weights."""
         from torch.distributed.fsdp import FSDPModule
 

@@ -35,6 +35,7 @@ from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
 from rlkit.algos.kl import kl_penalty
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
+from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
 from rlkit.workers import fsdp
 
@@ -153,11 +154,11 @@ def compute_log_probs(module: nn.Module, batch: Batch, *, temperature: float, mi
 class FSDPActor:
     """The policy model of one rank: FSDP2-sharded causal LM, AdamW, LR schedule."""
 
-    def __init__(self, model_config: ModelConfig, actor_config: ActorConfig, *, rollout_n: int, total_steps: int,
+    def __init__(self, model_config: ModelConfig, actor_config: ActorConfig, policy_loss: Resolved, *,
+                 rollout_n: int, total_steps: int,
                  device: torch.device | str = "cpu", temperature: float = 1.0, log_prob_micro_batch_size: int = 8,
                  tokenizer=None, seed: int = 0):
         from rlkit.models.load import load_model, load_tokenizer
-        from rlkit.registry import build_registries
 
         self.model_config = model_config
         self.cfg = actor_config
@@ -167,7 +168,7 @@ class FSDPActor:
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_config)
-        self.loss_spec = build_registries().policy_losses.get(actor_config.policy_loss)
+        self.policy_loss = policy_loss  # resolved on the driver: the function and its validated parameters
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
         if actor_config.mixed_precision == "bf16" and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
@@ -268,9 +269,8 @@ class FSDPActor:
                                              entropy_grad=cfg.entropy_coeff != 0,
                                              mixed_precision=cfg.mixed_precision, device=self.device)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
-        params = {k: getattr(cfg, k) for k in self.loss_spec.params if hasattr(cfg, k)}
-        pg_mat, pg_metrics = self.loss_spec.fn(log_prob, old, micro["advantages"].to(self.device), mask,
-                                               **params, **cfg.loss_params)
+        pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
+                                                 **self.policy_loss.kwargs)
 
         def agg(mat: torch.Tensor) -> torch.Tensor:
             return agg_loss(mat, mask, cfg.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,

@@ -27,6 +27,7 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
+from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
 from rlkit.workers.base import Worker
 
@@ -39,9 +40,14 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
                  model_config: ModelConfig, actor_config: ActorConfig | None = None,
                  rollout_config: RolloutConfig | None = None, ref_config: RefConfig | None = None,
-                 max_response_length: int = 512, total_steps: int = 1, seed: int = 1):
+                 max_response_length: int = 512, total_steps: int = 1, seed: int = 1,
+                 policy_loss: Resolved | None = None, rollout_backend: Resolved | None = None,
+                 agent_loops: dict[str, Resolved] | None = None, default_agent: str | None = None,
+                 tools: tuple[Resolved, ...] = ()):
         """``max_response_length``: ``data.max_response_length``; ``total_steps``: LR-schedule length;
-        ``seed``: ``trainer.seed`` (model init is the same on every rank; sampling is seeded by rank)."""
+        ``seed``: ``trainer.seed`` (model init is the same on every rank; sampling is seeded by rank).
+        The resolved components (``rlkit.pipeline``) come from the driver: ``policy_loss`` (with an
+        actor), ``rollout_backend``, ``agent_loops``/``default_agent``/``tools`` (with a rollout)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.models.load import load_model, load_tokenizer
         from rlkit.workers import fsdp
@@ -55,27 +61,31 @@ class ActorRolloutRefWorker(Worker):
         if actor_config is not None:
             from rlkit.workers.actor import FSDPActor
 
-            self.actor = FSDPActor(model_config, actor_config, rollout_n=rollout_config.n if rollout_config else 1,
+            if policy_loss is None:
+                raise WorkerError("ActorRolloutRefWorker with an actor needs policy_loss (a resolved component).")
+            self.actor = FSDPActor(model_config, actor_config, policy_loss, rollout_n=rollout_config.n if rollout_config else 1,
                                    total_steps=total_steps, device=self.device, temperature=temperature,
                                    log_prob_micro_batch_size=(rollout_config.log_prob_micro_batch_size_per_rank
                                                               if rollout_config else 8),
                                    tokenizer=self.tokenizer, seed=seed)
+        self.backend_spec = rollout_backend.spec if rollout_backend is not None else None
         if rollout_config is not None:
-            from rlkit.registry import build_registries, load_object
-
-            spec = build_registries().rollout_backends.get(rollout_config.backend)
+            if rollout_backend is None:
+                raise WorkerError("ActorRolloutRefWorker with a rollout needs rollout_backend (a resolved component).")
             if self.actor is not None:
                 module = self.actor.module
             else:
                 module = fsdp.fsdp_wrap(load_model(model_config, tokenizer=self.tokenizer), self.device)
-            self.rollout = load_object(spec.cls)(
+            self.rollout = rollout_backend.build(
                 module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
                 max_response_length=max_response_length, device=self.device, seed=seed * 1000 + rank)
-            if rollout_config.agent is not None:  # multi-turn: agent loops drive the backend turn by turn
+            if default_agent is not None:  # multi-turn: agent loops drive the backend turn by turn
                 from rlkit.rollout.agent import AgentLoopRollout
 
                 self.rollout = AgentLoopRollout(self.rollout, self.tokenizer, rollout_config=rollout_config,
-                                                max_response_length=max_response_length)
+                                                max_response_length=max_response_length, loops=agent_loops or {},
+                                                default_agent=default_agent, tools=tools,
+                                                generate_ids=self.backend_spec.generate_ids)
         if ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
@@ -116,12 +126,12 @@ class ActorRolloutRefWorker(Worker):
         return getattr(self.rollout, "backend", self.rollout)  # under an agent-loop wrapper, the engine
 
     def _wake_engine(self) -> None:
-        if getattr(self, "_engine_asleep", False) and hasattr(self._engine(), "resume_memory"):
+        if getattr(self, "_engine_asleep", False):
             self._engine().resume_memory()
         self._engine_asleep = False
 
     def _sleep_engine(self) -> None:
-        if hasattr(self._engine(), "release_memory"):
+        if self.backend_spec is not None and self.backend_spec.memory_release:  # declared on the spec
             self._engine().release_memory()
             self._engine_asleep = True
 

@@ -1,7 +1,7 @@
 """The ``sglang`` rollout backend: rlkit's rollout contract over SGLang servers' HTTP API.
 
-Constructed like every backend (``rlkit.rollout.base``); its options come from
-``rollout.engine_kwargs``:
+Constructed like every backend (``rlkit.rollout.base``); its parameters (``SglangParams``) sit
+beside its name, ``rollout.backend: {name: sglang, ...}``:
 
 - ``urls: [http://host:port, ...]`` — attach to running servers (one per replica); or
 - ``launch: {num_replicas, tp_size, mem_fraction_static, dtype, extra_args}`` with ``model_path``
@@ -34,6 +34,7 @@ from rlkit.errors import RlkitError
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit_sglang.client import GenerateOutput, SglangClient
+from rlkit_sglang.params import SglangParams
 
 __all__ = ["SglangRollout"]
 
@@ -41,38 +42,33 @@ __all__ = ["SglangRollout"]
 class SglangRollout:
     def __init__(self, *, module: nn.Module | None = None, tokenizer, rollout_config: RolloutConfig,
                  max_response_length: int, device: torch.device | str = "cpu", seed: int = 0,
-                 eos_token_ids: list[int] | None = None, clients: list[SglangClient] | None = None):
+                 eos_token_ids: list[int] | None = None, clients: list[SglangClient] | None = None,
+                 params: SglangParams | None = None):
         self.module = module
         self.tokenizer = tokenizer
         self.config = rollout_config
         self.max_response_length = max_response_length
         self.seed = seed
-        kw = dict(rollout_config.engine_kwargs)
+        params = params if params is not None else SglangParams()
         self._handles: list[Any] = []
         if clients is None:
-            urls = kw.get("urls")
-            if not urls:
-                urls = self._launch(kw)
-            if isinstance(urls, str):
-                urls = [urls]
-            clients = [SglangClient(u, timeout_s=float(kw.get("timeout_s", 600)), retries=int(kw.get("retries", 3)))
-                       for u in urls]
+            urls = list(params.urls) or self._launch(params)
+            clients = [SglangClient(u, timeout_s=params.timeout_s, retries=params.retries) for u in urls]
         self.clients = clients
         self._next = itertools.cycle(range(len(clients)))
-        self.weights_dir = kw.get("weights_dir")
+        self.weights_dir = params.weights_dir
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.stop_token_ids = sorted({i for i in ids if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
 
-    def _launch(self, kw: dict) -> list[str]:
+    def _launch(self, params: SglangParams) -> list[str]:
         from rlkit_sglang.launch import LaunchConfig, launch_servers
 
-        launch = dict(kw.get("launch") or {})
-        model_path = kw.get("model_path") or getattr(getattr(self.module, "config", None), "name_or_path", None)
+        model_path = params.model_path or getattr(getattr(self.module, "config", None), "name_or_path", None)
         if not model_path:
-            raise RlkitError("rollout.backend=sglang needs rollout.engine_kwargs.urls (running servers) or "
-                             "rollout.engine_kwargs.launch plus model_path (servers to start).")
-        urls, self._handles = launch_servers(LaunchConfig(model_path=model_path, **launch))
+            raise RlkitError("rollout.backend=sglang needs rollout.backend.urls (running servers) or "
+                             "rollout.backend.model_path (servers to launch, with rollout.backend.launch).")
+        urls, self._handles = launch_servers(LaunchConfig(model_path=model_path, **params.launch.model_dump()))
         return urls
 
     # ----- sampling parameters ------------------------------------------------------------------

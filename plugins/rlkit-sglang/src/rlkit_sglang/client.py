@@ -111,7 +111,7 @@ class SglangClient:
             f"SGLang server {self.url} did not answer {method} {path} after {attempts} attempt(s): "
             f"{type(reason).__name__}: {reason}. Check that the server process is still alive (its log shows "
             f"why it died: CUDA out of memory, a crash while loading weights), that {self.url} is the right "
-            "address (rollout.engine_kwargs.urls), and that nothing between here and it blocks the port."
+            "address (rollout.backend.urls), and that nothing between here and it blocks the port."
         ) from last
 
     # ----- endpoints --------------------------------------------------------------------------

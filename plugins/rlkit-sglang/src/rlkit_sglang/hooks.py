@@ -12,6 +12,9 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
         RolloutBackendSpec(
             name="sglang",
             cls="rlkit_sglang.backend:SglangRollout",
+            params="rlkit_sglang.params:SglangParams",
+            generate_ids=True,
+            memory_release=True,
             description="SGLang servers over HTTP (launched per replica or attached by URL)",
         )
     ]

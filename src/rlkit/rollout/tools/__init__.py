@@ -11,16 +11,11 @@ from rlkit.rollout.tools.base import Tool, ToolResult, call_tool, truncate
 __all__ = ["Tool", "ToolResult", "call_tool", "truncate", "build_tools"]
 
 
-def build_tools(names: list[str], registries=None, config: dict | None = None) -> dict[str, Tool]:
-    """Instantiate the named tools from the ``tools`` registry; ``config[name]`` is passed as kwargs."""
-    from rlkit.registry import build_registries, load_object
-
-    registries = registries or build_registries()
-    config = config or {}
+def build_tools(resolved) -> dict[str, Tool]:
+    """Instantiate resolved tool components (``rlkit.pipeline.Resolved``, from the driver's pipeline),
+    by the name the model calls them with."""
     tools: dict[str, Tool] = {}
-    for name in names:
-        spec = registries.tools.get(name)
-        cls = load_object(spec.cls)
-        tool = cls(**config.get(name, {}))
-        tools[tool.name or name] = tool
+    for component in resolved:
+        tool = component.build()
+        tools[tool.name or component.name] = tool
     return tools

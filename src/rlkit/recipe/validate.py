@@ -1,8 +1,10 @@
-"""Turn a YAML file plus overrides into a validated ``Recipe``: the one place parts meet.
+"""Turn a YAML file plus overrides into a validated ``Recipe``.
 
-Order: load YAML → apply overrides → apply the estimator's recipe defaults (only to keys the user
-did not set) → schema validation → names against the live registries → cross-field rules →
-files. Every problem found is collected; ``RecipeError`` lists them all at once.
+Order: load YAML → component short forms become ``{name: ...}`` → apply overrides → apply the
+estimator's recipe defaults (only to keys the user did not set) → every component's name and
+parameters through ``rlkit.pipeline.resolve`` (the resolver composition uses, so what validates is
+what runs) → schema validation → cross-field rules (including the role plan) → files. Every
+problem found is collected; ``RecipeError`` lists them all at once.
 Relative paths in a recipe are relative to the working directory, as in veRL.
 """
 
@@ -16,19 +18,11 @@ from pydantic import ValidationError
 
 from rlkit.errors import RecipeError
 from rlkit.recipe.load import apply_overrides, get_path, has_path, load_yaml, set_path
+from rlkit.pipeline import COMPONENT_KEYS, COMPONENT_LISTS, Resolved, params_model, plan_roles, resolve
 from rlkit.recipe.schema import CriticConfig, Recipe
 from rlkit.registry import Registries, build_registries, suggest
 
 __all__ = ["load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]
-
-# recipe key -> registry kind, for names checked against the registries
-_NAMED_KEYS = {
-    "algorithm.estimator": "estimators",
-    "actor.policy_loss": "policy_losses",
-    "reward.manager": "reward_managers",
-    "rollout.backend": "rollout_backends",
-}
-_NAMED_LISTS = {"tracking.backends": "trackers", "rollout.tools": "tools"}
 
 
 def load_recipe(
@@ -54,10 +48,14 @@ def validate_recipe(
     """Validate a recipe mapping (not modified). See the module docstring for the order."""
     registries = registries or build_registries()
     raw = copy.deepcopy(raw)
-    problems = apply_overrides(raw, overrides or [])
+    _long_forms(raw)
+    problems = []
+    for override in overrides or []:  # one at a time: `estimator=ppo` then `estimator.lam=0.9` works
+        problems += apply_overrides(raw, [override])
+        _long_forms(raw)
     explicit = copy.deepcopy(raw)  # what the user wrote, before estimator defaults
-    problems += _check_names(raw, registries)
     _apply_estimator_defaults(raw, registries)
+    problems += _check_components(raw, registries)
 
     recipe = None
     try:
@@ -118,30 +116,68 @@ def _message(err: dict) -> str:
     return f"{err['msg']} (got {shown})"
 
 
-def _check_names(raw: dict, registries: Registries) -> list[tuple[str, str]]:
+def _default_name(key: str) -> str | None:
+    """The schema's default component name at ``key`` (``actor.policy_loss`` → ``ppo_clip``)."""
+    section, field = key.split(".")
+    default = Recipe.model_fields[section].default_factory().__class__.model_fields[field].default
+    return getattr(default, "name", None)
+
+
+def _long_forms(raw: dict) -> None:
+    """``estimator: grpo`` → ``estimator: {name: grpo}`` so overrides and defaults can reach parameters;
+    parameters given without a name (``actor.policy_loss.clip_ratio_high=0.28``) belong to the default."""
+    for key in COMPONENT_KEYS:
+        value = get_path(raw, key)
+        if isinstance(value, str):
+            set_path(raw, key, {"name": value})
+        elif isinstance(value, dict) and "name" not in value and _default_name(key):
+            value["name"] = _default_name(key)
+    for key in COMPONENT_LISTS:
+        values = get_path(raw, key)
+        if isinstance(values, list):
+            set_path(raw, key, [{"name": v} if isinstance(v, str) else v for v in values])
+
+
+def _check_components(raw: dict, registries: Registries) -> list[tuple[str, str]]:
+    """Every component's name and parameters; valid ones get their defaults written in (``recipe show``)."""
     problems = []
-    for key, kind in _NAMED_KEYS.items():
-        name = get_path(raw, key)
-        if isinstance(name, str) and name not in registries[kind]:
-            problems.append((key, registries[kind].unknown_message(name)))
-    for key, kind in _NAMED_LISTS.items():
-        names = get_path(raw, key)
-        for i, name in enumerate(names if isinstance(names, list) else []):
-            if isinstance(name, str) and name not in registries[kind]:
-                problems.append((f"{key}.{i}", registries[kind].unknown_message(name)))
-    roles = get_path(raw, "resources.roles")
-    for role in roles if isinstance(roles, dict) else {}:
-        if role not in registries.roles:
-            problems.append((f"resources.roles.{role}", registries.roles.unknown_message(role)))
+    for key, kind in COMPONENT_KEYS.items():
+        value = get_path(raw, key)
+        if value is None:
+            continue
+        resolved, more = resolve(key, kind, value, registries)
+        problems += more
+        if resolved is not None:
+            set_path(raw, key, {"name": value["name"] if isinstance(value, dict) else value, **resolved.kwargs})
+    for key, kind in COMPONENT_LISTS.items():
+        values = get_path(raw, key)
+        for i, value in enumerate(values if isinstance(values, list) else []):
+            resolved, more = resolve(f"{key}.{i}", kind, value, registries)
+            problems += more
+            if resolved is not None:
+                values[i] = {"name": value["name"] if isinstance(value, dict) else value, **resolved.kwargs}
     return problems
 
 
+def _accepts(raw: dict, key: str, registries: Registries) -> bool:
+    """Whether a default at ``key`` can apply: a component parameter only if that component has it."""
+    for component_key, kind in COMPONENT_KEYS.items():
+        prefix = component_key + "."
+        if key.startswith(prefix):
+            name = get_path(raw, component_key + ".name")
+            if not isinstance(name, str) or name not in registries[kind]:
+                return False
+            model = params_model(registries[kind].get(name))
+            return model is not None and key[len(prefix):].split(".")[0] in model.model_fields
+    return True
+
+
 def _apply_estimator_defaults(raw: dict, registries: Registries) -> None:
-    name = get_path(raw, "algorithm.estimator", "grpo")
+    name = get_path(raw, "algorithm.estimator.name", "grpo")
     if not isinstance(name, str) or name not in registries.estimators:
         return
     for key, value in registries.estimators.get(name).recipe_defaults.items():
-        if not has_path(raw, key):
+        if not has_path(raw, key) and _accepts(raw, key, registries):
             try:
                 set_path(raw, key, copy.deepcopy(value))
             except ValueError:
@@ -150,7 +186,7 @@ def _apply_estimator_defaults(raw: dict, registries: Registries) -> None:
 
 def uses_critic(recipe: Recipe, registries: Registries) -> bool:
     """A critic runs when the estimator needs one (validation keeps ``critic.enable`` consistent)."""
-    return registries.estimators.get(recipe.algorithm.estimator).needs_critic
+    return registries.estimators.get(recipe.algorithm.estimator.name).needs_critic
 
 
 def uses_ref(recipe: Recipe) -> bool:
@@ -159,19 +195,24 @@ def uses_ref(recipe: Recipe) -> bool:
     return needed if recipe.ref.enable is None else recipe.ref.enable
 
 
-def role_world_size(recipe: Recipe, role: str) -> int:
-    """Ranks of the pool a role is mapped to (unmapped roles use the first pool)."""
+def role_world_size(recipe: Recipe, slot: str, registries: Registries | None = None) -> int:
+    """Ranks of the pool the role filling ``slot`` is mapped to (unmapped slots use the first pool)."""
     pools = recipe.resources.pools
-    pool = pools.get(recipe.resources.roles.get(role, ""), next(iter(pools.values())))
+    mapped = {}
+    for role, pool in recipe.resources.roles.items():
+        spec = registries.roles.get(role) if registries is not None and role in registries.roles else None
+        mapped[spec.fills if spec is not None else role] = pool
+    pool = pools.get(mapped.get(slot, ""), next(iter(pools.values())))
     return pool.nodes * pool.bundles_per_node
 
 
 def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = _check_batch_sizes(recipe)
-    est_name = recipe.algorithm.estimator
+    problems: list[tuple[str, str]] = _check_batch_sizes(recipe, registries)
+    est_name = recipe.algorithm.estimator.name
     if est_name not in registries.estimators:
-        return problems  # already reported by _check_names
+        return problems  # already reported by _check_components
     est = registries.estimators.get(est_name)
+    estimator = Resolved("estimators", est.name, est)  # the rules look at the spec, not its parameters
     default_critic = CriticConfig()
     critic_keys = sorted(  # critic options the user changed from their defaults
         k for k in (explicit.get("critic") or {}) if k != "enable" and getattr(recipe.critic, k, None) != getattr(default_critic, k, None)
@@ -191,17 +232,34 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     for role, pool in recipe.resources.roles.items():
         if pool not in recipe.resources.pools:
             problems.append((f"resources.roles.{role}", f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}"))
-    if recipe.rollout.agent == "tool" and not recipe.rollout.tools:
-        problems.append(("rollout.tools", "rollout.agent=tool needs at least one tool, e.g. rollout.tools=[calculator]"))
+    problems += plan_roles(recipe, registries, estimator)[1]
+    problems += _check_agent(recipe, registries)
+    rm = recipe.reward.reward_model
+    if rm.enable and not rm.path:
+        problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
+                                                     "set reward.reward_model.path=<folder of a sequence-classification model>"))
+    elif rm.path and not rm.enable:
+        problems.append(("reward.reward_model.path", "a reward model path is set but reward.reward_model.enable is false; "
+                                                     "enable it or remove the path"))
     return problems
 
 
-def _check_batch_sizes(recipe: Recipe) -> list[tuple[str, str]]:
+def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    agent = recipe.rollout.agent
+    uses_tools = agent is not None and agent.name in registries.agent_loops and registries.agent_loops.get(agent.name).uses_tools
+    if uses_tools and not recipe.rollout.tools:
+        return [("rollout.tools", f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]")]
+    if recipe.rollout.tools and agent is None:
+        return [("rollout.tools", "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)")]
+    return []
+
+
+def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
     problems = []
     data, actor = recipe.data, recipe.actor
     if data.train_batch_size % actor.ppo_mini_batch_size:
         problems.append(("actor.ppo_mini_batch_size", f"{actor.ppo_mini_batch_size} does not divide data.train_batch_size={data.train_batch_size}; both count prompts"))
-    ranks = role_world_size(recipe, "actor")
+    ranks = role_world_size(recipe, "actor_rollout_ref", registries)
     samples = actor.ppo_mini_batch_size * recipe.rollout.n
     if samples % ranks:
         problems.append(("actor.ppo_mini_batch_size", f"a mini-batch of {samples} samples (ppo_mini_batch_size × rollout.n) does not split evenly over {ranks} actor ranks"))
@@ -217,7 +275,33 @@ def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
     custom = recipe.reward.custom_score
     if custom is not None and not Path(custom.path).expanduser().is_file():
         problems.append(("reward.custom_score.path", f"file not found: {custom.path}"))
+    rm = recipe.reward.reward_model
+    if rm.enable and rm.path:
+        problems += _check_reward_model_folder(rm.path)
     return problems
+
+
+def _check_reward_model_folder(path: str) -> list[tuple[str, str]]:
+    """The reward model must be a local folder with a sequence-classification config (one label)."""
+    import json
+
+    key = "reward.reward_model.path"
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return [(key, f"no model folder at {path} (config.json not found); point it at a saved "
+                      "AutoModelForSequenceClassification folder")]
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        return [(key, f"{config} is not readable JSON: {exc}")]
+    archs = data.get("architectures") or []
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        return [(key, f"{path} holds a {archs[0]}; a reward model must be a *ForSequenceClassification model "
+                      "(save one with AutoModelForSequenceClassification.from_pretrained(..., num_labels=1))")]
+    labels = len(data.get("id2label") or {}) or data.get("num_labels", 1)
+    if labels != 1:
+        return [(key, f"{path} has {labels} labels; a reward model gives one score (num_labels=1)")]
+    return []
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""Parameter models of the built-in components: the one place their defaults live.
+
+A recipe gives a component its parameters beside its name (``estimator: {name: grpo, epsilon: 1e-6}``);
+validation checks them against these models, and the component receives the validated values
+(functions as keyword scalars, classes as ``params=``). Unknown keys are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+__all__ = [
+    "Params",
+    "GroupNormParams",
+    "DrGrpoParams",
+    "GaeParams",
+    "DiscountParams",
+    "ClipParams",
+    "PPOClipParams",
+    "SapoParams",
+    "ParallelManagerParams",
+    "HFRolloutParams",
+    "ToolAgentParams",
+]
+
+
+class Params(BaseModel):
+    """Base of a params model: unknown keys are errors, every field has a description."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----- advantage estimators ------------------------------------------------------------------------
+class GroupNormParams(Params):
+    norm_adv_by_std: bool = Field(True, description="divide by the group's std (False = Dr. GRPO's plain difference)")
+    epsilon: PositiveFloat = Field(1e-6, description="added to the std before dividing")
+
+
+class DrGrpoParams(GroupNormParams):
+    norm_adv_by_std: bool = Field(False, description="Dr. GRPO leaves the group std out (set True for GRPO's)")
+
+
+class GaeParams(Params):
+    gamma: float = Field(1.0, ge=0, le=1, description="discount")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (1 = Monte-Carlo returns minus values)")
+
+
+class DiscountParams(Params):
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of the returns-to-go")
+
+
+# ----- policy losses -------------------------------------------------------------------------------
+class ClipParams(Params):
+    clip_ratio_low: float = Field(0.2, ge=0, description="ratio >= 1 - clip_ratio_low")
+    clip_ratio_high: float = Field(0.2, ge=0, description="ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)")
+
+
+class PPOClipParams(ClipParams):
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages (Ye et al. 2020)")
+
+
+class SapoParams(Params):
+    tau_pos: PositiveFloat = Field(1.0, description="gate temperature for positive advantages")
+    tau_neg: PositiveFloat = Field(1.05, description="gate temperature for negative advantages")
+
+
+# ----- reward managers -----------------------------------------------------------------------------
+class ParallelManagerParams(Params):
+    num_workers: PositiveInt = Field(2, description="scoring processes")
+
+
+# ----- rollout -------------------------------------------------------------------------------------
+class HFRolloutParams(Params):
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32", description="decode dtype: bfloat16 decodes with a bf16 copy of the actor's weights")
+
+
+class ToolAgentParams(Params):
+    max_turns: PositiveInt = Field(4, description="assistant turns per trajectory")
+    max_tool_response_chars: PositiveInt = Field(2000, description="a tool's answer is cut to this many characters")

@@ -1,0 +1,233 @@
+"""The composition root: every name in a recipe resolved once, on the driver, into a ``Pipeline``.
+
+    registries = build_registries()
+    recipe = load_recipe("recipes/grpo.yaml", registries=registries)   # validation uses the same resolver
+    pipeline = compose(recipe, registries)                             # typed, picklable
+    pipeline.estimator.fn(rewards, mask, index, values=None, reward_baselines=None, **pipeline.estimator.kwargs)
+
+Workers receive the resolved parts they need (the actor its policy loss, the rollout its backend,
+agent loops and tools) as arguments: no worker re-reads entry points, and nothing here is a
+process-global registry. ``resolve`` is the one function that turns a ``Component`` (name +
+parameters) into a ``Resolved`` (spec + validated params model); ``rlkit.recipe.validate`` calls it
+to report problems, ``compose`` calls it to build.
+
+Step slots and roles: ``actor_rollout_ref`` (always), ``ref`` (a separate reference worker when a
+role filling it is mapped in ``resources.roles``; otherwise the reference lives in the actor's
+process), ``critic`` (when the estimator needs one), ``reward_model`` (``reward.reward_model.enable``).
+A role fills the slot its spec names (``RoleSpec.slot``), so a third-party role replaces a built-in
+by being mapped in ``resources.roles``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rlkit.errors import RecipeError
+from rlkit.registry import Registries, load_object
+
+__all__ = ["Resolved", "PlacedRole", "Pipeline", "resolve", "params_model", "compose", "plan_roles", "SLOTS",
+           "COMPONENT_KEYS", "COMPONENT_LISTS"]
+
+# recipe key -> registry kind, for keys holding one Component (or None where optional)
+COMPONENT_KEYS = {
+    "algorithm.estimator": "estimators",
+    "actor.policy_loss": "policy_losses",
+    "reward.manager": "reward_managers",
+    "rollout.backend": "rollout_backends",
+    "rollout.agent": "agent_loops",
+}
+# recipe key -> registry kind, for keys holding a list of Components
+COMPONENT_LISTS = {"rollout.tools": "tools", "tracking.backends": "trackers"}
+
+SLOTS = ("actor_rollout_ref", "ref", "critic", "reward_model")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One component: its registry spec, its validated parameters and who registered it."""
+
+    kind: str  # registry kind ("estimators", ...)
+    name: str  # canonical name (aliases resolved)
+    spec: Any
+    params: BaseModel | None = None
+    source: str = ""  # the plugin that registered it, for messages
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The parameters as keyword scalars (what a pure function receives)."""
+        return self.params.model_dump() if self.params is not None else {}
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        return load_object(self.spec.fn)
+
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        """Instantiate the spec's class; a spec with a params model also gets ``params=``."""
+        cls = load_object(self.spec.cls)
+        if self.spec.params is not None:
+            kwargs["params"] = self.params
+        return cls(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class PlacedRole:
+    """A worker role filling a step slot, on a resource pool."""
+
+    slot: str
+    role: Resolved
+    pool: str
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Everything the recipe names, resolved (see the module docstring)."""
+
+    estimator: Resolved
+    policy_loss: Resolved
+    reward_manager: Resolved
+    rollout_backend: Resolved
+    agent_loops: Mapping[str, Resolved]  # every registered loop: a data row may pick its own
+    default_agent: str | None  # rollout.agent
+    tools: tuple[Resolved, ...]
+    trackers: tuple[Resolved, ...]
+    score_fns: Mapping[str, Callable[..., Any]]  # data_source (and aliases) -> compute_score
+    roles: Mapping[str, PlacedRole] = field(default_factory=dict)  # slot -> role
+
+    def role(self, slot: str) -> PlacedRole | None:
+        return self.roles.get(slot)
+
+
+def params_model(spec: Any) -> type[BaseModel] | None:
+    model = load_object(spec.params) if spec.params is not None else None
+    if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise RecipeError([("", f"{spec.name}: its params must be a pydantic BaseModel class, got {model!r}")])
+    return model
+
+
+def resolve(key: str, kind: str, component: Any, registries: Registries) -> tuple[Resolved | None, list[tuple[str, str]]]:
+    """``component`` (a ``Component``, a name, or ``{name, **params}``) → ``(Resolved, problems)``.
+
+    Problems are ``(recipe key path, message)`` pairs naming the registry, the plugin and the valid
+    choices; ``Resolved`` is None when there are any.
+    """
+    if isinstance(component, str):
+        name, given = component, {}
+    elif isinstance(component, Mapping):
+        name, given = component.get("name"), {k: v for k, v in component.items() if k != "name"}
+    else:
+        name, given = getattr(component, "name", None), dict(getattr(component, "params", {}) or {})
+    if not isinstance(name, str):
+        return None, [(key, f"needs a name from registry `{kind}` (a string, or a mapping with a `name` key)")]
+    registry = registries[kind]
+    if name not in registry:
+        return None, [(key, registry.unknown_message(name))]
+    entry = registry.entry(name)
+    spec = entry.spec
+    who = f"{kind} entry '{spec.name}' (from {entry.source})"
+    model = params_model(spec)
+    if model is None:
+        if given:
+            return None, [(f"{key}.{k}", f"{who} takes no parameters; remove it") for k in sorted(given)]
+        return Resolved(kind, spec.name, spec, None, str(entry.source)), []
+    try:
+        params = model.model_validate(given)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown parameter of {who}. Valid: {', '.join(model.model_fields) or '(none)'}"
+            else:
+                msg = f"{err['msg']} (got {err.get('input')!r}); parameter of {who}"
+            problems.append((f"{key}.{where}" if where else key, msg))
+        return None, problems
+    return Resolved(kind, spec.name, spec, params, str(entry.source)), []
+
+
+def _get(recipe: Any, dotted: str) -> Any:
+    obj = recipe
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _must(key: str, kind: str, component: Any, registries: Registries) -> Resolved:
+    resolved, problems = resolve(key, kind, component, registries)
+    if problems:
+        raise RecipeError(problems)
+    return resolved
+
+
+def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tuple[dict[str, PlacedRole], list[tuple[str, str]]]:
+    """Which role fills each needed slot, on which pool (see the module docstring)."""
+    res = recipe.resources
+    first_pool = next(iter(res.pools))
+    problems: list[tuple[str, str]] = []
+    needed = {"actor_rollout_ref"}
+    if estimator.spec.needs_critic:
+        needed.add("critic")
+    if recipe.reward.reward_model.enable:
+        needed.add("reward_model")
+    wants_ref = recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward if recipe.ref.enable is None else recipe.ref.enable
+    placed: dict[str, PlacedRole] = {}
+    for role_name, pool in res.roles.items():
+        key = f"resources.roles.{role_name}"
+        role, more = resolve(key, "roles", role_name, registries)
+        problems += more
+        if role is None:
+            continue
+        slot = role.spec.fills
+        if slot not in SLOTS:
+            problems.append((key, f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)}"))
+            continue
+        if slot in placed:
+            problems.append((key, f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and '{role.name}'); map only one"))
+            continue
+        if slot == "ref" and not wants_ref:
+            problems.append((key, "a separate reference worker is mapped but no KL term uses it; set actor.use_kl_loss=true "
+                                  "or algorithm.use_kl_in_reward=true, or remove this role"))
+            continue
+        if slot not in needed and slot != "ref":
+            why = {"critic": f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)",
+                   "reward_model": "reward.reward_model.enable is false"}.get(slot, "the step does not use it")
+            problems.append((key, f"role '{role.name}' is mapped but {why}; remove it from resources.roles"))
+            continue
+        placed[slot] = PlacedRole(slot, role, pool)
+    for slot in sorted(needed - set(placed)):
+        placed[slot] = PlacedRole(slot, _must(f"resources.roles.{slot}", "roles", slot, registries), first_pool)
+    return placed, problems
+
+
+def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., Any] | None = None) -> Pipeline:
+    """Resolve every component of a validated recipe (raises ``RecipeError`` if one does not resolve)."""
+    estimator = _must("algorithm.estimator", "estimators", recipe.algorithm.estimator, registries)
+    roles, problems = plan_roles(recipe, registries, estimator)
+    if problems:
+        raise RecipeError(problems)
+    agent = recipe.rollout.agent
+    default = _must("rollout.agent", "agent_loops", agent, registries) if agent is not None else None
+    loops = {e.spec.name: _must(f"rollout.agent({e.spec.name})", "agent_loops", e.spec.name, registries)
+             for e in registries.agent_loops}  # a data row may name any loop; it runs with default params
+    if default is not None:
+        loops[default.name] = default
+    scores: dict[str, Callable[..., Any]] = {}
+    for entry in registries.compute_scores:
+        for source in (entry.spec.name, *entry.spec.aliases):
+            scores[source] = entry.spec.fn
+    return Pipeline(
+        estimator=estimator,
+        policy_loss=_must("actor.policy_loss", "policy_losses", recipe.actor.policy_loss, registries),
+        reward_manager=_must("reward.manager", "reward_managers", recipe.reward.manager, registries),
+        rollout_backend=_must("rollout.backend", "rollout_backends", recipe.rollout.backend, registries),
+        agent_loops=loops,
+        default_agent=default.name if default is not None else None,
+        tools=tuple(_must(f"rollout.tools.{i}", "tools", t, registries) for i, t in enumerate(recipe.rollout.tools)),
+        trackers=tuple(_must(f"tracking.backends.{i}", "trackers", t, registries)
+                       for i, t in enumerate(recipe.tracking.backends)),
+        score_fns=scores,
+        roles=roles,
+    )
