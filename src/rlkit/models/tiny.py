@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["build_tiny_model", "build_tiny_tokenizer", "CHATML_TEMPLATE", "SPECIAL_TOKENS"]
+__all__ = ["build_tiny_model", "build_tiny_reward_model", "build_tiny_tokenizer", "CHATML_TEMPLATE", "SPECIAL_TOKENS"]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -126,4 +126,23 @@ def build_tiny_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "rlkit_tiny.json").write_text(json.dumps({"arch": arch, "hidden": hidden, "layers": layers, "seed": seed}))
+    return out
+
+
+def build_tiny_reward_model(out_dir: str | Path, arch: Literal["qwen2", "llama"] = "qwen2", *, hidden: int = 64,
+                            layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 1) -> Path:
+    """Write a randomly initialised ``arch`` sequence-classification model (one label: a reward model)
+    with the same tokenizer as ``build_tiny_model``; return the path. Deterministic in ``seed``."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    vocab = -(-len(tokenizer) // 64) * 64
+    config = _config(arch, vocab, hidden, layers, heads, kv_heads, tokenizer)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

@@ -1,8 +1,19 @@
-"""Hook implementations: registers the ``group_median`` advantage estimator."""
+"""Hook implementations: registers the ``group_median`` and ``group_quantile`` advantage estimators.
+
+``group_quantile`` shows the parameter door: its params model ``GroupQuantileParams`` declares the
+one hyperparameter it takes, and a recipe sets it beside the name::
+
+    algorithm:
+      estimator: {name: group_quantile, quantile: 0.9}
+
+rlkit validates the value against the model (unknown keys and out-of-range values are recipe
+errors naming this plugin) and calls the function with ``quantile=0.9``.
+"""
 
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 import rlkit
 from rlkit.specs import EstimatorSpec
@@ -32,6 +43,32 @@ def group_median_advantage(
     return advantages, advantages
 
 
+class GroupQuantileParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    quantile: float = Field(0.5, ge=0, le=1, description="the group's baseline is this quantile of its scores (0.5 = median)")
+
+
+def group_quantile_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    quantile: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantage = sequence score minus the ``quantile`` of its group's scores (linear interpolation,
+    as ``torch.quantile``). ``quantile=0`` makes every advantage >= 0, ``quantile=1`` every one <= 0.
+    Shapes as ``group_median_advantage``."""
+    scores = (token_level_rewards * response_mask).sum(dim=-1)  # [B]
+    baseline = torch.empty_like(scores)
+    for group in index.unique():
+        members = index == group
+        baseline[members] = torch.quantile(scores[members], quantile)
+    advantages = (scores - baseline).unsqueeze(-1) * response_mask  # [B, T]
+    return advantages, advantages
+
+
 @rlkit.hookimpl
 def rlkit_register_estimators() -> list[EstimatorSpec]:
     return [
@@ -40,5 +77,12 @@ def rlkit_register_estimators() -> list[EstimatorSpec]:
             fn=group_median_advantage,
             needs_groups=True,
             description="score minus the group's median score (example plugin)",
-        )
+        ),
+        EstimatorSpec(
+            name="group_quantile",
+            fn=group_quantile_advantage,
+            params=GroupQuantileParams,
+            needs_groups=True,
+            description="score minus a quantile of the group's scores (example plugin; a parameter of its own)",
+        ),
     ]
