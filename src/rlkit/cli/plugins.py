@@ -29,6 +29,7 @@ def collect() -> dict:
                     "plugin": entry.source.plugin,
                     "package": entry.source.package,
                     "version": entry.source.version,
+                    "params": _params(entry.spec),
                 }
                 for entry in registry
             ]
@@ -41,6 +42,21 @@ def collect() -> dict:
     }
 
 
+def _params(spec) -> dict[str, dict]:
+    """``{field: {default, description}}`` of the entry's params model (what a recipe may set beside its name)."""
+    from rlkit.pipeline import params_model
+
+    try:
+        model = params_model(spec)
+    except Exception as exc:  # noqa: BLE001 - a broken params reference is shown, not fatal here
+        return {"<error>": {"default": None, "description": f"{type(exc).__name__}: {exc}"}}
+    if model is None:
+        return {}
+    return {name: {"default": None if field.is_required() else repr(field.get_default(call_default_factory=True)),
+                   "description": field.description or ""}
+            for name, field in model.model_fields.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     data = collect()
     if args.json:
@@ -51,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             for e in entries:
                 aliases = f" [{', '.join(e['aliases'])}]" if e["aliases"] else ""
                 print(f"  {e['name']}{aliases}  —  {e['package']} {e['version']}" + (f"  {e['description']}" if e["description"] else ""))
+                for name, p in e["params"].items():
+                    print(f"      {name} = {p['default']}  {p['description']}")
         for b in data["broken"]:
             print(f"BROKEN  {b['entry_point']} ({b['group']}) from {b['package']} {b['version']}: {b['error']}")
     return 1 if data["broken"] else 0
