@@ -128,8 +128,13 @@ def _long_forms(raw: dict) -> None:
     parameters given without a name (``actor.policy_loss.clip_ratio_high=0.28``) belong to the default."""
     for key in COMPONENT_KEYS:
         value = get_path(raw, key)
+        if value is None and not has_path(raw, key) and _default_name(key):  # absent: the schema's default,
+            value = _default_name(key)  # written out so its parameters get their defaults too
         if isinstance(value, str):
-            set_path(raw, key, {"name": value})
+            try:
+                set_path(raw, key, {"name": value})
+            except ValueError:
+                pass  # the section itself is not a mapping; schema validation reports it
         elif isinstance(value, dict) and "name" not in value and _default_name(key):
             value["name"] = _default_name(key)
     for key in COMPONENT_LISTS:
