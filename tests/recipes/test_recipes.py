@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.pipeline import compose
 from rlkit.recipe import load_recipe, uses_critic, uses_ref
 from rlkit.registry import build_registries
 
@@ -25,7 +26,11 @@ def test_the_product_recipes_are_all_here():
 def test_recipe_validates(path, registries):
     # data files of GPU recipes are made by `rlkit data ...` on the user's machine
     recipe = load_recipe(path, registries=registries, check_files=False)
-    assert recipe.algorithm.estimator in registries.estimators
+    assert recipe.algorithm.estimator.name in registries.estimators
+    pipeline = compose(recipe, registries)  # what validates is what runs: every component resolves
+    assert pipeline.estimator.name == recipe.algorithm.estimator.name
+    assert pipeline.estimator.kwargs == recipe.algorithm.estimator.params
+    assert pipeline.policy_loss.kwargs == recipe.actor.policy_loss.params
 
 
 def test_what_each_recipe_implies(registries):
@@ -33,8 +38,10 @@ def test_what_each_recipe_implies(registries):
     assert uses_critic(by_name["ppo"], registries) and not uses_critic(by_name["grpo"], registries)
     assert uses_ref(by_name["grpo"]) and uses_ref(by_name["ppo"]) and not uses_ref(by_name["dapo"])
     dapo = by_name["dapo"]
-    assert dapo.actor.clip_ratio_high == 0.28 and dapo.algorithm.filter_groups.enable
-    assert dapo.reward.manager == "dapo" and dapo.reward.overlong_buffer.enable
-    assert by_name["quickstart"].resources.device == "auto" and by_name["quickstart"].rollout.backend == "hf"
+    assert dapo.actor.policy_loss.params["clip_ratio_high"] == 0.28 and dapo.algorithm.filter_groups.enable
+    assert dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable  # shaping is a reward step
+    assert by_name["ppo"].algorithm.estimator.params == {"gamma": 1.0, "lam": 1.0}
+    assert by_name["quickstart"].resources.device == "auto" and by_name["quickstart"].rollout.backend.name == "hf"
     for name in ("ppo", "grpo", "dapo"):
-        assert by_name[name].rollout.backend == "sglang" and by_name[name].resources.device == "cuda"
+        assert by_name[name].rollout.backend.name == "sglang" and by_name[name].resources.device == "cuda"
+    assert by_name["dapo"].rollout.backend.params["launch"]["tp_size"] == 4

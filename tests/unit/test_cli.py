@@ -37,7 +37,8 @@ def test_recipe_show_prints_the_effective_recipe(tmp_path):
     out = rlkit("recipe", "show", write_recipe(tmp_path), "algorithm.estimator=dapo")
     assert out.returncode == 0, out.stderr
     shown = yaml.safe_load(out.stdout)
-    assert shown["actor"]["clip_ratio_high"] == 0.28 and shown["rollout"]["n"] == 2
+    assert shown["actor"]["policy_loss"]["clip_ratio_high"] == 0.28 and shown["rollout"]["n"] == 2
+    assert shown["algorithm"]["estimator"] == {"name": "dapo", "norm_adv_by_std": True, "epsilon": 1e-6}
 
 
 def test_no_command_prints_help():

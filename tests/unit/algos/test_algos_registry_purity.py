@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import rlkit.algos
+from rlkit.pipeline import params_model, resolve
 from rlkit.plugins import make_plugin_manager
 from rlkit.registry import build_registries
 
 ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
 LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo"]
-# recipe values for every key a built-in names in `params` (algorithm.* / actor.*)
+# values for every parameter a built-in's params model declares (algorithm.estimator.* / actor.policy_loss.*)
 ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6}
 ACTOR_KEYS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05}
 
@@ -41,16 +42,30 @@ def small_batch(b=6, t=4):
     return rewards, mask, index, torch.randn(b, t, generator=g), torch.rand(b, generator=g)
 
 
+def fields(spec) -> set[str]:
+    model = params_model(spec)
+    return set(model.model_fields) if model is not None else set()
+
+
+def resolved(registries, key, kind, name, values):
+    """The component as the driver resolves it, with this test's value for each of its parameters."""
+    spec = registries[kind].get(name)
+    component, problems = resolve(key, kind, {"name": name, **{k: values[k] for k in fields(spec)}}, registries)
+    assert not problems, problems
+    return component
+
+
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_estimator_registered_and_callable(registries, name):
     spec = registries.estimators.get(name)
-    assert set(spec.params) <= set(ALGORITHM_KEYS), f"{name} needs a recipe key this test does not know"
+    assert fields(spec) <= set(ALGORITHM_KEYS), f"{name} has a parameter this test does not know"
     assert set(inspect.signature(spec.fn).parameters) >= {"token_level_rewards", "response_mask", "index",
-                                                           "values", "reward_baselines", *spec.params}
+                                                           "values", "reward_baselines", *fields(spec)}
+    est = resolved(registries, "algorithm.estimator", "estimators", name, ALGORITHM_KEYS)
+    assert est.kwargs == {k: ALGORITHM_KEYS[k] for k in fields(spec)}
     rewards, mask, index, values, baselines = small_batch()
-    adv, ret = spec.fn(rewards, mask, index, values=values if spec.needs_critic else None,
-                       reward_baselines=baselines if spec.needs_greedy_baseline else None,
-                       **{k: ALGORITHM_KEYS[k] for k in spec.params})
+    adv, ret = est.fn(rewards, mask, index, values=values if spec.needs_critic else None,
+                      reward_baselines=baselines if spec.needs_greedy_baseline else None, **est.kwargs)
     assert adv.shape == ret.shape == rewards.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert spec.paper and spec.description
@@ -59,10 +74,12 @@ def test_estimator_registered_and_callable(registries, name):
 @pytest.mark.parametrize("name", LOSSES)
 def test_policy_loss_registered_and_callable(registries, name):
     spec = registries.policy_losses.get(name)
+    assert fields(spec) <= set(ACTOR_KEYS), f"{name} has a parameter this test does not know"
+    loss = resolved(registries, "actor.policy_loss", "policy_losses", name, ACTOR_KEYS)
     rewards, mask, _, noise, _ = small_batch()
     old = -torch.rand(rewards.shape)
     log_prob = (old + 0.1 * noise).requires_grad_(True)
-    per_token, metrics = spec.fn(log_prob, old, noise, mask, **{k: ACTOR_KEYS[k] for k in spec.params})
+    per_token, metrics = loss.fn(log_prob, old, noise, mask, **loss.kwargs)
     assert per_token.shape == rewards.shape and isinstance(metrics, dict)
     assert all(isinstance(v, float) and "/" not in k for k, v in metrics.items())
     rlkit.algos.agg_loss(per_token, mask, "token-mean").backward()
@@ -76,18 +93,21 @@ def test_what_the_specs_declare(registries):
     assert all(est.get(n).needs_groups for n in ["grpo", "dapo", "dr_grpo", "rloo", "opo", "gpg", "grpo_passk",
                                                     "reinforce_plus_plus_baseline"])
     assert dict(est.get("dapo").recipe_defaults) == {
-        "actor.clip_ratio_low": 0.2, "actor.clip_ratio_high": 0.28, "actor.loss_agg_mode": "token-mean",
-        "algorithm.filter_groups.enable": True, "reward.overlong_buffer.enable": True, "reward.manager": "dapo"}
-    assert dict(est.get("dr_grpo").recipe_defaults) == {
-        "algorithm.norm_adv_by_std": False, "actor.loss_agg_mode": "seq-mean-token-sum-norm"}
+        "actor.policy_loss.clip_ratio_low": 0.2, "actor.policy_loss.clip_ratio_high": 0.28,
+        "actor.loss_agg_mode": "token-mean", "algorithm.filter_groups.enable": True,
+        "reward.overlong_buffer.enable": True}
+    assert dict(est.get("dr_grpo").recipe_defaults) == {"actor.loss_agg_mode": "seq-mean-token-sum-norm"}
+    # Dr. GRPO's own default lives in its params model: no std division
+    assert params_model(est.get("dr_grpo"))().norm_adv_by_std is False
+    assert params_model(est.get("grpo"))().norm_adv_by_std is True
     assert sorted(registries.policy_losses.names()) == sorted(LOSSES)
 
 
 def test_dr_grpo_through_its_defaults_is_unscaled(registries):
     rewards, mask, index, _, _ = small_batch()
-    spec = registries.estimators.get("dr_grpo")
-    adv, _ = spec.fn(rewards, mask, index, values=None, reward_baselines=None, epsilon=1e-6,
-                     norm_adv_by_std=spec.recipe_defaults["algorithm.norm_adv_by_std"])
+    est, problems = resolve("algorithm.estimator", "estimators", "dr_grpo", registries)
+    assert not problems and est.kwargs == {"norm_adv_by_std": False, "epsilon": 1e-6}
+    adv, _ = est.fn(rewards, mask, index, values=None, reward_baselines=None, **est.kwargs)
     mean = torch.stack([rewards[index == g].sum(-1).mean() for g in index.tolist()])
     torch.testing.assert_close(adv[:, 0], rewards.sum(-1) - mean)
 

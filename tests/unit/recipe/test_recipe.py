@@ -50,18 +50,24 @@ def problems_of(path, overrides=(), registries=None, **kw) -> list[tuple[str, st
 
 def test_good_recipe_loads_with_defaults(recipe_file, registries):
     recipe = load_recipe(recipe_file(), registries=registries)
-    assert recipe.rollout.n == 4 and recipe.actor.clip_ratio_high == 0.2
-    assert recipe.tracking.backends == ["console", "mlflow"]
+    assert recipe.rollout.n == 4 and recipe.actor.policy_loss.name == "ppo_clip"
+    # a component's parameters get its params model's defaults written in
+    assert recipe.actor.policy_loss.params == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
+    assert recipe.algorithm.estimator.params == {"norm_adv_by_std": True, "epsilon": 1e-6}
+    assert [b.name for b in recipe.tracking.backends] == ["console", "mlflow"]
 
 
 def test_overrides_are_typed_by_the_schema(recipe_file, registries):
     recipe = load_recipe(
         recipe_file(),
-        ["actor.optim.lr=3e-6", "rollout.stop=[a, b]", "trainer.total_steps=7", "rollout.engine_kwargs={mem: 0.5}"],
+        ["actor.optim.lr=3e-6", "rollout.stop=[a, b]", "trainer.total_steps=7", "rollout.backend={name: hf, dtype: bfloat16}",
+         "algorithm.estimator.epsilon=1e-4"],
         registries=registries,
     )
     assert recipe.actor.optim.lr == 3e-6 and recipe.rollout.stop == ["a", "b"]
-    assert recipe.trainer.total_steps == 7 and recipe.rollout.engine_kwargs == {"mem": 0.5}
+    assert recipe.trainer.total_steps == 7
+    assert recipe.rollout.backend.name == "hf" and recipe.rollout.backend.params == {"dtype": "bfloat16"}
+    assert recipe.algorithm.estimator.name == "grpo" and recipe.algorithm.estimator.params["epsilon"] == 1e-4
 
 
 def test_tilde_removes_a_key(recipe_file, registries):
@@ -73,13 +79,20 @@ def test_tilde_removes_a_key(recipe_file, registries):
 
 def test_dapo_sets_its_defaults_and_the_user_wins(recipe_file, registries):
     dapo = load_recipe(recipe_file(), ["algorithm.estimator=dapo"], registries=registries)
-    assert dapo.actor.clip_ratio_high == 0.28 and dapo.actor.clip_ratio_low == 0.2
+    loss = dapo.actor.policy_loss.params
+    assert loss["clip_ratio_high"] == 0.28 and loss["clip_ratio_low"] == 0.2
     assert dapo.algorithm.filter_groups.enable and dapo.reward.overlong_buffer.enable
-    assert dapo.actor.loss_agg_mode == "token-mean" and dapo.reward.manager == "dapo"
-    mine = load_recipe(recipe_file(), ["algorithm.estimator=dapo", "actor.clip_ratio_high=0.3"], registries=registries)
-    assert mine.actor.clip_ratio_high == 0.3
+    # overlong shaping is a reward step after any manager, so DAPO keeps the default manager
+    assert dapo.actor.loss_agg_mode == "token-mean" and dapo.reward.manager.name == "naive"
+    mine = load_recipe(recipe_file(), ["algorithm.estimator=dapo", "actor.policy_loss.clip_ratio_high=0.3"],
+                       registries=registries)
+    assert mine.actor.policy_loss.params["clip_ratio_high"] == 0.3
+    assert mine.actor.policy_loss.params["clip_ratio_low"] == 0.2  # the estimator's other default still applies
     plain = load_recipe(recipe_file(), registries=registries)
-    assert plain.actor.clip_ratio_high == 0.2 and not plain.algorithm.filter_groups.enable
+    assert plain.actor.policy_loss.params["clip_ratio_high"] == 0.2 and not plain.algorithm.filter_groups.enable
+    # a default for a parameter the chosen loss does not have is not applied (gpg takes none)
+    gpg = load_recipe(recipe_file(), ["algorithm.estimator=dapo", "actor.policy_loss=gpg"], registries=registries)
+    assert gpg.actor.policy_loss.name == "gpg" and gpg.actor.policy_loss.params == {}
 
 
 def test_effective_recipe_round_trips(recipe_file, registries):
@@ -96,7 +109,11 @@ def test_bad_override_syntax(text):
 
 # (overrides, expected key path, fragment of the message)
 BROKEN = [
-    (["actor.clip_ratio_hgh=0.3"], "actor.clip_ratio_hgh", "Did you mean 'clip_ratio_high'"),
+    (["actor.loss_agg_mod=token-mean"], "actor.loss_agg_mod", "Did you mean 'loss_agg_mode'"),
+    (["actor.policy_loss.clip_ratio_hgh=0.3"], "actor.policy_loss.clip_ratio_hgh", "clip_ratio_high"),
+    (["actor.policy_loss.clip_ratio_c=0.5"], "actor.policy_loss.clip_ratio_c", "greater than 1"),
+    (["algorithm.estimator={name: ppo, lam: 2}"], "algorithm.estimator.lam", "less than or equal to 1"),
+    (["actor.policy_loss={name: gpg, clip_ratio_high: 0.3}"], "actor.policy_loss.clip_ratio_high", "takes no parameters"),
     (["nonsense.key=1"], "nonsense", "unknown key"),
     (["rollout.n=many"], "rollout.n", "valid integer"),
     (["rollout.n=0"], "rollout.n", "greater than 0"),
@@ -130,10 +147,12 @@ def test_broken_recipe_corpus(recipe_file, registries, overrides, loc, fragment)
 def test_every_problem_is_reported_at_once(recipe_file, registries):
     problems = problems_of(
         recipe_file(),
-        ["actor.clip_ratio_hgh=1", "algorithm.estimator=nope", "actor.ppo_mini_batch_size=3", "data.train_files=[/missing]"],
+        ["actor.clip_ratio_hgh=1", "actor.policy_loss.clip_ratio_hgh=1", "algorithm.estimator=nope",
+         "actor.ppo_mini_batch_size=3", "data.train_files=[/missing]"],
         registries,
     )
-    assert {"actor.clip_ratio_hgh", "algorithm.estimator", "data.train_files.0"} <= {loc for loc, _ in problems}
+    assert {"actor.clip_ratio_hgh", "actor.policy_loss.clip_ratio_hgh", "algorithm.estimator",
+            "data.train_files.0"} <= {loc for loc, _ in problems}
 
 
 @pytest.mark.parametrize(
