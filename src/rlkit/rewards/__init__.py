@@ -2,9 +2,11 @@
 
 Reward-manager contract (``RewardManagerSpec.cls``)::
 
-    manager = cls(tokenizer, score_fn, *, num_examine=0, default_score=0.0, **params)
+    manager = cls(tokenizer, score_fn, *, num_examine=0, default_score=0.0, timeout_s=10.0[, params=...])
     result = manager(batch)  # RewardResult(token_level_scores [B, T], extra, metrics)
 
+``params`` (the manager's params model) is passed only when its spec declares one. Reward-model
+scores and overlong shaping are applied after any manager by ``rlkit.rewards.steps.RewardStep``.
 See ``rlkit.rewards.managers`` for the details. Names are imported lazily so that registering the
 built-ins (``rlkit.builtin.rewards``) does not import torch.
 """

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from rlkit.batch import Batch
+from rlkit.errors import RlkitError
 from rlkit.rewards.managers import RewardManager, RewardResult
 
 __all__ = ["OverlongShaping", "RewardStep"]
@@ -34,6 +35,15 @@ class OverlongShaping:
     buffer_len: int
     penalty_factor: float
     max_response_length: int
+
+    def __post_init__(self) -> None:
+        # Checked when the run is built, not at the first step's reward.
+        if not 0 < self.buffer_len <= self.max_response_length:
+            raise RlkitError(
+                f"reward.overlong_buffer.len must be in (0, max response length={self.max_response_length}], "
+                f"got {self.buffer_len}: the penalty ramps over the last `len` tokens before "
+                "data.max_response_length. Lower reward.overlong_buffer.len or raise data.max_response_length."
+            )
 
     def __call__(self, response_mask: torch.Tensor) -> torch.Tensor:
         """``[B, T]`` mask → ``[B]`` penalty (0 or negative)."""

@@ -1,4 +1,5 @@
-"""Reward managers: placement, bad score functions, batch/dapo/parallel, reward-model scores."""
+"""Reward managers (placement, bad score functions, batch/parallel) and the reward step after them
+(reward-model scores, overlong shaping)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,34 @@ import pytest
 import torch
 
 from rlkit.errors import RlkitError
+from rlkit.pipeline import resolve
 from rlkit.plugins import make_plugin_manager
 from rlkit.registry import build_registries, load_object
 from rlkit.rewards.dispatch import ScoreDispatcher, batched
-from rlkit.rewards.managers import BatchRewardManager, DapoRewardManager, NaiveRewardManager, normalize_score
+from rlkit.rewards.managers import BatchRewardManager, NaiveRewardManager, RewardManager, normalize_score
 from rlkit.rewards.parallel import ParallelRewardManager
+from rlkit.rewards.steps import OverlongShaping, RewardStep
 
 
 @pytest.fixture(scope="module")
-def dispatcher():
-    return ScoreDispatcher(build_registries(make_plugin_manager(entry_points=False)))
+def registries():
+    return build_registries(make_plugin_manager(entry_points=False))
+
+
+@pytest.fixture(scope="module")
+def dispatcher(registries):
+    return ScoreDispatcher(registries)
+
+
+def build_manager(registries, component, tokenizer, score_fn, **kwargs):
+    """A manager as the driver builds it: the recipe's component resolved, its params model passed as ``params=``."""
+    resolved, problems = resolve("reward.manager", "reward_managers", component, registries)
+    assert not problems, problems
+    return resolved.build(tokenizer, score_fn, **kwargs)
+
+
+def parallel(registries, tokenizer, score_fn, num_workers, **kwargs):
+    return build_manager(registries, {"name": "parallel", "num_workers": num_workers}, tokenizer, score_fn, **kwargs)
 
 
 def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
@@ -94,36 +113,72 @@ def test_batch_manager(tokenizer, make_batch, dispatcher):
     assert short.metrics["reward/errors"] == 2.0
 
 
-def test_dapo_overlong_penalty(tokenizer, make_batch, dispatcher):
+@pytest.mark.parametrize("manager_cls", [NaiveRewardManager, BatchRewardManager])
+def test_overlong_shaping_after_any_manager(tokenizer, make_batch, dispatcher, manager_cls):
     # max length 8, buffer 4: no penalty up to 4 tokens, then -factor * (L - 4) / 4.
     texts = ["#### 3", "the answer is #### 3", "the answer is 1 2 #### 3"]  # + eos: 3, 6, 8 tokens
     batch = make_batch(texts, ["3"] * 3, width=8)
-    manager = DapoRewardManager(
-        tokenizer, dispatcher, overlong_buffer_len=4, overlong_penalty_factor=1.0, max_response_length=8
-    )
-    result = manager(batch)
+    score_fn = batched(dispatcher) if manager_cls is BatchRewardManager else dispatcher
+    step = RewardStep(manager_cls(tokenizer, score_fn),
+                      overlong=OverlongShaping(buffer_len=4, penalty_factor=1.0, max_response_length=8))
+    result = step(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, 0.5, 0.0]  # 1 - 0, 1 - 2/4, 1 - 4/4
+    # the shaped score stays on the last valid token (positions 2, 5, 7)
+    assert result.token_level_scores[[0, 1, 2], [2, 5, 7]].tolist() == [1.0, 0.5, 0.0]
     assert result.extra["overlong_reward"] == [0.0, -0.5, -1.0]
     assert result.extra["overlong"] == [False, True, True]
     assert result.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
-    off = DapoRewardManager(tokenizer, dispatcher, overlong_buffer_enable=False)(batch)
+    assert result.metrics["reward/overlong_ratio"] == pytest.approx(2 / 3)
+    off = RewardStep(manager_cls(tokenizer, score_fn))(batch)
     assert off.token_level_scores.sum(1).tolist() == [1.0, 1.0, 1.0]
-    with pytest.raises(RlkitError, match="overlong_buffer.len must be a positive"):
-        DapoRewardManager(tokenizer, dispatcher)
+    assert "overlong_reward" not in off.extra
 
 
-def test_reward_model_scores_are_added(tokenizer, make_batch, dispatcher):
+@pytest.mark.parametrize("buffer_len", [0, 9])
+def test_overlong_buffer_must_fit_the_response(buffer_len):
+    with pytest.raises(RlkitError, match=r"reward.overlong_buffer.len must be in \(0, max response length=8\]"):
+        OverlongShaping(buffer_len=buffer_len, penalty_factor=1.0, max_response_length=8)
+
+
+def test_reward_model_scores_sum(tokenizer, make_batch, dispatcher):
     batch = make_batch(["#### 3", "#### 4"], ["3", "3"], rm_scores=torch.tensor([0.25, -0.5]))
-    result = NaiveRewardManager(tokenizer, dispatcher)(batch)
-    assert result.token_level_scores.sum(1).tolist() == [1.25, -0.5]
+    plain = NaiveRewardManager(tokenizer, dispatcher)(batch)
+    assert plain.token_level_scores.sum(1).tolist() == [1.0, 0.0]  # managers leave rm_scores alone
+    result = RewardStep(NaiveRewardManager(tokenizer, dispatcher), reward_model="sum")(batch)
+    assert result.token_level_scores.sum(1).tolist() == [1.25, -0.5]  # 1 + 0.25, 0 - 0.5
     assert result.metrics["reward/rm_scores/mean"] == pytest.approx(-0.125)
-    only_rm = NaiveRewardManager(tokenizer, None)(batch)
-    assert only_rm.token_level_scores.sum(1).tolist() == [0.25, -0.5]
+    assert result.metrics["reward/rm_scores/used_fraction"] == 1.0
+    assert result.extra["rm_score"] == [0.25, -0.5]
+    no_rule = RewardStep(NaiveRewardManager(tokenizer, None), reward_model="sum")(batch)
+    assert no_rule.token_level_scores.sum(1).tolist() == [0.25, -0.5]
 
 
-def test_unknown_params_refused(tokenizer, dispatcher):
-    with pytest.raises(RlkitError, match=r"unknown parameter\(s\) \['timeout_s'\]"):
-        NaiveRewardManager(tokenizer, dispatcher, timeout_s=3)
+def test_reward_model_scores_fallback(tokenizer, make_batch, registries):
+    # gsm8k has a rule (1.0 for the right answer), my/rm-only has none: the model's score is used there.
+    batch = make_batch(["#### 3", "#### 4"], ["3", "3"], data_source=["openai/gsm8k", "my/rm-only"],
+                       rm_scores=torch.tensor([0.25, -0.5]))
+    dispatcher = ScoreDispatcher(registries, unknown_score=0.0)
+    step = RewardStep(NaiveRewardManager(tokenizer, dispatcher), reward_model="fallback", has_rule=dispatcher.has_rule)
+    result = step(batch)
+    assert result.token_level_scores.sum(1).tolist() == [1.0, -0.5]
+    assert result.metrics["reward/rm_scores/used_fraction"] == 0.5 and result.metrics["reward/errors"] == 0.0
+    # fallback and overlong shaping compose: the penalty lands on whichever score was chosen (2 tokens + eos = 3)
+    shaped = RewardStep(NaiveRewardManager(tokenizer, dispatcher), reward_model="fallback", has_rule=dispatcher.has_rule,
+                        overlong=OverlongShaping(buffer_len=2, penalty_factor=1.0, max_response_length=4))(batch)
+    assert shaped.token_level_scores.sum(1).tolist() == [0.5, -1.0]  # -(3 - 2) / 2 each
+    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(batch)  # no reward model: rm_scores ignored
+    assert without.token_level_scores.sum(1).tolist() == [1.0, 0.0]
+
+
+def test_manager_params_go_through_the_params_model(tokenizer, registries, dispatcher):
+    _, problems = resolve("reward.manager", "reward_managers", {"name": "naive", "num_workers": 2}, registries)
+    assert problems and problems[0][0] == "reward.manager.num_workers" and "takes no parameters" in problems[0][1]
+    _, problems = resolve("reward.manager", "reward_managers", {"name": "parallel", "num_workers": 0}, registries)
+    assert problems and problems[0][0] == "reward.manager.num_workers" and "greater than 0" in problems[0][1]
+    with parallel(registries, tokenizer, dispatcher, 3, timeout_s=3.0) as manager:
+        assert manager.params.num_workers == 3 and manager.pool.num_workers == 3 and manager.timeout_s == 3.0
+    with pytest.raises(RlkitError, match="reward.timeout_s must be > 0"):
+        NaiveRewardManager(tokenizer, dispatcher, timeout_s=0)
 
 
 def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):
@@ -134,10 +189,10 @@ def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):
     assert "#### 4" not in out
 
 
-def test_parallel_timeout_does_not_stall_the_batch(tokenizer, make_batch, dispatcher):
+def test_parallel_timeout_does_not_stall_the_batch(tokenizer, make_batch, registries):
     texts = ["sleep", "1", "sleep", "2", "3", "4"]
     batch = make_batch(texts, ["x"] * 6, data_source="my/source")
-    with ParallelRewardManager(tokenizer, misbehaving, timeout_s=1.0, num_workers=2) as manager:
+    with parallel(registries, tokenizer, misbehaving, 2, timeout_s=1.0) as manager:
         manager(make_batch(["1"], ["x"], data_source="my/source"))  # start the workers
         start = time.monotonic()
         result = manager(batch)
@@ -152,48 +207,50 @@ def test_parallel_timeout_does_not_stall_the_batch(tokenizer, make_batch, dispat
         assert again.token_level_scores.sum(1).tolist() == [1.0, 1.0, 1.0] and time.monotonic() - start < 1.0
 
 
-def test_parallel_survives_a_crashing_worker(tokenizer, make_batch, dispatcher):
-    with ParallelRewardManager(tokenizer, misbehaving, timeout_s=5.0, num_workers=2, default_score=-2.0) as manager:
+def test_parallel_survives_a_crashing_worker(tokenizer, make_batch, registries):
+    with parallel(registries, tokenizer, misbehaving, 2, timeout_s=5.0, default_score=-2.0) as manager:
         result = manager(make_batch(["crash", "1", "2"], ["x"] * 3, data_source="my/source"))
     assert result.token_level_scores.sum(1).tolist() == [-2.0, 1.0, 1.0]
     assert result.metrics["reward/errors"] == 1.0
 
 
-def test_parallel_matches_naive_on_real_scores(tokenizer, make_batch, dispatcher):
+def test_parallel_matches_naive_on_real_scores(tokenizer, make_batch, registries, dispatcher):
     batch = make_batch(["#### 3", "#### 4", "the answer is 12"], ["3", "5", "12"], data_source=["gsm8k", "gsm8k", "arithmetic"])
-    with ParallelRewardManager(tokenizer, dispatcher, num_workers=2) as manager:
-        parallel = manager(batch)
+    with parallel(registries, tokenizer, dispatcher, 2) as manager:
+        in_pool = manager(batch)
     naive = NaiveRewardManager(tokenizer, dispatcher)(batch)
-    assert torch.equal(parallel.token_level_scores, naive.token_level_scores)
+    assert torch.equal(in_pool.token_level_scores, naive.token_level_scores)
 
 
-def test_registered_managers_resolve():
-    registries = build_registries(make_plugin_manager(entry_points=False))
-    assert registries.reward_managers.names() == ["batch", "dapo", "naive", "parallel"]
+def test_registered_managers_resolve(registries):
+    assert registries.reward_managers.names() == ["batch", "naive", "parallel"]
     for entry in registries.reward_managers:
-        assert issubclass(load_object(entry.spec.cls), NaiveRewardManager.__mro__[1])
+        assert issubclass(load_object(entry.spec.cls), RewardManager)
+    assert registries.reward_managers.get("batch").batched_scores
+    assert not registries.reward_managers.get("naive").batched_scores
 
 
-def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path):
+def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path, registries):
     from rlkit.rewards.dispatch import load_custom_score
 
     path = tmp_path / "my_reward.py"
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str)\n")
     fn = load_custom_score(path, "compute_score")
-    with ParallelRewardManager(tokenizer, fn, num_workers=1) as manager:
+    with parallel(registries, tokenizer, fn, 1) as manager:
         result = manager(make_batch(["1 2 3", "4"], ["x", "x"], data_source="anything"))
     assert result.token_level_scores.sum(1).tolist() == [5.0, 1.0]
 
 
-def test_manager_kwargs_from_recipe_values(tokenizer, dispatcher):
-    from rlkit.rewards.managers import manager_kwargs
-
-    overlong = {"enable": True, "len": 4, "penalty_factor": 0.5}
-    naive = manager_kwargs(NaiveRewardManager, num_examine=1, default_score=-1.0, overlong_buffer=overlong)
-    assert naive == {"num_examine": 1, "default_score": -1.0}
-    dapo = manager_kwargs(DapoRewardManager, overlong_buffer=overlong, max_response_length=16)
-    assert dapo["overlong_buffer_len"] == 4 and dapo["overlong_penalty_factor"] == 0.5 and dapo["max_response_length"] == 16
-    parallel = manager_kwargs(ParallelRewardManager, timeout_s=3.0, num_workers=1)
-    assert {k: parallel[k] for k in ("timeout_s", "num_workers")} == {"timeout_s": 3.0, "num_workers": 1}
-    for cls, kwargs in ((NaiveRewardManager, naive), (DapoRewardManager, dapo), (BatchRewardManager, naive)):
-        cls(tokenizer, dispatcher, **kwargs)  # accepted as is
+def test_every_manager_builds_as_the_driver_builds_it(tokenizer, make_batch, registries, dispatcher):
+    """Each registered manager, built from its resolved component with the recipe's common arguments,
+    scores the same batch the same way (batched managers get the batched score function)."""
+    batch = make_batch(["#### 3", "#### 4"], ["3", "5"])
+    for name in registries.reward_managers.names():
+        spec = registries.reward_managers.get(name)
+        score_fn = batched(dispatcher) if spec.batched_scores else dispatcher
+        manager = build_manager(registries, name, tokenizer, score_fn, num_examine=0, default_score=-1.0, timeout_s=3.0)
+        try:
+            assert manager.default_score == -1.0 and manager.timeout_s == 3.0
+            assert manager(batch).token_level_scores.sum(1).tolist() == [1.0, 0.0], name
+        finally:
+            getattr(manager, "close", lambda: None)()
