@@ -62,7 +62,8 @@ def compute_gae(
 
     ``delta_t = r_t + gamma * V_{t+1} - V_t``; ``A_t = delta_t + gamma * lam * A_{t+1}``. Masked-out
     positions are skipped: they neither supply the next value nor carry the running advantage.
-    ``returns = A + V`` (before whitening); advantages are then whitened over every valid token.
+    ``returns = A + V`` (before whitening); advantages are then whitened over every valid token; both
+    are 0 on masked tokens.
 
     Shapes: all inputs [B, T]; returns (advantages [B, T], returns [B, T]).
     """
@@ -79,8 +80,8 @@ def compute_gae(
         running = candidate * mask[:, t] + (1 - mask[:, t]) * running
         reversed_adv.append(running)
     advantages = torch.stack(reversed_adv[::-1], dim=1)  # [B, T]
-    returns = advantages + values
-    return masked_whiten(advantages, response_mask), returns
+    returns = (advantages + values) * mask
+    return masked_whiten(advantages, response_mask) * mask, returns  # both 0 on masked tokens (rlkit.testing)
 
 
 @torch.no_grad()
@@ -200,7 +201,7 @@ def compute_reinforce_plus_plus_advantage(
         returns[:, t] = running
         running = running * mask[:, t]
     advantages = masked_whiten(returns, response_mask) * mask
-    return advantages, returns
+    return advantages, returns * mask  # 0 on masked tokens (a tool turn's hole included)
 
 
 @torch.no_grad()
@@ -230,6 +231,6 @@ def compute_remax_advantage(
         got = None if reward_baselines is None else tuple(reward_baselines.shape)
         raise AlgoError(f"remax needs reward_baselines of shape [B]={tuple(token_level_rewards.shape[:1])}, got {got}")
     mask = response_mask.to(token_level_rewards.dtype)
-    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T]
+    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask  # [B, T], 0 on masked tokens
     advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask
     return advantages, returns
