@@ -62,8 +62,8 @@ def _estimator_case(spec: Any, num_groups: int, group_size: int, length: int, se
 
 def _call_estimator(est: Any, case: dict[str, Any], rows: torch.Tensor | None = None,
                     index: torch.Tensor | None = None) -> tuple[Any, Any]:
-    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else (x if rows is None else x[rows]).clone()
+    def pick(x: torch.Tensor | None) -> torch.Tensor | None:  # the case's own tensors: in-place writes show
+        return x if x is None or rows is None else x[rows]
 
     out = est.fn(pick(case["rewards"]), pick(case["mask"]), pick(case["index"]) if index is None else index,
                  values=pick(case["values"]), reward_baselines=pick(case["baselines"]), **est.kwargs)
@@ -247,5 +247,5 @@ def _check_split(loss: Any, case: dict[str, torch.Tensor], full: torch.Tensor, g
     if not torch.allclose(total, full.detach(), rtol=1e-4, atol=1e-6) or not torch.allclose(lp.grad, grad, rtol=1e-4, atol=1e-6):
         raise _fail(who(loss), f"under {mode}, micro-batches and ranks aggregated with the global counts give loss "
                                f"{float(total):.6g} (gradient off by {float((lp.grad - grad).abs().max()):.3g}) but the "
-                               f"full batch gives {float(full):.6g}: a row's loss must not depend on the other rows "
+                               f"full batch gives {float(full.detach()):.6g}: a row's loss must not depend on the other rows "
                                "of its micro-batch (no batch-level normalisation inside the loss).", _LOSS_CONTRACT)
