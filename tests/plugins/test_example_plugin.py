@@ -38,3 +38,24 @@ def test_example_score_through_the_public_dispatcher():
     result = rlkit.compute_score("example/keyword", "The answer is Paris.", "paris")
     assert result["score"] == 1.0
     assert rlkit.compute_score("example/keyword", "London", "paris")["score"] == 0.0
+
+
+def test_example_estimators_pass_the_conformance_kit():
+    """What the plugin's own tests run (plugins/rlkit-example/tests): rlkit.testing on its entries."""
+    from rlkit.testing import check_estimator
+
+    registries = build_registries(make_plugin_manager())
+    check_estimator("group_median", registries=registries)
+    for quantile in (0.0, 0.9):
+        check_estimator("group_quantile", registries=registries, quantile=quantile)
+
+
+def test_the_example_plugins_own_test_suite_passes():
+    """A third party's workflow: the plugin's tests import rlkit's fixtures and kit and pass on their own."""
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[2] / "plugins" / "rlkit-example" / "tests"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
