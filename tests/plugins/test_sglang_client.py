@@ -17,6 +17,16 @@ from rlkit_sglang import SglangClient, SglangServerError  # noqa: E402
 from rlkit_sglang.backend import SglangRollout  # noqa: E402
 
 
+def resolved(key: str, kind: str, component):
+    """A recipe component as the driver resolves it, from the installed plugins (rlkit-sglang included)."""
+    from rlkit.pipeline import resolve
+    from rlkit.registry import build_registries
+
+    out, problems = resolve(key, kind, component, build_registries())
+    assert not problems, problems
+    return out
+
+
 def _prompt(tokenizer, text="What is 2 + 3?") -> list[int]:
     enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
@@ -110,8 +120,11 @@ def test_backend_returns_the_rollout_batch_layout(serve_thread):
     from rlkit.recipe.schema import RolloutConfig
 
     tok = model.tokenizer
-    backend = SglangRollout(module=None, tokenizer=tok, rollout_config=RolloutConfig(engine_kwargs={"urls": [url, url]}),
-                            max_response_length=6)
+    component = {"name": "sglang", "urls": [url, url]}
+    spec = resolved("rollout.backend", "rollout_backends", component)  # built as the worker builds it
+    assert spec.spec.generate_ids and spec.spec.memory_release and spec.params.urls == [url, url]
+    backend = spec.build(module=None, tokenizer=tok, rollout_config=RolloutConfig(backend=component), max_response_length=6)
+    assert isinstance(backend, SglangRollout) and [c.url for c in backend.clients] == [url, url]
     a, b = _prompt(tok), _prompt(tok, "What is 7 + 1? Think step")
     width = max(len(a), len(b))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(a)) + a, [tok.pad_token_id] * (width - len(b)) + b])
@@ -159,11 +172,16 @@ def test_agent_loop_drives_the_sglang_backend_turn_by_turn(serve_thread):
     from rlkit.rollout.agent import AgentLoopRollout
 
     tok = model.tokenizer
-    cfg = RolloutConfig(temperature=0.0, agent="tool", tools=["calculator"], max_turns=2, engine_kwargs={"urls": [url]})
-    backend = SglangRollout(tokenizer=tok, rollout_config=cfg, max_response_length=10)
+    cfg = RolloutConfig(temperature=0.0, agent={"name": "tool", "max_turns": 2}, tools=["calculator"],
+                        backend={"name": "sglang", "urls": [url]})
+    backend_c = resolved("rollout.backend", "rollout_backends", cfg.backend)
+    backend = backend_c.build(tokenizer=tok, rollout_config=cfg, max_response_length=10)
     prompt = _prompt(tok)
     batch = Batch({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)})
-    agent = AgentLoopRollout(backend, tok, rollout_config=cfg, max_response_length=10)
+    loops = {"tool": resolved("rollout.agent", "agent_loops", cfg.agent)}
+    agent = AgentLoopRollout(backend, tok, rollout_config=cfg, max_response_length=10, loops=loops, default_agent="tool",
+                             tools=(resolved("rollout.tools.0", "tools", "calculator"),),
+                             generate_ids=backend_c.spec.generate_ids)
     assert agent.generator is backend  # the sglang backend is its own TurnGenerator
     out = agent.generate(batch)
     direct = backend.generate(batch)  # greedy: the loop's single turn equals the batch call

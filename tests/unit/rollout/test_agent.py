@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
+from rlkit.pipeline import resolve
+from rlkit.plugins import make_plugin_manager
 from rlkit.recipe.schema import RolloutConfig
+from rlkit.registry import build_registries
 from rlkit.rollout.agent import (
     AgentLoopRollout,
     AgentState,
@@ -27,6 +30,24 @@ def tokenizer(tiny_model_dir):
     from rlkit.recipe.schema import ModelConfig
 
     return load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
+
+
+@pytest.fixture(scope="module")
+def registries():
+    return build_registries(make_plugin_manager(entry_points=False))
+
+
+def resolved_loops(registries, agent):
+    """Agent loops as the driver resolves them (``rlkit.pipeline.compose``): every registered loop with
+    its default parameters, the recipe's ``rollout.agent`` with its own; returns ``(loops, default name)``."""
+    loops = {}
+    for entry in registries.agent_loops:
+        loops[entry.spec.name], problems = resolve("rollout.agent", "agent_loops", entry.spec.name, registries)
+        assert not problems, problems
+    default, problems = resolve("rollout.agent", "agent_loops", agent, registries)
+    assert not problems, problems
+    loops[default.name] = default
+    return loops, default.name
 
 
 def _call(name: str, **arguments) -> str:
@@ -122,7 +143,7 @@ class EchoKwargs(Tool):
         return ToolResult(json.dumps(tools_kwargs, sort_keys=True))
 
 
-def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer):
+def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer, registries):
     policy = ScriptedPolicy(tokenizer, [_call("echo"), "ok"])
     rows = [[{"role": "user", "content": "use the tool"}], [{"role": "user", "content": "just answer"}]]
     encoded = [loop_ids for loop_ids in (tokenizer.apply_chat_template(r, add_generation_prompt=True, tokenize=False)
@@ -135,8 +156,12 @@ def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer)
         "raw_prompt": rows,
         "extra_info": [{"agent_name": "tool", "tools_kwargs": {"echo": {"secret": 42}}}, {"agent_name": "single_turn"}],
     })
-    rollout = AgentLoopRollout(policy, tokenizer, rollout_config=RolloutConfig(max_turns=3), max_response_length=160,
-                               tools={"echo": EchoKwargs()})
+    loops, default = resolved_loops(registries, {"name": "tool", "max_turns": 3})
+    rollout = AgentLoopRollout(policy, tokenizer, rollout_config=RolloutConfig(agent=default), max_response_length=160,
+                               loops=loops, default_agent=default, tools={"echo": EchoKwargs()}, generate_ids=True)
+    assert rollout.generator is policy  # the declared capability: turns go straight to the backend
+    assert rollout._loop("tool", {}, 160).max_turns == 3  # rollout.agent's parameter reached the loop
+    assert rollout._loop("single_turn", {}, 160).max_turns == 1
     out = rollout.generate(prompts, n=2)
     assert out["responses"].shape == (4, 160) and out["input_ids"].shape[1] == out["prompts"].shape[1] + 160
     assert list(out.non_tensors["num_turns"]) == [2, 2, 1, 1]
@@ -153,14 +178,16 @@ def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer)
     assert (out["rollout_log_probs"][out["response_mask"] == 0] == 0).all()
 
 
-def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_dir, tokenizer):
+def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_dir, tokenizer, registries):
     from rlkit.models.load import load_model
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.hf import HFRollout
 
     torch.set_num_threads(1)
     module = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tokenizer)
-    cfg = RolloutConfig(temperature=0.0, agent="tool", tools=["calculator"], max_turns=2)
+    cfg = RolloutConfig(temperature=0.0, agent={"name": "tool", "max_turns": 2}, tools=["calculator"])
+    calculator, problems = resolve("rollout.tools.0", "tools", "calculator", registries)
+    assert not problems, problems
     hf = HFRollout(module=module, tokenizer=tokenizer, rollout_config=cfg, max_response_length=12)
     texts = ["What is 1 + 2?", "What is the sum of 30 and 4? Think step by step"]
     encoded = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
@@ -171,13 +198,19 @@ def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     prompts = Batch({"input_ids": ids, "attention_mask": mask})
     direct = hf.generate(prompts)
-    agent = AgentLoopRollout(hf, tokenizer, rollout_config=cfg.model_copy(update={"agent": "single_turn"}),
-                             max_response_length=12)
+    loops, default = resolved_loops(registries, "single_turn")
+    agent = AgentLoopRollout(hf, tokenizer, rollout_config=cfg.model_copy(update={"agent": default}),
+                             max_response_length=12, loops=loops, default_agent=default, tools=(calculator,))
     assert isinstance(agent.generator, HFTurnGenerator)
     looped = agent.generate(prompts)
     for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(looped[key], direct[key]), key
     torch.testing.assert_close(looped["rollout_log_probs"], direct["rollout_log_probs"])
     # The tool agent on the real model runs (a random tiny model rarely calls a tool) with the same layout.
-    tool_out = AgentLoopRollout(hf, tokenizer, rollout_config=cfg, max_response_length=12).generate(prompts)
+    loops, default = resolved_loops(registries, cfg.agent)
+    tool_agent = AgentLoopRollout(hf, tokenizer, rollout_config=cfg, max_response_length=12, loops=loops,
+                                  default_agent=default, tools=(calculator,))
+    assert default == "tool" and type(tool_agent.tools["calculator"]).__name__ == "CalculatorTool"
+    assert tool_agent._loop("tool", {}, 12).max_turns == 2
+    tool_out = tool_agent.generate(prompts)
     assert tool_out["responses"].shape == (2, 12) and "num_turns/mean" in tool_out.meta["metrics"]

@@ -26,6 +26,17 @@ def prompts(tok, k: int = 3) -> Batch:
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
+def resolved(key: str, kind: str, component):
+    """A recipe component as the driver resolves it (``rlkit.pipeline.resolve``)."""
+    from rlkit.pipeline import resolve
+    from rlkit.plugins import make_plugin_manager
+    from rlkit.registry import build_registries
+
+    out, problems = resolve(key, kind, component, build_registries(make_plugin_manager(entry_points=False)))
+    assert not problems, problems
+    return out
+
+
 def rollout(tok, module, **cfg) -> HFRollout:
     return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=12, seed=1)
 
@@ -58,7 +69,8 @@ def test_rollout_log_probs_match_the_actor(tiny_model_dir, gloo_world1):
     actor's recomputed log-probs (same temperature, full distribution) equal the rollout's."""
     from rlkit.workers.actor import FSDPActor
 
-    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), rollout_n=2, total_steps=1,
+    loss = resolved("actor.policy_loss", "policy_losses", ActorConfig().policy_loss)
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), loss, rollout_n=2, total_steps=1,
                       log_prob_micro_batch_size=5)
     ro = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=RolloutConfig(
         n=2, temperature=0.7, top_k=50, top_p=0.9), max_response_length=12, seed=0)
@@ -151,7 +163,8 @@ def test_update_weights_from_a_full_state_dict(tiny_model_dir, gloo_world1, tok_
     from rlkit.workers.actor import FSDPActor
 
     tok, _ = tok_and_model
-    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), rollout_n=1, total_steps=1)
+    loss = resolved("actor.policy_loss", "policy_losses", ActorConfig().policy_loss)
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), loss, rollout_n=1, total_steps=1)
     with torch.no_grad():
         for param in actor.module.parameters():
             param.add_(0.05)  # weights the rollout's own copy does not have yet
@@ -177,13 +190,16 @@ def _bf16_copy(model):
 
 
 def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny_model_dir, tok_and_model):
-    """engine_kwargs.dtype=bfloat16 decodes with a bf16 copy of the current fp32 weights: the same tokens and
+    """rollout.backend: {name: hf, dtype: bfloat16} decodes with a bf16 copy of the current fp32 weights: the same tokens and
     log-probs (same seed) as the plain loop over a bf16 model made by hand, before and after an update."""
     tok, _ = tok_and_model
     cfg = ModelConfig(path=str(tiny_model_dir))
     model = load_model(cfg, tokenizer=tok).eval()
-    fast = HFRollout(module=model, tokenizer=tok, max_response_length=12, seed=3,
-                     rollout_config=RolloutConfig(n=3, temperature=1.0, engine_kwargs={"dtype": "bfloat16"}))
+    backend = {"name": "hf", "dtype": "bfloat16"}
+    fast = resolved("rollout.backend", "rollout_backends", backend).build(  # built as the worker builds it
+        module=model, tokenizer=tok, max_response_length=12, seed=3,
+        rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend))
+    assert isinstance(fast, HFRollout) and fast.decode_dtype == torch.bfloat16
     p = prompts(tok)
     for _ in range(2):
         plain = HFRollout(module=_bf16_copy(model), tokenizer=tok, max_response_length=12, seed=3,

@@ -86,10 +86,17 @@ def test_tool_schema_is_openai_function_format():
 
 
 def test_builtin_tools_come_from_the_registry():
+    from rlkit.pipeline import resolve
     from rlkit.registry import build_registries
+    from rlkit.rollout.tools.python import PythonTool
+    from rlkit.rollout.tools.sandbox import SandboxLimits
 
     registries = build_registries()
     assert {"calculator", "python"} <= set(registries.tools.names())
-    tools = build_tools(["calculator", "python"], registries, config={"python": {"wall_s": 3}})
+    resolved = [resolve(f"rollout.tools.{i}", "tools", name, registries) for i, name in enumerate(["calculator", "python"])]
+    assert not any(problems for _, problems in resolved)
+    tools = build_tools([component for component, _ in resolved])
+    assert sorted(tools) == ["calculator", "python"]
     assert type(tools["calculator"]).__name__ == "CalculatorTool"
-    assert tools["python"].limits.wall_s == 3
+    assert type(tools["python"]).__name__ == "PythonTool" and tools["python"].limits == SandboxLimits()
+    assert PythonTool(wall_s=3).limits.wall_s == 3

@@ -15,6 +15,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def resolved_policy_loss(actor_config):
+    """The actor config's policy loss as the driver resolves it (``rlkit.pipeline.resolve``): the
+    function and its validated parameters, what ``FSDPActor`` receives."""
+    from rlkit.errors import RecipeError
+    from rlkit.pipeline import resolve
+    from rlkit.plugins import make_plugin_manager
+    from rlkit.registry import build_registries
+
+    registries = build_registries(make_plugin_manager(entry_points=False))
+    loss, problems = resolve("actor.policy_loss", "policy_losses", actor_config.policy_loss, registries)
+    if problems:
+        raise RecipeError(problems)
+    return loss
+
+
 def global_batch(tokenizer, n_prompts: int = 4, n: int = 2, width_t: int = 8):
     """A deterministic batch: chat prompts of different lengths, responses of different lengths."""
     from rlkit.batch import Batch
@@ -50,7 +65,8 @@ def update_once(model_dir: str, dynamic: bool) -> dict:
     cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,
                       kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=dynamic, ppo_max_token_len_per_rank=40,
                       loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-2, weight_decay=0.0))
-    actor = FSDPActor(ModelConfig(path=model_dir), cfg, rollout_n=2, total_steps=4, log_prob_micro_batch_size=3)
+    actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
+                      log_prob_micro_batch_size=3)
     batch = global_batch(actor.tokenizer)
     local = batch.chunk(world_size)[rank]
     old = actor.compute_log_prob(local)["old_log_prob"]

@@ -17,7 +17,7 @@ from rlkit.workers import fsdp
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _fsdp_ranks import global_batch  # noqa: E402
+from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 sys.path.pop(0)
 
@@ -25,7 +25,7 @@ sys.path.pop(0)
 def make_actor(model_dir, **overrides) -> FSDPActor:
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, **overrides.pop("optim", {}))
     cfg = ActorConfig(**({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 8, "optim": optim} | overrides))
-    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, rollout_n=2, total_steps=10)
+    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10)
 
 
 def prepared(actor: FSDPActor):

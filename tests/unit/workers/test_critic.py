@@ -14,7 +14,7 @@ from rlkit.workers.ref import FSDPRef
 from rlkit.workers.reward_model import FSDPRewardModel
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _fsdp_ranks import global_batch  # noqa: E402
+from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 sys.path.pop(0)
 
@@ -80,7 +80,8 @@ def test_ref_log_probs_equal_the_initial_policy(tiny_model_dir, gloo_world1):
     from rlkit.workers.actor import FSDPActor
 
     ref = FSDPRef(ModelConfig(path=str(tiny_model_dir)), RefConfig(log_prob_micro_batch_size_per_rank=3))
-    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), rollout_n=2, total_steps=1)
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), resolved_policy_loss(ActorConfig()),
+                      rollout_n=2, total_steps=1)
     batch = global_batch(ref.tokenizer)  # meta temperature 0.9
     ref_lp = ref.compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(ref_lp, actor.compute_log_prob(batch)["old_log_prob"], atol=1e-5, rtol=1e-5)

@@ -19,6 +19,7 @@ from rlkit.recipe.schema import (
     ResourcesConfig,
     RolloutConfig,
 )
+from rlkit.pipeline import resolve
 from rlkit.registry import build_registries, load_object
 from rlkit.workers import ResourcePoolManager, WorkerGroup
 
@@ -42,11 +43,16 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
 
     model = ModelConfig(path=str(tiny_model_dir))
     n = 2
-    kwargs = dict(model_config=model, rollout_config=RolloutConfig(n=n, temperature=0.8),
-                  actor_config=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2,
-                                           use_kl_loss=True, optim=OptimConfig(lr=1e-2)),
-                  ref_config=RefConfig(), max_response_length=16, total_steps=2)
-    cls = load_object(build_registries().roles.get("actor_rollout_ref").cls)
+    registries = build_registries()
+    rollout = RolloutConfig(n=n, temperature=0.8)
+    actor = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, use_kl_loss=True, optim=OptimConfig(lr=1e-2))
+    # the components the driver resolves once (rlkit.pipeline) and hands to the role, as Runtime does
+    policy_loss, problems = resolve("actor.policy_loss", "policy_losses", actor.policy_loss, registries)
+    backend, more = resolve("rollout.backend", "rollout_backends", rollout.backend, registries)
+    assert not problems and not more, problems + more
+    kwargs = dict(model_config=model, rollout_config=rollout, actor_config=actor, ref_config=RefConfig(),
+                  max_response_length=16, total_steps=2, policy_loss=policy_loss, rollout_backend=backend)
+    cls = load_object(registries.roles.get("actor_rollout_ref").cls)
     t0 = time.perf_counter()
     group = WorkerGroup(cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref", role_kwargs=kwargs)
     timings = {"start": time.perf_counter() - t0}
