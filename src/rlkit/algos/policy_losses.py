@@ -11,11 +11,13 @@ Shapes: ``B`` = prompts x group size, ``T`` = response tokens; every tensor argu
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rlkit.algos._util import AlgoError, check_bt, masked_mean
 
-__all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo"]
+__all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo"]
 
 Tensor = torch.Tensor
 
@@ -63,16 +65,9 @@ def ppo_clip(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     return per_token, metrics
 
 
-def gspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-         clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2) -> tuple[Tensor, dict[str, float]]:
-    """GSPO (Zheng et al. 2025, arXiv:2507.18071), the GSPO-token form used by veRL.
-
-    Sequence ratio ``s_i = exp(mean_t (log_prob - old_log_prob))`` (geometric mean over valid tokens);
-    per token ``s_it = sg[s_i] * pi / sg[pi]`` (value s_i, gradient through each token's log_prob),
-    clamped at exp(10); ``L = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``. The paper (and veRL)
-    aggregates with ``seq-mean-token-mean`` and uses tiny ranges (3e-4 / 4e-4): set
-    ``actor.loss_agg_mode`` and the clip ratios accordingly.
-    """
+def _seq_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                   clip_ratio_low: float, clip_ratio_high: float) -> tuple[Tensor, dict[str, float]]:
+    """GSPO-token: the clipped geometric-mean sequence ratio, with a per-token gradient (gspo and luspo)."""
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     mask = response_mask.to(log_prob.dtype)
     lengths = mask.sum(dim=-1).clamp(min=1)  # [B]
@@ -87,6 +82,19 @@ def gspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_ma
         "ppo_kl": _ppo_kl(log_ratio, response_mask),
     }
     return per_token, metrics
+
+
+def gspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071), the GSPO-token form used by veRL.
+
+    Sequence ratio ``s_i = exp(mean_t (log_prob - old_log_prob))`` (geometric mean over valid tokens);
+    per token ``s_it = sg[s_i] * pi / sg[pi]`` (value s_i, gradient through each token's log_prob),
+    clamped at exp(10); ``L = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``. The paper (and veRL)
+    aggregates with ``seq-mean-token-mean`` and uses tiny ranges (3e-4 / 4e-4): set
+    ``actor.loss_agg_mode`` and the clip ratios accordingly.
+    """
+    return _seq_clip_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high)
 
 
 def cispo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
@@ -133,4 +141,163 @@ def sapo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_ma
     per_token = -(gate_prob * (4.0 / taus)) * advantages
     slope = (4.0 * gate_prob * (1 - gate_prob)).detach()
     metrics = {"ppo_kl": _ppo_kl(log_ratio, response_mask), "sapo_gate_mean": float(masked_mean(slope, response_mask))}
+    return per_token, metrics
+
+
+def _covariance(log_prob: Tensor, advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """Per-token centred product ``(A - mean A)(log_prob - mean log_prob)`` [B, T], means over valid tokens.
+
+    The statistic Clip-Cov / KL-Cov rank tokens by (Cui et al. 2025, eq. 7); no gradient.
+    """
+    logp = log_prob.detach()
+    adv = advantages.detach()
+    return (adv - masked_mean(adv, response_mask)) * (logp - masked_mean(logp, response_mask))
+
+
+def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
+             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
+             generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617).
+
+    PPO's clipped surrogate ``L = max(-A r, -A clip(r, 1 - low, 1 + high))``, except that
+    ``max(1, floor(clip_cov_ratio * N))`` tokens (``N`` = valid tokens in this call), drawn at random
+    among the valid tokens the ratio clip left alone whose covariance
+    ``(A - mean A)(log_prob - mean log_prob)`` lies strictly inside ``(clip_cov_lb, clip_cov_ub)``,
+    get loss 0 (their gradient is cut). High-covariance tokens drive the entropy collapse.
+    ``generator`` draws the random subset (None: torch's global generator, which the trainer seeds).
+    The selection uses this call's tokens only (means, N), as veRL does per micro-batch.
+    Metrics: pg_clipfrac (share where the ratio clip binds), clip_cov_frac (share cut), ppo_kl.
+    """
+    if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
+        raise AlgoError(f"clip_cov needs clip_cov_ratio > 0 and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
+                        f"{clip_cov_lb}, {clip_cov_ub}.")
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    valid = response_mask > 0
+    clipped = (pg_losses2 > pg_losses1) & valid
+    cov = _covariance(log_prob, advantages, response_mask)
+    candidates = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    flat = torch.nonzero(candidates.reshape(-1)).squeeze(-1)  # [K] flat indices of the candidates
+    clip_num = max(int(clip_cov_ratio * int(valid.sum())), 1)
+    order = torch.randperm(flat.numel(), generator=generator).to(flat.device)
+    keep = torch.ones(candidates.numel(), dtype=log_prob.dtype, device=log_prob.device)
+    keep[flat[order[:clip_num]]] = 0.0
+    keep = keep.reshape(candidates.shape)  # [B, T]
+    per_token = torch.maximum(pg_losses1, pg_losses2) * keep
+    dtype = log_prob.dtype
+    metrics = {
+        "pg_clipfrac": float(masked_mean(clipped.to(dtype), response_mask)),
+        "clip_cov_frac": float(masked_mean((keep == 0).to(dtype), response_mask)),
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+    }
+    return per_token, metrics
+
+
+def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+           kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clip; a KL penalty on the top-covariance tokens.
+
+    ``L = -A r`` for every token, plus ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))``
+    valid tokens with the largest covariance ``(A - mean A)(log_prob - mean log_prob)`` (ties: the
+    earlier token in row-major order wins). Selection over this call's tokens, as veRL.
+    Metrics: ppo_kl (k1, as every loss), ppo_kl_abs (mean |log r|, what veRL logs as ppo_kl),
+    kl_cov_frac (share of valid tokens penalised).
+    """
+    if kl_cov_ratio <= 0:
+        raise AlgoError(f"kl_cov needs kl_cov_ratio > 0, got {kl_cov_ratio}.")
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    pg_losses = -advantages * ratio
+    pg_losses_kl = pg_losses + ppo_kl_coef * log_ratio.abs()
+    valid = (response_mask > 0).reshape(-1)
+    flat_valid = torch.nonzero(valid).squeeze(-1)  # [N]
+    cov = _covariance(log_prob, advantages, response_mask).reshape(-1)[flat_valid]
+    k = max(1, int(flat_valid.numel() * kl_cov_ratio)) if flat_valid.numel() else 0
+    top = torch.sort(cov, descending=True, stable=True).indices[:k]
+    selected = torch.zeros_like(valid)
+    selected[flat_valid[top]] = True
+    selected = selected.reshape(log_prob.shape)  # [B, T]
+    per_token = torch.where(selected, pg_losses_kl, pg_losses)
+    dtype = log_prob.dtype
+    metrics = {
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+        "ppo_kl_abs": float(masked_mean(log_ratio.detach().abs(), response_mask)),
+        "kl_cov_frac": float(masked_mean(selected.to(dtype), response_mask)),
+    }
+    return per_token, metrics
+
+
+def geo_mean(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+             clip_ratio_low: float = 0.4, clip_ratio_high: float = 0.4) -> tuple[Tensor, dict[str, float]]:
+    """GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673).
+
+    Each token's log ratio is clipped in **log space** to ``[-low, high]`` pessimistically,
+    ``c_t = sgn(A) min(sgn(A) log r_t, sgn(A) clip(log r_t, -low, high))``; the sequence ratio is the
+    geometric mean ``rho_i = exp(mean_t c_t)`` and the sequence loss ``L_i = -mean_t(A) rho_i``.
+    Written per token (value ``L_i`` on every valid token, gradient ``-mean_t(A) rho_i grad c_t``, the
+    GSPO-token trick), so ``seq-mean-token-mean`` gives exactly ``mean_i L_i`` in value and gradient
+    (the paper's objective; any other mode weights sequences by length). The paper uses 0.4 / 0.4.
+    Metrics: pg_clipfrac / pg_clipfrac_lower (share of tokens outside the log range with A > 0 / A < 0),
+    ppo_kl.
+    """
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    sign = torch.sign(advantages)
+    log_ratio_clipped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * log_ratio_clipped)  # [B, T]
+    mask = response_mask.to(log_prob.dtype)
+    lengths = mask.sum(dim=-1).clamp(min=1)  # [B]
+    seq_ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)  # [B]
+    seq_adv = (advantages * mask).sum(dim=-1) / lengths  # [B]
+    token_ratio = seq_ratio.detach().unsqueeze(-1) * torch.exp(pessimistic - pessimistic.detach())  # [B, T]
+    per_token = -seq_adv.unsqueeze(-1) * token_ratio
+    outside = (log_ratio != log_ratio_clipped).to(log_prob.dtype)
+    metrics = {
+        "pg_clipfrac": float(masked_mean(outside * (advantages > 0), response_mask)),
+        "pg_clipfrac_lower": float(masked_mean(outside * (advantages < 0), response_mask)),
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+    }
+    return per_token, metrics
+
+
+def luspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+          clip_ratio_low: float = 2e-3, clip_ratio_high: float = 2.5e-3) -> tuple[Tensor, dict[str, float]]:
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv:2602.05261), TRL's ``loss_type="luspo"``.
+
+    GSPO's clipped sequence ratio ``L_i = max(-A s_i, -A clip(s_i, 1 - low, 1 + high))``,
+    ``s_i = exp(mean_t log r)``, with each sequence's loss scaled by its length ``n_i``. Per token this is
+    GSPO-token (value ``L_i`` on each of the ``n_i`` valid tokens); aggregate with
+    ``seq-mean-token-sum`` to get TRL's ``mean_i(n_i L_i)`` exactly (``token-mean`` keeps the
+    length-proportional weights, scaled by S/N). Defaults are the paper's (section 5.1).
+    Metrics: pg_clipfrac, ppo_kl.
+    """
+    return _seq_clip_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high)
+
+
+def vespo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+          k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0,
+          lambda_neg: float = 2.0) -> tuple[Tensor, dict[str, float]]:
+    """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv:2602.10693), as TRL.
+
+    Sequence weight ``w_i = prod_t r_t`` (log clamped to ``[log 1e-8, 20]``), reshaped by a Gamma kernel
+    ``phi(w) = w^k exp(lambda (1 - w))`` (``phi(1) = 1``), with ``(k, lambda)`` = ``(k_pos, lambda_pos)``
+    where ``A >= 0`` else ``(k_neg, lambda_neg)``; ``L = -sg[phi] A log_prob`` (REINFORCE scaled by
+    phi, as CISPO). On-policy it is plain policy gradient. TRL aggregates with token-mean.
+    Metrics: vespo_phi_mean (token mean of phi), ppo_kl.
+    """
+    if min(lambda_pos, lambda_neg) <= 0 or min(k_pos, k_neg) < 0:
+        raise AlgoError(f"vespo needs lambda_pos, lambda_neg > 0 and k_pos, k_neg >= 0, got "
+                        f"{lambda_pos}, {lambda_neg}, {k_pos}, {k_neg}.")
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    mask = response_mask.to(log_prob.dtype)
+    log_w = ((log_ratio * mask).sum(dim=-1).clamp(min=math.log(1e-8), max=20.0)).detach().unsqueeze(-1)  # [B, 1]
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, torch.full_like(log_prob, k_pos), torch.full_like(log_prob, k_neg))
+    lam = torch.where(nonneg, torch.full_like(log_prob, lambda_pos), torch.full_like(log_prob, lambda_neg))
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    phi = phi.detach()  # [B, T]
+    per_token = -phi * advantages * log_prob
+    metrics = {"vespo_phi_mean": float(masked_mean(phi, response_mask)), "ppo_kl": _ppo_kl(log_ratio, response_mask)}
     return per_token, metrics
