@@ -2,7 +2,9 @@
 standard library and ``rlkit.errors``; a test checks it).
 
 - ``advantages`` / ``estimators``: advantage estimators (natural signatures / the registry's one).
+- ``token_baseline``: the optimal token baseline (OTB, TIR-OTB) and Σπ² from logits.
 - ``policy_losses``: per-token policy losses with the registry's signature.
+- ``rollout_correction``: importance weights / masks for off-policy rollouts (TIS, MIS, IcePop, decoupled).
 - ``aggregation``: ``agg_loss`` with global token/sequence counts (micro-batch and rank exact).
 - ``kl``: KL estimators, controllers, KL-in-reward. ``value``: clipped critic loss.
 - ``entropy``: chunked entropy and log-probs from logits. ``dapo``: overlong shaping, group filter.

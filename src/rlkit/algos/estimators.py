@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from rlkit.algos import advantages as adv
+from rlkit.algos import token_baseline as otb
 from rlkit.algos._util import AlgoError
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
 ]
 
 Tensor = torch.Tensor
@@ -90,3 +93,36 @@ def remax(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, *, 
     if reward_baselines is None:
         raise AlgoError("estimator 'remax' needs reward_baselines (the greedy rollout's scores, [B]).")
     return adv.compute_remax_advantage(token_level_rewards, response_mask, reward_baselines)
+
+
+def _otb_tensors(name: str, old_log_prob: Tensor | None, sum_pi_squared: Tensor | None) -> None:
+    if old_log_prob is None or sum_pi_squared is None:
+        raise AlgoError(
+            f"estimator '{name}' needs old_log_prob and sum_pi_squared [B, T] (sum over the vocabulary of "
+            "squared probabilities, rlkit.algos.token_baseline.sum_pi_squared_from_logits) from the actor's "
+            "log-prob pass; the trainer must compute and pass both."
+        )
+
+
+def optimal_token_baseline(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, *,
+                           values: Tensor | None = None, reward_baselines: Tensor | None = None,
+                           old_log_prob: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+                           rollout_is_weights: Tensor | None = None, handle_zero_tail: bool = False,
+                           epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
+    """Per-position baseline weighted by cumulative path variance (needs old_log_prob, sum_pi_squared)."""
+    _otb_tensors("optimal_token_baseline", old_log_prob, sum_pi_squared)
+    return otb.compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_prob,
+                                                        sum_pi_squared, rollout_is_weights, handle_zero_tail,
+                                                        epsilon)
+
+
+def tir_optimal_token_baseline(token_level_rewards: Tensor, response_mask: Tensor, index: Tensor, *,
+                               values: Tensor | None = None, reward_baselines: Tensor | None = None,
+                               old_log_prob: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+                               rollout_is_weights: Tensor | None = None, handle_zero_tail: bool = True,
+                               epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
+    """OTB aligned by valid-token index, for multi-turn (tool) responses with masked spans."""
+    _otb_tensors("tir_optimal_token_baseline", old_log_prob, sum_pi_squared)
+    return otb.compute_tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_prob,
+                                                            sum_pi_squared, rollout_is_weights, handle_zero_tail,
+                                                            epsilon)
