@@ -11,6 +11,7 @@ import importlib
 import inspect
 from typing import Any
 
+from rlkit.builtin.algo_params import ClipCovParams, GeoMeanParams, KLCovParams, LuspoParams, VespoParams
 from rlkit.builtin.params import ClipParams, DiscountParams, DrGrpoParams, GaeParams, GroupNormParams, PPOClipParams, SapoParams
 from rlkit.hookspecs import hookimpl
 from rlkit.specs import EstimatorSpec, PolicyLossSpec
@@ -166,5 +167,38 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
             name="sapo", fn=_loss("sapo"), params=SapoParams,
             description="SAPO: soft sigmoid gate on the ratio instead of a hard clip",
             paper="Gao et al. 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347)",
+        ),
+        *_issue16_losses(),
+    ]
+
+
+def _issue16_losses() -> list[PolicyLossSpec]:
+    """Entropy-aware and sequence-level losses (docs/algorithms.md gives formulas and aggregation)."""
+    entropy_paper = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)"
+    return [
+        PolicyLossSpec(
+            name="clip_cov", fn=_loss("clip_cov"), params=ClipCovParams,
+            description="Clip-Cov: PPO clip, plus cut the gradient of a few random high-covariance tokens",
+            paper=entropy_paper,
+        ),
+        PolicyLossSpec(
+            name="kl_cov", fn=_loss("kl_cov"), params=KLCovParams,
+            description="KL-Cov: unclipped ratio loss, |log ratio| penalty on the top-covariance tokens",
+            paper=entropy_paper,
+        ),
+        PolicyLossSpec(
+            name="geo_mean", aliases=("gmpo",), fn=_loss("geo_mean"), params=GeoMeanParams,
+            description="GMPO: geometric mean of token ratios clipped in log space (use seq-mean-token-mean)",
+            paper="Zhao et al. 2025, Geometric-Mean Policy Optimization (arXiv:2507.20673)",
+        ),
+        PolicyLossSpec(
+            name="luspo", fn=_loss("luspo"), params=LuspoParams,
+            description="LUSPO: GSPO's sequence loss scaled by length (use seq-mean-token-sum)",
+            paper="Length-Unbiased Sequence Policy Optimization (arXiv:2602.05261)",
+        ),
+        PolicyLossSpec(
+            name="vespo", fn=_loss("vespo"), params=VespoParams,
+            description="VESPO: REINFORCE scaled by a Gamma kernel of the sequence IS weight",
+            paper="Variational Sequence-Level Soft Policy Optimization (arXiv:2602.10693)",
         ),
     ]
