@@ -97,7 +97,8 @@ def otb_batches(draw, holes: bool = False):
         lengths = draw(st.lists(st.integers(0, width), min_size=b, max_size=b))
         mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths], **F64)
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    rewards = torch.randint(-1, 3, (b, width), generator=g).to(torch.float64) * (torch.rand(b, width, generator=g) < 0.4)
+    sparse = torch.rand(b, width, generator=g) < 0.4
+    rewards = torch.randint(-1, 3, (b, width), generator=g).to(torch.float64) * sparse
     old = -torch.rand(b, width, generator=g, **F64) * 3
     sum_sq = torch.exp(old) ** 2 + torch.rand(b, width, generator=g, **F64) * (1 - torch.exp(old) ** 2)
     is_w = torch.rand(b, width, generator=g, **F64) * 2 if draw(st.booleans()) else None
