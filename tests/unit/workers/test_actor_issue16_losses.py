@@ -1,0 +1,50 @@
+"""Each issue-16 policy loss drives a real actor update (tiny Qwen2, FSDP2 world size 1, gloo), resolved
+from a recipe component the way the driver resolves it: finite loss, its own metrics, the weights move."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.pipeline import resolve
+from rlkit.plugins import make_plugin_manager
+from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
+from rlkit.registry import build_registries
+from rlkit.workers.actor import FSDPActor
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _fsdp_ranks import global_batch  # noqa: E402
+
+sys.path.pop(0)
+
+CASES = [  # (component, the paper's aggregation, a metric only this loss reports)
+    ({"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9}, "token-mean",
+     "actor/clip_cov_frac"),
+    ({"name": "kl_cov", "kl_cov_ratio": 0.2}, "token-mean", "actor/kl_cov_frac"),
+    ({"name": "gmpo"}, "seq-mean-token-mean", "actor/pg_clipfrac_lower"),
+    ({"name": "luspo", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}, "seq-mean-token-sum", "actor/pg_clipfrac"),
+    ({"name": "vespo"}, "token-mean", "actor/vespo_phi_mean"),
+]
+
+
+@pytest.mark.parametrize(("component", "mode", "metric"), CASES, ids=[c[0]["name"] for c in CASES])
+def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, mode, metric):
+    registries = build_registries(make_plugin_manager(entry_points=False))
+    policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
+    assert not problems
+    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=3, loss_agg_mode=mode,
+                      optim=OptimConfig(lr=1e-2, weight_decay=0.0))
+    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), cfg, policy_loss, rollout_n=2, total_steps=10)
+    batch = global_batch(actor.tokenizer)  # 8 samples, response lengths 1..8, sequence-level advantages
+    before = {k: v.clone() for k, v in actor.full_state_dict().items()}
+    # off-policy by 0.3 nats per token, so ratios, weights and clips are exercised
+    batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"] - 0.3 * batch["response_mask"]
+    metrics = actor.update(batch)
+    assert metric in metrics and math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+    assert metrics["actor/grad_norm"] > 0
+    after = actor.full_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the update changed no weight"
