@@ -44,10 +44,14 @@ __all__ = [
     "decoupled",
     "decoupled_ppo_clip",
     "mismatch_metrics",
+    "OUTPUT_KINDS",
 ]
 
 Tensor = torch.Tensor
 SAFETY_BOUND = 20.0  # |log ratio| clamp before exp (veRL's): exp(20) ~ 4.9e8
+# what each correction returns: "weights" multiply the per-token loss, a "mask" replaces response_mask
+OUTPUT_KINDS = {"token_tis": "weights", "seq_tis": "weights", "token_mis": "mask", "seq_mis": "mask",
+                "icepop": "weights", "decoupled": "weights"}
 
 
 def _log_ratio(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> Tensor:

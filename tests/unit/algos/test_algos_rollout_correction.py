@@ -124,6 +124,13 @@ def test_metric_names_are_verl_rollout_corr_names():
         assert set(fn(OLD, ROLLOUT, MASK)[1]) == masked, fn.__name__
 
 
+def test_output_kinds_name_every_correction():
+    assert set(R.OUTPUT_KINDS) == {name for name, _ in CASES}
+    for name, kind in R.OUTPUT_KINDS.items():  # a mask is 0/1 where a weight is a ratio
+        out, _ = getattr(R, name)(OLD, ROLLOUT, MASK)
+        assert (set(out.unique().tolist()) <= {0.0, 1.0}) == (kind == "mask"), name
+
+
 def test_bad_parameters_are_explained():
     with pytest.raises(AlgoError, match="threshold"):
         R.token_tis(OLD, ROLLOUT, MASK, threshold=0.0)
