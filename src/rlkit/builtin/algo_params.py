@@ -1,4 +1,4 @@
-"""Parameter models of the issue-16 algorithms: five policy losses, the two optimal-token-baseline
+"""Parameter models of the entropy-aware and sequence-level losses, the two optimal-token-baseline
 estimators, and the rollout-correction functions.
 
 Field names are the keyword scalars of the functions in ``rlkit.algos`` (``policy_losses``,

@@ -168,11 +168,11 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
             description="SAPO: soft sigmoid gate on the ratio instead of a hard clip",
             paper="Gao et al. 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347)",
         ),
-        *_issue16_losses(),
+        *_entropy_and_sequence_losses(),
     ]
 
 
-def _issue16_losses() -> list[PolicyLossSpec]:
+def _entropy_and_sequence_losses() -> list[PolicyLossSpec]:
     """Entropy-aware and sequence-level losses (docs/algorithms.md gives formulas and aggregation)."""
     entropy_paper = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)"
     return [

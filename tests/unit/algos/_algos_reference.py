@@ -166,7 +166,7 @@ def ppo_clip_token(logp, old, a, low, high, c):
     return min(clipped, -a * c) if a < 0 else clipped
 
 
-# ---------------------------------------------------------------- losses added for issue 16
+# ---------------------------------------------------------------- entropy-aware and sequence-level losses
 def _clamp(x, lo, hi):
     return max(lo, min(hi, x))
 

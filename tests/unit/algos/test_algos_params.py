@@ -1,5 +1,5 @@
-"""The params models of the issue-16 algorithms match their functions: same keyword names, same defaults,
-a description on every field, unknown keys and impossible bounds refused."""
+"""The params models of the newer losses, estimators and rollout corrections match their functions:
+same keyword names, same defaults, a description on every field, unknown keys and bad bounds refused."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Each issue-16 policy loss drives a real actor update (tiny Qwen2, FSDP2 world size 1, gloo), resolved
-from a recipe component the way the driver resolves it: finite loss, its own metrics, the weights move."""
+"""Each entropy-aware or sequence-level policy loss drives a real actor update (tiny Qwen2, FSDP2 world
+size 1, gloo), resolved from a recipe component the way the driver resolves it: finite loss, its own
+metrics, the weights move."""
 
 from __future__ import annotations
 

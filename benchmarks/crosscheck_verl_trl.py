@@ -1,10 +1,11 @@
-"""Numeric cross-check of the issue-16 algorithms against veRL's and TRL's own functions.
+"""Numeric cross-check of the newer losses, estimators and rollout corrections against veRL's and
+TRL's own functions.
 
 Not a test (veRL and TRL are not dependencies): it loads the named functions from source files of a
 veRL and a TRL checkout with ``ast`` (decorators dropped, ``verl_F`` masked reductions stubbed), runs
 both on 200 random batches (float64) and prints the largest absolute difference per quantity::
 
-    python benchmarks/crosscheck_issue16.py --core-algos VERL/verl/trainer/ppo/core_algos.py \
+    python benchmarks/crosscheck_verl_trl.py --core-algos VERL/verl/trainer/ppo/core_algos.py \
         --rollout-corr VERL/verl/trainer/ppo/rollout_corr_helper.py --grpo-trainer TRL/trl/trainer/grpo_trainer.py
 
 Recorded results: docs/algorithms.md ("Checked against veRL and TRL").
