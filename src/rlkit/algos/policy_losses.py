@@ -17,7 +17,8 @@ import torch
 
 from rlkit.algos._util import AlgoError, check_bt, masked_mean
 
-__all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo"]
+__all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo",
+           "clip_cov_selection", "kl_cov_selection"]
 
 Tensor = torch.Tensor
 
@@ -154,64 +155,42 @@ def _covariance(log_prob: Tensor, advantages: Tensor, response_mask: Tensor) -> 
     return (adv - masked_mean(adv, response_mask)) * (logp - masked_mean(logp, response_mask))
 
 
-def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
-             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
-             generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
-    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617).
+def clip_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+                       clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
+                       exclude: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Clip-Cov's tokens [B, T] (bool): ``max(1, floor(clip_cov_ratio * N))`` drawn at random among the
+    valid tokens (not in ``exclude``) whose covariance lies strictly inside ``(clip_cov_lb, clip_cov_ub)``.
 
-    PPO's clipped surrogate ``L = max(-A r, -A clip(r, 1 - low, 1 + high))``, except that
-    ``max(1, floor(clip_cov_ratio * N))`` tokens (``N`` = valid tokens in this call), drawn at random
-    among the valid tokens the ratio clip left alone whose covariance
-    ``(A - mean A)(log_prob - mean log_prob)`` lies strictly inside ``(clip_cov_lb, clip_cov_ub)``,
-    get loss 0 (their gradient is cut). High-covariance tokens drive the entropy collapse.
-    ``generator`` draws the random subset (None: torch's global generator, which the trainer seeds).
-    The selection uses this call's tokens only (means, N), as veRL does per micro-batch.
-    Metrics: pg_clipfrac (share where the ratio clip binds), clip_cov_frac (share cut), ppo_kl.
+    ``N`` and the covariance's means are over every valid token given: call it on the whole mini-batch
+    (then slice the result with the rows) for a selection that does not depend on the micro-batch split.
     """
     if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
         raise AlgoError(f"clip_cov needs clip_cov_ratio > 0 and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
                         f"{clip_cov_lb}, {clip_cov_ub}.")
-    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
-    ratio = torch.exp(log_ratio)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    check_bt("advantages", advantages, log_prob)
+    check_bt("response_mask", response_mask, log_prob)
     valid = response_mask > 0
-    clipped = (pg_losses2 > pg_losses1) & valid
     cov = _covariance(log_prob, advantages, response_mask)
-    candidates = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    candidates = valid & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    if exclude is not None:
+        candidates = candidates & ~exclude
     flat = torch.nonzero(candidates.reshape(-1)).squeeze(-1)  # [K] flat indices of the candidates
     clip_num = max(int(clip_cov_ratio * int(valid.sum())), 1)
     order = torch.randperm(flat.numel(), generator=generator).to(flat.device)
-    keep = torch.ones(candidates.numel(), dtype=log_prob.dtype, device=log_prob.device)
-    keep[flat[order[:clip_num]]] = 0.0
-    keep = keep.reshape(candidates.shape)  # [B, T]
-    per_token = torch.maximum(pg_losses1, pg_losses2) * keep
-    dtype = log_prob.dtype
-    metrics = {
-        "pg_clipfrac": float(masked_mean(clipped.to(dtype), response_mask)),
-        "clip_cov_frac": float(masked_mean((keep == 0).to(dtype), response_mask)),
-        "ppo_kl": _ppo_kl(log_ratio, response_mask),
-    }
-    return per_token, metrics
+    selected = torch.zeros(candidates.numel(), dtype=torch.bool, device=log_prob.device)
+    selected[flat[order[:clip_num]]] = True
+    return selected.reshape(candidates.shape)
 
 
-def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-           kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0) -> tuple[Tensor, dict[str, float]]:
-    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clip; a KL penalty on the top-covariance tokens.
-
-    ``L = -A r`` for every token, plus ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))``
-    valid tokens with the largest covariance ``(A - mean A)(log_prob - mean log_prob)`` (ties: the
-    earlier token in row-major order wins). Selection over this call's tokens, as veRL.
-    Metrics: ppo_kl (k1, as every loss), ppo_kl_abs (mean |log r|, what veRL logs as ppo_kl),
-    kl_cov_frac (share of valid tokens penalised).
+def kl_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+                     kl_cov_ratio: float = 0.0002) -> Tensor:
+    """KL-Cov's tokens [B, T] (bool): the ``max(1, floor(kl_cov_ratio * N))`` valid tokens with the largest
+    covariance (ties: the earlier token in row-major order). Whole mini-batch: see ``clip_cov_selection``.
     """
     if kl_cov_ratio <= 0:
         raise AlgoError(f"kl_cov needs kl_cov_ratio > 0, got {kl_cov_ratio}.")
-    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
-    ratio = torch.exp(log_ratio)
-    pg_losses = -advantages * ratio
-    pg_losses_kl = pg_losses + ppo_kl_coef * log_ratio.abs()
+    check_bt("advantages", advantages, log_prob)
+    check_bt("response_mask", response_mask, log_prob)
     valid = (response_mask > 0).reshape(-1)
     flat_valid = torch.nonzero(valid).squeeze(-1)  # [N]
     cov = _covariance(log_prob, advantages, response_mask).reshape(-1)[flat_valid]
@@ -219,7 +198,69 @@ def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_
     top = torch.sort(cov, descending=True, stable=True).indices[:k]
     selected = torch.zeros_like(valid)
     selected[flat_valid[top]] = True
-    selected = selected.reshape(log_prob.shape)  # [B, T]
+    return selected.reshape(log_prob.shape)
+
+
+def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
+             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, selected: Tensor | None = None,
+             generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617).
+
+    PPO's clipped surrogate ``L = max(-A r, -A clip(r, 1 - low, 1 + high))``, except that
+    ``max(1, floor(clip_cov_ratio * N))`` tokens, drawn at random among the valid tokens the ratio clip
+    left alone whose covariance ``(A - mean A)(log_prob - mean log_prob)`` lies strictly inside
+    ``(clip_cov_lb, clip_cov_ub)``, get loss 0 (their gradient is cut): high-covariance tokens drive
+    the entropy collapse. ``selected`` None: drawn from this call's tokens (``N``, means; ``generator``
+    draws, None = torch's global one), as veRL does per micro-batch; the loss then depends on the
+    micro-batch split. ``selected`` given (``clip_cov_selection`` over the whole mini-batch, sliced):
+    those tokens are cut where the ratio clip does not bind, and the loss is split-invariant.
+    Metrics: pg_clipfrac (share where the ratio clip binds), clip_cov_frac (share cut), ppo_kl.
+    """
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    valid = response_mask > 0
+    clipped = (pg_losses2 > pg_losses1) & valid
+    if selected is None:
+        cut = clip_cov_selection(log_prob, advantages, response_mask, clip_cov_ratio=clip_cov_ratio,
+                                 clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub, exclude=clipped,
+                                 generator=generator)
+    else:
+        check_bt("selected", selected, log_prob)
+        cut = selected.bool() & valid & ~clipped
+    per_token = torch.maximum(pg_losses1, pg_losses2) * (~cut).to(log_prob.dtype)
+    dtype = log_prob.dtype
+    metrics = {
+        "pg_clipfrac": float(masked_mean(clipped.to(dtype), response_mask)),
+        "clip_cov_frac": float(masked_mean(cut.to(dtype), response_mask)),
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+    }
+    return per_token, metrics
+
+
+def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+           kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0,
+           selected: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clip; a KL penalty on the top-covariance tokens.
+
+    ``L = -A r`` for every token, plus ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))``
+    valid tokens with the largest covariance ``(A - mean A)(log_prob - mean log_prob)`` (ties: the
+    earlier token in row-major order). ``selected`` None: ranked within this call, as veRL (depends on
+    the micro-batch split); given (``kl_cov_selection`` over the whole mini-batch, sliced): split-invariant.
+    Metrics: ppo_kl (k1, as every loss), ppo_kl_abs (mean |log r|, what veRL logs as ppo_kl),
+    kl_cov_frac (share of valid tokens penalised).
+    """
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    pg_losses = -advantages * ratio
+    pg_losses_kl = pg_losses + ppo_kl_coef * log_ratio.abs()
+    if selected is None:
+        selected = kl_cov_selection(log_prob, advantages, response_mask, kl_cov_ratio=kl_cov_ratio)
+    else:
+        check_bt("selected", selected, log_prob)
+    selected = selected.bool() & (response_mask > 0)
     per_token = torch.where(selected, pg_losses_kl, pg_losses)
     dtype = log_prob.dtype
     metrics = {

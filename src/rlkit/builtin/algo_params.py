@@ -4,7 +4,10 @@ estimators, and the rollout-correction functions.
 Field names are the keyword scalars of the functions in ``rlkit.algos`` (``policy_losses``,
 ``estimators``, ``rollout_correction``), and the defaults are those functions' defaults, so
 ``fn(..., **Model().model_dump())`` is the function's default call (tested). docs/algorithms.md gives
-each formula, paper and where the defaults come from.
+each formula, paper and where the defaults come from. Registered today: GeoMean, Luspo, Vespo. The
+others wait for their wiring: Clip-Cov / KL-Cov for a mini-batch token selection in the actor, the
+optimal token baselines for ``old_log_prob`` and ``sum_pi_squared`` from the trainer, the rollout
+corrections for their registry.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from typing import Any
 
-from rlkit.builtin.algo_params import ClipCovParams, GeoMeanParams, KLCovParams, LuspoParams, VespoParams
+from rlkit.builtin.algo_params import GeoMeanParams, LuspoParams, VespoParams
 from rlkit.builtin.params import ClipParams, DiscountParams, DrGrpoParams, GaeParams, GroupNormParams, PPOClipParams, SapoParams
 from rlkit.hookspecs import hookimpl
 from rlkit.specs import EstimatorSpec, PolicyLossSpec
@@ -173,19 +173,11 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
 
 
 def _entropy_and_sequence_losses() -> list[PolicyLossSpec]:
-    """Entropy-aware and sequence-level losses (docs/algorithms.md gives formulas and aggregation)."""
-    entropy_paper = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)"
+    """Sequence-level losses (docs/algorithms.md gives formulas and aggregation). Clip-Cov and KL-Cov
+    (``rlkit.algos.policy_losses.clip_cov`` / ``kl_cov``) are not registered: their token selection
+    must be made over the whole mini-batch (``clip_cov_selection`` / ``kl_cov_selection``) and passed
+    to each micro-batch as ``selected``, which the actor does not do yet."""
     return [
-        PolicyLossSpec(
-            name="clip_cov", fn=_loss("clip_cov"), params=ClipCovParams,
-            description="Clip-Cov: PPO clip, plus cut the gradient of a few random high-covariance tokens",
-            paper=entropy_paper,
-        ),
-        PolicyLossSpec(
-            name="kl_cov", fn=_loss("kl_cov"), params=KLCovParams,
-            description="KL-Cov: unclipped ratio loss, |log ratio| penalty on the top-covariance tokens",
-            paper=entropy_paper,
-        ),
         PolicyLossSpec(
             name="geo_mean", aliases=("gmpo",), fn=_loss("geo_mean"), params=GeoMeanParams,
             description="GMPO: geometric mean of token ratios clipped in log space (use seq-mean-token-mean)",

@@ -274,8 +274,8 @@ SEQUENCE_LOSSES = [(P.geo_mean, "seq-mean-token-mean"), (P.luspo, "seq-mean-toke
        st.sampled_from(range(len(SEQUENCE_LOSSES))))
 def test_split_into_micro_batches_is_exact(inputs, cuts, which):
     """Each sequence's per-token loss depends on that sequence alone, so micro-batches (each padded to
-    its own width) with global counts reproduce the full batch's loss and gradient. Not true of
-    clip_cov / kl_cov: their token selection uses the statistics of the call (as veRL's)."""
+    its own width) with global counts reproduce the full batch's loss and gradient. clip_cov / kl_cov
+    need their selection made over the whole mini-batch for that (tested below)."""
     fn, mode = SEQUENCE_LOSSES[which]
     log_prob, old, adv, mask = inputs
     b = log_prob.shape[0]
@@ -294,3 +294,63 @@ def test_split_into_micro_batches_is_exact(inputs, cuts, which):
         total += float(share.detach())
     assert total == pytest.approx(float(full.detach()), rel=1e-10, abs=1e-12)
     torch.testing.assert_close(lp.grad, full_lp.grad, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------- clip_cov / kl_cov with a mini-batch selection
+@given(loss_inputs(seq_adv=True), st.lists(st.integers(1, 4), max_size=3, unique=True),
+       st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]), st.integers(0, 99))
+def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode, seed):
+    """Selected once over the whole mini-batch (then sliced with the rows), the tokens Clip-Cov cuts and
+    KL-Cov penalises no longer depend on the micro-batch split: loss and gradient are exact."""
+    log_prob, old, adv, mask = inputs
+    b = log_prob.shape[0]
+    tokens, seqs = global_counts(mask)
+    bounds = [0, *sorted(c for c in cuts if c < b), b]
+    selections = {
+        P.clip_cov: P.clip_cov_selection(log_prob, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+                                         generator=torch.Generator().manual_seed(seed)),
+        P.kl_cov: P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3),
+    }
+    for fn, sel in selections.items():
+        full_lp = log_prob.clone().requires_grad_(True)
+        full = agg_loss(fn(full_lp, old, adv, mask, selected=sel)[0], mask, mode)
+        full.backward()
+        lp = log_prob.clone().requires_grad_(True)
+        total = 0.0
+        for lo, hi in zip(bounds, bounds[1:]):
+            width = int(mask[lo:hi].sum(-1).max())
+            piece = fn(lp[lo:hi, :width], old[lo:hi, :width], adv[lo:hi, :width], mask[lo:hi, :width],
+                       selected=sel[lo:hi, :width])[0]
+            share = agg_loss(piece, mask[lo:hi, :width], mode, global_tokens=tokens, global_seqs=seqs)
+            share.backward()
+            total += float(share.detach())
+        assert total == pytest.approx(float(full.detach()), rel=1e-10, abs=1e-12)
+        torch.testing.assert_close(lp.grad, full_lp.grad, rtol=1e-10, atol=1e-12)
+
+
+@given(loss_inputs(), st.integers(0, 99))
+def test_cov_losses_select_within_the_call_by_default(inputs, seed):
+    """Without `selected` the loss draws its own selection from the call's tokens (veRL's behaviour):
+    the same as passing the selection functions' result for that call."""
+    log_prob, old, adv, mask = inputs
+    a, _ = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.3)
+    b, _ = P.kl_cov(log_prob, old, adv, mask, selected=P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3))
+    torch.testing.assert_close(a, b)
+    # on-policy nothing is ratio-clipped, so the draw is the selection function's with the same seed
+    a, _ = P.clip_cov(old, old, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+                      generator=torch.Generator().manual_seed(seed))
+    sel = P.clip_cov_selection(old, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+                               generator=torch.Generator().manual_seed(seed))
+    b, _ = P.clip_cov(old, old, adv, mask, selected=sel)
+    torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["geo_mean", "luspo", "vespo"])
+def test_registered_sequence_losses_pass_the_conformance_kit(name):
+    """rlkit.testing's contract for a policy loss (shapes, finite values, no gradient on masked tokens,
+    split invariance over ranks and micro-batches in every aggregation mode)."""
+    from rlkit.plugins import make_plugin_manager
+    from rlkit.registry import build_registries
+    from rlkit.testing.algos import check_policy_loss
+
+    check_policy_loss(name, registries=build_registries(make_plugin_manager(entry_points=False)))

@@ -20,11 +20,10 @@ from rlkit.registry import build_registries
 
 ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
-LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo"]
+LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "geo_mean", "luspo", "vespo"]
 # values for every parameter a built-in's params model declares (algorithm.estimator.* / actor.policy_loss.*)
 ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6}
 ACTOR_KEYS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05,
-              "clip_cov_ratio": 0.2, "clip_cov_lb": 0.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.2, "ppo_kl_coef": 1.0,
               "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
 
 

@@ -1,6 +1,6 @@
-"""Each entropy-aware or sequence-level policy loss drives a real actor update (tiny Qwen2, FSDP2 world
-size 1, gloo), resolved from a recipe component the way the driver resolves it: finite loss, its own
-metrics, the weights move."""
+"""Each registered sequence-level policy loss (GMPO, LUSPO, VESPO) drives a real actor update (tiny
+Qwen2, FSDP2 world size 1, gloo), resolved from a recipe component the way the driver resolves it:
+finite loss, its own metrics, the weights move."""
 
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ from _fsdp_ranks import global_batch  # noqa: E402
 sys.path.pop(0)
 
 CASES = [  # (component, the paper's aggregation, a metric only this loss reports)
-    ({"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9}, "token-mean",
-     "actor/clip_cov_frac"),
-    ({"name": "kl_cov", "kl_cov_ratio": 0.2}, "token-mean", "actor/kl_cov_frac"),
     ({"name": "gmpo"}, "seq-mean-token-mean", "actor/pg_clipfrac_lower"),
     ({"name": "luspo", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}, "seq-mean-token-sum", "actor/pg_clipfrac"),
     ({"name": "vespo"}, "token-mean", "actor/vespo_phi_mean"),
