@@ -344,13 +344,3 @@ def test_cov_losses_select_within_the_call_by_default(inputs, seed):
     b, _ = P.clip_cov(old, old, adv, mask, selected=sel)
     torch.testing.assert_close(a, b)
 
-
-@pytest.mark.parametrize("name", ["geo_mean", "luspo", "vespo"])
-def test_registered_sequence_losses_pass_the_conformance_kit(name):
-    """rlkit.testing's contract for a policy loss (shapes, finite values, no gradient on masked tokens,
-    split invariance over ranks and micro-batches in every aggregation mode)."""
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
-    from rlkit.testing.algos import check_policy_loss
-
-    check_policy_loss(name, registries=build_registries(make_plugin_manager(entry_points=False)))
