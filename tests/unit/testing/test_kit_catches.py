@@ -243,16 +243,6 @@ class TruncatedLogProbRollout(HFRollout):
         return out
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    from rlkit.models.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
-
-    torch.set_num_threads(1)
-    config = ModelConfig(path=str(tiny_model_dir))
-    tokenizer = load_tokenizer(config)
-    return load_model(config, tokenizer=tokenizer).eval(), tokenizer
-
 
 @pytest.mark.parametrize(("spec", "message"), [
     (RolloutBackendSpec(name="sample_major", cls=SampleMajorRollout), "row 1 does not hold prompt 0"),
