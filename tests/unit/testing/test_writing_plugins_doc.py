@@ -1,5 +1,6 @@
 """docs/writing-plugins.md: every Python block of the worked examples runs as written, its conformance
-check included (a section's blocks share one namespace with `tokenizer`, `model` and `tmp_path`)."""
+check included (a section's blocks share one namespace with `tokenizer`, `model` and `tmp_path`), on the
+model of rlkit.testing's own fixtures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from rlkit.testing.pytest_plugin import rlkit_tiny_model, rlkit_tiny_model_dir, rlkit_tokenizer  # noqa: F401
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "writing-plugins.md"
 
@@ -34,8 +37,8 @@ def test_every_kind_has_a_worked_section_with_its_check():
 
 
 @pytest.mark.parametrize("title", list(SECTIONS))
-def test_worked_example_runs(title, tiny, tmp_path):
-    model, tokenizer = tiny
+def test_worked_example_runs(title, rlkit_tiny_model, tmp_path):
+    model, tokenizer = rlkit_tiny_model  # the kit's own fixture, as the doc says
     namespace = {"model": model, "tokenizer": tokenizer, "tmp_path": tmp_path, "__name__": "writing_plugins_doc"}
     for block in SECTIONS[title]:
         code = compile(block, f"docs/writing-plugins.md ({title})", "exec", dont_inherit=True)  # as a user runs it
