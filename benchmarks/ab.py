@@ -9,7 +9,7 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   prefill  rollout: one prefill per distinct prompt (KV cache shared by its n rows) vs one per row
   fused  fused AdamW vs the foreach implementation
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
-  bf16w  rollout: a bf16 weight copy for decoding (engine_kwargs.dtype) vs the fp32 weights
+  bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
 One actor per variant (same seed, same weights), world size 1 (gloo), one thread. Prints the median
 seconds of A and B and B/A.
 """
@@ -71,22 +71,27 @@ def main() -> None:
     import torch.distributed as dist
 
     from rlkit.batch import Batch
+    from rlkit.pipeline import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
-    from rlkit.rollout.hf import HFRollout
+    from rlkit.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     mp = "bf16" if args.dtype == "bf16" else "fp32"
+    registries = build_registries()
     built = {}
     for on in (False, True):
         with variant(args.change, on):
-            actor = FSDPActor(ModelConfig(path=args.model), ActorConfig(
-                mixed_precision=mp, ppo_micro_batch_size_per_rank=args.samples, ppo_mini_batch_size=1),
-                rollout_n=args.samples, total_steps=10)
-            rollout = HFRollout(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
-                                rollout_config=RolloutConfig(ignore_eos=True, engine_kwargs=(
-                                    {"dtype": "bfloat16"} if args.change == "bf16w" and on else {})))
+            cfg = ActorConfig(mixed_precision=mp, ppo_micro_batch_size_per_rank=args.samples, ppo_mini_batch_size=1)
+            backend = {"name": "hf", "dtype": "bfloat16" if args.change == "bf16w" and on else "float32"}
+            # components resolved as the driver resolves them (rlkit.pipeline), built as the worker builds them
+            (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
+                                        resolve("rollout.backend", "rollout_backends", backend, registries))
+            assert not p1 and not p2, p1 + p2
+            actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
+            rollout = engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
+                                   rollout_config=RolloutConfig(ignore_eos=True, backend=backend))
             if args.change == "prefill":
                 rollout._share_prefill = on
             if args.change == "attn" and on:

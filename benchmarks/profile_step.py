@@ -34,7 +34,9 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from rlkit.batch import Batch
+    from rlkit.pipeline import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
+    from rlkit.registry import build_registries
     from rlkit.rollout.hf import HFRollout
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
@@ -42,9 +44,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     mp = "bf16" if args.dtype == "bf16" else "fp32"
-    actor = FSDPActor(ModelConfig(path=args.model),
-                      ActorConfig(mixed_precision=mp, ppo_micro_batch_size_per_rank=args.samples, ppo_mini_batch_size=1),
-                      rollout_n=args.samples, total_steps=10)
+    cfg = ActorConfig(mixed_precision=mp, ppo_micro_batch_size_per_rank=args.samples, ppo_mini_batch_size=1)
+    loss, problems = resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, build_registries())
+    assert not problems, problems
+    actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
     rollout = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=RolloutConfig(ignore_eos=True),
                         max_response_length=args.tokens, seed=1)
     tok = actor.tokenizer

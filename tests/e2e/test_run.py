@@ -97,7 +97,7 @@ def test_tool_agent_recipe_runs_on_cpu(write_recipe, tmp_path):
     """rollout.agent=tool with the HF backend: the multi-turn loop runs inside the training step."""
     out = tmp_path / "agent"
     recipe = write_recipe(out)
-    result = run_rlkit("run", str(recipe), "rollout.agent=tool", "rollout.tools=[calculator]", "rollout.max_turns=2",
+    result = run_rlkit("run", str(recipe), "rollout.agent=tool", "rollout.agent.max_turns=2", "rollout.tools=[calculator]",
                        "trainer.total_steps=2", "trainer.merge_at_end=false")
     assert result.returncode == 0, result.stderr[-3000:]
     last = records(out)[-1]

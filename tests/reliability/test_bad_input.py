@@ -68,7 +68,12 @@ RECIPE_CASES = {
     "wrong type list": (["trainer.total_steps=[1, 2]"], ["trainer.total_steps"]),
     "wrong type mapping": (["model=3"], ["model", "valid dictionary"]),
     "negative batch": (["data.train_batch_size=-1"], ["data.train_batch_size", "greater than 0"]),
-    "unknown key with suggestion": (["actor.clip_ratio_hgh=0.3"], ["actor.clip_ratio_hgh", "clip_ratio_high"]),
+    "unknown key with suggestion": (["actor.loss_agg_mod=token-mean"], ["actor.loss_agg_mod", "Did you mean 'loss_agg_mode'"]),
+    "unknown component parameter": (["actor.policy_loss.clip_ratio_hgh=0.3"],
+                                    ["actor.policy_loss.clip_ratio_hgh", "ppo_clip", "clip_ratio_high"]),
+    "parameter out of range": (["algorithm.estimator={name: ppo, lam: 1.5}"], ["algorithm.estimator.lam", "less than or equal to 1"]),
+    "parameter of a component without any": (["reward.manager={name: naive, num_workers: 2}"],
+                                             ["reward.manager.num_workers", "takes no parameters"]),
     "unknown section": (["nonsense.key=1"], ["nonsense", "unknown key"]),
     "unknown estimator": (["algorithm.estimator=grpoo"], ["algorithm.estimator", "grpo"]),
     "unknown policy loss": (["actor.policy_loss=ppo_clp"], ["actor.policy_loss", "ppo_clip"]),
@@ -303,7 +308,7 @@ def test_run_survives_scores_that_return_nan_none_strings_raise_or_hang(recipe, 
     out = tmp_path / "out"
     score = tmp_path / "bad_score.py"
     score.write_text(MISBEHAVING_SCORE.format())
-    path = recipe(out, steps=2, extra=f"reward: {{custom_score: {{path: {score}}}, manager: parallel, timeout_s: 2.0, num_workers: 1}}\n")
+    path = recipe(out, steps=2, extra=f"reward: {{custom_score: {{path: {score}}}, manager: {{name: parallel, num_workers: 1}}, timeout_s: 2.0}}\n")
     result = run("run", str(path))
     assert result.returncode == 0, result.stderr[-3000:]
     records = last_record_per_step(out)
