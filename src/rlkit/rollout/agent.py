@@ -35,12 +35,13 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
+from rlkit.protocols import GeneratesIds
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.tools.base import Tool, ToolResult, call_tool, truncate
 
@@ -48,13 +49,9 @@ __all__ = ["TurnGenerator", "HFTurnGenerator", "ToolCall", "parse_hermes_tool_ca
            "Trajectory", "ToolAgentLoop", "AgentLoopRollout", "agent_metrics"]
 
 
-@runtime_checkable
-class TurnGenerator(Protocol):
-    async def generate_ids(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
-        """Continue ``prompt_ids`` once: ``(token_ids, logprobs, finish_reason)``, ``finish_reason``
-        ``"stop"`` (eos or stop string) or ``"length"`` (``sampling["max_new_tokens"]`` reached).
-        ``sampling``: temperature, top_p, top_k, do_sample, stop, max_new_tokens."""
-        ...
+# What the loop needs from a backend: ``rlkit.protocols.GeneratesIds`` (a backend declaring the
+# ``generate_ids`` capability implements it; ``HFTurnGenerator`` adapts one that does not).
+TurnGenerator = GeneratesIds
 
 
 class HFTurnGenerator:

@@ -1,6 +1,8 @@
 """The rollout backend contract and the batch layout every backend returns (veRL's).
 
-A backend is registered in ``rollout_backends`` (``RolloutBackendSpec.cls``) and constructed as::
+A backend is registered in ``rollout_backends`` (``RolloutBackendSpec.cls``); its contract is
+``rlkit.protocols.RolloutBackend`` (optional capabilities: ``rlkit.protocols.CAPABILITIES``, declared on
+the spec). It is constructed as::
 
     cls(module=..., tokenizer=..., rollout_config=RolloutConfig, max_response_length=int,
         device=torch.device, seed=int)
@@ -34,34 +36,12 @@ Shapes: ``B`` prompts, ``n`` samples per prompt, ``P`` prompt width, ``T`` respo
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 import torch
-from torch import nn
 
 from rlkit.batch import Batch
+from rlkit.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 
 __all__ = ["RolloutBackend", "assemble_rollout"]
-
-
-@runtime_checkable
-class RolloutBackend(Protocol):
-    def generate(
-        self,
-        prompts: Batch,
-        *,
-        n: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        max_new_tokens: int | None = None,
-        do_sample: bool | None = None,
-        stop: list[str] | None = None,
-    ) -> Batch: ...
-
-    def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
-        """Take the actor's new weights: the module itself (same process) or a full state dict."""
-        ...
 
 
 def assemble_rollout(
