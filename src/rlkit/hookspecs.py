@@ -40,7 +40,7 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
 
 @hookspec
 def rlkit_register_reward_managers() -> list[RewardManagerSpec]:
-    """Reward managers (``reward.manager``): naive, batch, dapo, parallel."""
+    """Reward managers (``reward.manager``): naive, batch, parallel."""
 
 
 @hookspec
@@ -50,12 +50,12 @@ def rlkit_register_compute_scores() -> list[ComputeScoreSpec]:
 
 @hookspec
 def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
-    """Rollout engines (``rollout.backend``): hf, sglang (plugin package)."""
+    """Rollout engines (``rollout.backend``): hf, sglang (plugin package); capabilities declared on the spec."""
 
 
 @hookspec
 def rlkit_register_roles() -> list[RoleSpec]:
-    """Worker roles: actor_rollout_ref, actor, rollout, ref, critic, reward_model."""
+    """Worker roles, each filling a step slot: actor_rollout_ref, ref, critic, reward_model."""
 
 
 @hookspec

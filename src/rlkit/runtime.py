@@ -240,7 +240,7 @@ def _tracking(recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int,
         total_steps=total_steps, mlflow_uri=recipe.tracking.mlflow_uri,
         jsonl_path=Path(recipe.tracking.jsonl_path) if recipe.tracking.jsonl_path else None, run_ids=run_ids,
     )
-    trackers = [start_tracker(load_object(t.spec.cls), cfg) for t in pipeline.trackers]
+    trackers = [start_tracker(load_object(t.spec.cls), cfg, t.params) for t in pipeline.trackers]
     mlflow_uri = next((getattr(t, "uri", None) for t in trackers if getattr(t, "name", "") == "mlflow"), None)
     return Tracking(trackers), mlflow_uri
 

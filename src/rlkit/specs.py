@@ -138,8 +138,8 @@ class ToolSpec(Spec):
 @dataclass(frozen=True)
 class AgentLoopSpec(Spec):
     """A multi-turn agent loop (``rollout.agent``, or a data row's ``agent_name``):
-    ``cls(generator, tokenizer, tools, *, max_turns, max_response_length, params)`` with an async
-    ``run(messages, tools_kwargs, sampling) -> Trajectory`` (``rlkit.rollout.agent``)."""
+    ``cls(generator, tokenizer, tools, *, max_response_length, sampling[, params])`` with an async
+    ``run(messages, tools_kwargs, prompt_ids) -> Trajectory`` (contract: ``rlkit.protocols.AgentLoop``)."""
 
     cls: type | str | None = None
     uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model

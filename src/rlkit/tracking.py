@@ -207,10 +207,11 @@ class FailedTracker:
     log_params = log = log_artifact = log_text = finish = _fail
 
 
-def start_tracker(cls: Any, config: TrackerConfig) -> Any:
-    """``cls(config)``, or a ``FailedTracker`` when that raises."""
+def start_tracker(cls: Any, config: TrackerConfig, params: Any = None) -> Any:
+    """``cls(config)`` (``cls(config, params=...)`` for a tracker whose spec declares a params model),
+    or a ``FailedTracker`` when that raises."""
     try:
-        return cls(config)
+        return cls(config) if params is None else cls(config, params=params)
     except Exception as exc:  # noqa: BLE001 - tracking must never stop training
         return FailedTracker(getattr(cls, "name", cls.__name__), exc)
 
