@@ -21,6 +21,7 @@ from rlkit.algos import make_kl_controller
 from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
+from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
 from rlkit.merge import save_hf_config
 from rlkit.recipe import Recipe, recipe_to_dict, uses_critic, uses_ref
 from rlkit.registry import Registries, load_object
@@ -60,6 +61,8 @@ class Runtime:
     groups: list[Any] = field(default_factory=list)
     n_params: int = 0
     peak_flops: float = 0.0
+    hardware: RunHardware | None = None  # what the recipe's ``auto`` precision and threads became here
+    driver_threads: int | None = None  # the driver's torch threads before the workers started
 
     # ----- building -----------------------------------------------------------------------------
     @classmethod
@@ -68,18 +71,19 @@ class Runtime:
 
         out = output_dir_of(recipe)
         out.mkdir(parents=True, exist_ok=True)
+        hw = _plan_hardware(recipe, registries)
         tokenizer = load_tokenizer(recipe.model)
         train_loader, val_loader = _loaders(recipe, tokenizer)
         per_epoch = len(train_loader)
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
         tracking, mlflow_uri = _tracking(recipe, registries, out, total_steps, run_ids or {})
-        tracking.log_params(recipe_to_dict(recipe))
+        tracking.log_params(recipe_to_dict(recipe) | {"resolved": hw.params()})
         rt = cls(
             recipe=recipe, registries=registries, output_dir=out, tokenizer=tokenizer,
             train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
             reward=_reward_manager(recipe, registries, tokenizer),
             estimator=registries.estimators.get(recipe.algorithm.estimator),
-            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri,
+            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri, hardware=hw,
         )
         try:
             rt._start_workers()
@@ -94,11 +98,13 @@ class Runtime:
         recipe, registries = self.recipe, self.registries
         self.cluster = RayCluster(recipe.resources).start()
         pools = ResourcePoolManager(recipe.resources)
-        threads = recipe.resources.threads_per_worker
+        hw = self.hardware
+        threads = hw.threads["actor_rollout_ref"]
         with_ref = uses_ref(recipe)
         actor_cls = load_object(registries.roles.get("actor_rollout_ref").cls)
+        actor_config, rollout_config = _concrete_precision(recipe, hw)
         actor_kwargs = {
-            "model_config": recipe.model, "actor_config": recipe.actor, "rollout_config": recipe.rollout,
+            "model_config": recipe.model, "actor_config": actor_config, "rollout_config": rollout_config,
             "ref_config": recipe.ref if with_ref else None, "max_response_length": recipe.data.max_response_length,
             "total_steps": self.total_steps, "seed": recipe.trainer.seed,
         }
@@ -113,14 +119,17 @@ class Runtime:
             critic_kwargs = {
                 "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
                 "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
-                "total_steps": self.total_steps, "mixed_precision": recipe.actor.mixed_precision,
+                "total_steps": self.total_steps, "mixed_precision": actor_config.mixed_precision,
                 "seed": recipe.trainer.seed,
             }
-            self.critic = WorkerGroup(critic_cls, critic_pool, role="critic", threads=threads, share=share,
+            self.critic = WorkerGroup(critic_cls, critic_pool, role="critic", threads=hw.threads["critic"], share=share,
                                       role_kwargs=critic_kwargs)
             self.groups.append(self.critic)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
-        self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
+        self.peak_flops = _matmul_peak_flops(actor_config.mixed_precision, threads) * self.actor.world_size
+        # The workers own the cores now; the driver's own work (advantages, batching) is small.
+        self.driver_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
@@ -168,6 +177,9 @@ class Runtime:
         close_reward = getattr(self.reward, "close", None)
         if close_reward:
             close_reward()
+        if self.driver_threads is not None:
+            torch.set_num_threads(self.driver_threads)
+            self.driver_threads = None
         self.tracking.finish(status)
 
 
@@ -218,25 +230,33 @@ def _tracking(recipe: Recipe, registries: Registries, out: Path, total_steps: in
 
 
 def _matmul_peak_flops(mixed_precision: str, threads: int, size: int = 1024) -> float:
-    """Measured matmul FLOP/s of one worker's thread count on this machine (CPU); 0 on failure."""
+    """Measured matmul FLOP/s in the run's resolved precision (``fp32`` / ``bf16``) on one worker's thread
+    count on this machine (CPU); 0 on failure."""
     if torch.cuda.is_available():
         return 0.0  # GPU peak is not measured here; mfu is reported on CPU only
     dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a = torch.randn(size, size, dtype=dtype)
-        b = torch.randn(size, size, dtype=dtype)
-        a @ b  # warm-up
-        import time
+    return matmul_flops(dtype, size=size, threads=threads, budget_s=0.0, max_reps=3)
 
-        start = time.perf_counter()
-        reps = 3
-        for _ in range(reps):
-            a @ b
-        seconds = time.perf_counter() - start
-        return 2.0 * size**3 * reps / seconds
-    except RuntimeError:
-        return 0.0
-    finally:
-        torch.set_num_threads(previous)
+
+def _plan_hardware(recipe: Recipe, registries: Registries) -> RunHardware:
+    """Resolve ``auto`` precision and threads once, print the choice, warn (once) about slow or crowded set-ups."""
+    from rlkit.workers.pools import resolve_device
+
+    engine = recipe.rollout.engine_kwargs
+    decode = engine.get("dtype", "auto") if recipe.rollout.backend == "hf" else None  # the hf backend's option
+    hw = plan_run(recipe, device=resolve_device(recipe.resources.device),
+                  with_critic=uses_critic(recipe, registries), decode_dtype=decode)
+    print(hw.summary(), flush=True)
+    for message in hw.precision.warnings:
+        log.warning(message)
+    warn_once("oversubscribed", hw.oversubscribed)
+    return hw
+
+
+def _concrete_precision(recipe: Recipe, hw: RunHardware) -> tuple[Any, Any]:
+    """The actor and rollout sections with ``auto`` replaced by what ``hw`` resolved (the workers never see ``auto``)."""
+    actor = recipe.actor.model_copy(update={"mixed_precision": hw.precision.mixed_precision})
+    rollout = recipe.rollout
+    if hw.precision.decode_dtype is not None:
+        rollout = rollout.model_copy(update={"engine_kwargs": {**rollout.engine_kwargs, "dtype": hw.precision.decode_dtype}})
+    return actor, rollout

@@ -115,7 +115,10 @@ class ActorConfig(Section):
     kl_loss_coef: float = Field(0.001, ge=0)
     kl_loss_type: KLKind = Field("low_var_kl")
     gradient_checkpointing: bool = Field(False)
-    mixed_precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast for forward/backward")
+    mixed_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16 autocast for forward/backward (critic and reference follow); auto = bf16 only where "
+        "this device's bf16 is fast (CUDA with bf16; a CPU whose bf16 matmul measures >= 2x fp32, e.g. AMX), else "
+        "fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)")
     max_nonfinite_in_row: PositiveInt = Field(3, description="stop after this many skipped non-finite updates in a row")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss_params: dict[str, float] = Field(
@@ -143,7 +146,10 @@ class RolloutConfig(Section):
     tools: list[str] = Field(default_factory=list, description="tools the tool agent offers (registry `tools`)")
     log_prob_micro_batch_size_per_rank: PositiveInt = Field(8)
     val: ValidationSampling = Field(default_factory=ValidationSampling)
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend-specific options")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="backend-specific options; hf: `dtype` = auto (default: bfloat16 where "
+        "the actor's bf16 is fast, else float32; logged as resolved.decode_dtype) | float32 | bfloat16 (decode with a "
+        "bf16 copy of the weights)")
 
 
 class CustomScore(Section):
@@ -201,7 +207,9 @@ class ResourcesConfig(Section):
     ray_address: str | None = Field(None, description="join this Ray cluster; None = start a local one")
     pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"global": PoolConfig()})
     roles: dict[str, str] = Field(default_factory=dict, description="role -> pool; unmapped roles use the first pool")
-    threads_per_worker: PositiveInt = Field(1, description="torch threads in each worker process")
+    threads_per_worker: PositiveInt | Literal["auto"] = Field(
+        "auto", description="torch threads in each worker process; auto = the CPUs Ray gives the worker "
+        "(floor(cpus_per_bundle x its share of the bundle), at least 1; logged as resolved.threads_per_worker.<role>)")
     object_store_memory_mb: PositiveInt = Field(512)
 
 
