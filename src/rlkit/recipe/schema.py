@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 __all__ = [
     "Recipe",
@@ -211,6 +211,14 @@ class ResourcesConfig(Section):
         "auto", description="torch threads in each worker process; auto = the CPUs Ray gives the worker "
         "(floor(cpus_per_bundle x its share of the bundle), at least 1; logged as resolved.threads_per_worker.<role>)")
     object_store_memory_mb: PositiveInt = Field(512)
+
+    @field_validator("threads_per_worker", mode="before")
+    @classmethod
+    def _positive_int_or_auto(cls, value: Any) -> Any:
+        """One message for both branches of the union (pydantic would report each branch's failure)."""
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise ValueError(f"must be a positive integer or 'auto' (got {value!r})")
 
 
 class TrainerConfig(Section):
