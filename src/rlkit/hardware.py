@@ -262,6 +262,7 @@ class ResolvedPrecision:
     decode_dtype: str | None  # what the rollout decodes in (None: the backend has no such option)
     decision: PrecisionDecision
     warnings: tuple[str, ...] = ()
+    explicit: tuple[str, ...] = ()  # which of the two the recipe set itself (not auto)
 
     def params(self) -> dict[str, Any]:
         """Run parameters (logged under ``resolved.``)."""
@@ -285,12 +286,14 @@ def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: st
     dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype)
     warnings = []
     slow = d.device == "cpu" and not d.bf16_fast
-    for key, value, asked in (("actor.mixed_precision", mp, mixed_precision),
-                              ("rollout.engine_kwargs.dtype", dd, decode_dtype)):
+    for key, value, asked, fp32 in (("actor.mixed_precision", mp, mixed_precision, "fp32"),
+                                    ("rollout.engine_kwargs.dtype", dd, decode_dtype, "float32")):
         if slow and asked != "auto" and value in ("bf16", "bfloat16"):
             warnings.append(f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
-                            f"set {key}=auto (or fp32/float32).")
-    return ResolvedPrecision(mp, dd, d, tuple(warnings))
+                            f"set {key}=auto (or {fp32}).")
+    explicit = tuple(k for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
+                     if asked not in ("auto", None))
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit)
 
 
 # ----- threads and cores --------------------------------------------------------------------------
@@ -340,12 +343,13 @@ def oversubscription(*, pool_cpus: float, worker_threads_total: int, cores: int 
             f"resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work.")
 
 
-def hardware_summary(decision: PrecisionDecision | None = None) -> dict[str, Any]:
-    """CPU model, relevant flags, torch version and the probe's fp32/bf16 matmul GFLOP/s (benchmarks)."""
+def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
+    """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (benchmarks print it beside every
+    result): ``fresh`` measures now (≈ 0.2 s, under the current load), else the cached probe."""
     import torch
 
     cpu = cpu_info()
-    probe = decision.probe if decision and decision.probe else cached_probe(cpu)
+    probe = probe_matmul() if fresh else cached_probe(cpu)
     return {"cpu_model": cpu.model, "cpu_flags": list(cpu.flags), "torch": torch.__version__,
             "matmul_gflops_fp32": round(probe.fp32_flops / 1e9, 2), "matmul_gflops_bf16": round(probe.bf16_flops / 1e9, 2),
             "matmul_probe": f"{probe.size}² on {probe.threads} thread", "cores": usable_cpus()}
@@ -367,9 +371,11 @@ class RunHardware:
     def summary(self) -> str:
         """The line printed at start."""
         p = self.precision
-        decode = f", rollout decode {p.decode_dtype}" if p.decode_dtype else ""
+        mark = {k: " (set in the recipe)" if k in p.explicit else "" for k in ("mixed_precision", "decode_dtype")}
+        decode = f", rollout decode {p.decode_dtype}{mark['decode_dtype']}" if p.decode_dtype else ""
         threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
-        return f"rlkit: precision {p.mixed_precision}{decode}; torch threads per worker: {threads}. {p.decision.reason}"
+        return (f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per worker: "
+                f"{threads}. auto: {p.decision.reason}")
 
 
 def plan_run(recipe: Any, *, device: str, with_critic: bool, decode_dtype: str | None) -> RunHardware:
