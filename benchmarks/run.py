@@ -24,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import hardware, hardware_line  # noqa: E402
+
 WORK = HERE / ".work"
 TRL_VENV = HERE / ".venv-trl"
 TRL_PINS = ["torch==2.13.0", "trl==1.16.0"]

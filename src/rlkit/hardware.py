@@ -218,7 +218,7 @@ def decide_cuda(bf16_supported: bool, name: str) -> PrecisionDecision:
     return PrecisionDecision("fp32", "float32", "cuda", f"CUDA device {name} has no bf16 -> fp32")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def precision_decision(device: str = "cpu", cache_path: Path | None = None) -> PrecisionDecision:
     """The decision for ``device`` ("cpu" or "cuda[:i]") on this machine (probe cached on disk and per process)."""
     import torch
@@ -339,8 +339,8 @@ def oversubscription(*, pool_cpus: float, worker_threads_total: int, cores: int 
     if not problems:
         return None
     return (f"this machine has {cores} usable cores but " + " and ".join(problems) + ": threads will wait for each "
-            f"other and steps will be slower (torch's threads spin against other busy processes). Lower "
-            f"resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work.")
+            "other and steps will be slower (torch's threads spin against other busy processes). Lower "
+            "resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work.")
 
 
 def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
