@@ -1,9 +1,10 @@
 """Set-up and clean-up of one run: every component the trainer's step uses, built from the recipe.
 
-``Runtime.start(recipe, registries)`` builds, in order: output folder → tokenizer → datasets and
-loaders → reward manager → trackers → Ray cluster → worker groups (actor+rollout+ref colocated in
-one process, the hybrid engine; a critic when the estimator needs one). ``close()`` undoes it, and
-stops only the Ray cluster it started.
+``Runtime.start(recipe, registries)`` builds, in order: output folder → what ``auto`` precision and
+threads mean on this machine (``rlkit.hardware``; printed, logged as ``resolved.*``, passed to the
+workers as concrete values) → tokenizer → datasets and loaders → reward manager → trackers → Ray
+cluster → worker groups (actor+rollout+ref colocated in one process, the hybrid engine; a critic when
+the estimator needs one). ``close()`` undoes it, and stops only the Ray cluster it started.
 """
 
 from __future__ import annotations
