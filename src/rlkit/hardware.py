@@ -280,12 +280,14 @@ def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: st
                       decision: PrecisionDecision | None = None) -> ResolvedPrecision:
     """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable.
 
-    An explicit bf16 where this device's bf16 is slow is kept, with a warning naming the measured ratio."""
+    An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
+    warning naming the measured ratio."""
     d = decision or precision_decision(_device_type(device))
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
     dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype)
     warnings = []
-    slow = d.device == "cpu" and not d.bf16_fast
+    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely < 2x
+    slow = d.device == "cpu" and not d.bf16_fast and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
     for key, value, asked, fp32 in (("actor.mixed_precision", mp, mixed_precision, "fp32"),
                                     ("rollout.engine_kwargs.dtype", dd, decode_dtype, "float32")):
         if slow and asked != "auto" and value in ("bf16", "bfloat16"):

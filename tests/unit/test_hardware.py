@@ -128,6 +128,9 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     assert "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.engine_kwargs.dtype" in forced.warnings[1]
     fast = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
     assert hw.resolve_precision("bf16", None, "cpu", decision=fast).warnings == ()
+    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
+    assert modest.mixed_precision == "fp32"  # auto wants 2x, but an explicit bf16 here is not slow: no warning
+    assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
     assert params["mixed_precision"] == "fp32" and params["cpu_model"] == "AMD EPYC 7B13"
