@@ -117,20 +117,24 @@ def main() -> None:
     batch = built[False][1].generate(prompts, n=n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
 
-    def run(on: bool, small: bool = False) -> float:
+    cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
+
+    def run(on: bool, small: bool = False, record: bool = True) -> float:
         actor, rollout = built[on]
         p, b = (prompts[:1], batch[: max(2, n)]) if small else (prompts, batch)
         with variant(args.change, on):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
             if args.phase == "log_prob" or small:  # a small update would not fill a mini-batch: warm up a forward
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
                 actor.update(b)
+            if record:
+                cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
 
-    run(False, bool(args.warmup_tokens)), run(True, bool(args.warmup_tokens))  # warm-up
+    run(False, bool(args.warmup_tokens), False), run(True, bool(args.warmup_tokens), False)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.reps):
         for on in ((False, True) if r % 2 == 0 else (True, False)):
@@ -139,6 +143,9 @@ def main() -> None:
     print(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
     print(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
           f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
+    ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
+    print(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
+          f"is the wall time on an idle machine)")
     dist.destroy_process_group()
 
 
