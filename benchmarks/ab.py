@@ -1,6 +1,8 @@
 """In-process A/B of one speed change: the same phase with the change off (A) and on (B), interleaved.
 
     python benchmarks/ab.py --model DIR --change head --phase update [--dtype bf16] [--reps 3]
+    python benchmarks/ab.py --model DIR --change precision --phase step --prompts 8 --samples 64 --tokens 16 \
+        --micro 16 --threads 2 --reps 1 --warmup-tokens 2      # one quickstart-sized step, fp32 vs bf16
 
 Changes (each toggled here by patching, never by a setting in rlkit):
   head   actor forward: LM head on response positions only (``logits_to_keep``) vs every position
@@ -10,8 +12,11 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   fused  fused AdamW vs the foreach implementation
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
-One actor per variant (same seed, same weights), world size 1 (gloo), one thread. Prints the median
-seconds of A and B and B/A.
+  precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
+Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
+whose old log-prob equals the new one and is not recomputed).
+One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
+Prints the machine (CPU model, flags, torch, matmul GFLOP/s), then the median seconds of A and B and B/A.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import one_thread  # noqa: E402
+from common import hardware_line, one_thread  # noqa: E402
 
 
 @contextmanager
@@ -65,7 +70,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
+    parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--warmup-tokens", type=int, default=0,
+                        help="warm up each variant on one prompt: this many tokens and a forward pass "
+                        "(0 = one full round). The optimizer's first-step allocation then falls in A's and B's first rep")
     args = parser.parse_args()
+    machine = hardware_line()
+    import torch
+
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import torch.distributed as dist
@@ -78,13 +93,15 @@ def main() -> None:
     from rlkit.workers.base import find_free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    mp = "bf16" if args.dtype == "bf16" else "fp32"
     registries = build_registries()
     built = {}
     for on in (False, True):
+        bf16 = args.dtype == "bf16" or (args.change == "precision" and on)
+        decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
         with variant(args.change, on):
-            cfg = ActorConfig(mixed_precision=mp, ppo_micro_batch_size_per_rank=args.samples, ppo_mini_batch_size=1)
-            backend = {"name": "hf", "dtype": "bfloat16" if args.change == "bf16w" and on else "float32"}
+            cfg = ActorConfig(mixed_precision="bf16" if bf16 else "fp32",
+                              ppo_micro_batch_size_per_rank=args.micro or args.samples, ppo_mini_batch_size=1)
+            backend = {"name": "hf", "dtype": decode}
             # components resolved as the driver resolves them (rlkit.pipeline), built as the worker builds them
             (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
                                         resolve("rollout.backend", "rollout_backends", backend, registries))
@@ -98,34 +115,44 @@ def main() -> None:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
     tok = built[False][0].tokenizer
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + 6? Answer with only the number."}],
-                                     tokenize=False, add_generation_prompt=True) for a in (4, 17, 9, 23)]
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+                                     tokenize=False, add_generation_prompt=True)
+             for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))][: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    n = args.samples // len(texts)  # 4 prompts × n samples, as the benchmark's SmolLM2 workload
+    n = args.samples // len(texts)  # prompts × n samples (default 4 × 4, the benchmark's SmolLM2 workload)
     batch = built[False][1].generate(prompts, n=n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
 
-    def run(on: bool) -> float:
+    cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
+
+    def run(on: bool, small: bool = False, record: bool = True) -> float:
         actor, rollout = built[on]
+        p, b = (prompts[:1], batch[: max(2, n)]) if small else (prompts, batch)
         with variant(args.change, on):
-            start = time.perf_counter()
-            if args.phase == "gen":
-                rollout.generate(prompts, n=n)
-            elif args.phase == "log_prob":
-                actor.compute_log_prob(batch)
-            else:
-                actor.update(batch)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            if args.phase in ("gen", "step"):
+                rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
+            if args.phase == "log_prob" or small:  # a small update would not fill a mini-batch: warm up a forward
+                actor.compute_log_prob(b)
+            elif args.phase in ("update", "step"):
+                actor.update(b)
+            if record:
+                cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
 
-    run(False), run(True)  # warm-up
+    run(False, bool(args.warmup_tokens), False), run(True, bool(args.warmup_tokens), False)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.reps):
         for on in ((False, True) if r % 2 == 0 else (True, False)):
             times[on].append(run(on))
     a, b = statistics.median(times[False]), statistics.median(times[True])
+    print(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
     print(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
           f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
+    ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
+    print(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
+          f"is the wall time on an idle machine)")
     dist.destroy_process_group()
 
 

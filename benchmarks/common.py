@@ -18,7 +18,33 @@ from pathlib import Path
 import torch
 
 __all__ = ["Workload", "matmul_peak_flops", "update_flops", "write_result", "workload_args", "arithmetic_reward",
-           "one_thread"]
+           "one_thread", "hardware", "hardware_line"]
+
+_HARDWARE_PY = Path(__file__).resolve().parent.parent / "src" / "rlkit" / "hardware.py"
+
+
+def hardware() -> dict:
+    """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (rlkit.hardware's cached probe).
+
+    ``rlkit/hardware.py`` is loaded by file path: it needs only torch, and TRL's environment has no rlkit."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("rlkit.hardware") or sys.modules.get("_rlkit_hardware")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_rlkit_hardware", _HARDWARE_PY)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_rlkit_hardware"] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return module.hardware_summary()
+
+
+def hardware_line(info: dict | None = None) -> str:
+    """One line to print beside every result."""
+    h = info or hardware()
+    return (f"machine: {h['cpu_model']} ({h['cores']} usable cores), flags {' '.join(h['cpu_flags']) or '-'}, "
+            f"torch {h['torch']}, matmul {h['matmul_probe']}: fp32 {h['matmul_gflops_fp32']:.1f} GFLOP/s, "
+            f"bf16 {h['matmul_gflops_bf16']:.1f} GFLOP/s")
 
 
 @dataclass(frozen=True)
@@ -102,7 +128,8 @@ def write_result(out: Path, workload: Workload, framework: str, steps: list[dict
     """Write per-step phase times plus medians to ``out`` (JSON); returns the record."""
     keys = sorted({k for s in steps for k in s})
     medians = {k: statistics.median(s[k] for s in steps if k in s) for k in keys}
-    record = {"framework": framework, "workload": asdict(workload), "steps": steps, "median": medians, **extra}
+    record = {"framework": framework, "workload": asdict(workload), "steps": steps, "median": medians,
+              "hardware": hardware(), **extra}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     return record

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import hardware, hardware_line  # noqa: E402
+
 WORK = HERE / ".work"
 TRL_VENV = HERE / ".venv-trl"
 TRL_PINS = ["torch==2.13.0", "trl==1.16.0"]
@@ -145,6 +148,7 @@ def main() -> None:
                         "of an older commit: before/after in one invocation), reported as rlkit@base")
     args = parser.parse_args()
     models, dtypes = args.models.split(","), args.dtypes.split(",")
+    print(hardware_line() + f"; load average at the start {os.getloadavg()[0]:.2f}", flush=True)
     trl_python = str(ensure_trl_venv())
     paths, data = prepare(models)
     stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
@@ -162,11 +166,12 @@ def main() -> None:
                     runs[fw].append(run_one(fw, python, paths[name], name, dtype, data, args, out))
             results[(name, dtype)] = runs
     summary = {key: {fw: summarise(rs) for fw, rs in runs.items()} for key, runs in results.items()}
-    md = table(summary)
+    machine = hardware()
+    md = hardware_line(machine) + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n" + table(summary)
     print(md)
     res_dir = HERE / "results"
     res_dir.mkdir(exist_ok=True)
-    record = {"stamp": stamp, "args": vars(args), "workloads": WORKLOADS,
+    record = {"stamp": stamp, "args": vars(args), "workloads": WORKLOADS, "hardware": machine,
               "summary": {f"{k[0]}-{k[1]}": v for k, v in summary.items()}}
     (res_dir / f"{stamp}.json").write_text(json.dumps(record, indent=1))
     (res_dir / f"{stamp}.md").write_text(md + "\n")

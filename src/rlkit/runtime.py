@@ -1,7 +1,9 @@
 """Set-up and clean-up of one run: every component the trainer's step uses, built from the recipe.
 
 ``Runtime.start(recipe, registries)`` builds, in order: the pipeline (``rlkit.pipeline.compose``:
-every name resolved once, here on the driver) → output folder → tokenizer → datasets and loaders →
+every name resolved once, here on the driver) → output folder → what ``auto`` precision and threads
+mean on this machine (``rlkit.hardware``; printed, logged as ``resolved.*``, passed to the workers as
+concrete values) → tokenizer → datasets and loaders →
 reward step → trackers → Ray cluster → one worker group per placed role (the hybrid actor-rollout-ref,
 and a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share its
 bundles equally. ``close()`` undoes it, and stops only the Ray cluster it started.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from rlkit.algos import make_kl_controller
 from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
+from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
 from rlkit.merge import save_hf_config
 from rlkit.pipeline import Pipeline, PlacedRole, Resolved, compose
 from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
@@ -62,6 +65,8 @@ class Runtime:
     groups: list[Any] = field(default_factory=list)
     n_params: int = 0
     peak_flops: float = 0.0
+    hardware: RunHardware | None = None  # what the recipe's ``auto`` precision and threads became here
+    driver_threads: int | None = None  # the driver's torch threads before the workers started
 
     # ----- building -----------------------------------------------------------------------------
     @classmethod
@@ -71,17 +76,18 @@ class Runtime:
         pipeline = compose(recipe, registries)
         out = output_dir_of(recipe)
         out.mkdir(parents=True, exist_ok=True)
+        hw = _plan_hardware(recipe, pipeline)
         tokenizer = load_tokenizer(recipe.model)
         train_loader, val_loader = _loaders(recipe, tokenizer)
         per_epoch = len(train_loader)
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
         tracking, mlflow_uri = _tracking(recipe, pipeline, out, total_steps, run_ids or {})
-        tracking.log_params(recipe_to_dict(recipe))
+        tracking.log_params(recipe_to_dict(recipe) | {"resolved": hw.params()})
         rt = cls(
             recipe=recipe, pipeline=pipeline, output_dir=out, tokenizer=tokenizer,
             train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
             reward=_reward_step(recipe, pipeline, tokenizer), estimator=pipeline.estimator,
-            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri,
+            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri, hardware=hw,
         )
         try:
             rt._start_workers()
@@ -96,7 +102,6 @@ class Runtime:
         recipe = self.recipe
         self.cluster = RayCluster(recipe.resources).start()
         pools = ResourcePoolManager(recipe.resources)
-        threads = recipe.resources.threads_per_worker
         placed = self.pipeline.roles
         per_pool: dict[str, int] = {}
         for role in placed.values():
@@ -107,7 +112,7 @@ class Runtime:
             if role is None:
                 continue
             groups[slot] = WorkerGroup(load_object(role.role.spec.cls), pools.pools[role.pool].create(), role=role.role.name,
-                                       threads=threads, share=1.0 / per_pool[role.pool],
+                                       threads=self.hardware.threads[slot], share=1.0 / per_pool[role.pool],
                                        role_kwargs=self._role_kwargs(role))
             self.groups.append(groups[slot])
         self.actor = groups["actor_rollout_ref"]
@@ -115,7 +120,11 @@ class Runtime:
         self.reward_model = groups.get("reward_model")
         self.ref = groups.get("ref") or ("colocated" if uses_ref(recipe) else None)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
-        self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
+        precision = self.hardware.precision.mixed_precision
+        self.peak_flops = _matmul_peak_flops(precision, self.hardware.threads["actor_rollout_ref"]) * self.actor.world_size
+        # The workers own the cores now; the driver's own work (advantages, batching) is small.
+        self.driver_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
@@ -124,28 +133,30 @@ class Runtime:
         """The keyword arguments of the role class filling ``placed.slot`` (the slot's contract,
         ``rlkit.protocols``): recipe sections and the resolved components that slot uses."""
         recipe, pipe = self.recipe, self.pipeline
+        precision = self.hardware.precision.mixed_precision  # concrete: workers never see ``auto``
         if placed.slot == "actor_rollout_ref":
             colocated_ref = uses_ref(recipe) and pipe.role("ref") is None
             return {
-                "model_config": recipe.model, "actor_config": recipe.actor, "rollout_config": recipe.rollout,
+                "model_config": recipe.model, "actor_config": recipe.actor.model_copy(update={"mixed_precision": precision}),
+                "rollout_config": recipe.rollout,
                 "ref_config": recipe.ref if colocated_ref else None,
                 "max_response_length": recipe.data.max_response_length, "total_steps": self.total_steps,
-                "seed": recipe.trainer.seed, "policy_loss": pipe.policy_loss, "rollout_backend": pipe.rollout_backend,
+                "seed": recipe.trainer.seed, "policy_loss": pipe.policy_loss,
+                "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
                 "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
             }
         if placed.slot == "ref":
             return {"model_config": recipe.model, "ref_config": recipe.ref, "temperature": recipe.rollout.temperature,
-                    "mixed_precision": recipe.actor.mixed_precision}
+                    "mixed_precision": precision}
         if placed.slot == "critic":
             return {
                 "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
                 "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
-                "total_steps": self.total_steps, "mixed_precision": recipe.actor.mixed_precision,
-                "seed": recipe.trainer.seed,
+                "total_steps": self.total_steps, "mixed_precision": precision, "seed": recipe.trainer.seed,
             }
         rm = recipe.reward.reward_model
         return {"model_config": recipe.model, "reward_model_path": rm.path,
-                "micro_batch_size": rm.micro_batch_size_per_rank, "mixed_precision": recipe.actor.mixed_precision}
+                "micro_batch_size": rm.micro_batch_size_per_rank, "mixed_precision": precision}
 
     # ----- calls the trainer makes --------------------------------------------------------------
     def ref_call(self, method: str, batch: Batch) -> Batch:
@@ -189,6 +200,9 @@ class Runtime:
             self.cluster.stop()
             self.cluster = None
         self.reward.close()
+        if self.driver_threads is not None:
+            torch.set_num_threads(self.driver_threads)
+            self.driver_threads = None
         self.tracking.finish(status)
 
 
@@ -246,25 +260,31 @@ def _tracking(recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int,
 
 
 def _matmul_peak_flops(mixed_precision: str, threads: int, size: int = 1024) -> float:
-    """Measured matmul FLOP/s of one worker's thread count on this machine (CPU); 0 on failure."""
+    """Measured matmul FLOP/s in the run's resolved precision (``fp32`` / ``bf16``) on one worker's thread
+    count on this machine (CPU); 0 on failure."""
     if torch.cuda.is_available():
         return 0.0  # GPU peak is not measured here; mfu is reported on CPU only
     dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a = torch.randn(size, size, dtype=dtype)
-        b = torch.randn(size, size, dtype=dtype)
-        a @ b  # warm-up
-        import time
+    return matmul_flops(dtype, size=size, threads=threads, budget_s=0.0, max_reps=3)
 
-        start = time.perf_counter()
-        reps = 3
-        for _ in range(reps):
-            a @ b
-        seconds = time.perf_counter() - start
-        return 2.0 * size**3 * reps / seconds
-    except RuntimeError:
-        return 0.0
-    finally:
-        torch.set_num_threads(previous)
+
+def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
+    """Resolve ``auto`` precision and threads once, print the choice, warn (once) about slow or crowded set-ups."""
+    from rlkit.workers.pools import resolve_device
+
+    backend = pipeline.rollout_backend
+    decode = getattr(backend.params, "dtype", None)  # a backend with a decode-dtype parameter (hf)
+    hw = plan_run(recipe, device=resolve_device(recipe.resources.device),
+                  placed={slot: role.pool for slot, role in pipeline.roles.items()}, decode_dtype=decode)
+    print(hw.summary(), flush=True)
+    for message in hw.precision.warnings:
+        log.warning(message)
+    warn_once("oversubscribed", hw.oversubscribed)
+    return hw
+
+
+def _concrete_backend(backend: Resolved, hw: RunHardware) -> Resolved:
+    """The rollout backend with ``dtype: auto`` replaced by what ``hw`` resolved (workers never see ``auto``)."""
+    if hw.precision.decode_dtype is None or getattr(backend.params, "dtype", None) is None:
+        return backend
+    return replace(backend, params=backend.params.model_copy(update={"dtype": hw.precision.decode_dtype}))

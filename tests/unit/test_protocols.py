@@ -82,7 +82,10 @@ def test_role_kwargs_are_what_the_runtime_passes(registries, estimator):
     recipe = Recipe(model={"path": "tiny"}, data={"train_files": ["train.parquet"]}, algorithm={"estimator": estimator},
                     rollout={"n": 2}, reward={"reward_model": {"enable": True, "path": "rm"}})
     pipeline = compose(recipe, registries)
-    runtime = SimpleNamespace(recipe=recipe, pipeline=pipeline, total_steps=3)
+    from rlkit.hardware import plan_run
+
+    hardware = plan_run(recipe, device="cpu", placed={s: r.pool for s, r in pipeline.roles.items()}, decode_dtype="auto")
+    runtime = SimpleNamespace(recipe=recipe, pipeline=pipeline, total_steps=3, hardware=hardware)
     for slot in SLOTS:
         kwargs = Runtime._role_kwargs(runtime, PlacedRole(slot, None, "global"))
         assert set(kwargs) == P.ROLE_KWARGS[slot], slot

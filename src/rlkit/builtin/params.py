@@ -74,7 +74,8 @@ class ParallelManagerParams(Params):
 # ----- rollout -------------------------------------------------------------------------------------
 class HFRolloutParams(Params):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32", description="decode dtype: bfloat16 decodes with a bf16 copy of the actor's weights")
+        "auto", description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
+        "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights")
 
 
 class ToolAgentParams(Params):

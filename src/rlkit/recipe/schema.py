@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 __all__ = [
     "Recipe",
@@ -138,7 +147,10 @@ class ActorConfig(Section):
     kl_loss_coef: float = Field(0.001, ge=0)
     kl_loss_type: KLKind = Field("low_var_kl")
     gradient_checkpointing: bool = Field(False)
-    mixed_precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast for forward/backward")
+    mixed_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16 autocast for forward/backward (critic and reference follow); auto = bf16 only where "
+        "this device's bf16 is fast (CUDA with bf16; a CPU whose bf16 matmul measures >= 2x fp32, e.g. AMX), else "
+        "fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)")
     max_nonfinite_in_row: PositiveInt = Field(3, description="stop after this many skipped non-finite updates in a row")
     optim: OptimConfig = Field(default_factory=OptimConfig)
 
@@ -222,8 +234,18 @@ class ResourcesConfig(Section):
     ray_address: str | None = Field(None, description="join this Ray cluster; None = start a local one")
     pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"global": PoolConfig()})
     roles: dict[str, str] = Field(default_factory=dict, description="role -> pool; unmapped roles use the first pool")
-    threads_per_worker: PositiveInt = Field(1, description="torch threads in each worker process")
+    threads_per_worker: PositiveInt | Literal["auto"] = Field(
+        "auto", description="torch threads in each worker process; auto = the CPUs Ray gives the worker "
+        "(floor(cpus_per_bundle x its share of the bundle), at least 1; logged as resolved.threads_per_worker.<role>)")
     object_store_memory_mb: PositiveInt = Field(512)
+
+    @field_validator("threads_per_worker", mode="before")
+    @classmethod
+    def _positive_int_or_auto(cls, value: Any) -> Any:
+        """One message for both branches of the union (pydantic would report each branch's failure)."""
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise ValueError(f"must be a positive integer or 'auto' (got {value!r})")
 
 
 class TrainerConfig(Section):

@@ -12,6 +12,9 @@ hybrid engine does).
 actor's fp32 weights at the start of every ``generate``; the optimizer keeps its fp32 master): decoding
 reads every weight once per token, so half the bytes is about half the time, and bf16 matmuls use AMX
 where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype.
+``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
+is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
+copy decodes tens of times slower. Not given at all (a backend built directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -30,6 +33,7 @@ from torch import nn
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
+from rlkit.hardware import concrete_decode_dtype
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 
@@ -92,10 +96,8 @@ class HFRollout:
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.eos_token_ids = torch.tensor(sorted({i for i in ids if i is not None}), device=self.device)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
-        dtype = getattr(params, "dtype", None)
-        if dtype not in (None, "auto", "float32", "bfloat16"):
-            raise RlkitError(f"rollout.backend.dtype={dtype!r}: the hf backend decodes in float32 or bfloat16.")
-        self.decode_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16") else None
+        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)  # "auto" → this device's choice
+        self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
 
     def _decoder(self) -> nn.Module:

@@ -35,6 +35,7 @@ from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
 from rlkit.algos.kl import kl_penalty
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
+from rlkit.hardware import concrete_mixed_precision
 from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
 from rlkit.workers import fsdp
@@ -43,7 +44,8 @@ __all__ = ["FSDPActor", "forward_response", "compute_log_probs"]
 
 
 def autocast(device: torch.device, mixed_precision: str):
-    if mixed_precision == "bf16":
+    """bf16 autocast for ``bf16``; ``auto`` is this device's decision (``rlkit.hardware``; a run passes it resolved)."""
+    if concrete_mixed_precision(mixed_precision, device) == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -171,7 +173,8 @@ class FSDPActor:
         self.policy_loss = policy_loss  # resolved on the driver: the function and its validated parameters
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
-        if actor_config.mixed_precision == "bf16" and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
+        bf16 = concrete_mixed_precision(actor_config.mixed_precision, self.device) == "bf16"
+        if bf16 and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
             module.set_attn_implementation("eager")  # CPU SDPA's bf16 backward is slow (docs/benchmarks.md)
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name

@@ -70,6 +70,17 @@ def test_overrides_are_typed_by_the_schema(recipe_file, registries):
     assert recipe.algorithm.estimator.name == "grpo" and recipe.algorithm.estimator.params["epsilon"] == 1e-4
 
 
+def test_precision_and_threads_default_to_auto_and_take_explicit_values(recipe_file, registries):
+    recipe = load_recipe(recipe_file(), registries=registries)
+    assert recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
+    recipe = load_recipe(recipe_file(), ["actor.mixed_precision=bf16", "resources.threads_per_worker=3",
+                                         "rollout.backend.dtype=bfloat16"], registries=registries)
+    assert recipe.actor.mixed_precision == "bf16" and recipe.resources.threads_per_worker == 3
+    assert recipe.rollout.backend.params["dtype"] == "bfloat16"
+    assert load_recipe(recipe_file(), registries=registries).rollout.backend.params["dtype"] == "auto"
+    assert load_recipe(recipe_file(), ["actor.mixed_precision=auto"], registries=registries).actor.mixed_precision == "auto"
+
+
 def test_tilde_removes_a_key(recipe_file, registries):
     recipe = load_recipe(recipe_file(), ["~actor.ppo_mini_batch_size", "actor.ppo_mini_batch_size=4"], registries=registries)
     assert recipe.actor.ppo_mini_batch_size == 4
@@ -133,6 +144,9 @@ BROKEN = [
     (["badoverride"], "override 'badoverride'", "not an override"),
     (["~nothing.here"], "override '~nothing.here'", "no key"),
     (["model=3"], "model", "valid dictionary"),
+    (["actor.mixed_precision=fp16"], "actor.mixed_precision", "'auto', 'fp32' or 'bf16'"),
+    (["resources.threads_per_worker=some"], "resources.threads_per_worker", "positive integer or 'auto'"),
+    (["resources.threads_per_worker=0"], "resources.threads_per_worker", "positive integer or 'auto' (got 0)"),
 ]
 
 

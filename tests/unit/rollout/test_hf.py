@@ -228,3 +228,25 @@ def test_shared_prefill_matches_one_prefill_per_row(tok_and_model, do_sample):
         out[share] = ro.generate(p, do_sample=do_sample)
     assert torch.equal(out[True]["responses"], out[False]["responses"])
     torch.testing.assert_close(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_dtype_auto_follows_the_hardware_decision(tok_and_model):
+    """rollout.backend.dtype=auto (the default) is this machine's decision (rlkit.hardware): bfloat16 where bf16
+    is fast, else float32; an unknown dtype is refused with the valid values."""
+    from types import SimpleNamespace
+
+    from rlkit.builtin.params import HFRolloutParams
+    from rlkit.errors import RlkitError
+    from rlkit.hardware import precision_decision
+
+    tok, model = tok_and_model
+
+    def build(params):
+        return HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=12, seed=1,
+                         params=params)
+
+    assert HFRolloutParams().dtype == "auto"
+    assert build(HFRolloutParams()).decode_dtype == getattr(torch, precision_decision("cpu").decode_dtype)
+    assert build(None).decode_dtype is None  # built without params: the weights' own dtype
+    with pytest.raises(RlkitError, match="auto, float32 or bfloat16"):
+        build(SimpleNamespace(dtype="float16"))

@@ -1,0 +1,415 @@
+"""What this machine computes fast: CPU model and flags, whether bf16 pays off, threads per worker.
+
+``auto`` precision (``actor.mixed_precision``, ``rollout.backend.dtype``) is decided here, once per
+run on the driver (``rlkit.runtime``), and the concrete value goes to the workers:
+
+* CUDA: bf16 when ``torch.cuda.is_bf16_supported()``, else fp32.
+* CPU: a timed probe multiplies two 256² matrices on one thread in fp32 and in bf16 (≈ 0.2 s) and bf16 is
+  chosen when its matmul is at least ``BF16_MIN_SPEEDUP`` × fp32's. The capability flags (``amx_bf16``,
+  ``avx512_bf16``; ``bf16`` on Arm) name the reason. Measured: an AMD EPYC with AVX2 only runs bf16 ≈ 78×
+  slower than fp32; a Xeon with AMX ≈ 7× faster. Autocast adds casts around every op, so a matmul merely
+  as fast as fp32 makes a slower step (on the AMX machine a 7× matmul gave a 1.2× faster update), hence 2×.
+* The probe's numbers are cached per machine in ``$RLKIT_CACHE/hardware.json`` (default
+  ``~/.cache/rlkit``), keyed by CPU model, flags and torch version; a corrupt file is ignored and rewritten.
+
+Threads (``resources.threads_per_worker: auto``): the CPUs Ray gives a worker, ``floor(cpus_per_bundle ×
+share)``, at least 1. ``oversubscription`` says, with numbers, when the machine has fewer cores than the
+run asks for or is already busy.
+
+This module imports only the standard library and torch (``benchmarks/common.py`` loads it by file path
+in an environment without rlkit's dependencies).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CpuInfo", "MatmulProbe", "PrecisionDecision", "BF16_MIN_SPEEDUP", "cpu_info", "probe_matmul", "matmul_flops",
+    "cached_probe", "decide_cpu", "decide_cuda", "precision_decision", "concrete_mixed_precision",
+    "concrete_decode_dtype", "resolve_precision", "ResolvedPrecision", "worker_threads", "usable_cpus",
+    "oversubscription", "hardware_summary", "RunHardware", "plan_run", "warn_once",
+]
+
+log = logging.getLogger("rlkit.hardware")
+
+BF16_MIN_SPEEDUP = 2.0  # bf16 matmul / fp32 matmul speed at which auto picks bf16
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm (``Features: bf16``)
+RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+                  "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+MIXED_PRECISION = ("fp32", "bf16")
+DECODE_DTYPES = ("float32", "bfloat16")
+_CACHE_VERSION = 1
+
+
+# ----- the CPU ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str  # "AMD EPYC 7B13", "Intel(R) Xeon(R) Platinum 8481C", ...
+    flags: tuple[str, ...]  # the RELEVANT_FLAGS this CPU reports, in that order
+
+    @property
+    def native_bf16(self) -> tuple[str, ...]:
+        return tuple(f for f in NATIVE_BF16_FLAGS if f in self.flags)
+
+
+def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
+    """Model name and relevant flags from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); on a system
+    without it, ``platform.processor()`` and no flags."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        import platform
+
+        return CpuInfo(model=platform.processor() or platform.machine() or "unknown", flags=())
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor's values
+            fields[key.strip()] = value.strip()
+    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware") or fields.get("CPU part") or "unknown"
+    present = set((fields.get("flags") or fields.get("Features") or "").split())
+    return CpuInfo(model=re.sub(r"\s+", " ", model), flags=tuple(f for f in RELEVANT_FLAGS if f in present))
+
+
+# ----- the probe ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MatmulProbe:
+    fp32_flops: float  # FLOP/s of one size² matmul, fp32, on `threads` threads
+    bf16_flops: float  # the same in bf16 (0 when bf16 matmul failed)
+    size: int = 256
+    threads: int = 1
+
+    @property
+    def ratio(self) -> float:
+        """bf16 speed / fp32 speed (> 1: bf16 is faster)."""
+        return self.bf16_flops / self.fp32_flops if self.fp32_flops > 0 else 0.0
+
+
+def matmul_flops(dtype: Any, *, size: int = 256, threads: int | None = None, budget_s: float = 0.08,
+                 max_reps: int = 200) -> float:
+    """FLOP/s of ``size``² @ ``size``² in ``dtype`` (a torch dtype): one warm-up, then repeats until
+    ``budget_s`` has passed (at least one; ``budget_s=0``: exactly ``max_reps``); on ``threads`` torch
+    threads (None: as set). 0 on failure."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        a = torch.randn(size, size, dtype=dtype)
+        b = torch.randn(size, size, dtype=dtype)
+        a @ b  # warm-up
+        reps, start = 0, time.perf_counter()
+        while reps < max_reps:
+            a @ b
+            reps += 1
+            if budget_s > 0 and time.perf_counter() - start >= budget_s:
+                break
+        return 2.0 * size**3 * reps / (time.perf_counter() - start)
+    except RuntimeError:
+        return 0.0
+    finally:
+        torch.set_num_threads(previous)
+
+
+def probe_matmul(size: int = 256, budget_s: float = 0.08) -> MatmulProbe:
+    """fp32 and bf16 matmul speed on one thread (≈ 2 × ``budget_s`` plus one slow bf16 warm-up)."""
+    import torch
+
+    return MatmulProbe(fp32_flops=matmul_flops(torch.float32, size=size, threads=1, budget_s=budget_s),
+                       bf16_flops=matmul_flops(torch.bfloat16, size=size, threads=1, budget_s=budget_s),
+                       size=size, threads=1)
+
+
+def default_cache_path() -> Path:
+    return Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / "hardware.json"
+
+
+def _cache_key(cpu: CpuInfo, torch_version: str) -> str:
+    return hashlib.sha256(json.dumps([cpu.model, list(cpu.flags), torch_version]).encode()).hexdigest()[:16]
+
+
+def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
+    """The probe for this CPU and torch version from the cache, or measured now and added to it.
+
+    An unreadable or malformed cache file is ignored (and replaced); an unwritable one is left alone."""
+    import torch
+
+    path = cache_path or default_cache_path()
+    key = _cache_key(cpu, torch.__version__)
+    entries: dict[str, Any] = {}
+    try:
+        data = json.loads(path.read_text())
+        entries = data["entries"] if data.get("version") == _CACHE_VERSION else {}
+        hit = entries.get(key)
+        if hit is not None:
+            return MatmulProbe(fp32_flops=float(hit["fp32_flops"]), bf16_flops=float(hit["bf16_flops"]),
+                               size=int(hit["size"]), threads=int(hit["threads"]))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.info("ignoring the hardware cache %s (%s); measuring again", path, exc)
+        entries = {}
+    result = probe()
+    entries = entries if isinstance(entries, dict) else {}
+    entries[key] = asdict(result) | {"cpu_model": cpu.model, "flags": list(cpu.flags), "torch": torch.__version__,
+                                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": _CACHE_VERSION, "entries": entries}, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.info("could not write the hardware cache %s: %s", path, exc)
+    return result
+
+
+# ----- the decision -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrecisionDecision:
+    """What ``auto`` means on one device: autocast precision, rollout decode dtype, and why."""
+
+    mixed_precision: str  # "fp32" | "bf16"
+    decode_dtype: str  # "float32" | "bfloat16"
+    device: str  # "cpu" | "cuda"
+    reason: str  # one line
+    ratio: float | None = None  # measured bf16 / fp32 matmul speed (CPU)
+    cpu: CpuInfo | None = None
+    probe: MatmulProbe | None = None
+
+    @property
+    def bf16_fast(self) -> bool:
+        return self.mixed_precision == "bf16"
+
+
+def decide_cpu(cpu: CpuInfo, probe: MatmulProbe) -> PrecisionDecision:
+    """bf16 when the measured bf16 matmul is at least ``BF16_MIN_SPEEDUP`` × fp32's, else fp32."""
+    ratio = probe.ratio
+    speed = f"{ratio:.2f}x fp32" if ratio >= 1 else (f"{1 / ratio:.0f}x slower than fp32" if ratio > 0 else "failed")
+    measured = f"bf16 matmul measured {speed} ({probe.size}², {probe.threads} thread)"
+    native = "/".join(cpu.native_bf16)
+    has = f"has native bf16 ({native})" if native else "has no native bf16 (no amx_bf16/avx512_bf16)"
+    fast = ratio >= BF16_MIN_SPEEDUP
+    if fast:
+        tail = "bf16"
+    elif native:
+        tail = f"fp32 (bf16 needs ≥ {BF16_MIN_SPEEDUP:g}x to pay for autocast's casts)"
+    else:
+        tail = "fp32"
+    return PrecisionDecision(
+        mixed_precision="bf16" if fast else "fp32", decode_dtype="bfloat16" if fast else "float32", device="cpu",
+        reason=f"CPU {cpu.model} {has}; {measured} -> {tail}", ratio=ratio, cpu=cpu, probe=probe)
+
+
+def decide_cuda(bf16_supported: bool, name: str) -> PrecisionDecision:
+    if bf16_supported:
+        return PrecisionDecision("bf16", "bfloat16", "cuda", f"CUDA device {name} supports bf16 -> bf16")
+    return PrecisionDecision("fp32", "float32", "cuda", f"CUDA device {name} has no bf16 -> fp32")
+
+
+@functools.cache
+def precision_decision(device: str = "cpu", cache_path: Path | None = None) -> PrecisionDecision:
+    """The decision for ``device`` ("cpu" or "cuda[:i]") on this machine (probe cached on disk and per process)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return decide_cuda(torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(torch.device(device)))
+    cpu = cpu_info()
+    return decide_cpu(cpu, cached_probe(cpu, cache_path))
+
+
+def _device_type(device: Any) -> str:
+    return "cuda" if str(getattr(device, "type", device)).startswith("cuda") else "cpu"
+
+
+def concrete_mixed_precision(value: str, device: Any = "cpu") -> str:
+    """``auto`` → this device's decision; ``fp32`` / ``bf16`` unchanged."""
+    if value == "auto":
+        return precision_decision(_device_type(device)).mixed_precision
+    if value not in MIXED_PRECISION:
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(f"mixed_precision={value!r}: valid values are auto, fp32, bf16.")
+    return value
+
+
+def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
+    """``auto`` → this device's decision; ``float32`` / ``bfloat16`` / None (the weights' own) unchanged."""
+    if value == "auto":
+        return precision_decision(_device_type(device)).decode_dtype
+    if value is not None and value not in DECODE_DTYPES:
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32 or "
+                         f"bfloat16 (auto: bfloat16 where this device's bf16 is fast).")
+    return value
+
+
+@dataclass(frozen=True)
+class ResolvedPrecision:
+    mixed_precision: str  # what the actor, critic and reference use
+    decode_dtype: str | None  # what the rollout decodes in (None: the backend has no such option)
+    decision: PrecisionDecision
+    warnings: tuple[str, ...] = ()
+    explicit: tuple[str, ...] = ()  # which of the two the recipe set itself (not auto)
+
+    def params(self) -> dict[str, Any]:
+        """Run parameters (logged under ``resolved.``)."""
+        out: dict[str, Any] = {"mixed_precision": self.mixed_precision, "decode_dtype": self.decode_dtype or "n/a",
+                               "precision_reason": self.decision.reason}
+        d = self.decision
+        if d.cpu is not None and d.probe is not None:
+            out |= {"cpu_model": d.cpu.model, "cpu_flags": " ".join(d.cpu.flags) or "-",
+                    "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
+                    "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2)}
+        return out
+
+
+def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: str, *,
+                      decision: PrecisionDecision | None = None) -> ResolvedPrecision:
+    """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable.
+
+    An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
+    warning naming the measured ratio."""
+    d = decision or precision_decision(_device_type(device))
+    mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
+    dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype)
+    warnings = []
+    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely < 2x
+    slow = d.device == "cpu" and not d.bf16_fast and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
+    for key, value, asked, fp32 in (("actor.mixed_precision", mp, mixed_precision, "fp32"),
+                                    ("rollout.backend.dtype", dd, decode_dtype, "float32")):
+        if slow and asked != "auto" and value in ("bf16", "bfloat16"):
+            warnings.append(f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
+                            f"set {key}=auto (or {fp32}).")
+    explicit = tuple(k for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
+                     if asked not in ("auto", None))
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit)
+
+
+# ----- threads and cores --------------------------------------------------------------------------
+def worker_threads(requested: int | str, cpus_per_bundle: float, share: float = 1.0) -> int:
+    """``auto`` → the CPUs Ray gives the worker: ``floor(cpus_per_bundle × share)``, at least 1."""
+    if requested == "auto":
+        return max(1, math.floor(cpus_per_bundle * share + 1e-9))
+    return int(requested)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def oversubscription(*, pool_cpus: float, worker_threads_total: int, cores: int | None = None,
+                     load_1min: float | None = None) -> str | None:
+    """One line with the numbers when the run asks for more CPUs or threads than there are cores, or the
+    machine is already busy (1-minute load above the cores); None when it fits."""
+    cores = cores or usable_cpus()
+    if load_1min is None:
+        try:
+            load_1min = os.getloadavg()[0]
+        except OSError:
+            load_1min = 0.0
+    problems = []
+    if pool_cpus > cores:
+        problems.append(f"the resource pools reserve {pool_cpus:g} CPUs")
+    if worker_threads_total > cores:
+        problems.append(f"the workers run {worker_threads_total} torch threads")
+    if load_1min > cores:
+        problems.append(f"the 1-minute load average is already {load_1min:.1f}")
+    if not problems:
+        return None
+    return (f"this machine has {cores} usable cores but " + " and ".join(problems) + ": threads will wait for each "
+            "other and steps will be slower (torch's threads spin against other busy processes). Lower "
+            "resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work.")
+
+
+def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
+    """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (benchmarks print it beside every
+    result): ``fresh`` measures now (≈ 0.2 s, under the current load), else the cached probe."""
+    import torch
+
+    cpu = cpu_info()
+    probe = probe_matmul() if fresh else cached_probe(cpu)
+    return {"cpu_model": cpu.model, "cpu_flags": list(cpu.flags), "torch": torch.__version__,
+            "matmul_gflops_fp32": round(probe.fp32_flops / 1e9, 2), "matmul_gflops_bf16": round(probe.bf16_flops / 1e9, 2),
+            "matmul_probe": f"{probe.size}² on {probe.threads} thread", "cores": usable_cpus()}
+
+
+# ----- one run ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunHardware:
+    """What a run's ``auto`` settings became on this machine (``rlkit.runtime`` builds it once, on the driver)."""
+
+    precision: ResolvedPrecision
+    threads: dict[str, int]  # role -> torch threads per worker process
+    oversubscribed: str | None  # the warning, or None
+
+    def params(self) -> dict[str, Any]:
+        """Run parameters, logged under ``resolved.``."""
+        return self.precision.params() | {f"threads_per_worker.{role}": n for role, n in self.threads.items()}
+
+    def summary(self) -> str:
+        """The line printed at start."""
+        p = self.precision
+        mark = {k: " (set in the recipe)" if k in p.explicit else "" for k in ("mixed_precision", "decode_dtype")}
+        decode = f", rollout decode {p.decode_dtype}{mark['decode_dtype']}" if p.decode_dtype else ""
+        threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
+        return (f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per worker: "
+                f"{threads}. auto: {p.decision.reason}")
+
+
+def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtype: str | None) -> RunHardware:
+    """Resolve ``recipe``'s ``auto`` precision and threads for ``device``.
+
+    ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
+    share its bundles equally, as ``rlkit.runtime`` places them. ``decode_dtype``: the rollout backend's
+    requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such option."""
+    res = recipe.resources
+    per_pool: dict[str, int] = {}
+    for pool in placed.values():
+        per_pool[pool] = per_pool.get(pool, 0) + 1
+    shares = {slot: 1.0 / per_pool[pool] for slot, pool in placed.items()}
+    threads = {slot: worker_threads(res.threads_per_worker, res.pools[placed[slot]].cpus_per_bundle, share)
+               for slot, share in shares.items()}
+    warning = None
+    if res.ray_address is None:  # a local cluster: the workers run on this machine's cores
+        pools = res.pools
+        ranks = {slot: pools[placed[slot]].nodes * pools[placed[slot]].bundles_per_node for slot in shares}
+        warning = oversubscription(
+            pool_cpus=sum(p.nodes * p.bundles_per_node * p.cpus_per_bundle for p in pools.values()),
+            worker_threads_total=sum(threads[slot] * ranks[slot] for slot in shares))
+    precision = resolve_precision(recipe.actor.mixed_precision, decode_dtype, device)
+    return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
+
+
+_warned: set[str] = set()
+
+
+def warn_once(kind: str, message: str | None) -> None:
+    """Log ``message`` as a warning the first time this process sees ``kind`` (restarts do not repeat it)."""
+    if message and kind not in _warned:
+        _warned.add(kind)
+        log.warning(message)

@@ -1,0 +1,191 @@
+"""rlkit.hardware: CPU facts, the bf16 decision from flags and probe numbers, its cache, threads, crowding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlkit import hardware as hw
+from rlkit.errors import RlkitError
+from rlkit.recipe.schema import Recipe
+
+EPYC = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2 sha_ni
+processor\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2 sha_ni
+"""
+SAPPHIRE = """\
+processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_fp16
+"""
+GRAVITON = """\
+processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics sve bf16
+CPU part\t: 0xd40
+"""
+
+# Measured (DESIGN.md): EPYC fp32 70 GFLOP/s, bf16 0.9 GFLOP/s; Xeon AMX 180 and 1300 GFLOP/s.
+SLOW_BF16 = hw.MatmulProbe(fp32_flops=70e9, bf16_flops=0.9e9)
+FAST_BF16 = hw.MatmulProbe(fp32_flops=180e9, bf16_flops=1300e9)
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    return path
+
+
+def test_cpu_info_reads_model_and_relevant_flags(tmp_path):
+    epyc = hw.cpu_info(write(tmp_path, EPYC))
+    assert epyc.model == "AMD EPYC 7B13"
+    assert epyc.flags == ("avx2", "fma") and epyc.native_bf16 == ()  # sse, sha_ni etc. are not relevant
+    xeon = hw.cpu_info(write(tmp_path, SAPPHIRE))
+    assert xeon.native_bf16 == ("amx_bf16", "avx512_bf16")
+    arm = hw.cpu_info(write(tmp_path, GRAVITON))
+    assert arm.model == "0xd40" and arm.native_bf16 == ("bf16",) and "sve" in arm.flags
+    assert hw.cpu_info(tmp_path / "missing").flags == ()  # no /proc/cpuinfo: a model name, no flags
+
+
+def test_avx2_cpu_gets_fp32_and_says_how_much_slower_bf16_is(tmp_path):
+    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, EPYC)), SLOW_BF16)
+    assert (d.mixed_precision, d.decode_dtype) == ("fp32", "float32")
+    assert d.ratio == pytest.approx(0.9 / 70)
+    assert "AMD EPYC 7B13" in d.reason and "no native bf16" in d.reason
+    assert "78x slower than fp32" in d.reason  # 70 / 0.9 = 77.8
+
+
+def test_amx_cpu_gets_bf16(tmp_path):
+    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
+    assert (d.mixed_precision, d.decode_dtype) == ("bf16", "bfloat16")
+    assert "amx_bf16" in d.reason and "7.22x fp32" in d.reason  # 1300 / 180
+
+
+def test_native_flag_without_a_measured_gain_stays_fp32(tmp_path):
+    """The probe decides: a bf16 flag whose matmul is only 1.5x fp32 does not pay for autocast's casts (< 2x)."""
+    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
+    assert d.mixed_precision == "fp32" and "avx512_bf16" in d.reason and "1.50x fp32" in d.reason
+    failed = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=0.0))
+    assert failed.mixed_precision == "fp32" and "failed" in failed.reason
+
+
+def test_cuda_decision_follows_bf16_support():
+    assert hw.decide_cuda(True, "H100").mixed_precision == "bf16"
+    d = hw.decide_cuda(False, "T4")
+    assert (d.mixed_precision, d.decode_dtype) == ("fp32", "float32") and "T4" in d.reason
+
+
+def test_probe_cache_round_trip(tmp_path):
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return SLOW_BF16
+
+    cache = tmp_path / "sub" / "hardware.json"
+    epyc, xeon = hw.cpu_info(write(tmp_path, EPYC)), hw.cpu_info(write(tmp_path, SAPPHIRE))
+    assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
+    assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1  # read back, not measured
+    hw.cached_probe(xeon, cache, probe=lambda: FAST_BF16)  # another machine sharing the home folder: its own entry
+    entries = json.loads(cache.read_text())["entries"]
+    assert len(entries) == 2
+    assert {e["cpu_model"] for e in entries.values()} == {"AMD EPYC 7B13", xeon.model}
+    assert all(e["torch"] == torch.__version__ for e in entries.values())
+    assert hw.cached_probe(xeon, cache, probe=probe) == FAST_BF16 and len(calls) == 1
+
+
+@pytest.mark.parametrize("garbage", ["{not json", '{"version": 1, "entries": {"k": "v"}}', "[1, 2]",
+                                     '{"version": 1, "entries": []}'])
+def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, garbage):
+    cache = tmp_path / "hardware.json"
+    cache.write_text(garbage)
+    epyc = hw.cpu_info(write(tmp_path, EPYC))
+    assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == SLOW_BF16
+    data = json.loads(cache.read_text())
+    assert data["version"] == 1 and [e["fp32_flops"] for e in data["entries"].values() if "fp32_flops" in e] == [70e9]
+    assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == SLOW_BF16  # the rewritten file is read
+
+
+def test_real_probe_measures_both_dtypes():
+    probe = hw.probe_matmul(size=64, budget_s=0.01)
+    assert probe.fp32_flops > 0 and probe.bf16_flops > 0 and probe.threads == 1 and probe.ratio > 0
+
+
+def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
+    slow = hw.decide_cpu(hw.cpu_info(write(tmp_path, EPYC)), SLOW_BF16)
+    auto = hw.resolve_precision("auto", "auto", "cpu", decision=slow)
+    assert (auto.mixed_precision, auto.decode_dtype, auto.warnings) == ("fp32", "float32", ())
+    forced = hw.resolve_precision("bf16", "bfloat16", "cpu", decision=slow)
+    assert (forced.mixed_precision, forced.decode_dtype) == ("bf16", "bfloat16")  # kept: the user asked for it
+    assert len(forced.warnings) == 2 and all("78x slower" in w for w in forced.warnings)
+    assert "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
+    fast = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
+    assert hw.resolve_precision("bf16", None, "cpu", decision=fast).warnings == ()
+    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
+    assert modest.mixed_precision == "fp32"  # auto wants 2x, but an explicit bf16 here is not slow: no warning
+    assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
+    assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
+    params = auto.params()
+    assert params["mixed_precision"] == "fp32" and params["cpu_model"] == "AMD EPYC 7B13"
+    assert params["matmul_gflops_bf16"] == 0.9 and "no native bf16" in params["precision_reason"]
+
+
+def test_invalid_values_are_refused():
+    with pytest.raises(RlkitError, match="auto, fp32, bf16"):
+        hw.concrete_mixed_precision("fp16")
+    with pytest.raises(RlkitError, match="rollout.backend.dtype='float16'"):
+        hw.concrete_decode_dtype("float16")
+    assert hw.concrete_decode_dtype(None) is None and hw.concrete_mixed_precision("bf16") == "bf16"
+
+
+def test_auto_on_this_machine_is_its_cached_decision():
+    d = hw.precision_decision("cpu")
+    assert hw.concrete_mixed_precision("auto", torch.device("cpu")) == d.mixed_precision
+    assert hw.concrete_decode_dtype("auto", "cpu") == d.decode_dtype
+    assert d.mixed_precision == ("bf16" if d.probe.ratio >= hw.BF16_MIN_SPEEDUP else "fp32")
+
+
+def test_worker_threads_are_the_cpus_ray_gives():
+    assert hw.worker_threads("auto", 2.0) == 2
+    assert hw.worker_threads("auto", 2.0, 0.5) == 1  # a critic sharing the actor's bundle
+    assert hw.worker_threads("auto", 3.0, 0.5) == 1  # 1.5 rounds down
+    assert hw.worker_threads("auto", 0.5) == 1  # at least one
+    assert hw.worker_threads(3, 1.0) == 3  # an explicit number wins
+
+
+def test_oversubscription_names_the_numbers():
+    assert hw.oversubscription(pool_cpus=2, worker_threads_total=2, cores=2, load_1min=0.5) is None
+    busy = hw.oversubscription(pool_cpus=2, worker_threads_total=2, cores=2, load_1min=3.4)
+    assert "2 usable cores" in busy and "load average is already 3.4" in busy
+    crowded = hw.oversubscription(pool_cpus=4, worker_threads_total=6, cores=2, load_1min=0.0)
+    assert "reserve 4 CPUs" in crowded and "6 torch threads" in crowded
+    assert hw.usable_cpus() >= 1
+
+
+def test_plan_run_resolves_auto_threads_per_role_and_precision():
+    recipe = Recipe.model_validate({
+        "model": {"path": "m"}, "data": {"train_files": ["t.parquet"]},
+        "resources": {"pools": {"global": {"cpus_per_bundle": 4}, "side": {"bundles_per_node": 2, "cpus_per_bundle": 3}}},
+    })
+    assert recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"  # the defaults
+    colocated = {"actor_rollout_ref": "global", "critic": "global"}  # slot -> pool, as Pipeline.roles places them
+    plan = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto")
+    assert plan.threads == {"actor_rollout_ref": 2, "critic": 2}  # two roles on one pool: half of 4 each
+    d = hw.precision_decision("cpu")
+    assert (plan.precision.mixed_precision, plan.precision.decode_dtype) == (d.mixed_precision, d.decode_dtype)
+    params = plan.params()
+    assert params["threads_per_worker.critic"] == 2 and params["precision_reason"] == d.reason
+    split = hw.plan_run(recipe, device="cpu", placed={"actor_rollout_ref": "global", "critic": "side"}, decode_dtype=None)
+    assert split.threads == {"actor_rollout_ref": 4, "critic": 3}
+    fixed = recipe.model_copy(update={"resources": recipe.resources.model_copy(update={"threads_per_worker": 1})})
+    plan = hw.plan_run(fixed, device="cpu", placed={"actor_rollout_ref": "global"}, decode_dtype=None)
+    assert plan.threads == {"actor_rollout_ref": 1} and plan.precision.decode_dtype is None
+    if hw.usable_cpus() < 10:  # the pools reserve 4 + 2 x 3 = 10 CPUs
+        assert "reserve 10 CPUs" in plan.oversubscribed
