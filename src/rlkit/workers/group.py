@@ -23,7 +23,9 @@ Dispatch modes of ``call``/``submit``:
 Failures: an exception on a rank raises ``WorkerError`` on the driver naming the role, the rank and the
 method, with the remote traceback (``err.remote_traceback``). A rank whose process died raises
 ``WorkerError`` with "worker process died". The first failure wins; the group is then unusable
-(other ranks may be blocked in a collective) and must be shut down.
+(other ranks may be blocked in a collective) and must be shut down. A group whose ``share`` does not
+fit beside the groups already on its pool is refused at once (``ResourcePool.claim``); a rank that Ray
+leaves unscheduled for want of its share fails after ``schedule_timeout_s`` (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -265,15 +267,25 @@ class WorkerGroup:
         self.actors = []
         self.pool.release(self)
 
-    def _rendezvous_address(self) -> tuple[str, int]:
-        """Address of rank 0's node and a free port there (loopback for a local cluster)."""
+    def _rendezvous_address(self, timeout_s: float = 120.0) -> tuple[str, int]:
+        """Address of rank 0's node and a free port there: the driver's node address when rank 0's
+        bundle is on the driver's node (127.0.0.1 for a local cluster), else what a zero-CPU task in
+        that bundle reports from its node (tests/unit/workers/test_multinode.py)."""
         pg, index = self.pool.location(0)
         node_of_bundle = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(index)
         if node_of_bundle is None or node_of_bundle == ray.get_runtime_context().get_node_id():
             ip = ray.util.get_node_ip_address()
             return ip, find_free_port(ip)
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
-        return tuple(ray.get(_address_on_node.options(scheduling_strategy=strategy).remote()))
+        try:
+            addr, port = ray.get(_address_on_node.options(scheduling_strategy=strategy).remote(), timeout=timeout_s)
+        except (GetTimeoutError, RayTaskError) as exc:
+            raise WorkerError(
+                f"role '{self.role}': could not learn the address of rank 0's node {node_of_bundle} "
+                f"(resource pool '{self.pool.name}') within {timeout_s:g} s: {exc}. Check that the node is alive "
+                f"(`ray status`) and that it can import rlkit."
+            ) from None
+        return addr, port
 
     # ----- dispatch ---------------------------------------------------------------------------
     def submit(

@@ -80,8 +80,9 @@ def update_once(model_dir: str, dynamic: bool) -> dict:
 def assert_same_update(one: dict, two: dict, model_dir) -> None:
     """``update_once`` results of two world sizes agree: old log-probs, metrics, and every weight within
     1e-4, and the update really moved the weights (so agreement is not both staying put)."""
-    import pytest
     from pathlib import Path
+
+    import pytest
     from safetensors.torch import load_file
 
     torch.testing.assert_close(one["old_log_prob"], two["old_log_prob"], atol=1e-5, rtol=1e-5)

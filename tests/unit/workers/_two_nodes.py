@@ -18,12 +18,12 @@ import time
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes use the addresses given below
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+import _fsdp_ranks  # noqa: E402
 import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-import _fsdp_ranks  # noqa: E402
 from rlkit.recipe.schema import PoolConfig, ResourcesConfig  # noqa: E402
 from rlkit.workers import RayCluster, ResourcePool, Worker, WorkerGroup  # noqa: E402
 
