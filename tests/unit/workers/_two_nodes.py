@@ -2,9 +2,10 @@
 
 Usage: python _two_nodes.py MODEL_DIR OUT_FILE
 
-The head node (127.0.0.1, the driver's) has no CPU; two worker nodes (127.0.0.2 and 127.0.0.3, one CPU
-each) hold the pool ``{nodes: 2, bundles_per_node: 1}``, so each rank runs on its own node and rank 0
-is never on the driver's node. The driver joins through ``RayCluster`` (``resources.ray_address``), as a
+The head node (127.0.0.1, the driver's) has no CPU; two worker nodes (127.0.0.2 and 127.0.0.3, two CPUs
+each) hold the pool ``{nodes: 2, bundles_per_node: 1}``, so rank 0 is never on the driver's node. First,
+with 1.5 CPUs of 127.0.0.3 taken, a small pool ``{nodes: 2, cpus_per_bundle: 0.25}`` must still use both
+nodes (Ray alone packs both of its groups onto the emptier node: the node-id selector prevents that). The driver joins through ``RayCluster`` (``resources.ray_address``), as a
 user joining a cluster would. Each rank runs ``_fsdp_ranks.update_once`` (fixed micro-batches); OUT_FILE
 gets rank 0's result and where everything ran.
 """
@@ -26,6 +27,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from rlkit.recipe.schema import PoolConfig, ResourcesConfig  # noqa: E402
 from rlkit.workers import RayCluster, ResourcePool, Worker, WorkerGroup  # noqa: E402
+from rlkit.workers.pools import NODE_ID_LABEL  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(_fsdp_ranks)  # Ray workers cannot import it by name
 NODE_IPS = ("127.0.0.2", "127.0.0.3")
@@ -51,16 +53,30 @@ class UpdateWorker(Worker):
         return _fsdp_ranks.update_once(self.model_dir, dynamic=False)
 
 
+def spread_pool_nodes(busy_node: str) -> dict:
+    """Nodes of a 2-node pool created while ``busy_node`` is mostly taken by another placement group."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    blocker = placement_group([{"CPU": 1.5}], bundle_label_selector=[{NODE_ID_LABEL: busy_node}])
+    ray.get(blocker.ready(), timeout=60)
+    pool = ResourcePool("spread", PoolConfig(nodes=2, cpus_per_bundle=0.25), "cpu").create()
+    try:
+        return {"busy_node": busy_node, "pool_nodes": pool.node_ids()}
+    finally:
+        pool.remove()
+        remove_placement_group(blocker)
+
+
 def main(model_dir: str, out: str) -> None:
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False, "object_store_memory": 96 * MB})
     try:
-        for ip in NODE_IPS:
-            cluster.add_node(node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB)
+        workers = [cluster.add_node(node_ip_address=ip, num_cpus=2, object_store_memory=96 * MB) for ip in NODE_IPS]
         seconds["nodes_up"] = time.perf_counter() - t0
         with RayCluster(ResourcesConfig(ray_address=cluster.address)):
+            spread = spread_pool_nodes(workers[1].node_id)
             pool = ResourcePool("global", PoolConfig(nodes=2, bundles_per_node=1), "cpu").create(roles=["actor"])
             group = WorkerGroup(UpdateWorker, pool, role="actor", role_kwargs={"model_dir": model_dir})
             seconds["group_up"] = time.perf_counter() - t0
@@ -73,7 +89,7 @@ def main(model_dir: str, out: str) -> None:
                 pool_nodes = pool.node_ids()
                 pool.remove()
             torch.save({
-                "result": result, "where": where, "seconds": seconds, "pool_nodes": pool_nodes,
+                "result": result, "where": where, "spread": spread, "seconds": seconds, "pool_nodes": pool_nodes,
                 "group_rendezvous": [group.master_addr, group.master_port],
                 "driver": {"node_id": ray.get_runtime_context().get_node_id(),
                            "node_ip": ray.util.get_node_ip_address()},
