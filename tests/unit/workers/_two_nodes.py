@@ -2,11 +2,12 @@
 
 Usage: python _two_nodes.py MODEL_DIR OUT_FILE
 
-The head node (127.0.0.1, the driver's) has no CPU; two worker nodes (127.0.0.2 and 127.0.0.3, two CPUs
+The head node (127.0.0.1, the driver's) has no CPU; two worker nodes (127.0.0.2 and 127.0.0.3, one CPU
 each) hold the pool ``{nodes: 2, bundles_per_node: 1}``, so rank 0 is never on the driver's node. First,
-with 1.5 CPUs of 127.0.0.3 taken, a small pool ``{nodes: 2, cpus_per_bundle: 0.25}`` must still use both
-nodes (Ray alone packs both of its groups onto the emptier node: the node-id selector prevents that). The driver joins through ``RayCluster`` (``resources.ray_address``), as a
-user joining a cluster would. Each rank runs ``_fsdp_ranks.update_once`` (fixed micro-batches); OUT_FILE
+with 0.75 CPU of 127.0.0.3 taken, a small pool ``{nodes: 2, cpus_per_bundle: 0.125}`` must still use
+both nodes (Ray alone packs both of its groups onto the emptier node; the node-id selector prevents
+that). The driver joins through ``RayCluster`` (``resources.ray_address``), as a user joining a cluster
+would. Each rank runs ``_fsdp_ranks.update_once`` (fixed micro-batches); OUT_FILE
 gets rank 0's result and where everything ran.
 """
 
@@ -57,9 +58,9 @@ def spread_pool_nodes(busy_node: str) -> dict:
     """Nodes of a 2-node pool created while ``busy_node`` is mostly taken by another placement group."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    blocker = placement_group([{"CPU": 1.5}], bundle_label_selector=[{NODE_ID_LABEL: busy_node}])
+    blocker = placement_group([{"CPU": 0.75}], bundle_label_selector=[{NODE_ID_LABEL: busy_node}])
     ray.get(blocker.ready(), timeout=60)
-    pool = ResourcePool("spread", PoolConfig(nodes=2, cpus_per_bundle=0.25), "cpu").create()
+    pool = ResourcePool("spread", PoolConfig(nodes=2, cpus_per_bundle=0.125), "cpu").create()
     try:
         return {"busy_node": busy_node, "pool_nodes": pool.node_ids()}
     finally:
@@ -73,7 +74,7 @@ def main(model_dir: str, out: str) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False, "object_store_memory": 96 * MB})
     try:
-        workers = [cluster.add_node(node_ip_address=ip, num_cpus=2, object_store_memory=96 * MB) for ip in NODE_IPS]
+        workers = [cluster.add_node(node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB) for ip in NODE_IPS]
         seconds["nodes_up"] = time.perf_counter() - t0
         with RayCluster(ResourcesConfig(ray_address=cluster.address)):
             spread = spread_pool_nodes(workers[1].node_id)

@@ -2,7 +2,7 @@
 
 ``_two_nodes.py`` (a subprocess: its own cluster, the session cluster is not disturbed) starts a Ray
 cluster of three nodes on distinct loopback addresses: the driver's head node 127.0.0.1 without CPUs and
-two worker nodes 127.0.0.2 and 127.0.0.3 with two CPUs each. The pool ``{nodes: 2, bundles_per_node: 1}``
+two worker nodes 127.0.0.2 and 127.0.0.3 with one CPU each. The pool ``{nodes: 2, bundles_per_node: 1}``
 puts one placement group on each worker node; the update must equal world size 1's, and the ranks must
 rendezvous at rank 0's node, not at the driver's.
 """
@@ -47,7 +47,7 @@ def test_pool_spans_two_nodes_and_ranks_meet_at_rank0_node(two_nodes):
 
 
 def test_node_groups_of_a_pool_use_distinct_nodes_even_when_ray_would_pack_them(two_nodes):
-    # 1.5 of 127.0.0.3's 2 CPUs were taken: Ray's own choice puts both 0.25-CPU groups on 127.0.0.2.
+    # 0.75 of 127.0.0.3's CPU was taken: Ray's own choice puts both 0.125-CPU groups on 127.0.0.2.
     spread = two_nodes["spread"]
     assert len(set(spread["pool_nodes"])) == 2 and spread["busy_node"] in spread["pool_nodes"]
 
