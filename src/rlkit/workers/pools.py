@@ -197,42 +197,52 @@ def _base(resources: Mapping[str, float]) -> dict[str, float]:
 
 
 def check_placement(
-    pools: Iterable[ResourcePool], roles_by_pool: Mapping[str, Sequence[str]] | None = None
+    pools: Iterable[ResourcePool],
+    roles_by_pool: Mapping[str, Sequence[str]] | None = None,
+    *,
+    nodes: Mapping[str, Mapping[str, float]] | None = None,
 ) -> None:
-    """Raise ``WorkerError`` at once if the live Ray cluster can never hold ``pools`` together.
+    """Raise ``WorkerError`` at once if the cluster can never hold ``pools`` together.
 
     Checks, against the resources the nodes have (not what is free right now): every pool finds
     ``nodes`` distinct nodes that each hold one node group (``bundles_per_node`` bundles, STRICT_PACK),
-    and all pools together ask for no more CPU/GPU than the cluster has. ``roles_by_pool``
+    and all pools together ask for no more CPU/GPU than the nodes have in all. ``roles_by_pool``
     (``{pool name: [role, ...]}``, default: each pool's ``roles``) names the roles in the message.
-    Needs ``ray.init`` first.
+    ``nodes`` (``{node address: {CPU: n, GPU: m}}``) describes the cluster without asking Ray, e.g.
+    ``{"local": local_node(resources)}`` (``rlkit.workers.cluster``) for the cluster ``RayCluster``
+    would start, before it starts; by default the live nodes of the connected Ray cluster.
     """
-    import ray
-
     pools = list(pools)
     roles = {p.name: list((roles_by_pool or {}).get(p.name, p.roles)) for p in pools}
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    sizes = [_base(n["Resources"]) for n in nodes]
+    if nodes is None:
+        import ray
+
+        nodes = {f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})": n["Resources"]
+                 for n in ray.nodes() if n.get("Alive")}
+    sizes = {addr: _base(res) for addr, res in nodes.items()}
     for pool in pools:
         need = pool.node_demand()
-        fit = sum(_fits(need, have) for have in sizes)
+        fit = sum(_fits(need, have) for have in sizes.values())
         if fit >= pool.config.nodes:
             continue
-        per = "; ".join(f"{n['NodeManagerAddress']} {_fmt(have)}" for n, have in zip(nodes, sizes))
+        per = "; ".join(f"{addr} {_fmt(have)}" for addr, have in sizes.items())
         if pool.config.nodes > fit >= 1:
             fix = (f"set resources.pools.{pool.name}.nodes={fit}" + (
                 f" and bundles_per_node={pool.config.bundles_per_node * pool.config.nodes // fit}"
-                if len(nodes) == 1 else "") + ", or join a cluster with more nodes (resources.ray_address)")
+                if len(sizes) == 1 else "") + ", or join a cluster with more nodes (resources.ray_address)")
         else:
             fix = (f"lower resources.pools.{pool.name}.bundles_per_node, cpus_per_bundle or gpus_per_bundle, "
                    f"or start Ray with more resources per node")
         raise WorkerError(
             f"resource pool '{pool.name}' ({_roles_text(roles[pool.name])}) asks for {pool.config.nodes} "
             f"node(s) that each hold {pool.config.bundles_per_node} bundle(s) of {_fmt(pool.bundle())} = "
-            f"{_fmt(need)} per node; the Ray cluster has {len(nodes)} node(s) ({per}), {fit} of them large "
+            f"{_fmt(need)} per node; the Ray cluster has {len(sizes)} node(s) ({per}), {fit} of them large "
             f"enough. It can never be placed: {fix}."
         )
-    total = _base(ray.cluster_resources())
+    total: dict[str, float] = {}
+    for have in sizes.values():
+        for k, v in have.items():
+            total[k] = total.get(k, 0.0) + v
     asked: dict[str, float] = {}
     for pool in pools:
         for k, v in pool.demand().items():
@@ -281,10 +291,16 @@ class ResourcePoolManager:
             out.setdefault(self.pool_name_for(role), []).append(role)
         return out
 
-    def check(self, roles_by_pool: Mapping[str, Sequence[str]] | None = None) -> None:
+    def check(
+        self,
+        roles_by_pool: Mapping[str, Sequence[str]] | None = None,
+        *,
+        nodes: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         """``check_placement`` for the pools in ``roles_by_pool`` (``{pool: [roles]}``, the roles the run
         builds; pools without roles are not checked), or for every declared pool with the roles
-        ``resources.roles`` maps to it. Raises ``WorkerError`` at once, naming pools and roles."""
+        ``resources.roles`` maps to it. Raises ``WorkerError`` at once, naming pools and roles.
+        ``nodes``: see ``check_placement`` (default: the connected Ray cluster's live nodes)."""
         if roles_by_pool is None:
             roles_by_pool = {name: [r for r, p in self.resources.roles.items() if p == name] for name in self.pools}
         unknown = sorted(set(roles_by_pool) - set(self.pools))
@@ -293,8 +309,8 @@ class ResourcePoolManager:
                               f"(declared: {sorted(self.pools)}).")
         for name, roles in roles_by_pool.items():
             self.pools[name].roles = list(roles)
-        check_placement([self.pools[n] for n in roles_by_pool], roles_by_pool)
-        self.checked = True
+        check_placement([self.pools[n] for n in roles_by_pool], roles_by_pool, nodes=nodes)
+        self.checked = nodes is None  # a check against described nodes does not replace the live one
 
     def create_all(
         self, roles_by_pool: Mapping[str, Sequence[str]] | None = None, timeout_s: float = PLACEMENT_TIMEOUT_S

@@ -146,3 +146,27 @@ def test_check_placement_accepts_what_fits(ray_cluster):
     pools = [ResourcePool("a", PoolConfig(bundles_per_node=2, cpus_per_bundle=2), "cpu"),
              ResourcePool("b", PoolConfig(bundles_per_node=4, cpus_per_bundle=1), "cpu")]
     check_placement(pools, {"a": ["actor_rollout_ref"], "b": ["critic"]})  # 4 + 4 = 8 CPUs: exactly fits
+
+
+def test_local_node_describes_the_cluster_before_it_starts(ray_cluster):
+    from rlkit.workers.cluster import local_node
+
+    # The session cluster is RayCluster(ResourcesConfig(object_store_memory_mb=256), num_cpus=8).
+    node = local_node(ResourcesConfig(object_store_memory_mb=256), num_cpus=8)
+    assert node == {"CPU": ray.cluster_resources()["CPU"], "GPU": ray.cluster_resources().get("GPU", 0.0)}
+
+
+def test_a_local_recipe_is_checked_without_ray():
+    from rlkit.workers.cluster import local_node
+
+    spread = ResourcesConfig(device="cpu", pools={"global": PoolConfig(nodes=2, bundles_per_node=2)})
+    manager = ResourcePoolManager(spread)
+    with pytest.raises(WorkerError) as info:  # a local cluster is one node
+        manager.check({"global": ["actor_rollout_ref"]}, nodes={"local": local_node(spread, num_cpus=2)})
+    assert "set resources.pools.global.nodes=1 and bundles_per_node=4" in str(info.value)
+    assert "'actor_rollout_ref'" in str(info.value) and "local {CPU: 4, GPU: 0}" in str(info.value)
+    gpu = ResourcePool("gpu", PoolConfig(gpus_per_bundle=1), "cuda")
+    with pytest.raises(WorkerError, match="lower resources.pools.gpu.bundles_per_node, cpus_per_bundle or gpus"):
+        check_placement([gpu], {"gpu": ["critic"]}, nodes={"local": {"CPU": 4.0, "GPU": 0.0}})
+    check_placement([gpu], {"gpu": ["critic"]}, nodes={"local": {"CPU": 4.0, "GPU": 1.0}})  # fits
+    assert not manager.checked  # a described cluster does not stand in for the live check
