@@ -96,7 +96,9 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float =
         if any(r["step"] >= step and "training/global_step" in r for r in records(out)):
             return
         time.sleep(0.05)
-    raise AssertionError(f"step {step} was not logged within {timeout} s (rc={proc.poll()})")
+    rc = proc.poll()
+    tail = proc.stderr.read()[-3000:] if rc is not None and proc.stderr is not None else ""
+    raise AssertionError(f"step {step} was not logged within {timeout} s (rc={rc}); stderr tail:\n{tail}")
 
 
 def ray_session(out: Path) -> dict:

@@ -29,13 +29,28 @@ from rlkit.errors import WorkerError
 from rlkit.recipe.schema import ResourcesConfig
 from rlkit.workers.pools import pool_cpu_demand
 
-__all__ = ["RayCluster", "LOCAL_CLUSTER_ENV"]
+__all__ = ["RayCluster", "LOCAL_CLUSTER_ENV", "local_node"]
 
 # Environment a local cluster needs; set in the driver before Ray starts, inherited by Ray's processes.
 LOCAL_CLUSTER_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node address = 127.0.0.1, so sockets bind loopback only
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats reporting
 }
+
+
+def _local_cpus(resources: ResourcesConfig, num_cpus: int | None = None) -> int:
+    """Logical CPUs a local cluster registers: the machine's cores (or ``num_cpus``), at least what the
+    pools reserve."""
+    return max(num_cpus or (os.cpu_count() or 1), math.ceil(pool_cpu_demand(resources)))
+
+
+def local_node(resources: ResourcesConfig, num_cpus: int | None = None) -> dict[str, float]:
+    """The one node ``RayCluster`` would start for ``resources`` (no ``ray_address``), without starting
+    it: ``{CPU: logical CPUs, GPU: GPUs torch sees}`` — Ray detects the same GPUs. For
+    ``check_placement(pools, nodes={"local": local_node(resources)})`` before Ray starts."""
+    import torch
+
+    return {"CPU": float(_local_cpus(resources, num_cpus)), "GPU": float(torch.cuda.device_count())}
 
 
 class RayCluster:
@@ -73,8 +88,7 @@ class RayCluster:
         return self
 
     def _local_cpus(self) -> int:
-        demand = math.ceil(pool_cpu_demand(self.resources))
-        return max(self.num_cpus or (os.cpu_count() or 1), demand)
+        return _local_cpus(self.resources, self.num_cpus)
 
     def _use_loopback(self) -> None:
         """Make this driver (and the Ray processes it starts) use 127.0.0.1 as the node address."""

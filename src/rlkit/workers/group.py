@@ -23,7 +23,9 @@ Dispatch modes of ``call``/``submit``:
 Failures: an exception on a rank raises ``WorkerError`` on the driver naming the role, the rank and the
 method, with the remote traceback (``err.remote_traceback``). A rank whose process died raises
 ``WorkerError`` with "worker process died". The first failure wins; the group is then unusable
-(other ranks may be blocked in a collective) and must be shut down.
+(other ranks may be blocked in a collective) and must be shut down. A group whose ``share`` does not
+fit beside the groups already on its pool is refused at once (``ResourcePool.claim``); a rank that Ray
+leaves unscheduled for want of its share fails after ``schedule_timeout_s`` (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ from rlkit.workers.balance import balanced_partitions, contiguous_partitions, se
 from rlkit.workers.base import find_free_port
 from rlkit.workers.pools import ResourcePool
 
-__all__ = ["WorkerGroup", "PendingCall", "Dispatch", "worker_error"]
+__all__ = ["WorkerGroup", "PendingCall", "Dispatch", "worker_error", "unscheduled_ranks", "SCHEDULE_TIMEOUT_S"]
 
 Dispatch = Literal["split", "all", "rank0"]
+SCHEDULE_TIMEOUT_S = 20.0  # longest wait for a rank whose share of its bundle is not free
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its remote tracebacks
 
 
@@ -78,6 +81,39 @@ def worker_error(role: str, rank: int, method: str, exc: BaseException) -> Worke
     err.role, err.rank, err.method, err.remote_traceback = role, rank, method, tb
     err.died = isinstance(exc, RayActorError) and not getattr(exc, "actor_init_failed", False)  # restartable
     return err
+
+
+def unscheduled_ranks(actors: Sequence[Any], pool: ResourcePool, ranks: Sequence[int]) -> list[int]:
+    """The ``ranks`` whose actor Ray has not given a worker process because the resources it asks of its
+    bundle are not free (not the ranks whose process is still starting or loading a model).
+
+    An actor without a worker is ``PENDING_CREATION`` with an empty address in the GCS actor table; it
+    waits for resources when its bundle's resources are also in the cluster's pending demand (a process
+    that is starting already holds them). Private Ray APIs: if they fail, the actor table alone decides.
+    """
+    from ray._private import state  # private API: the GCS actor table, no dashboard needed
+
+    no_worker = []
+    for rank in ranks:
+        info = state.actors(actor_id=actors[rank]._actor_id.hex())
+        if info.get("State") in ("PENDING_CREATION", "DEPENDENCIES_UNREADY") and not info["Address"]["IPAddress"]:
+            no_worker.append(rank)
+    if not no_worker:
+        return []
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status  # private API: pending resource demand
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+        demanded = {key for d in status.resource_demands.ray_task_actor_demand
+                    for req in d.bundles_by_count for key in req.bundle}
+    except Exception:  # noqa: BLE001 - fall back to the actor table alone
+        return no_worker
+    out = []
+    for rank in no_worker:
+        pg, index = pool.location(rank)
+        if any(key.endswith(f"_group_{index}_{pg.id.hex()}") for key in demanded):
+            out.append(rank)
+    return out
 
 
 @ray.remote(num_cpus=0)
@@ -136,6 +172,7 @@ class WorkerGroup:
         role_kwargs: dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         start_timeout_s: float | None = 600.0,
+        schedule_timeout_s: float = SCHEDULE_TIMEOUT_S,
     ):
         if hasattr(cls, "remote"):
             raise WorkerError(
@@ -146,20 +183,33 @@ class WorkerGroup:
         self.cls = cls
         self.pool = pool.create()
         self.role = role
+        self.share = share
         self.world_size = pool.world_size
         self.device = pool.device
         self.last_metrics: dict[str, float] = {}
         self.start_s: float | None = None
+        self.actors: list[Any] = []
         t0 = time.perf_counter()
-        self.master_addr, self.master_port = self._rendezvous_address()
-        bundle = pool.bundle()
-        remote_cls = ray.remote(cls)
-        self.actors = []
+        pool.claim(self, role, share)  # refuses at once a share that cannot fit beside the other groups
+        try:
+            self.master_addr, self.master_port = self._rendezvous_address()
+            self._spawn(role_kwargs or {}, threads, env_vars)
+            # Constructors rendezvous with each other; a ping per rank waits until all are up.
+            self._await_start(start_timeout_s, schedule_timeout_s)
+        except BaseException:
+            self._kill()
+            raise
+        self.start_s = time.perf_counter() - t0
+
+    def _spawn(self, role_kwargs: dict[str, Any], threads: int, env_vars: dict[str, str] | None) -> None:
+        """One actor per rank, rank ``i`` in its bundle, each taking ``share`` of the bundle."""
+        bundle = self.pool.bundle()
+        remote_cls = ray.remote(self.cls)
         for rank in range(self.world_size):
-            pg, index = pool.location(rank)
+            pg, index = self.pool.location(rank)
             options: dict[str, Any] = {
-                "num_cpus": bundle["CPU"] * share,
-                "num_gpus": bundle.get("GPU", 0.0) * share,
+                "num_cpus": bundle["CPU"] * self.share,
+                "num_gpus": bundle.get("GPU", 0.0) * self.share,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=index
                 ),
@@ -169,28 +219,73 @@ class WorkerGroup:
                 options["runtime_env"] = {"env_vars": dict(env_vars)}
             self.actors.append(
                 remote_cls.options(**options).remote(
-                    rank,
-                    self.world_size,
-                    self.master_addr,
-                    self.master_port,
-                    self.device,
-                    threads,
-                    **(role_kwargs or {}),
+                    rank, self.world_size, self.master_addr, self.master_port, self.device, threads, **role_kwargs
                 )
             )
-        # Constructors rendezvous with each other; a ping per rank waits until all are up.
-        self._gather([a.ping.remote() for a in self.actors], "__init__", start_timeout_s)
-        self.start_s = time.perf_counter() - t0
 
-    def _rendezvous_address(self) -> tuple[str, int]:
-        """Address of rank 0's node and a free port there (loopback for a local cluster)."""
+    def _await_start(self, timeout_s: float | None, schedule_timeout_s: float) -> None:
+        """Wait for every rank's ``ping``; a rank that Ray has not scheduled because its share of the
+        bundle is not free fails after ``schedule_timeout_s`` (model loading is bounded by ``timeout_s``)."""
+        refs = [a.ping.remote() for a in self.actors]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        waiting_since: dict[int, float] = {}  # rank -> when it was first seen waiting for resources
+        pending = list(range(len(refs)))
+        while pending:
+            ready = set(ray.wait([refs[r] for r in pending], num_returns=len(pending), timeout=1.0)[0])
+            for rank in [r for r in pending if refs[r] in ready]:
+                try:
+                    ray.get(refs[rank])
+                except (RayTaskError, RayActorError, GetTimeoutError) as exc:
+                    raise worker_error(self.role, rank, "__init__", exc) from None
+                pending.remove(rank)
+            now = time.monotonic()
+            if pending and deadline is not None and now >= deadline:
+                raise WorkerError(
+                    f"role '{self.role}', method '__init__': rank(s) {pending} did not start within {timeout_s} s."
+                )
+            stuck = unscheduled_ranks(self.actors, self.pool, pending) if pending else []
+            waiting_since = {rank: waiting_since.get(rank, now) for rank in stuck}
+            late = [rank for rank, since in waiting_since.items() if now - since >= schedule_timeout_s]
+            if late:
+                raise self._unschedulable(late, schedule_timeout_s)
+
+    def _unschedulable(self, ranks: list[int], waited_s: float) -> WorkerError:
+        others = [f"'{r}' {s:g}" for key, (r, s) in self.pool.claims.items() if key != id(self)]
+        return WorkerError(
+            f"role '{self.role}': rank(s) {ranks} could not be scheduled for {waited_s:g} s: each asks for share "
+            f"{self.share:g} of a bundle {self.pool.bundle()} of resource pool '{self.pool.name}', and that share "
+            f"is not free (groups on the pool: {', '.join(others) or 'none of this driver'}; anything else placed "
+            f"in the pool's placement groups holds the rest). Give the roles on pool '{self.pool.name}' shares that "
+            f"add up to at most 1, or map '{self.role}' to a pool of its own "
+            f"(resources.pools.<name> and resources.roles.{self.role}=<name>)."
+        )
+
+    def _kill(self) -> None:
+        """Kill the actors started so far and give back the share (a failed start leaves nothing)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        self.pool.release(self)
+
+    def _rendezvous_address(self, timeout_s: float = 120.0) -> tuple[str, int]:
+        """Address of rank 0's node and a free port there: the driver's node address when rank 0's
+        bundle is on the driver's node (127.0.0.1 for a local cluster), else what a zero-CPU task in
+        that bundle reports from its node (tests/unit/workers/test_multinode.py)."""
         pg, index = self.pool.location(0)
         node_of_bundle = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(index)
         if node_of_bundle is None or node_of_bundle == ray.get_runtime_context().get_node_id():
             ip = ray.util.get_node_ip_address()
             return ip, find_free_port(ip)
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
-        return tuple(ray.get(_address_on_node.options(scheduling_strategy=strategy).remote()))
+        try:
+            addr, port = ray.get(_address_on_node.options(scheduling_strategy=strategy).remote(), timeout=timeout_s)
+        except (GetTimeoutError, RayTaskError) as exc:
+            raise WorkerError(
+                f"role '{self.role}': could not learn the address of rank 0's node {node_of_bundle} "
+                f"(resource pool '{self.pool.name}') within {timeout_s:g} s: {exc}. Check that the node is alive "
+                f"(`ray status`) and that it can import rlkit."
+            ) from None
+        return addr, port
 
     # ----- dispatch ---------------------------------------------------------------------------
     def submit(
@@ -303,9 +398,7 @@ class WorkerGroup:
             )
         except Exception:  # noqa: BLE001 - a dead rank must not stop the others from being killed
             pass
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
+        self._kill()
 
     def __repr__(self) -> str:
         return f"WorkerGroup(role={self.role!r}, cls={self.cls.__name__}, world_size={self.world_size}, device={self.device})"

@@ -77,6 +77,31 @@ def update_once(model_dir: str, dynamic: bool) -> dict:
     return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds)}
 
 
+def assert_same_update(one: dict, two: dict, model_dir) -> None:
+    """``update_once`` results of two world sizes agree: old log-probs, metrics, and every weight within
+    1e-4, and the update really moved the weights (so agreement is not both staying put)."""
+    from pathlib import Path
+
+    import pytest
+    from safetensors.torch import load_file
+
+    torch.testing.assert_close(one["old_log_prob"], two["old_log_prob"], atol=1e-5, rtol=1e-5)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl",
+                "actor/pg_clipfrac"):
+        assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
+    assert one["metrics"]["actor/pg_clipfrac"] > 0  # the clipped branch was exercised
+    assert one["state"].keys() == two["state"].keys()
+    initial = load_file(Path(model_dir) / "model.safetensors")
+    moved = 0.0
+    for name, value in one["state"].items():
+        # Adam divides each element's step by its own gradient scale, so an element whose gradient is
+        # ~0 can move a visible fraction of lr (1e-2) on float noise: allow 1% of lr per element.
+        torch.testing.assert_close(value, two["state"][name], atol=1e-4, rtol=0, msg=name)
+        if name in initial:  # lm_head is tied to the embedding and not stored separately
+            moved = max(moved, float((value - initial[name]).abs().max()))
+    assert moved > 1e-3  # the update changed the weights (lr 1e-2, two optimizer steps)
+
+
 def run(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

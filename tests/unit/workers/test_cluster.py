@@ -106,14 +106,17 @@ def test_bundles_and_role_mapping():
 
 
 def test_pool_placement_and_refusal(ray_cluster):
-    pool = ResourcePool("two", PoolConfig(nodes=2, bundles_per_node=1, cpus_per_bundle=0.25), "cpu").create()
+    pool = ResourcePool("two", PoolConfig(nodes=1, bundles_per_node=2, cpus_per_bundle=0.25), "cpu").create()
     try:
         (pg0, i0), (pg1, i1) = pool.location(0), pool.location(1)
-        assert (i0, i1) == (0, 0) and pg0 is not pg1  # one placement group per node
+        assert (i0, i1) == (0, 1) and pg0 is pg1  # one placement group per node
     finally:
         pool.remove()
+    # The session cluster is one node: two node groups cannot land on distinct nodes.
+    with pytest.raises(WorkerError, match=r"set resources.pools.spread.nodes=1 and bundles_per_node=2"):
+        ResourcePool("spread", PoolConfig(nodes=2, cpus_per_bundle=0.25), "cpu").create()
     huge = ResourcePool("huge", PoolConfig(bundles_per_node=1, cpus_per_bundle=1000), "cpu")
-    with pytest.raises(WorkerError, match="could not place"):
+    with pytest.raises(WorkerError, match="can never be placed"):
         huge.create(timeout_s=1)
     assert huge.placement_groups == []
 
