@@ -104,14 +104,18 @@ class Runtime:
         pools = ResourcePoolManager(recipe.resources)
         placed = self.pipeline.roles
         per_pool: dict[str, int] = {}
+        roles_by_pool: dict[str, list[str]] = {}
         for role in placed.values():
             per_pool[role.pool] = per_pool.get(role.pool, 0) + 1
+            roles_by_pool.setdefault(role.pool, []).append(role.role.name)
+        pools.check(roles_by_pool)  # a placement that can never fit fails now, naming pools, roles and resources
         groups = {}
         for slot in ("actor_rollout_ref", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
             role = placed.get(slot)
             if role is None:
                 continue
-            groups[slot] = WorkerGroup(load_object(role.role.spec.cls), pools.pools[role.pool].create(), role=role.role.name,
+            pool = pools.pools[role.pool].create(roles=roles_by_pool[role.pool])
+            groups[slot] = WorkerGroup(load_object(role.role.spec.cls), pool, role=role.role.name,
                                        threads=self.hardware.threads[slot], share=1.0 / per_pool[role.pool],
                                        role_kwargs=self._role_kwargs(role))
             self.groups.append(groups[slot])

@@ -98,3 +98,20 @@ resources: {{object_store_memory_mb: 128, pools: {{global: {{nodes: 1, bundles_p
 """)
     assert all(s["critic/advantages/min"] >= 0.0 for s in steps)
     assert any(s["critic/advantages/max"] > 0.0 for s in steps)
+
+
+def test_a_pool_that_can_never_be_placed_fails_fast_naming_pool_roles_and_resources(tmp_path, tiny_assets):
+    model, data_dir = tiny_assets
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(BASE.format(model=model, data=data_dir / "train.parquet", out=tmp_path / "out") + """\
+algorithm: {estimator: ppo}
+resources: {object_store_memory_mb: 128, pools: {global: {nodes: 2, bundles_per_node: 1}}}
+""")
+    # One local Ray node: a pool asking for two distinct nodes can never be placed. The check runs before
+    # any placement group waits (run_rlkit's own timeout is the hang guard, not a timing assertion).
+    result = run_rlkit("run", str(recipe), timeout=120)
+    assert result.returncode != 0
+    message = result.stderr
+    assert "resource pool 'global' (roles 'actor_rollout_ref', 'critic')" in message
+    assert "asks for 2 node(s)" in message and "the Ray cluster has 1 node(s)" in message
+    assert "resources.pools.global.nodes=1" in message  # how to fix it
