@@ -74,7 +74,9 @@ def main(model_dir: str, out: str) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False, "object_store_memory": 96 * MB})
     try:
-        workers = [cluster.add_node(node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB) for ip in NODE_IPS]
+        workers = [cluster.add_node(wait=False, node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB)
+                   for ip in NODE_IPS]  # both start at once
+        cluster.wait_for_nodes()
         seconds["nodes_up"] = time.perf_counter() - t0
         with RayCluster(ResourcesConfig(ray_address=cluster.address)):
             spread = spread_pool_nodes(workers[1].node_id)
