@@ -99,8 +99,9 @@ class Runtime:
     def _start_workers(self) -> None:
         from rlkit.workers import RayCluster, ResourcePoolManager, WorkerGroup
 
+        from rlkit.workers.cluster import local_node
+
         recipe = self.recipe
-        self.cluster = RayCluster(recipe.resources).start()
         pools = ResourcePoolManager(recipe.resources)
         placed = self.pipeline.roles
         per_pool: dict[str, int] = {}
@@ -108,7 +109,12 @@ class Runtime:
         for role in placed.values():
             per_pool[role.pool] = per_pool.get(role.pool, 0) + 1
             roles_by_pool.setdefault(role.pool, []).append(role.role.name)
-        pools.check(roles_by_pool)  # a placement that can never fit fails now, naming pools, roles and resources
+        # A placement that can never fit fails at once, naming pools, roles and resources: before a local
+        # cluster starts (against the node it would be), and against the live nodes once connected.
+        if recipe.resources.ray_address is None and not _ray_running():
+            pools.check(roles_by_pool, nodes={"local": local_node(recipe.resources)})
+        self.cluster = RayCluster(recipe.resources).start()
+        pools.check(roles_by_pool)
         groups = {}
         for slot in ("actor_rollout_ref", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
             role = placed.get(slot)
@@ -261,6 +267,13 @@ def _tracking(recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int,
     trackers = [start_tracker(load_object(t.spec.cls), cfg, t.params) for t in pipeline.trackers]
     mlflow_uri = next((getattr(t, "uri", None) for t in trackers if getattr(t, "name", "") == "mlflow"), None)
     return Tracking(trackers), mlflow_uri
+
+
+def _ray_running() -> bool:
+    """Whether this process is already connected to Ray (a test session's cluster, used as it is)."""
+    import ray
+
+    return ray.is_initialized()
 
 
 def _matmul_peak_flops(mixed_precision: str, threads: int, size: int = 1024) -> float:
