@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,16 +79,18 @@ def test_normalize_score_cases():
     assert normalize_score({"acc": 1}, 0.0).error.startswith("returned a dict without a 'score' key")
 
 
-def test_batch_manager(tokenizer, make_batch, dispatcher):
+def test_batch_manager(tokenizer, make_batch, dispatcher, tmp_path):
     batch = make_batch(["#### 3", "#### 4"], ["3", "5"])
-    calls = []
+    log_file = tmp_path / "calls.jsonl"
 
-    def score_batch(**kwargs):
-        calls.append(kwargs)
+    def score_batch(**kwargs):  # runs in the scoring child: it records its calls in a file
+        with log_file.open("a") as f:
+            f.write(json.dumps(kwargs) + "\n")
         return batched(dispatcher)(**{k: v for k, v in kwargs.items()})
 
     result = BatchRewardManager(tokenizer, lambda **kw: score_batch(**kw))(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, 0.0]
+    calls = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert len(calls) == 1 and calls[0]["solution_strs"] == ["#### 3", "#### 4"]
     assert calls[0]["ground_truths"] == ["3", "5"] and calls[0]["data_sources"] == ["openai/gsm8k"] * 2
     short = BatchRewardManager(tokenizer, lambda **kw: [1.0], default_score=0.1)(batch)
@@ -122,8 +126,84 @@ def test_reward_model_scores_are_added(tokenizer, make_batch, dispatcher):
 
 
 def test_unknown_params_refused(tokenizer, dispatcher):
-    with pytest.raises(RlkitError, match=r"unknown parameter\(s\) \['timeout_s'\]"):
-        NaiveRewardManager(tokenizer, dispatcher, timeout_s=3)
+    with pytest.raises(RlkitError, match=r"unknown parameter\(s\) \['num_workers'\]"):
+        NaiveRewardManager(tokenizer, dispatcher, num_workers=3)
+    with pytest.raises(RlkitError, match="reward.timeout_s must be > 0 seconds, got 0"):
+        NaiveRewardManager(tokenizer, dispatcher, timeout_s=0)
+
+
+class CountingManager(NaiveRewardManager.__mro__[1]):
+    """A third-party manager written against the base class only: its own ``score_all``, no timeout code."""
+
+    def score_all(self, items):
+        from rlkit.rewards.managers import normalize_score
+
+        return [normalize_score(self.score_fn(*item), self.default_score) for item in items]
+
+
+@pytest.mark.parametrize("manager_cls", [NaiveRewardManager, DapoRewardManager, ParallelRewardManager])
+def test_a_hanging_scorer_times_out_per_sample_under_every_per_sample_manager(tokenizer, make_batch, manager_cls):
+    """A score that sleeps 30 s, timeout 0.5 s: that sample gets the default and is counted; the rest are scored."""
+    batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
+    params = {"overlong_buffer_enable": False} if manager_cls is DapoRewardManager else {}
+    with manager_cls(tokenizer, misbehaving, timeout_s=0.5, default_score=-1.0, **params) as manager:
+        result = manager(batch)
+        assert result.token_level_scores.sum(1).tolist() == [1.0, -1.0, 1.0]
+        assert result.metrics["reward/timeouts"] == 1.0 and result.metrics["reward/errors"] == 0.0
+        again = manager(make_batch(["3"], ["x"], data_source="my/source"))  # the killed child was replaced
+        assert again.token_level_scores.sum(1).tolist() == [1.0] and again.metrics["reward/timeouts"] == 0.0
+
+
+@pytest.mark.parametrize("manager_cls", [BatchRewardManager, CountingManager])
+def test_a_hanging_batch_call_gives_every_sample_the_default(tokenizer, make_batch, manager_cls):
+    """``batch`` (and a plugin manager, whose default scope is the batch): one timeout for the whole call."""
+    fn = batched(misbehaving) if manager_cls is BatchRewardManager else misbehaving
+    batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
+    with manager_cls(tokenizer, fn, timeout_s=0.5, default_score=-1.0) as manager:
+        result = manager(batch)
+        assert result.token_level_scores.sum(1).tolist() == [-1.0, -1.0, -1.0]
+        assert result.metrics["reward/timeouts"] == 3.0
+        assert manager(make_batch(["3"], ["x"], data_source="my/source")).token_level_scores.sum(1).tolist() == [1.0]
+
+
+def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path):
+    """The scoring children die with the process that started them (PR_SET_PDEATHSIG), even mid-call."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.path.insert(0, %r)\n"
+        "from conftest import build_tokenizer\n"
+        "from rlkit.rewards.managers import NaiveRewardManager\n"
+        "from test_managers import misbehaving\n"
+        "import torch\n"
+        "from rlkit.batch import Batch\n"
+        "tok = build_tokenizer()\n"
+        "ids = tok('sleep', add_special_tokens=False)['input_ids']\n"
+        "b = Batch({'responses': torch.tensor([ids]), 'response_mask': torch.ones(1, len(ids), dtype=torch.long)},"
+        " {'data_source': ['s'], 'reward_model': [{'ground_truth': 'x'}], 'extra_info': [None]})\n"
+        "m = NaiveRewardManager(tok, misbehaving, timeout_s=60)\n"
+        "print('scoring', flush=True)\n"
+        "m(b)\n" % str(Path(__file__).parent)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "scoring"
+        deadline = time.monotonic() + 30
+        children = []
+        while not children and time.monotonic() < deadline:
+            children = psutil.Process(proc.pid).children()
+            time.sleep(0.05)
+        assert children, "the scoring child did not start"
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"scoring children outlived the killed driver: {alive}"
 
 
 def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):
@@ -190,7 +270,7 @@ def test_manager_kwargs_from_recipe_values(tokenizer, dispatcher):
 
     overlong = {"enable": True, "len": 4, "penalty_factor": 0.5}
     naive = manager_kwargs(NaiveRewardManager, num_examine=1, default_score=-1.0, overlong_buffer=overlong)
-    assert naive == {"num_examine": 1, "default_score": -1.0}
+    assert naive == {"num_examine": 1, "default_score": -1.0, "timeout_s": 10.0}
     dapo = manager_kwargs(DapoRewardManager, overlong_buffer=overlong, max_response_length=16)
     assert dapo["overlong_buffer_len"] == 4 and dapo["overlong_penalty_factor"] == 0.5 and dapo["max_response_length"] == 16
     parallel = manager_kwargs(ParallelRewardManager, timeout_s=3.0, num_workers=1)
