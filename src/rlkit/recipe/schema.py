@@ -25,6 +25,7 @@ __all__ = [
     "RefConfig",
     "ResourcesConfig",
     "TrainerConfig",
+    "WatchdogConfig",
     "TrackingConfig",
     "SECTIONS",
 ]
@@ -166,7 +167,8 @@ class RewardConfig(Section):
     manager: str = Field("naive", description="reward manager (registry `reward_managers`)")
     num_examine: int = Field(0, ge=0, description="decoded samples printed per batch")
     custom_score: CustomScore | None = Field(None, description="score every sample with a function from a file")
-    timeout_s: PositiveFloat = Field(10.0, description="parallel manager: per-sample timeout")
+    timeout_s: PositiveFloat = Field(10.0, description="every manager: a score call running longer gets default_score "
+                                      "(per sample; the batch manager: per batch)")
     num_workers: PositiveInt = Field(2, description="parallel manager: processes")
     default_score: float = Field(0.0, description="score of a sample whose scorer failed")
     overlong_buffer: OverlongBuffer = Field(default_factory=OverlongBuffer)
@@ -205,6 +207,16 @@ class ResourcesConfig(Section):
     object_store_memory_mb: PositiveInt = Field(512)
 
 
+class WatchdogConfig(Section):
+    """When a slow phase or a silent worker is reported (``rlkit.watchdog``; it reports, never stops)."""
+
+    slow_factor: PositiveFloat = Field(5.0, description="a phase is slow past this many times its recent median ...")
+    slow_min_s: PositiveFloat = Field(60.0, description="... and past this many seconds")
+    first_slow_s: PositiveFloat = Field(600.0, description="limit while a phase has < 3 finished runs to compare with")
+    ping_after_s: PositiveFloat = Field(60.0, description="ping ranks a call has waited on this long (then again)")
+    ping_timeout_s: PositiveFloat = Field(10.0, description="a rank that does not answer a ping this fast is hung")
+
+
 class TrainerConfig(Section):
     project_name: str = Field("rlkit")
     experiment_name: str = Field("run")
@@ -220,6 +232,7 @@ class TrainerConfig(Section):
     max_restarts: int = Field(0, ge=0, description="restart from the last checkpoint after a worker dies")
     balance_batch: bool = Field(True, description="balance ranks by token count")
     merge_at_end: bool = Field(False, description="write the final actor as an HF folder <output_dir>/hf_model")
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig, description="slow-phase and hung-worker reports")
 
 
 class TrackingConfig(Section):
