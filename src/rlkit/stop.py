@@ -129,8 +129,14 @@ class StopHandler:
         self._pipe = None
 
     def track(self, owned: Callable[[], Iterable[Any]]) -> None:
-        """``owned()`` lists the ``psutil.Process`` objects a hard stop kills (Ray's processes, workers)."""
+        """``owned()`` lists the ``psutil.Process`` objects a hard stop kills (Ray's processes, workers).
+
+        Called once Ray is up; it also takes SIGTERM back: ``ray.init`` installs its own SIGTERM handler
+        in the driver (it prints a stack trace and ends the process without any clean-up)."""
         self._owned = owned
+        if self._pipe is not None:
+            for signum in SIGNALS:
+                signal.signal(signum, self._on_signal)
 
     def set_resume_hint(self, hint: Callable[[], str]) -> None:
         self._resume_hint = hint
