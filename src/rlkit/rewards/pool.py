@@ -4,11 +4,12 @@
     results = pool.run([args_0, args_1, ...], timeout_s=10.0)   # [(status, value)], status ok | error | timeout
     pool.close()
 
-Each task is one call ``fn(*args)`` in a worker process; a worker gets its tasks in one chunk and
-answers each as soon as it is done (one pipe round trip per chunk, not per task). A call that runs
-past ``timeout_s`` (counted from the previous answer of its worker) is
-stopped by killing its worker (SIGTERM, then SIGKILL), which is replaced; a worker that dies is
-replaced too. So a hanging call costs at most ``timeout_s`` of one worker's time.
+Each task is one call ``fn(*args)`` in a worker process. A worker gets its tasks in one chunk and
+answers in one message (one pipe round trip per chunk, not per task); it marks in shared memory when
+each task starts and how many are done, so the driver times every task on its own. A call that runs
+past ``timeout_s`` is stopped by killing its worker (SIGTERM, then SIGKILL), which is replaced (the
+rest of its chunk is scored again by a worker); a worker that dies is replaced too. So a hanging call
+costs at most ``timeout_s`` of one worker's time.
 
 Workers start at the first ``run`` and are kept between calls. On Linux they are forked, so they
 inherit ``fn`` as it is (even a function loaded from a file by ``reward.custom_score``), ignore
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import time
@@ -53,9 +55,10 @@ def _detach_from_driver_signals(parent_pid: int) -> None:
             os._exit(1)
 
 
-def _worker_main(conn: Connection, fn: Callable[..., Any], parent_pid: int) -> None:
-    """Loop: receive a chunk ``[(i, args), ...]``, send ``(i, "ok", value)`` or ``(i, "error", message)`` for
-    each task as soon as it is done; ``None`` stops."""
+def _worker_main(conn: Connection, fn: Callable[..., Any], parent_pid: int, started: Any, done: Any) -> None:
+    """Loop: receive a chunk ``[(i, args), ...]``, score it, send back ``[(i, "ok", value) or (i, "error",
+    message), ...]`` in one message; ``None`` stops. ``started`` / ``done`` (shared memory) tell the
+    driver when the current task started and how many of the chunk are done, without a message each."""
     _detach_from_driver_signals(parent_pid)
     while True:
         try:
@@ -64,26 +67,44 @@ def _worker_main(conn: Connection, fn: Callable[..., Any], parent_pid: int) -> N
             return
         if chunk is None:
             return
-        for i, args in chunk:
+        replies = []
+        for n, (i, args) in enumerate(chunk):
+            started.value = time.monotonic()
             try:
-                reply = (i, "ok", fn(*args))
+                replies.append((i, "ok", fn(*args)))
             except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
-                reply = (i, "error", f"raised {type(exc).__name__}: {exc}")
-            try:
-                conn.send(reply)
-            except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
-                conn.send((i, "error", f"returned a value that cannot be sent back ({type(exc).__name__}: {exc})"))
+                replies.append((i, "error", f"raised {type(exc).__name__}: {exc}"))
+            done.value = n + 1
+        try:
+            conn.send(replies)
+        except Exception:  # noqa: BLE001 - an unpicklable return value: send the others, name that one
+            conn.send([_picklable(reply) for reply in replies])
+
+
+def _picklable(reply: tuple[int, str, Any]) -> tuple[int, str, Any]:
+    try:
+        pickle.dumps(reply)
+        return reply
+    except Exception as exc:  # noqa: BLE001
+        return reply[0], "error", f"returned a value that cannot be sent back ({type(exc).__name__}: {exc})"
 
 
 class _Worker:
     def __init__(self, ctx: Any, fn: Callable[..., Any]):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, fn, os.getpid()), daemon=True,
-                                   name="rlkit-reward")
+        self.started = ctx.Value("d", 0.0, lock=False)  # time.monotonic() when its current task started
+        self.done = ctx.Value("i", 0, lock=False)  # tasks of its current chunk done
+        self.process = ctx.Process(target=_worker_main, args=(child, fn, os.getpid(), self.started, self.done),
+                                   daemon=True, name="rlkit-reward")
         self.process.start()
         child.close()
-        self.tasks: deque[int] = deque()  # ids sent and not answered yet; the first one is running
-        self.deadline = 0.0  # when the running task times out
+        self.tasks: list[int] = []  # the chunk it is scoring (task ids); empty when idle
+        self.seen_done = 0  # ``done`` at the driver's last look
+
+    def send(self, chunk: list[int], tasks: list[tuple]) -> None:
+        self.started.value, self.done.value, self.seen_done = time.monotonic(), 0, 0
+        self.conn.send([(i, tasks[i]) for i in chunk])
+        self.tasks = chunk
 
     def kill(self, grace_s: float = 0.5) -> None:
         if self.process.is_alive():
@@ -120,9 +141,9 @@ class ScorePool:
         return [w.process.pid for w in self.workers if w.process.pid is not None]
 
     def run(self, tasks: list[tuple], timeout_s: float) -> list[tuple[str, Any]]:
-        """Each worker gets a chunk of the tasks in one message and answers task by task; each task has
-        ``timeout_s`` from when the previous one of its chunk answered (one pipe round trip per chunk)."""
-        self._timeout_s = timeout_s
+        """Each idle worker gets a chunk of the tasks in one message and answers in one message; each task
+        has ``timeout_s`` from its own start. A task that runs longer gets ``timeout``: its worker is
+        killed and replaced, and the rest of its chunk (done or not; the answers died with it) is sent again."""
         while len(self.workers) < self.num_workers:
             self.workers.append(_Worker(self.ctx, self.fn))
         for worker in list(self.workers):
@@ -132,47 +153,43 @@ class ScorePool:
         pending = deque(range(len(tasks)))
         while pending or any(w.tasks for w in self.workers):
             idle = [w for w in self.workers if not w.tasks]
-            for worker in idle:
-                if not pending:
-                    break
-                size = -(-len(pending) // len(idle))  # ceil: spread what is left over the idle workers
-                chunk = [pending.popleft() for _ in range(min(size, len(pending)))]
-                try:
-                    worker.conn.send([(i, tasks[i]) for i in chunk])
-                except (OSError, ValueError):  # the worker died while idle: replace, retry once
-                    worker = self._replace(worker)
-                    worker.conn.send([(i, tasks[i]) for i in chunk])
-                worker.tasks.extend(chunk)
-                worker.deadline = time.monotonic() + timeout_s
+            for n, worker in enumerate(idle):
+                if pending:
+                    size = -(-len(pending) // (len(idle) - n))  # ceil: spread what is left over the idle workers
+                    chunk = [pending.popleft() for _ in range(size)]
+                    try:
+                        worker.send(chunk, tasks)
+                    except (OSError, ValueError):  # the worker died while idle: replace, retry once
+                        self._replace(worker).send(chunk, tasks)
             busy = [w for w in self.workers if w.tasks]
-            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            wait_s = max(0.0, min(w.started.value for w in busy) + timeout_s - time.monotonic())
             ready = set(wait([w.conn for w in busy], timeout=wait_s))
             for worker in busy:
                 if worker.conn in ready:
-                    self._receive(worker, results, pending)
-                elif time.monotonic() >= worker.deadline:
-                    results[worker.tasks.popleft()] = ("timeout", f"did not return within reward.timeout_s={timeout_s:g} s")
-                    pending.extendleft(reversed(worker.tasks))  # the rest of its chunk goes to another worker
-                    worker.tasks.clear()
-                    self._replace(worker)
+                    try:
+                        for i, status, value in worker.conn.recv():
+                            results[i] = (status, value)
+                        worker.tasks = []
+                        continue
+                    except (EOFError, OSError):
+                        self._lost(worker, results, pending, "error", "the worker process died while scoring "
+                                   f"(exit code {worker.process.exitcode})")
+                        continue
+                done = worker.done.value
+                if done == worker.seen_done and time.monotonic() >= worker.started.value + timeout_s:
+                    self._lost(worker, results, pending, "timeout", f"did not return within reward.timeout_s={timeout_s:g} s")
+                worker.seen_done = done
         return results  # type: ignore[return-value]
 
-    def _receive(self, worker: _Worker, results: list, pending: deque[int]) -> None:
-        """Read every answer the worker has sent so far."""
-        while worker.tasks and worker.conn.poll():
-            try:
-                i, status, value = worker.conn.recv()
-            except (EOFError, OSError):
-                code = worker.process.exitcode
-                results[worker.tasks.popleft()] = ("error", f"the worker process died while scoring (exit code {code})")
-                pending.extendleft(reversed(worker.tasks))
-                worker.tasks.clear()
-                self._replace(worker)
-                return
-            assert i == worker.tasks[0], (i, worker.tasks)
-            worker.tasks.popleft()
-            results[i] = (status, value)
-            worker.deadline = time.monotonic() + self._timeout_s
+    def _lost(self, worker: _Worker, results: list, pending: deque[int], status: str, message: str) -> None:
+        """The worker's running task failed (``status``); kill it, send the rest of its chunk again."""
+        worker.kill()
+        chunk, worker.tasks = worker.tasks, []
+        done = min(worker.done.value, len(chunk) - 1)  # read after the kill: final
+        results[chunk[done]] = (status, message)
+        pending.extendleft(reversed(chunk[:done] + chunk[done + 1:]))
+        self._replace(worker)
+
     def close(self) -> None:
         """Stop every worker: idle ones are asked to exit, busy ones (a hung call) are killed at once."""
         for worker in self.workers:
