@@ -123,6 +123,7 @@ class Runtime:
         self.peak_flops = _matmul_peak_flops(recipe.actor.mixed_precision, threads) * self.actor.world_size
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
+        self.cluster.watch_owned()  # the agents and workers, now that they run (a killed driver's reaper kills them)
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
     # ----- calls the trainer makes --------------------------------------------------------------

@@ -160,18 +160,23 @@ def test_sigint_during_the_update_names_the_resume_checkpoint(recipe, assets, tm
 
 
 def test_sigterm_during_reward_scoring(recipe, assets, tmp_path):
-    """SIGTERM while the driver waits on a score function (the worker is fine): exit 143, checkpoint 1 named."""
+    """Step 4's scoring hangs (the worker is fine). The reward phase has 3 earlier runs, so the watchdog
+    compares it with their median (limit max(1 s, 5 × median)); SIGTERM then stops the run: exit 143."""
     out = tmp_path / "out"
-    ckpt1 = out / "checkpoints" / "global_step_1" / "COMPLETE"
-    path = gated_recipe(recipe, assets, tmp_path, out, after=ckpt1, steps=3)
+    ckpt3 = out / "checkpoints" / "global_step_3" / "COMPLETE"
+    path = gated_recipe(recipe, assets, tmp_path, out, after=ckpt3, steps=5)
+    path.write_text(path.read_text().replace("first_slow_s: 2.0", "first_slow_s: 2.0, slow_min_s: 1.0, slow_factor: 5.0"))
     run = Run(path, out, tmp_path)
     run.wait_for(run.waiting.exists, "scoring call at the gate")
+    run.wait_for(lambda: "phase 'reward' of step 4 has run" in run.stderr(), "slow-phase report")
+    assert "= max(1 s, 5 × its median" in run.stderr() and "of the last 3 runs" in run.stderr()
+    assert "The driver is not waiting on any worker (it is working itself)." in run.stderr()
     session = ray_session(out)
     rc, seconds = run.stop(signal.SIGTERM)
-    assert "SIGTERM received during phase 'reward' of step 2" in run.stderr()
-    assert f"running the same command resumes from {out / 'checkpoints' / 'global_step_1'}" in run.stderr()
+    assert "SIGTERM received during phase 'reward' of step 4" in run.stderr()
+    assert f"running the same command resumes from {out / 'checkpoints' / 'global_step_3'}" in run.stderr()
     check_stopped(run, rc, seconds, signal.SIGTERM, session, "SIGTERM in reward")
-    assert check_checkpoints(out) == [1]
+    assert check_checkpoints(out) == [1, 2, 3]
 
 
 def test_second_sigint_kills_at_once(recipe, assets, tmp_path):

@@ -57,6 +57,7 @@ class RayCluster:
         self.start_s: float | None = None  # seconds ray.init took
         self._saved_env: dict[str, str | None] = {}
         self._saved_cluster_flag: bool | None = None
+        self.reaper = None  # rlkit.workers.reaper.Reaper of a cluster this object started
 
     # ----- life cycle -------------------------------------------------------------------------
     def start(self) -> RayCluster:
@@ -103,6 +104,15 @@ class RayCluster:
             self._restore_env()
             raise WorkerError(f"could not start a local Ray cluster: {exc}") from exc
         self.started = True
+        from rlkit.workers.reaper import Reaper
+
+        self.reaper = Reaper()  # kills what this cluster started if the driver dies without stop()
+        self.watch_owned()
+
+    def watch_owned(self) -> None:
+        """Hand the processes this cluster owns now (agents and workers appear after start) to the reaper."""
+        if self.reaper is not None:
+            self.reaper.watch(self.owned_processes())
 
     def _init_joined(self, ray: Any) -> None:
         address = self.resources.ray_address
@@ -136,6 +146,9 @@ class RayCluster:
             owned = self.owned_processes()
             ray.shutdown()  # for a cluster started by ray.init this also stops gcs_server and raylet
             kill_processes(owned, grace_s=grace_s)
+            if self.reaper is not None:
+                self.reaper.close()
+                self.reaper = None
             self.connected = False
             self.started = False
             self._restore_env()
