@@ -88,7 +88,7 @@ class StopHandler:
         self._announced = False
         self._raised = False
         self._seen = 0  # signals the helper thread has read
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the main thread's signal handler may interrupt a holder
         self._deadline: threading.Timer | None = None
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd = -1

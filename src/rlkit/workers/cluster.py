@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
+import threading
 import time
 from types import TracebackType
 from typing import Any
@@ -90,6 +92,7 @@ class RayCluster:
 
     def _init_local(self, ray: Any) -> None:
         self._use_loopback()
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(
                 address="local",
@@ -104,6 +107,7 @@ class RayCluster:
             self._restore_env()
             raise WorkerError(f"could not start a local Ray cluster: {exc}") from exc
         self.started = True
+        _keep_sigterm_handler(sigterm)
         from rlkit.workers.reaper import Reaper
 
         self.reaper = Reaper()  # kills what this cluster started if the driver dies without stop()
@@ -122,7 +126,9 @@ class RayCluster:
         else:
             self._set_env(self.extra_env)
         try:
+            sigterm = signal.getsignal(signal.SIGTERM)
             ray.init(address=address, logging_level="warning", configure_logging=False)
+            _keep_sigterm_handler(sigterm)
         except Exception as exc:
             self._restore_env()
             raise WorkerError(
@@ -244,3 +250,10 @@ def _raylet_agents(raylet_pids: list[int]) -> dict[str, list[int]]:
                 name = re.sub(r"(?<!^)(?=[A-Z])", "_", title[5:]).lower()  # DashboardAgent -> dashboard_agent
                 agents.setdefault(name, []).append(child.pid)
     return agents
+
+
+def _keep_sigterm_handler(before: Any) -> None:
+    """``ray.init`` replaces the driver's SIGTERM handler with one that prints a stack trace and ends the
+    process with no clean-up; put back a Python handler that was there before (``rlkit.stop``)."""
+    if callable(before) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, before)
