@@ -1,7 +1,7 @@
 """No silent hang in scoring: a score function that never returns, in a real `rlkit run`, under the default
 ``naive`` manager (a per-sample timeout) and under ``batch`` (one timeout for the batch's call).
 
-The hung worker and the slow-phase report are shown in test_stop.py (a SIGSTOPped worker is reported by role
+The hung worker and the slow-phase report are shown in test_stop_signals.py (a SIGSTOPped worker is reported by role
 and rank while the run waits on it).
 """
 

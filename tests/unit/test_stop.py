@@ -1,6 +1,6 @@
 """The pieces a stop relies on, with real processes: kill by pid (SIGTERM, then SIGKILL), the reaper that
 outlives a killed driver, and the stop handler's exit codes. The whole stop is tested end to end in
-tests/reliability/test_stop.py."""
+tests/reliability/test_stop_signals.py."""
 
 from __future__ import annotations
 
