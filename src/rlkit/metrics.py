@@ -23,12 +23,15 @@ __all__ = ["Timer", "data_metrics", "timing_metrics", "throughput_metrics", "val
 class Timer:
     """Accumulates wall time per phase: ``with timer("gen"): ...`` → ``timer.times["gen"]``.
 
-    ``on_enter(name)`` runs as each phase starts (the trainer's fault-injection point).
+    ``on_enter(name)`` runs as each phase starts (the trainer's fault-injection point and watchdog),
+    ``on_exit(name, seconds)`` as it ends.
     """
 
-    def __init__(self, on_enter: Callable[[str], None] | None = None) -> None:
+    def __init__(self, on_enter: Callable[[str], None] | None = None,
+                 on_exit: Callable[[str, float], None] | None = None) -> None:
         self.times: dict[str, float] = defaultdict(float)
         self.on_enter = on_enter
+        self.on_exit = on_exit
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -38,7 +41,10 @@ class Timer:
         try:
             yield
         finally:
-            self.times[name] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.times[name] += seconds
+            if self.on_exit is not None:
+                self.on_exit(name, seconds)
 
 
 def stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

@@ -91,8 +91,8 @@ class Runtime:
         )
         try:
             rt._start_workers()
-        except BaseException:
-            rt.close(status="FAILED")
+        except BaseException as exc:
+            rt.close(status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
         return rt
 
@@ -137,6 +137,7 @@ class Runtime:
         torch.set_num_threads(1)
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
+        self.cluster.watch_owned()  # the agents and workers, now that they run (a killed driver's reaper kills them)
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
     def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
@@ -199,21 +200,32 @@ class Runtime:
         flops = 6.0 * self.n_params * tokens * self.recipe.actor.ppo_epochs
         return {"perf/mfu/actor": flops / seconds / self.peak_flops}
 
+    def owned_processes(self) -> list[Any]:
+        """``psutil.Process`` of every process this run started (a stop kills them by pid): the Ray
+        cluster's, when rlkit started it, with its agents and workers."""
+        return self.cluster.owned_processes() if self.cluster is not None else []
+
     def close(self, status: str = "FINISHED") -> None:
+        """Undo ``start``. ``KILLED`` (a stop signal) kills the workers at once instead of letting them
+        leave their process groups, and marks the tracking run before Ray goes down."""
+        killed = status == "KILLED"
         for group in reversed(self.groups):
             try:
-                group.shutdown()
+                group.kill() if killed else group.shutdown()
             except Exception as exc:  # noqa: BLE001 - keep closing the rest
                 log.warning("could not shut down %s: %s", group, exc)
         self.groups.clear()
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
         self.reward.close()
         if self.driver_threads is not None:
             torch.set_num_threads(self.driver_threads)
             self.driver_threads = None
-        self.tracking.finish(status)
+        if killed:
+            self.tracking.finish(status)
+        if self.cluster is not None:
+            self.cluster.stop(grace_s=1.0 if killed else 2.0)
+            self.cluster = None
+        if not killed:
+            self.tracking.finish(status)
 
 
 def _loaders(recipe: Recipe, tokenizer: Any) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:

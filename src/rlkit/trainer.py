@@ -34,6 +34,7 @@ from rlkit.checkpoint import CheckpointManager
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.runtime import Runtime
+from rlkit.watchdog import PhaseWatch
 
 __all__ = ["Trainer"]
 
@@ -60,32 +61,45 @@ class Trainer:
         actor = recipe.actor
         self.recompute_old_log_prob = not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
+        self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
 
     # ----- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` (or epochs), validating and saving on schedule."""
+        self.watch.start()
+        try:
+            return self._fit()
+        finally:
+            self.watch.stop()
+
+    def _fit(self) -> dict[str, float]:
         cfg = self.recipe.trainer
+        timer = Timer(on_enter=self.watch.enter, on_exit=self.watch.exit)  # validate / save: watched, not timed
         resumed = self.resume()
         self.write_run_info()
         if not resumed:
             self.rt.tracking.log_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml")
         last: dict[str, float] = {}
         if cfg.val_before_train and self.rt.val_loader is not None and not resumed:
-            last = self.validate()
+            with timer("validate"):
+                last = self.validate()
             self.rt.tracking.log(last, self.global_step)
         batches = self.rt.train_batches()
         while self.global_step < self.rt.total_steps:
             prompts = next(batches)
             self.global_step += 1
+            self.watch.step = self.global_step
             metrics = self.step(prompts, batches)
             is_last = self.global_step == self.rt.total_steps
             if self.rt.val_loader is not None and (is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)):
-                metrics |= self.validate()
+                with timer("validate"):
+                    metrics |= self.validate()
             self.rt.tracking.log(metrics, self.global_step)
             faults.maybe_fail("logged", self.global_step)
             last = metrics
             if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
-                self.save()
+                with timer("save"):
+                    self.save()
         if cfg.merge_at_end:
             self.merge_final()
         return last
@@ -102,7 +116,7 @@ class Trainer:
     def step(self, prompts: Batch, more_prompts: Any = None) -> dict[str, float]:
         """One RL step on ``prompts`` (``more_prompts`` refills the batch for dynamic sampling)."""
         rt = self.rt
-        timer = Timer(on_enter=lambda phase: faults.maybe_fail(phase, self.global_step))  # no-op unless RLKIT_FAULT
+        timer = Timer(on_enter=self.on_phase, on_exit=self.watch.exit)
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         with timer("step"):
             with timer("gen"):
@@ -136,6 +150,11 @@ class Trainer:
         metrics |= throughput_metrics(batch, timer.times["step"], rt.actor.world_size)
         metrics |= rt.perf_metrics(batch, timer.times)
         return metrics
+
+    def on_phase(self, phase: str) -> None:
+        """As each phase of the step starts: the fault-injection point (no-op unless RLKIT_FAULT), the watchdog."""
+        faults.maybe_fail(phase, self.global_step)
+        self.watch.enter(phase)
 
     @property
     def balance(self) -> bool:

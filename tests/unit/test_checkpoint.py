@@ -45,6 +45,26 @@ def test_failed_write_leaves_previous_intact_and_no_partial(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]
 
 
+def test_a_stop_signal_during_the_write_publishes_nothing_and_passes_through(tmp_path):
+    """Ctrl-C / SIGTERM while the workers write (rlkit.stop raises RunInterrupted there): no global_step_2,
+    no temporary folder, and the interrupt is not turned into a CheckpointError."""
+    import signal
+
+    from rlkit.stop import RunInterrupted
+
+    manager = CheckpointManager(tmp_path, keep=3)
+    manager.save(1, writer(b"one"))
+
+    def interrupted(tmp):
+        writer(b"two")(tmp)
+        raise RunInterrupted(signal.SIGTERM)
+
+    with pytest.raises(RunInterrupted) as info:
+        manager.save(2, interrupted)
+    assert info.value.exit_code == 143
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]
+
+
 def test_partial_folders_are_never_resumed_and_are_cleaned(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, writer(b"a"))

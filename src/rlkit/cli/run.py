@@ -1,4 +1,9 @@
-"""``rlkit run RECIPE [overrides]``: validate first (nothing starts before the recipe is valid), then train."""
+"""``rlkit run RECIPE [overrides]``: validate first (nothing starts before the recipe is valid), then train.
+
+SIGINT (Ctrl-C) and SIGTERM stop the run within seconds (``rlkit.stop``): no partial checkpoint, a
+message naming the checkpoint a resume will use, the tracking run marked KILLED, every Ray process of
+the run gone; exit code 130 (SIGINT) or 143 (SIGTERM). A second signal kills at once.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from rlkit.checkpoint import CheckpointManager
 from rlkit.errors import RlkitError, WorkerError
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.registry import Registries, build_registries
+from rlkit.stop import StopHandler
 
 log = logging.getLogger("rlkit")
 
@@ -37,13 +43,33 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     registries = build_registries()
     recipe = load_recipe(args.recipe, args.overrides, registries=registries)
-    final = train(recipe, registries)
+    stopper = StopHandler().install()
+    try:
+        final = train(recipe, registries, stopper)
+    except KeyboardInterrupt as exc:  # RunInterrupted, or a KeyboardInterrupt Ray raised in its place
+        code = getattr(exc, "exit_code", None) or stopper.exit_code
+        if stopper.installed:  # the clean stop is done: skip the interpreter's slow teardown of Ray and torch
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
+    finally:
+        stopper.restore()
     shown = {k: round(v, 4) for k, v in sorted(final.items()) if k.startswith(("val-core/", "critic/score/mean"))}
     print(f"done: {shown}")
     return 0
 
 
-def train(recipe: Recipe, registries: Registries) -> dict[str, float]:
+def resume_hint(checkpoints: CheckpointManager) -> str:
+    """Which checkpoint ``trainer.resume=auto`` (the default) would load now."""
+    latest = checkpoints.latest()
+    if latest is None:
+        return f"no checkpoint exists under {checkpoints.root}: running the same command starts from the beginning."
+    return f"running the same command resumes from {latest} (trainer.resume=auto)."
+
+
+def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = None) -> dict[str, float]:
     """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies."""
     import torch
 
@@ -51,10 +77,15 @@ def train(recipe: Recipe, registries: Registries) -> dict[str, float]:
 
     torch.manual_seed(recipe.trainer.seed)
     checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+    stopper = stopper or StopHandler()
+    stopper.set_resume_hint(lambda: resume_hint(checkpoints))
     attempt = 0
     while True:
         try:
-            return _train_once(recipe, registries, checkpoints)
+            return _train_once(recipe, registries, checkpoints, stopper)
+        except KeyboardInterrupt:
+            stopper.announce()
+            raise
         except WorkerError as exc:
             latest = checkpoints.latest()
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
@@ -65,7 +96,8 @@ def train(recipe: Recipe, registries: Registries) -> dict[str, float]:
             recipe = recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"resume": "auto"})})
 
 
-def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager) -> dict[str, float]:
+def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager,
+                stopper: StopHandler) -> dict[str, float]:
     import torch
 
     from rlkit.runtime import Runtime
@@ -76,13 +108,17 @@ def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointM
     if resume_from is not None:  # continue the same tracking run
         run_ids = torch.load(resume_from / "trainer_state.pt", weights_only=False).get("tracker_run_ids", {})
     runtime = Runtime.start(recipe, registries, run_ids=run_ids)
+    stopper.track(runtime.owned_processes)
     status = "FAILED"
     try:
-        final = Trainer(recipe, runtime).fit()
+        trainer = Trainer(recipe, runtime)
+        stopper.set_where(trainer.watch.where)
+        final = trainer.fit()
         status = "FINISHED"
         return final
     except KeyboardInterrupt:
         status = "KILLED"
+        stopper.announce()  # the checkpoint writer has removed its partial folder by now
         raise
     finally:
         runtime.close(status=status)

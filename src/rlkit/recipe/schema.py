@@ -37,6 +37,7 @@ __all__ = [
     "RefConfig",
     "ResourcesConfig",
     "TrainerConfig",
+    "WatchdogConfig",
     "TrackingConfig",
     "SECTIONS",
 ]
@@ -200,7 +201,8 @@ class RewardConfig(Section):
     manager: Component = Field(Component(name="naive"), description="reward manager (registry `reward_managers`) and its parameters")
     num_examine: int = Field(0, ge=0, description="decoded samples printed per batch")
     custom_score: CustomScore | None = Field(None, description="score every sample with a function from a file")
-    timeout_s: PositiveFloat = Field(10.0, description="parallel manager: per-sample timeout")
+    timeout_s: PositiveFloat = Field(10.0, description="every manager: a score call running longer gets default_score "
+                                      "(per sample; a batched manager: per batch)")
     default_score: float = Field(0.0, description="score of a sample whose scorer failed")
     overlong_buffer: OverlongBuffer = Field(default_factory=OverlongBuffer)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
@@ -248,6 +250,16 @@ class ResourcesConfig(Section):
         raise ValueError(f"must be a positive integer or 'auto' (got {value!r})")
 
 
+class WatchdogConfig(Section):
+    """When a slow phase or a silent worker is reported (``rlkit.watchdog``; it reports, never stops)."""
+
+    slow_factor: PositiveFloat = Field(5.0, description="a phase is slow past this many times its recent median ...")
+    slow_min_s: PositiveFloat = Field(60.0, description="... and past this many seconds")
+    first_slow_s: PositiveFloat = Field(600.0, description="limit while a phase has < 3 finished runs to compare with")
+    ping_after_s: PositiveFloat = Field(60.0, description="ping ranks a call has waited on this long (then again)")
+    ping_timeout_s: PositiveFloat = Field(10.0, description="a rank that does not answer a ping this fast is hung")
+
+
 class TrainerConfig(Section):
     project_name: str = Field("rlkit")
     experiment_name: str = Field("run")
@@ -263,6 +275,7 @@ class TrainerConfig(Section):
     max_restarts: int = Field(0, ge=0, description="restart from the last checkpoint after a worker dies")
     balance_batch: bool = Field(True, description="balance ranks by token count")
     merge_at_end: bool = Field(False, description="write the final actor as an HF folder <output_dir>/hf_model")
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig, description="slow-phase and hung-worker reports")
 
 
 class TrackingConfig(Section):

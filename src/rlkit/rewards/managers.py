@@ -16,9 +16,17 @@ score goes on the last valid response token (the last 1 of ``response_mask``); e
 position is 0. A response with no valid token gets its score at position 0 (masked out later).
 
 A score function that raises, returns None / NaN / ±inf / a string / a dict without ``score``, or
-(``parallel`` only) runs past its timeout, gives ``default_score`` for that sample; the count goes
-to ``reward/errors`` or ``reward/timeouts`` and the first message of the batch is logged. The run
-never stops for a score.
+runs past ``timeout_s``, gives ``default_score`` for that sample; the count goes to ``reward/errors``
+or ``reward/timeouts`` and the first message of the batch is logged. The run never stops for a score.
+
+Timeout (every manager, also a plugin's): the base class never calls ``score_all`` in the driver. It
+runs it in a child process (``rlkit.rewards.pool.ScorePool``, kept between batches) and kills and
+replaces a child that runs past ``timeout_s`` (``reward.timeout_s``, default 10 s). How much one
+timeout covers is the manager's ``timeout_scope``: ``"sample"`` (``naive``, ``parallel``:
+``score_all`` is element-wise, so each sample is scored, and timed, on its own) or ``"batch"`` (the
+default, and ``batch``: one ``score_all(items)`` call for the whole batch; if it times out every
+sample gets ``default_score``). A score function therefore runs in a forked copy of the driver:
+state it keeps between calls lives in that child (and restarts after a timeout).
 
 Glossary: ``B`` = prompts x group size, ``T`` = response tokens.
 """
@@ -31,12 +39,13 @@ import numbers
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
+from rlkit.rewards.pool import ScorePool
 
 __all__ = [
     "RewardResult",
@@ -90,6 +99,13 @@ def normalize_score(raw: Any, default_score: float) -> ScoreOutcome:
 class RewardManager:
     """Base class: decoding, score placement, metrics and logging. Subclasses implement ``score_all``."""
 
+    #: what one ``timeout_s`` covers: each sample (``score_all`` is element-wise) or the whole batch.
+    timeout_scope: Literal["sample", "batch"] = "batch"
+    #: child processes that score; ``parallel`` sets it from its ``num_workers`` parameter.
+    score_workers: int = 1
+    #: multiprocessing start method of the scoring children (None: fork on Linux, else spawn).
+    mp_context: str | None = None
+
     def __init__(
         self,
         tokenizer: Any,
@@ -100,7 +116,7 @@ class RewardManager:
         timeout_s: float = 10.0,
         params: Any = None,
     ):
-        if timeout_s <= 0:
+        if not timeout_s > 0:
             raise RlkitError(f"reward.timeout_s must be > 0 seconds, got {timeout_s}.")
         self.tokenizer = tokenizer
         self.score_fn = score_fn
@@ -108,6 +124,7 @@ class RewardManager:
         self.default_score = float(default_score)
         self.timeout_s = float(timeout_s)
         self.params = params
+        self._pool: ScorePool | None = None
 
     # ----- what subclasses provide ------------------------------------------------------------
     def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
@@ -124,7 +141,7 @@ class RewardManager:
             for i in range(len(batch))
         ]
         if self.score_fn is not None:
-            outcomes = self.score_all(items)
+            outcomes = self._score_with_timeout(items)
         else:
             outcomes = [ScoreOutcome(0.0) for _ in items]
         scores = torch.tensor([o.score for o in outcomes], dtype=torch.float32)  # [B]
@@ -135,6 +152,51 @@ class RewardManager:
         self._log_problems(items, outcomes)
         self._examine(items, outcomes, scores)
         return RewardResult(token_level_scores, extra, metrics)
+
+    # ----- the timeout: every manager's score_all runs in a child process ---------------------
+    def _score_with_timeout(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
+        """``score_all(items)`` in the scoring children, with ``timeout_s`` per sample or per batch."""
+        if self._pool is None:
+            self._pool = ScorePool(self._score_in_child, self.score_workers, self.mp_context)
+        if self.timeout_scope == "sample":
+            results = self._pool.run([([item],) for item in items], self.timeout_s)
+        else:
+            (result,) = self._pool.run([(items,)], self.timeout_s)
+            results = [result] * len(items)
+        outcomes = []
+        for i, (status, value) in enumerate(results):
+            if status == "ok":
+                value = value[0] if self.timeout_scope == "sample" else value[i]
+                outcomes.append(value)
+            else:
+                where = "the batch's score call" if self.timeout_scope == "batch" else "the score call"
+                outcomes.append(ScoreOutcome(self.default_score, error=f"{where} {value}", timeout=status == "timeout"))
+        return outcomes
+
+    def _score_in_child(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
+        outcomes = list(self.score_all(items))
+        if len(outcomes) != len(items) or not all(isinstance(o, ScoreOutcome) for o in outcomes):
+            raise RlkitError(f"{type(self).__name__}.score_all returned {len(outcomes)} outcomes for {len(items)} "
+                             f"items; it must return one ScoreOutcome per item.")
+        return outcomes
+
+    def close(self) -> None:
+        """Stop the scoring children (a hung one is killed)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     @staticmethod
     def last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
@@ -194,10 +256,11 @@ class RewardManager:
 
 
 class NaiveRewardManager(RewardManager):
-    """Calls ``score_fn(data_source, solution_str, ground_truth, extra_info)`` per sample, in this process.
-
-    It cannot stop a score function that hangs; use ``parallel`` for untrusted or slow scorers.
+    """Calls ``score_fn(data_source, solution_str, ground_truth, extra_info)`` per sample, one at a time,
+    in one scoring child process (``reward.timeout_s`` per sample); ``parallel`` uses several.
     """
+
+    timeout_scope = "sample"
 
     def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
         outcomes = []
@@ -214,8 +277,11 @@ class NaiveRewardManager(RewardManager):
 class BatchRewardManager(RewardManager):
     """One call for the whole batch: ``score_fn(data_sources=, solution_strs=, ground_truths=, extra_infos=)``
     returns a list of B scores (numbers or dicts). ``rlkit.rewards.dispatch.batched`` adapts a
-    per-sample function. If the call raises or returns the wrong length, every sample gets the default.
+    per-sample function. If the call raises, returns the wrong length or runs past ``reward.timeout_s``
+    (one timeout for the whole call), every sample gets the default.
     """
+
+    timeout_scope = "batch"
 
     def score_all(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
         data_sources, solution_strs, ground_truths, extra_infos = (list(col) for col in zip(*items))

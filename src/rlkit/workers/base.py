@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
+import traceback
 from datetime import timedelta
 
 import torch
@@ -127,6 +130,22 @@ class Worker:
     def ping(self) -> tuple[int, int, int]:
         """``(rank, world_size, pid)``; proves the actor is alive and constructed."""
         return self.rank, self.world_size, os.getpid()
+
+    def where(self) -> dict[str, object]:
+        """Liveness probe, answered beside a busy method (``WorkerGroup`` runs it in its own concurrency
+        group): the pid, and the method this rank is running with its innermost frame, if any."""
+        methods = {name for name in dir(type(self)) if not name.startswith("_") and name not in ("where", "ping")}
+        me = threading.get_ident()
+        for ident, frame in sys._current_frames().items():
+            if ident == me:
+                continue
+            stack = traceback.extract_stack(frame)
+            running = [f for f in stack if f.name in methods]
+            if running:
+                inner = stack[-1]
+                return {"pid": os.getpid(), "method": running[0].name,
+                        "at": f"{inner.filename}:{inner.lineno} in {inner.name}"}
+        return {"pid": os.getpid(), "method": None, "at": None}
 
     def destroy(self) -> None:
         """Leave the process group (idempotent). Subclasses free their models, then call this."""

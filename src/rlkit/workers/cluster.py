@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import signal
+import threading
 import time
 from types import TracebackType
 from typing import Any
@@ -71,6 +74,7 @@ class RayCluster:
         self.start_s: float | None = None  # seconds ray.init took
         self._saved_env: dict[str, str | None] = {}
         self._saved_cluster_flag: bool | None = None
+        self.reaper = None  # rlkit.workers.reaper.Reaper of a cluster this object started
 
     # ----- life cycle -------------------------------------------------------------------------
     def start(self) -> RayCluster:
@@ -102,6 +106,7 @@ class RayCluster:
 
     def _init_local(self, ray: Any) -> None:
         self._use_loopback()
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(
                 address="local",
@@ -116,6 +121,16 @@ class RayCluster:
             self._restore_env()
             raise WorkerError(f"could not start a local Ray cluster: {exc}") from exc
         self.started = True
+        _keep_sigterm_handler(sigterm)
+        from rlkit.workers.reaper import Reaper
+
+        self.reaper = Reaper()  # kills what this cluster started if the driver dies without stop()
+        self.watch_owned()
+
+    def watch_owned(self) -> None:
+        """Hand the processes this cluster owns now (agents and workers appear after start) to the reaper."""
+        if self.reaper is not None:
+            self.reaper.watch(self.owned_processes())
 
     def _init_joined(self, ray: Any) -> None:
         address = self.resources.ray_address
@@ -125,7 +140,9 @@ class RayCluster:
         else:
             self._set_env(self.extra_env)
         try:
+            sigterm = signal.getsignal(signal.SIGTERM)
             ray.init(address=address, logging_level="warning", configure_logging=False)
+            _keep_sigterm_handler(sigterm)
         except Exception as exc:
             self._restore_env()
             raise WorkerError(
@@ -133,15 +150,48 @@ class RayCluster:
                 f"Check that `ray start --head` runs there, or unset ray_address to start a local one."
             ) from exc
 
-    def stop(self) -> None:
-        """Disconnect; stop the cluster's processes if this object started them."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Disconnect; stop the cluster's processes if this object started them.
+
+        ``ray.shutdown`` stops what ``ray.init`` started (gcs_server, raylet, ...); the agents the raylet
+        started (dashboard agent, runtime-env agent) and its workers can outlive it by 30 s or more, so
+        whatever of ``owned_processes()`` is still running afterwards gets SIGTERM, then SIGKILL after
+        ``grace_s``.
+        """
         import ray
 
+        from rlkit.stop import kill_processes
+
         if self.connected:
+            owned = self.owned_processes()
             ray.shutdown()  # for a cluster started by ray.init this also stops gcs_server and raylet
+            kill_processes(owned, grace_s=grace_s)
+            if self.reaper is not None:
+                self.reaper.close()
+                self.reaper = None
             self.connected = False
             self.started = False
             self._restore_env()
+
+    def owned_processes(self) -> list[Any]:
+        """``psutil.Process`` of every process of a cluster this object started: Ray's own processes and,
+        now, every descendant of its raylet (agents, workers). Empty for a joined cluster."""
+        import psutil
+
+        procs = []
+        for pids in self.describe()["pids"].values() if self.started else ():
+            for pid in pids:
+                try:
+                    proc = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+                procs.append(proc)
+                if proc.name().startswith("raylet"):
+                    try:
+                        procs += proc.children(recursive=True)
+                    except psutil.Error:
+                        pass
+        return procs
 
     def __enter__(self) -> RayCluster:
         return self.start()
@@ -182,6 +232,7 @@ class RayCluster:
             if self.started:
                 info["pids"] = {name: [p.process.pid for p in procs if p.process is not None]
                                 for name, procs in node.all_processes.items()}
+                info["pids"] |= _raylet_agents(info["pids"].get("raylet", []))
         return info
 
     @staticmethod
@@ -190,3 +241,33 @@ class RayCluster:
         import ray
 
         return ray.util.get_node_ip_address()
+
+
+def _raylet_agents(raylet_pids: list[int]) -> dict[str, list[int]]:
+    """The agents a raylet starts (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``), by name."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    agents: dict[str, list[int]] = {}
+    for pid in raylet_pids:
+        try:
+            children = psutil.Process(pid).children()
+        except psutil.Error:
+            continue
+        for child in children:
+            try:
+                title = (child.cmdline() or [""])[0]
+            except psutil.Error:
+                continue
+            if title.startswith("ray::") and title.endswith("Agent"):
+                name = re.sub(r"(?<!^)(?=[A-Z])", "_", title[5:]).lower()  # DashboardAgent -> dashboard_agent
+                agents.setdefault(name, []).append(child.pid)
+    return agents
+
+
+def _keep_sigterm_handler(before: Any) -> None:
+    """``ray.init`` replaces the driver's SIGTERM handler with one that prints a stack trace and ends the
+    process with no clean-up; put back a Python handler that was there before (``rlkit.stop``)."""
+    if callable(before) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, before)

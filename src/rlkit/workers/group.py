@@ -26,6 +26,13 @@ method, with the remote traceback (``err.remote_traceback``). A rank whose proce
 (other ranks may be blocked in a collective) and must be shut down. A group whose ``share`` does not
 fit beside the groups already on its pool is refused at once (``ResourcePool.claim``); a rank that Ray
 leaves unscheduled for want of its share fails after ``schedule_timeout_s`` (docs/placement.md).
+
+Waiting: the driver waits in slices of ``WAIT_SLICE_S`` so a stop signal (``rlkit.stop``) is seen
+within that time. ``in_flight()`` lists the calls being waited on and the ranks that have not
+answered; ``probe(ranks)`` asks those ranks a liveness question that runs beside the busy method
+(each actor has a ``liveness`` concurrency group, so its methods run on a worker thread, one at a
+time as before): a rank that does not answer within the timeout is hung, not just busy.
+``kill()`` ends every actor at once (a stop); ``shutdown()`` ends them gracefully.
 """
 
 from __future__ import annotations
@@ -46,10 +53,12 @@ from rlkit.workers.balance import balanced_partitions, contiguous_partitions, se
 from rlkit.workers.base import find_free_port
 from rlkit.workers.pools import ResourcePool
 
-__all__ = ["WorkerGroup", "PendingCall", "Dispatch", "worker_error", "unscheduled_ranks", "SCHEDULE_TIMEOUT_S"]
+__all__ = ["WorkerGroup", "PendingCall", "InFlight", "Dispatch", "worker_error", "unscheduled_ranks",
+           "SCHEDULE_TIMEOUT_S"]
 
 Dispatch = Literal["split", "all", "rank0"]
 SCHEDULE_TIMEOUT_S = 20.0  # longest wait for a rank whose share of its bundle is not free
+WAIT_SLICE_S = 0.25  # longest uninterrupted ray.wait: how soon a stop signal is seen
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its remote tracebacks
 
 
@@ -143,6 +152,20 @@ class PendingCall:
         return _restore_order(results, self.parts, self.group.role, self.method)
 
 
+@dataclass
+class InFlight:
+    """A call the driver is waiting on: which ranks have answered, and since when it runs."""
+
+    method: str
+    ranks: int
+    started: float = field(default_factory=time.monotonic)
+    answered: set[int] = field(default_factory=set)
+
+    @property
+    def waiting(self) -> list[int]:
+        return sorted(set(range(self.ranks)) - self.answered)
+
+
 def _restore_order(results: list[Batch], parts: list[list[int]], role: str, method: str) -> Batch:
     sizes = [len(r) for r in results]
     if sizes != [len(p) for p in parts]:
@@ -189,6 +212,8 @@ class WorkerGroup:
         self.last_metrics: dict[str, float] = {}
         self.start_s: float | None = None
         self.actors: list[Any] = []
+        self._in_flight: dict[int, InFlight] = {}
+        self._pids: list[int] = []  # known after pids()
         t0 = time.perf_counter()
         pool.claim(self, role, share)  # refuses at once a share that cannot fit beside the other groups
         try:
@@ -204,7 +229,7 @@ class WorkerGroup:
     def _spawn(self, role_kwargs: dict[str, Any], threads: int, env_vars: dict[str, str] | None) -> None:
         """One actor per rank, rank ``i`` in its bundle, each taking ``share`` of the bundle."""
         bundle = self.pool.bundle()
-        remote_cls = ray.remote(self.cls)
+        remote_cls = ray.remote(concurrency_groups={"liveness": 1})(self.cls)
         for rank in range(self.world_size):
             pg, index = self.pool.location(rank)
             options: dict[str, Any] = {
@@ -263,7 +288,10 @@ class WorkerGroup:
     def _kill(self) -> None:
         """Kill the actors started so far and give back the share (a failed start leaves nothing)."""
         for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead, or Ray is going down
+                pass
         self.actors = []
         self.pool.release(self)
 
@@ -366,27 +394,61 @@ class WorkerGroup:
         results: list[Any] = [None] * len(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(refs)
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            if not ready:
-                ranks = sorted(rank_of[r] for r in pending)
-                raise WorkerError(
-                    f"role '{self.role}', method '{method}': rank(s) {ranks} did not answer within "
-                    f"{timeout_s} s (a rank may be blocked in a collective after another failed)."
-                )
-            for ref in ready:
-                rank = rank_of[ref]
-                try:
-                    results[rank] = ray.get(ref)
-                except (RayTaskError, RayActorError, GetTimeoutError) as exc:
-                    raise worker_error(self.role, rank, method, exc) from None
+        call = InFlight(method, len(refs))
+        self._in_flight[id(call)] = call
+        try:
+            while pending:
+                left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+                ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+                if not ready and deadline is not None and time.monotonic() >= deadline:
+                    ranks = sorted(rank_of[r] for r in pending)
+                    raise WorkerError(
+                        f"role '{self.role}', method '{method}': rank(s) {ranks} did not answer within "
+                        f"{timeout_s} s (a rank may be blocked in a collective after another failed)."
+                    )
+                for ref in ready:
+                    rank = rank_of[ref]
+                    try:
+                        results[rank] = ray.get(ref)
+                    except (RayTaskError, RayActorError, GetTimeoutError) as exc:
+                        raise worker_error(self.role, rank, method, exc) from None
+                    call.answered.add(rank)
+        finally:
+            del self._in_flight[id(call)]
         return results
+
+    def in_flight(self) -> list[InFlight]:
+        """The calls the driver is waiting on now (safe to read from another thread)."""
+        return list(self._in_flight.values())
+
+    def probe(self, ranks: Sequence[int], timeout_s: float = 10.0) -> dict[int, dict[str, Any]]:
+        """Ask ``ranks`` where they are (``Worker.where``, run beside a busy method). Per rank:
+        ``{"state": "alive", "pid", "method", "at"}``, ``{"state": "no answer"}`` (hung: stuck with the
+        GIL held, stopped, or its node is unreachable) or ``{"state": "dead", "error"}``."""
+        actors = self.actors
+        refs = {rank: actors[rank].where.options(concurrency_group="liveness").remote() for rank in ranks}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        ready = set(ready)
+        out: dict[int, dict[str, Any]] = {}
+        for rank, ref in refs.items():
+            if ref not in ready:
+                out[rank] = {"state": "no answer", "pid": self._pids[rank] if rank < len(self._pids) else None}
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+                continue
+            try:
+                out[rank] = {"state": "alive", **ray.get(ref)}
+            except (RayTaskError, RayActorError) as exc:
+                out[rank] = {"state": "dead", "error": type(exc).__name__}
+        return out
 
     # ----- life cycle -------------------------------------------------------------------------
     def pids(self) -> list[int]:
         """Process id of each rank."""
-        return [pid for _, _, pid in self.call("ping", dispatch="all")]
+        self._pids = [pid for _, _, pid in self.call("ping", dispatch="all")]
+        return list(self._pids)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """``destroy()`` every rank (best effort), then kill the actors. The pool stays reserved."""
@@ -398,6 +460,10 @@ class WorkerGroup:
             )
         except Exception:  # noqa: BLE001 - a dead rank must not stop the others from being killed
             pass
+        self.kill()
+
+    def kill(self) -> None:
+        """End every rank now: its calls in flight fail; nothing is saved or destroyed (a stop)."""
         self._kill()
 
     def __repr__(self) -> str:

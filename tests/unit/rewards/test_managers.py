@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,16 +98,18 @@ def test_normalize_score_cases():
     assert normalize_score({"acc": 1}, 0.0).error.startswith("returned a dict without a 'score' key")
 
 
-def test_batch_manager(tokenizer, make_batch, dispatcher):
+def test_batch_manager(tokenizer, make_batch, dispatcher, tmp_path):
     batch = make_batch(["#### 3", "#### 4"], ["3", "5"])
-    calls = []
+    log_file = tmp_path / "calls.jsonl"
 
-    def score_batch(**kwargs):
-        calls.append(kwargs)
+    def score_batch(**kwargs):  # runs in the scoring child: it records its calls in a file
+        with log_file.open("a") as f:
+            f.write(json.dumps(kwargs) + "\n")
         return batched(dispatcher)(**{k: v for k, v in kwargs.items()})
 
     result = BatchRewardManager(tokenizer, lambda **kw: score_batch(**kw))(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, 0.0]
+    calls = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert len(calls) == 1 and calls[0]["solution_strs"] == ["#### 3", "#### 4"]
     assert calls[0]["ground_truths"] == ["3", "5"] and calls[0]["data_sources"] == ["openai/gsm8k"] * 2
     short = BatchRewardManager(tokenizer, lambda **kw: [1.0], default_score=0.1)(batch)
@@ -176,9 +180,82 @@ def test_manager_params_go_through_the_params_model(tokenizer, registries, dispa
     _, problems = resolve("reward.manager", "reward_managers", {"name": "parallel", "num_workers": 0}, registries)
     assert problems and problems[0][0] == "reward.manager.num_workers" and "greater than 0" in problems[0][1]
     with parallel(registries, tokenizer, dispatcher, 3, timeout_s=3.0) as manager:
-        assert manager.params.num_workers == 3 and manager.pool.num_workers == 3 and manager.timeout_s == 3.0
+        assert manager.params.num_workers == 3 and manager.score_workers == 3 and manager.timeout_s == 3.0
     with pytest.raises(RlkitError, match="reward.timeout_s must be > 0"):
         NaiveRewardManager(tokenizer, dispatcher, timeout_s=0)
+
+
+class CountingManager(NaiveRewardManager.__mro__[1]):
+    """A third-party manager written against the base class only: its own ``score_all``, no timeout code."""
+
+    def score_all(self, items):
+        from rlkit.rewards.managers import normalize_score
+
+        return [normalize_score(self.score_fn(*item), self.default_score) for item in items]
+
+
+@pytest.mark.parametrize("manager_cls", [NaiveRewardManager, ParallelRewardManager])
+def test_a_hanging_scorer_times_out_per_sample_under_every_per_sample_manager(tokenizer, make_batch, manager_cls):
+    """A score that sleeps 30 s, timeout 0.5 s: that sample gets the default and is counted; the rest are scored."""
+    batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
+    with manager_cls(tokenizer, misbehaving, timeout_s=0.5, default_score=-1.0) as manager:
+        result = manager(batch)
+        assert result.token_level_scores.sum(1).tolist() == [1.0, -1.0, 1.0]
+        assert result.metrics["reward/timeouts"] == 1.0 and result.metrics["reward/errors"] == 0.0
+        again = manager(make_batch(["3"], ["x"], data_source="my/source"))  # the killed child was replaced
+        assert again.token_level_scores.sum(1).tolist() == [1.0] and again.metrics["reward/timeouts"] == 0.0
+
+
+@pytest.mark.parametrize("manager_cls", [BatchRewardManager, CountingManager])
+def test_a_hanging_batch_call_gives_every_sample_the_default(tokenizer, make_batch, manager_cls):
+    """``batch`` (and a plugin manager, whose default scope is the batch): one timeout for the whole call."""
+    fn = batched(misbehaving) if manager_cls is BatchRewardManager else misbehaving
+    batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
+    with manager_cls(tokenizer, fn, timeout_s=0.5, default_score=-1.0) as manager:
+        result = manager(batch)
+        assert result.token_level_scores.sum(1).tolist() == [-1.0, -1.0, -1.0]
+        assert result.metrics["reward/timeouts"] == 3.0
+        assert manager(make_batch(["3"], ["x"], data_source="my/source")).token_level_scores.sum(1).tolist() == [1.0]
+
+
+def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path):
+    """The scoring children die with the process that started them (PR_SET_PDEATHSIG), even mid-call."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.path.insert(0, %r)\n"
+        "from conftest import build_tokenizer\n"
+        "from rlkit.rewards.managers import NaiveRewardManager\n"
+        "from test_managers import misbehaving\n"
+        "import torch\n"
+        "from rlkit.batch import Batch\n"
+        "tok = build_tokenizer()\n"
+        "ids = tok('sleep', add_special_tokens=False)['input_ids']\n"
+        "b = Batch({'responses': torch.tensor([ids]), 'response_mask': torch.ones(1, len(ids), dtype=torch.long)},"
+        " {'data_source': ['s'], 'reward_model': [{'ground_truth': 'x'}], 'extra_info': [None]})\n"
+        "m = NaiveRewardManager(tok, misbehaving, timeout_s=60)\n"
+        "print('scoring', flush=True)\n"
+        "m(b)\n" % str(Path(__file__).parent)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "scoring"
+        deadline = time.monotonic() + 30
+        children = []
+        while not children and time.monotonic() < deadline:
+            children = psutil.Process(proc.pid).children()
+            time.sleep(0.05)
+        assert children, "the scoring child did not start"
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"scoring children outlived the killed driver: {alive}"
 
 
 def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):

@@ -54,6 +54,12 @@ class EchoWorker(Worker):
     def count(self, batch: Batch) -> int:
         return len(batch)
 
+    def hold(self, path: str) -> int:
+        """Rank 0 answers at once; the others wait until ``path`` exists (a slow rank)."""
+        while self.rank and not os.path.exists(path):
+            time.sleep(0.02)
+        return self.rank
+
     def fail_on(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"boom from rank {self.rank}")
@@ -150,6 +156,64 @@ def test_bad_calls_are_refused_with_a_fix(group):
         group.call("tag", _batch([3]))
     with pytest.raises(WorkerError, match="balance_key"):
         group.call("tag", Batch({"sample_id": torch.arange(2)}), balance=True)
+
+
+def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_path, caplog):
+    """Rank 1 holds a call: in_flight() names it, probe() finds it busy in 'hold' (the liveness group runs
+    beside the method), a SIGSTOPped rank does not answer, and the watchdog's report says all of it."""
+    import logging
+    import threading
+    from types import SimpleNamespace
+
+    from rlkit.watchdog import PhaseWatch
+
+    release = tmp_path / "release"
+    results: list = []
+    waiter = threading.Thread(target=lambda: results.append(group.call("hold", dispatch="all", path=str(release))))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (calls := group.in_flight()) or calls[0].answered != {0}:
+            assert time.monotonic() < deadline, calls
+            time.sleep(0.02)
+        assert (calls[0].method, calls[0].waiting) == ("hold", [1])
+        busy = group.probe([1], timeout_s=30)[1]
+        assert busy["state"] == "alive" and busy["method"] == "hold" and "test_group.py" in busy["at"]
+
+        config = SimpleNamespace(slow_factor=5.0, slow_min_s=60.0, first_slow_s=0.05, ping_after_s=3600.0,
+                                 ping_timeout_s=2.0)
+        watch = PhaseWatch(lambda: [group], config)
+        watch.enter("gen")
+        time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="rlkit.watchdog"):
+            watch.check()
+        assert "phase 'gen' of step 0 has run" in caplog.text and "first-run limit of 0.05 s" in caplog.text
+        assert "role 'actor', method 'hold'" in caplog.text and "rank(s) [1] still working, rank(s) [0] answered" in caplog.text
+        assert "rank 1: answers a liveness ping (pid" in caplog.text and "running 'hold' at" in caplog.text
+
+        worker_pid = busy["pid"]
+        os.kill(worker_pid, signal.SIGSTOP)
+        try:
+            assert group.probe([1], timeout_s=1.0)[1]["state"] == "no answer"
+        finally:
+            os.kill(worker_pid, signal.SIGCONT)
+    finally:
+        release.touch()
+        waiter.join(60)
+    assert results == [[0, 1]]
+    assert group.in_flight() == []
+
+
+def test_slow_limit_worked_examples():
+    from rlkit.watchdog import slow_limit
+
+    # fewer than 3 finished runs: the first-run limit
+    assert slow_limit([4.0, 4.0], factor=5, min_s=60, first_s=600)[0] == 600
+    # median 4 s: 5 × 4 = 20 s is under the 60 s floor
+    assert slow_limit([4.0, 4.0, 5.0], factor=5, min_s=60, first_s=600)[0] == 60
+    # median 30 s (of 20, 30, 100): 5 × 30 = 150 s
+    limit, why = slow_limit([20.0, 100.0, 30.0], factor=5, min_s=60, first_s=600)
+    assert limit == 150 and "its median 30 s of the last 3 runs" in why
 
 
 def test_killed_actor_is_reported(ray_cluster, group):
