@@ -10,6 +10,7 @@ what a recipe declares is checked generically: a KL loss must log ``actor/kl_los
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,9 @@ def _tool_turns(steps: list[dict]) -> None:
 
 CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns}
 
+# extra smoke runs beyond one per recipe: name -> (recipe, overrides)
+EXTRA_RUNS = {"dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"])}
+
 
 @pytest.fixture(scope="session")
 def smoke_cache(tmp_path_factory) -> Path:
@@ -55,23 +59,31 @@ def smoke_cache(tmp_path_factory) -> Path:
     return cache
 
 
-_RUNS: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
-
-
-def smoke_run(name: str, cache: Path, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """`rlkit run recipes/<name>.yaml --smoke` in its own folder, once per session."""
-    if name not in _RUNS:
-        cwd = root / name
-        cwd.mkdir()
-        result = run_rlkit("run", str(RECIPES[name]), "--smoke", env=rlkit_env(RLKIT_CACHE=str(cache)), cwd=cwd,
-                           timeout=400)
-        _RUNS[name] = (result, cwd / "outputs/smoke" / name)
-    return _RUNS[name]
+PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker imports), ~17 s of CPU in ~60 s
 
 
 @pytest.fixture(scope="session")
-def runs_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("smoke-runs")
+def smoke_runs(smoke_cache, tmp_path_factory, request):
+    """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
+    started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
+    wanted = {item.callspec.params["name"] for item in request.session.items
+              if item.originalname == "test_recipe_smoke_run" and hasattr(item, "callspec")}
+    needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget"}
+    wanted |= {needs[i.originalname] for i in request.session.items if i.originalname in needs}
+    root = tmp_path_factory.mktemp("smoke-runs")
+
+    def one(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        recipe, overrides = EXTRA_RUNS.get(name, (name, []))
+        cwd = root / name
+        cwd.mkdir()
+        result = run_rlkit("run", str(RECIPES[recipe]), "--smoke", *overrides, env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
+                           cwd=cwd, timeout=500)
+        return result, cwd / "outputs/smoke" / recipe
+
+    pool = ThreadPoolExecutor(max_workers=PARALLEL)
+    futures = {name: pool.submit(one, name) for name in sorted(wanted, key=lambda n: n != "quickstart")}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def test_every_recipe_has_an_entry():
@@ -81,11 +93,11 @@ def test_every_recipe_has_an_entry():
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_recipe_smoke_run(name, smoke_cache, runs_root):
+def test_recipe_smoke_run(name, smoke_runs):
     from rlkit.recipe import load_recipe
     from rlkit.registry import build_registries
 
-    result, out = smoke_run(name, smoke_cache, runs_root)
+    result, out = smoke_runs[name].result()
     assert result.returncode == 0, result.stderr[-4000:]
     assert "--smoke:" in result.stderr and "resources.device" in result.stderr  # the table of swaps
     assert "done:" in result.stdout
@@ -103,14 +115,26 @@ def test_recipe_smoke_run(name, smoke_cache, runs_root):
     assert (out / "checkpoints" / "global_step_2").is_dir()  # saved at the end
 
 
-def test_resume_and_merge_after_a_smoke_run(smoke_cache, runs_root, tmp_path):
+def test_dapo_budget_error(smoke_runs):
+    """max_num_gen_batches=1 and a step that needs a refill: the run stops with an error that names the metric,
+    shows every group's scores and says what to change."""
+    result, _ = smoke_runs["dapo_budget"].result()
+    assert result.returncode == 1
+    err = result.stderr
+    assert "algorithm.filter_groups.max_num_gen_batches=1" in err and "algorithm.filter_groups.metric='score'" in err
+    assert " x" in err.split("what every group scored", 1)[1]  # e.g. "[-1 -1 -1 -1] x2, [-0.5 0 0 0] x2"
+    assert "algorithm.filter_groups.enable=false" in err and "Metrics the scores carry: ['score'" in err
+    assert "Traceback" not in err
+
+
+def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
     """Quickstart's smoke run merged its final actor (merge_at_end); resume it for one more step, merge again."""
-    result, out = smoke_run("quickstart", smoke_cache, runs_root)
+    result, out = smoke_runs["quickstart"].result()
     assert result.returncode == 0, result.stderr[-4000:]
     assert (out / "hf_model" / "config.json").is_file()
     again = run_rlkit("run", str(RECIPES["quickstart"]), "--smoke", "trainer.resume=auto", "trainer.total_steps=3",
                       "trainer.merge_at_end=false", env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
-                      cwd=runs_root / "quickstart", timeout=400)
+                      cwd=out.parents[2], timeout=500)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stderr
     assert [r["step"] for r in records(out) if "training/global_step" in r] == [1, 2, 3]  # step 3 only, appended
@@ -120,3 +144,13 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, runs_root, tmp_path):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(merged).config.model_type == "qwen2"
+
+
+@pytest.mark.e2e
+def test_smoke_with_smollm2(tmp_path):
+    """`--smoke-model smollm2`: the same laptop profile on SmolLM2-135M (converted once into the user's cache)."""
+    result = run_rlkit("run", str(RECIPES["grpo"]), "--smoke", "--smoke-model", "smollm2", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "model: smollm2" in result.stderr
+    steps = [r for r in records(tmp_path / "outputs/smoke/grpo") if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2] and "actor/kl_loss" in steps[-1]

