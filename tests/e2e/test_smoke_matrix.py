@@ -66,10 +66,10 @@ PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker import
 def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
-    wanted = {item.callspec.params["name"] for item in request.session.items
-              if item.originalname == "test_recipe_smoke_run" and hasattr(item, "callspec")}
+    names = [(getattr(item, "originalname", ""), getattr(item, "callspec", None)) for item in request.session.items]
+    wanted = {spec.params["name"] for name, spec in names if name == "test_recipe_smoke_run" and spec is not None}
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget"}
-    wanted |= {needs[i.originalname] for i in request.session.items if i.originalname in needs}
+    wanted |= {needs[name] for name, _ in names if name in needs}
     root = tmp_path_factory.mktemp("smoke-runs")
 
     def one(name: str) -> tuple[subprocess.CompletedProcess, Path]:

@@ -118,7 +118,7 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("critic.ppo_mini_batch_size", _mini_batch),
     Rule("critic.ppo_micro_batch_size_per_rank", 4),
     Rule("ref.log_prob_micro_batch_size_per_rank", 8),
-    Rule("reward.overlong_buffer.len", RESPONSE_LENGTH // 4),
+    Rule("reward.overlong_buffer.len", RESPONSE_LENGTH // 4, always=True),  # the default (64) > 16 tokens
     Rule("reward.num_workers", lambda old, raw, plan: min(old, 2)),
     # hardware
     Rule("actor.mixed_precision", "fp32"),  # bf16 autocast is ~50x slower on CPUs without bf16 units
