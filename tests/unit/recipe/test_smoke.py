@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rlkit.recipe import validate_recipe
-from rlkit.recipe.compose import _check_batch_sizes
+from rlkit.recipe.validate import _check_batch_sizes
 from rlkit.recipe.load import load_yaml
 from rlkit.recipe.smoke import (
     SMOKE_RULES,
@@ -35,8 +35,8 @@ ALGORITHM_KEYS = ("algorithm", "actor.policy_loss", "actor.clip_ratio_low", "act
                   "actor.loss_agg_mode", "actor.use_kl_loss", "actor.kl_loss_coef", "actor.kl_loss_type",
                   "actor.entropy_coeff", "actor.ppo_epochs", "actor.optim.lr", "critic.cliprange_value", "reward.manager",
                   "reward.overlong_buffer.enable", "reward.overlong_buffer.penalty_factor", "rollout.agent",
-                  "rollout.tools", "rollout.max_turns", "rollout.temperature", "rollout.top_p", "resources.roles",
-                  "trainer.seed", "ref")
+                  "rollout.tools", "rollout.temperature", "rollout.top_p", "resources.roles",
+                  "trainer.seed", "ref.enable", "reward.reward_model.enable", "reward.reward_model.combine")
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_smoke_keeps_the_algorithm_and_fits_a_laptop(path, registries, cache):
     for key in ALGORITHM_KEYS:
         assert _get(smoked, key) == _get(raw, key), key
     recipe = validate_recipe(smoked, registries=registries, check_files=False)
-    assert not _check_batch_sizes(recipe)
-    assert recipe.resources.device == "cpu" and recipe.rollout.backend == "hf" and recipe.model.dtype == "float32"
+    assert not _check_batch_sizes(recipe, registries)
+    assert recipe.resources.device == "cpu" and recipe.rollout.backend.name == "hf" and recipe.model.dtype == "float32"
     assert recipe.actor.mixed_precision == "fp32" and recipe.trainer.total_steps == 2
     assert recipe.model.path == str(cache / "models" / TINY_MODEL)
     assert recipe.trainer.output_dir == f"outputs/smoke/{path.stem}"
@@ -113,6 +113,8 @@ def test_data_source_from_file_names(registries):
     assert infer_data_source(["~/data/math500/test.parquet"], names) == "HuggingFaceH4/MATH-500"
     assert infer_data_source(["data/arithmetic/train.parquet"], names) == "rlkit/arithmetic"
     assert infer_data_source(["/somewhere/else.parquet"], names) == "rlkit/arithmetic"
+    # no rule function for it, and a reward model scores the data: a source no compute_score claims
+    assert infer_data_source(["~/data/hh_rlhf/train.parquet"], names, scored_by_model=True) == "smoke/hh_rlhf"
 
 
 @pytest.mark.parametrize("source", sorted(SYNTHETIC_STYLES))
