@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import RecipeError
-from rlkit.recipe.validate import validate_recipe
 from rlkit.recipe.load import get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import Recipe
+from rlkit.recipe.validate import validate_recipe
 
 __all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "SmokePlan", "Rule", "Swap", "plan_smoke", "smoke_recipe",
            "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES", "infer_data_source"]

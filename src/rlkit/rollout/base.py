@@ -45,8 +45,8 @@ from __future__ import annotations
 import torch
 
 from rlkit.batch import Batch
-from rlkit.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 from rlkit.errors import BatchError
+from rlkit.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 
 __all__ = ["RolloutBackend", "assemble_rollout", "concat_rollouts", "pad_rollout", "ROLLOUT_PADDING"]
 

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from rlkit.recipe import validate_recipe
-from rlkit.recipe.validate import _check_batch_sizes
 from rlkit.recipe.load import load_yaml
 from rlkit.recipe.smoke import (
     SMOKE_RULES,
@@ -25,6 +24,7 @@ from rlkit.recipe.smoke import (
     score_names,
     smoke_recipe,
 )
+from rlkit.recipe.validate import _check_batch_sizes
 from rlkit.registry import build_registries, load_object
 
 REPO = Path(__file__).resolve().parents[3]
