@@ -54,10 +54,10 @@ def rlkit_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 
-def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> subprocess.Popen:
-    """`python -m rlkit ARGS` in the background; stdout and stderr are read by ``finish``."""
+def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None, cwd: Path | None = None) -> subprocess.Popen:
+    """`python -m rlkit ARGS` in the background (in ``cwd``); stdout and stderr are read by ``finish``."""
     return subprocess.Popen([sys.executable, "-m", "rlkit", *args], env=env or rlkit_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn, cwd=cwd)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -70,8 +70,9 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.Completed
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300, preexec_fn=None) -> subprocess.CompletedProcess:
-    return finish(start(*args, env=env, preexec_fn=preexec_fn), timeout)
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300, preexec_fn=None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return finish(start(*args, env=env, preexec_fn=preexec_fn, cwd=cwd), timeout)
 
 
 # ----- what a run leaves behind ------------------------------------------------------------------

@@ -191,13 +191,21 @@ class Batch:
     # ----- reshaping --------------------------------------------------------------------------
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
-        """Concatenate along the batch dimension; all must have the same fields. Meta from the first."""
+        """Concatenate along the batch dimension; all must have the same fields and per-sample shapes (a
+        width mismatch is a ``BatchError`` naming the field). Meta from the first."""
         if not batches:
             raise BatchError("concat needs at least one batch.")
         keys = sorted(batches[0].keys())
         for i, b in enumerate(batches[1:], start=1):
             if sorted(b.keys()) != keys:
                 raise BatchError(f"concat: batch {i} has fields {sorted(b.keys())}, batch 0 has {keys}.")
+        for key in batches[0].tensors.keys():
+            shapes = [tuple(b.tensors[key].shape[1:]) for b in batches]
+            if len(set(shapes)) > 1:
+                raise BatchError(
+                    f"concat: field '{key}' has per-sample shapes {shapes} in batches 0..{len(batches) - 1}; pad them "
+                    "to one width first (rollout batches: rlkit.rollout.base.concat_rollouts pads prompts on the "
+                    "left and responses on the right).")
         tensors = torch.cat([b.tensors for b in batches]) if batches[0].tensors.keys() else None
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in batches[0].non_tensors}
         return Batch(tensors, non_tensors, batches[0].meta)

@@ -28,11 +28,12 @@ import torch
 import yaml
 
 from rlkit import faults
-from rlkit.algos import DynamicSamplingAccumulator, apply_kl_penalty, first_groups_mask
+from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
 from rlkit.recipe import Recipe, recipe_to_dict
+from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime import Runtime
 from rlkit.watchdog import PhaseWatch
 
@@ -161,11 +162,14 @@ class Trainer:
         return self.recipe.trainer.balance_batch
 
     # ----- phases -------------------------------------------------------------------------------
-    def rollout(self, prompts: Batch, metrics: dict[str, float]) -> Batch:
-        """Repeat each prompt rollout.n times (interleaved), give each group a uid, generate."""
+    def rollout(self, prompts: Batch, metrics: dict[str, float], gen_batch: int = 0) -> Batch:
+        """Repeat each prompt rollout.n times (interleaved), give each group a uid, generate.
+
+        The uid names step, generation batch (dynamic sampling's refills) and row, so groups from
+        different generation batches of one step never merge."""
         n = self.recipe.rollout.n
         prompts = Batch(prompts.tensors, prompts.non_tensors, prompts.meta)
-        prompts["uid"] = [f"{self.global_step}-{i}" for i in range(len(prompts))]
+        prompts["uid"] = [f"{self.global_step}-{gen_batch}-{i}" for i in range(len(prompts))]
         repeated = prompts.repeat(n, interleave=True)
         gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1)
         metrics |= gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
@@ -200,33 +204,45 @@ class Trainer:
 
     def fill_by_dynamic_sampling(self, batch: Batch, more_prompts: Any, timer: Timer,
                                  metrics: dict[str, float]) -> Batch:
-        """DAPO: keep groups whose metric varies; generate from new prompts until the batch is full."""
+        """DAPO: keep groups whose metric varies; generate from new prompts until the batch is full.
+
+        Each generation batch is padded to its own longest prompt, so the kept pieces are re-padded to
+        one layout (``concat_rollouts``), then trimmed to the first ``train_batch_size`` whole groups."""
         acc = self.dynamic_sampling
         acc.reset()
         kept: list[Batch] = []
         while True:
-            index = self.group_index(batch)
-            keep = acc.add(index, self.filter_metric(batch))
+            try:
+                keep = acc.add(self.group_index(batch), self.filter_metric(batch))
+            except DynamicSamplingError as exc:
+                raise DynamicSamplingError(f"{exc} Metrics the scores carry: {self.score_metric_names(batch)}.") from None
             kept.append(batch[keep])
             if acc.full:
                 break
             with timer("gen"):
-                batch = self.rollout(next(more_prompts), metrics)
+                batch = self.rollout(next(more_prompts), metrics, gen_batch=acc.num_gen_batches)
             with timer("reward"):
                 batch = self.score(batch, metrics)
-        full = Batch.concat(kept)
+        full = concat_rollouts(kept, self.rt.tokenizer.pad_token_id)
         full = full[first_groups_mask(self.group_index(full), acc.target_groups)]
         metrics |= acc.metrics()
         return full
 
+    @staticmethod
+    def score_metric_names(batch: Batch) -> list[str]:
+        """Per-sample metrics a group filter can read: ``score`` plus the reward's extra values."""
+        return ["score"] + sorted(k.split("/", 1)[1] for k in batch.keys() if k.startswith("reward_extra/"))
+
     def filter_metric(self, batch: Batch) -> torch.Tensor:
+        """[B] values of ``algorithm.filter_groups.metric``."""
         name = self.recipe.algorithm.filter_groups.metric
         if name in ("score", "seq_final_reward"):
             return batch["token_level_scores"].sum(-1)
         if f"reward_extra/{name}" in batch:
             return torch.tensor([float(v) for v in batch[f"reward_extra/{name}"]])
-        raise KeyError(f"algorithm.filter_groups.metric={name!r}: the scores carry no such metric; use 'score' or one of "
-                       f"{[k.split('/', 1)[1] for k in batch.keys() if k.startswith('reward_extra/')]}")
+        raise DynamicSamplingError(
+            f"algorithm.filter_groups.metric={name!r}: the reward manager '{self.recipe.reward.manager}' gives no "
+            f"such per-sample metric; valid here: {self.score_metric_names(batch)}.")
 
     @staticmethod
     def group_index(batch: Batch) -> torch.Tensor:

@@ -19,7 +19,7 @@ def registries():
 
 
 def test_the_product_recipes_are_all_here():
-    assert {p.stem for p in RECIPES} >= {"quickstart", "ppo", "grpo", "dapo"}
+    assert {p.stem for p in RECIPES} >= {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent"}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
@@ -42,6 +42,9 @@ def test_what_each_recipe_implies(registries):
     assert dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable  # shaping is a reward step
     assert by_name["ppo"].algorithm.estimator.params == {"gamma": 1.0, "lam": 1.0}
     assert by_name["quickstart"].resources.device == "auto" and by_name["quickstart"].rollout.backend.name == "hf"
-    for name in ("ppo", "grpo", "dapo"):
+    agent = by_name["grpo_tool_agent"]
+    assert agent.rollout.agent.name == "tool" and [t.name for t in agent.rollout.tools] == ["calculator"]
+    assert agent.actor.use_kl_loss
+    for name in ("ppo", "grpo", "dapo", "grpo_tool_agent"):
         assert by_name[name].rollout.backend.name == "sglang" and by_name[name].resources.device == "cuda"
     assert by_name["dapo"].rollout.backend.params["launch"]["tp_size"] == 4

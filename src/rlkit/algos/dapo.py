@@ -11,6 +11,8 @@ Shapes: ``B`` = prompts x group size; ``index`` [B] group ids (prompt uid as int
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from rlkit.algos._util import AlgoError, group_ids
@@ -89,7 +91,8 @@ class DynamicSamplingAccumulator:
         batch = concat(kept); batch = batch[first_groups_mask(batch_index, acc.target_groups)]
         acc.reset()
 
-    ``max_num_gen_batches <= 0`` means no limit (veRL).
+    ``max_num_gen_batches <= 0`` means no limit (veRL). Groups beyond ``target_groups`` are kept by
+    ``add`` but trimmed by the caller; ``metrics()`` counts them as kept (they passed the filter).
     """
 
     def __init__(self, target_groups: int, max_num_gen_batches: int, metric: str = "score"):
@@ -104,6 +107,7 @@ class DynamicSamplingAccumulator:
         self.num_gen_batches = 0
         self.num_groups = 0  # kept groups so far
         self.num_groups_seen = 0
+        self.group_values: Counter[tuple[float, ...]] = Counter()  # each group's sorted metric values
 
     @property
     def full(self) -> bool:
@@ -112,22 +116,51 @@ class DynamicSamplingAccumulator:
     def add(self, index: torch.Tensor, metric_values: torch.Tensor) -> torch.Tensor:
         """Record one generation batch; return its keep mask [B]. Raises when the budget is spent."""
         keep = filter_groups(index, metric_values)
+        dense, num_groups = group_ids(index)
         self.num_gen_batches += 1
         self.num_groups += group_ids(index[keep])[1] if bool(keep.any()) else 0
-        self.num_groups_seen += group_ids(index)[1]
+        self.num_groups_seen += num_groups
+        values = metric_values.detach().to(torch.float64).cpu().tolist()
+        per_group: list[list[float]] = [[] for _ in range(num_groups)]
+        for gid, value in zip(dense.tolist(), values):
+            per_group[gid].append(round(value, 4))
+        self.group_values.update(tuple(sorted(v)) for v in per_group)
         limit = self.max_num_gen_batches
         if not self.full and limit > 0 and self.num_gen_batches >= limit:
-            raise DynamicSamplingError(
-                f"dynamic sampling (algorithm.filter_groups) generated {self.num_gen_batches} batches, the limit "
-                f"algorithm.filter_groups.max_num_gen_batches={limit}, and kept only {self.num_groups} of the "
-                f"{self.target_groups} prompt groups the training batch needs ({self.num_groups_seen} seen): in the "
-                f"others every response got the same '{self.metric}', so they carry no learning signal. "
-                "The data is probably too easy or too hard for the model. Raise max_num_gen_batches (0 = no "
-                "limit), raise rollout.n, use easier/harder prompts, or set algorithm.filter_groups.enable=false."
-            )
+            raise DynamicSamplingError(self._exhausted_message())
         return keep
 
+    def summary(self, limit: int = 12) -> str:
+        """What every group scored so far, compactly: ``[0 0 0 0] x21, [-1 -1 -1 -1] x8, [0 0 0 1] x1``
+        (each group's sorted values, most frequent first; the rest counted after ``limit`` patterns)."""
+        common = self.group_values.most_common()
+
+        def fmt(vals: tuple[float, ...]) -> str:
+            return "[" + " ".join(f"{v:g}" for v in vals) + "]"
+
+        shown = ", ".join(f"{fmt(vals)} x{count}" for vals, count in common[:limit])
+        rest = sum(count for _, count in common[limit:])
+        return shown + (f", and {rest} more groups" if rest else "")
+
+    def _exhausted_message(self) -> str:
+        return (
+            f"dynamic sampling (algorithm.filter_groups) used its budget of "
+            f"algorithm.filter_groups.max_num_gen_batches={self.max_num_gen_batches} generation batches and kept "
+            f"only {self.num_groups} of the {self.target_groups} prompt groups the training batch needs "
+            f"({self.num_groups_seen} groups seen). A group is kept when its responses differ in "
+            f"algorithm.filter_groups.metric='{self.metric}'; what every group scored (sorted values per group, "
+            f"x how many groups): {self.summary()}. Groups whose values are all equal carry no learning signal: "
+            "the data is too easy or too hard for the model, or the metric is too coarse. Fix: raise "
+            "algorithm.filter_groups.max_num_gen_batches (0 = no limit), raise rollout.n, use prompts nearer the "
+            "model's level, pick another algorithm.filter_groups.metric, or set algorithm.filter_groups.enable=false."
+        )
+
     def metrics(self) -> dict[str, float]:
-        """veRL's ``train/num_gen_batches`` plus the share of groups kept."""
+        """veRL's ``train/num_gen_batches``; groups kept / dropped by the filter and the share kept."""
         kept = self.num_groups / self.num_groups_seen if self.num_groups_seen else 0.0
-        return {"train/num_gen_batches": float(self.num_gen_batches), "train/filter_groups_kept_frac": kept}
+        return {
+            "train/num_gen_batches": float(self.num_gen_batches),
+            "train/filter_groups_kept": float(self.num_groups),
+            "train/filter_groups_dropped": float(self.num_groups_seen - self.num_groups),
+            "train/filter_groups_kept_frac": kept,
+        }

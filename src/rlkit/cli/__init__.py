@@ -43,7 +43,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after a flag (`rlkit run R --smoke a.b=1`) land here; anything else is an error
+        if not isinstance(getattr(args, "overrides", None), list) or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

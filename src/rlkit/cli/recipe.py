@@ -3,17 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import yaml
 
-from rlkit.recipe import load_recipe, recipe_to_dict, uses_critic, uses_ref
-from rlkit.registry import build_registries
+from rlkit.errors import RecipeError
+from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_critic, uses_ref
+from rlkit.registry import Registries, build_registries
+
+
+def add_smoke_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true",
+                        help="laptop profile: same algorithm, tiny model, a few rows, CPU, two steps (prints what it swaps)")
+    parser.add_argument("--smoke-model", choices=("tiny", "smollm2"), default=None,
+                        help="with --smoke: tiny (random Qwen2 built locally, the default) or smollm2 (SmolLM2-135M)")
+
+
+def load_from_args(args: argparse.Namespace, registries: Registries, check_files: bool = True) -> Recipe:
+    """The recipe the command line names: the file, ``--smoke`` applied (its table printed to stderr), overrides."""
+    if args.smoke_model and not args.smoke:
+        raise RecipeError([("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe)
+    if not args.smoke:
+        return load_recipe(args.recipe, args.overrides, registries=registries, check_files=check_files)
+    from rlkit.recipe.smoke import load_smoke_recipe
+
+    recipe, table = load_smoke_recipe(args.recipe, args.overrides, registries=registries,
+                                      model=args.smoke_model or "tiny", check_files=check_files)
+    print(table, file=sys.stderr)
+    return recipe
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, ~key.sub removes a key")
     parser.add_argument("--no-check-files", action="store_true", help="do not check that data files exist")
+    add_smoke_args(parser)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,16 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     registries = build_registries()
-    recipe = load_recipe(args.recipe, args.overrides, registries=registries, check_files=not args.no_check_files)
+    recipe = load_from_args(args, registries, check_files=not args.no_check_files)
     roles = ["actor_rollout_ref"] + (["critic"] if uses_critic(recipe, registries) else []) + (["ref"] if uses_ref(recipe) else [])
     print(
-        f"{args.recipe}: valid. estimator={recipe.algorithm.estimator} policy_loss={recipe.actor.policy_loss} "
+        f"{args.recipe}{' --smoke' if args.smoke else ''}: valid. estimator={recipe.algorithm.estimator} policy_loss={recipe.actor.policy_loss} "
         f"rollout={recipe.rollout.backend} n={recipe.rollout.n} roles={','.join(roles)}"
     )
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe, args.overrides, check_files=not args.no_check_files)
+    recipe = load_from_args(args, build_registries(), check_files=not args.no_check_files)
     print(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False), end="")
     return 0

@@ -13,8 +13,9 @@ import os
 import sys
 
 from rlkit.checkpoint import CheckpointManager
+from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
-from rlkit.recipe import Recipe, load_recipe
+from rlkit.recipe import Recipe
 from rlkit.registry import Registries, build_registries
 from rlkit.stop import StopHandler
 
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("run", help="train with a recipe (validates it first)")
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, ~key.sub removes a key")
+    add_smoke_args(parser)
     parser.set_defaults(func=run)
 
 
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault(key, value)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     registries = build_registries()
-    recipe = load_recipe(args.recipe, args.overrides, registries=registries)
+    recipe = load_from_args(args, registries)
     stopper = StopHandler().install()
     try:
         final = train(recipe, registries, stopper)

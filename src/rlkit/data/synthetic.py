@@ -99,8 +99,12 @@ def generate_arithmetic(
     num_terms: int = 2,
     ops: tuple[str, ...] | str = ("+",),
     instruction: str = DEFAULT_INSTRUCTION,
+    data_source: str = DATA_SOURCE,
 ) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``test.parquet`` of seeded arithmetic problems; same seed, same files."""
+    """Write ``train.parquet`` and ``test.parquet`` of seeded arithmetic problems; same seed, same files.
+
+    ``data_source`` labels the rows for another scorer (``--smoke`` writes GSM8K- or MATH-labelled sums
+    whose instruction asks for that scorer's answer format)."""
     ops = tuple(ops)
     if not ops or any(op not in "+-" for op in ops):
         raise DataError(f"arithmetic ops must be '+' and/or '-', got {ops!r}.")
@@ -117,7 +121,7 @@ def generate_arithmetic(
     for split, problems in (("train", train), ("test", test)):
         rows = [
             make_row(
-                DATA_SOURCE,
+                data_source,
                 join_instruction(question, instruction),
                 str(answer),
                 {"split": split, "index": i, "question": question, "answer": str(answer)},

@@ -105,11 +105,18 @@ def build_tiny_model(
     heads: int = 4,
     kv_heads: int = 2,
     seed: int = 0,
+    eos_norm: float | None = None,
 ) -> Path:
     """Write a randomly initialised ``arch`` causal LM and its tokenizer to ``out_dir``; return the path.
 
     The vocabulary comes from the tokenizer (rounded up to a multiple of 64). Weights are float32 and
     depend only on ``seed`` and the sizes, so two builds with the same arguments are identical.
+
+    ``eos_norm``: rescale the end-of-turn token's (tied) embedding row to this norm. At init every logit
+    is near 0, so a random model almost never ends a turn (p ≈ 1/vocab per token) and every response
+    runs to the length limit; with ``eos_norm=3`` the eos logit swings with the context and response
+    lengths spread over the whole budget (measured: 16-token budget, 64 samples, lengths 2..16, a
+    quarter at the limit) — what DAPO's overlong shaping and group filter need to see in a smoke run.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -120,12 +127,17 @@ def build_tiny_model(
     config = _config(arch, vocab, hidden, layers, heads, kv_heads, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if eos_norm is not None:
+        with torch.no_grad():
+            row = model.get_input_embeddings().weight[tokenizer.eos_token_id]
+            row.mul_(eos_norm / row.norm())
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "rlkit_tiny.json").write_text(json.dumps({"arch": arch, "hidden": hidden, "layers": layers, "seed": seed}))
+    (out / "rlkit_tiny.json").write_text(json.dumps({"arch": arch, "hidden": hidden, "layers": layers, "seed": seed,
+                                                       "eos_norm": eos_norm}))
     return out
 
 

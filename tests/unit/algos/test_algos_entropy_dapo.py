@@ -92,6 +92,9 @@ def test_accumulator_fills_then_stops():
     # batch 2: groups 2, 3 vary -> 3 kept: full
     acc.add(torch.tensor([2, 2, 3, 3]), torch.tensor([0.0, 1.0, 1.0, 0.0]))
     assert acc.full and acc.metrics()["train/num_gen_batches"] == 2.0
+    # 4 groups seen: 3 kept (0, 2, 3), 1 dropped (1)
+    assert acc.metrics()["train/filter_groups_kept"] == 3.0 and acc.metrics()["train/filter_groups_dropped"] == 1.0
+    assert acc.metrics()["train/filter_groups_kept_frac"] == 0.75
     acc.reset()
     assert acc.num_groups == 0 and acc.num_gen_batches == 0
 
@@ -105,6 +108,16 @@ def test_accumulator_raises_with_advice_after_budget():
     assert isinstance(err.value, RlkitError)
     assert "max_num_gen_batches=2" in str(err.value) and "'acc'" in str(err.value)
     assert "algorithm.filter_groups.enable=false" in str(err.value)
+    assert "algorithm.filter_groups.metric='acc'" in str(err.value)
+    assert "[1 1] x2" in str(err.value)  # what every group scored: two groups, both all 1
     unlimited = DynamicSamplingAccumulator(target_groups=2, max_num_gen_batches=0)
     for _ in range(20):
         unlimited.add(*constant)  # 0 = no limit (veRL)
+
+
+def test_accumulator_summary_counts_every_group():
+    acc = DynamicSamplingAccumulator(target_groups=10, max_num_gen_batches=0)
+    acc.add(torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0]))
+    acc.add(torch.tensor([0, 0]), torch.tensor([-1.0, -1.0]))
+    assert acc.summary() == "[0 0] x2, [0 1] x1, [-1 -1] x1"
+    assert acc.summary(limit=1) == "[0 0] x2, and 2 more groups"

@@ -1,0 +1,174 @@
+"""Every shipped recipe runs end to end with `rlkit run RECIPE --smoke` (default test run, not behind a marker).
+
+Each recipe in recipes/ runs in its own subprocess and working folder, sharing one tiny smoke model built once
+per session (``RLKIT_CACHE``). ``EXPECTED`` names, per recipe, the metrics that prove its parts ran; a recipe
+without an entry fails ``test_every_recipe_has_an_entry`` (add one when you add a recipe). On top of the table,
+what a recipe declares is checked generically: a KL loss must log ``actor/kl_loss``, a critic
+``critic/vf_loss``. One recipe (quickstart, which merges at the end) is also resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from rlkit_harness import ray_session, records, rlkit_env
+from rlkit_harness import run as run_rlkit
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = {p.stem: p for p in sorted((REPO / "recipes").glob("*.yaml"))}
+
+# recipe -> metrics its smoke run must log (in its last training step unless noted in CHECKS)
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "quickstart": ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "critic/advantages/mean"),
+    "grpo": ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean"),
+    "ppo": ("critic/vf_loss", "critic/values/mean", "critic/vf_clipfrac", "actor/pg_loss", "critic/returns/mean"),
+    "dapo": ("train/num_gen_batches", "train/filter_groups_kept", "train/filter_groups_dropped",
+             "reward/overlong_penalty/mean", "reward/overlong_ratio", "actor/pg_clipfrac"),
+    "grpo_tool_agent": ("num_turns/mean", "num_turns/min", "num_turns/max", "tool_call_counts/mean",
+                        "actor/kl_loss"),
+    "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
+    "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
+}
+
+
+def _dapo_refilled(steps: list[dict], out: Path) -> None:
+    """Dynamic sampling dropped uniform groups and generated again in at least one step."""
+    assert max(s["train/num_gen_batches"] for s in steps) >= 2, [s["train/num_gen_batches"] for s in steps]
+    assert sum(s["train/filter_groups_dropped"] for s in steps) >= 1
+    assert all(s["train/filter_groups_kept"] >= 4 for s in steps)  # the batch was filled every step
+
+
+def _tool_turns(steps: list[dict], out: Path) -> None:
+    assert all(s["num_turns/min"] >= 1 and s["num_turns/max"] <= 5 for s in steps)
+
+
+def _own_process(role: str):
+    """The role ran in worker processes of its own (ray_session.json lists each role's worker pids)."""
+
+    def check(steps: list[dict], out: Path) -> None:
+        pids = ray_session(out)["worker_pids"]
+        assert pids.get(role) and not set(pids[role]) & set(pids["actor_rollout_ref"]), pids
+
+    return check
+
+
+def _reward_model_scored(steps: list[dict], out: Path) -> None:
+    _own_process("reward_model")(steps, out)
+    assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)  # synthetic rows: the model scores them
+
+
+CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+          "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
+
+# extra smoke runs beyond one per recipe: name -> (recipe, overrides)
+EXTRA_RUNS = {"dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"])}
+
+
+@pytest.fixture(scope="session")
+def smoke_cache(tmp_path_factory) -> Path:
+    """One smoke model for the whole session (RLKIT_CACHE of every run)."""
+    from rlkit.recipe.smoke import TINY_MODEL, _build_tiny
+
+    cache = tmp_path_factory.mktemp("rlkit-cache")
+    _build_tiny(cache / "models" / TINY_MODEL)
+    return cache
+
+
+PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker imports), ~17 s of CPU in ~60 s
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(smoke_cache, tmp_path_factory, request):
+    """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
+    started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
+    names = [(getattr(item, "originalname", ""), getattr(item, "callspec", None)) for item in request.session.items]
+    wanted = {spec.params["name"] for name, spec in names if name == "test_recipe_smoke_run" and spec is not None}
+    needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget"}
+    wanted |= {needs[name] for name, _ in names if name in needs}
+    root = tmp_path_factory.mktemp("smoke-runs")
+
+    def one(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        recipe, overrides = EXTRA_RUNS.get(name, (name, []))
+        cwd = root / name
+        cwd.mkdir()
+        result = run_rlkit("run", str(RECIPES[recipe]), "--smoke", *overrides, env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
+                           cwd=cwd, timeout=500)
+        return result, cwd / "outputs/smoke" / recipe
+
+    pool = ThreadPoolExecutor(max_workers=PARALLEL)
+    futures = {name: pool.submit(one, name) for name in sorted(wanted, key=lambda n: n != "quickstart")}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_every_recipe_has_an_entry():
+    missing = sorted(set(RECIPES) - set(EXPECTED))
+    assert not missing, f"recipes without expected smoke metrics in tests/e2e/test_smoke_matrix.py EXPECTED: {missing}"
+    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_smoke_run(name, smoke_runs):
+    from rlkit.recipe import load_recipe
+    from rlkit.registry import build_registries
+
+    result, out = smoke_runs[name].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "--smoke:" in result.stderr and "resources.device" in result.stderr  # the table of swaps
+    assert "done:" in result.stdout
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    declared = load_recipe(RECIPES[name], check_files=False)
+    registries = build_registries()
+    wanted = list(EXPECTED.get(name, ()))
+    wanted += ["actor/kl_loss"] if declared.actor.use_kl_loss else []
+    wanted += ["critic/vf_loss"] if registries.estimators.get(declared.algorithm.estimator.name).needs_critic else []
+    for key in wanted:
+        assert key in steps[-1], f"{name}: metric {key} missing; logged: {sorted(steps[-1])}"
+    if name in CHECKS:
+        CHECKS[name](steps, out)
+    assert (out / "checkpoints" / "global_step_2").is_dir()  # saved at the end
+
+
+def test_dapo_budget_error(smoke_runs):
+    """max_num_gen_batches=1 and a step that needs a refill: the run stops with an error that names the metric,
+    shows every group's scores and says what to change."""
+    result, _ = smoke_runs["dapo_budget"].result()
+    assert result.returncode == 1
+    err = result.stderr
+    assert "algorithm.filter_groups.max_num_gen_batches=1" in err and "algorithm.filter_groups.metric='score'" in err
+    assert " x" in err.split("what every group scored", 1)[1]  # e.g. "[-1 -1 -1 -1] x2, [-0.5 0 0 0] x2"
+    assert "algorithm.filter_groups.enable=false" in err and "Metrics the scores carry: ['score'" in err
+    assert "Traceback" not in err
+
+
+def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
+    """Quickstart's smoke run merged its final actor (merge_at_end); resume it for one more step, merge again."""
+    result, out = smoke_runs["quickstart"].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (out / "hf_model" / "config.json").is_file()
+    again = run_rlkit("run", str(RECIPES["quickstart"]), "--smoke", "trainer.resume=auto", "trainer.total_steps=3",
+                      "trainer.merge_at_end=false", env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
+                      cwd=out.parents[2], timeout=500)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from" in again.stderr
+    assert [r["step"] for r in records(out) if "training/global_step" in r] == [1, 2, 3]  # step 3 only, appended
+    merged = tmp_path / "merged"
+    result = run_rlkit("merge", str(out / "checkpoints" / "global_step_3"), "--out", str(merged))
+    assert result.returncode == 0, result.stderr[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(merged).config.model_type == "qwen2"
+
+
+@pytest.mark.e2e
+def test_smoke_with_smollm2(tmp_path):
+    """`--smoke-model smollm2`: the same laptop profile on SmolLM2-135M (converted once into the user's cache)."""
+    result = run_rlkit("run", str(RECIPES["grpo"]), "--smoke", "--smoke-model", "smollm2", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "model: smollm2" in result.stderr
+    steps = [r for r in records(tmp_path / "outputs/smoke/grpo") if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2] and "actor/kl_loss" in steps[-1]
