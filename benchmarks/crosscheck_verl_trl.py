@@ -24,6 +24,7 @@ from rlkit.algos import policy_losses as P
 from rlkit.algos import rollout_correction as R
 from rlkit.algos import token_baseline as O
 
+
 def masked_sum(values, mask, axis=None):
     return (values * mask).sum(axis) if axis is not None else (values * mask).sum()
 def masked_mean(values, mask, axis=None):

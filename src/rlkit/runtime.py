@@ -98,7 +98,6 @@ class Runtime:
 
     def _start_workers(self) -> None:
         from rlkit.workers import RayCluster, ResourcePoolManager, WorkerGroup
-
         from rlkit.workers.cluster import local_node
 
         recipe = self.recipe

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from rlkit_harness import check_checkpoints, ray_session, rlkit_env, wait_until_reaped
 
 EXIT_GUARD_S = 30.0  # hang guard only; the measured times are printed

@@ -7,9 +7,9 @@ raise an AssertionError that names the entry, the broken rule and the contract.
 from __future__ import annotations
 
 import pytest
+from rlkit_example.hooks import rlkit_register_estimators
 
 from rlkit.testing import check_compute_score, check_estimator
-from rlkit_example.hooks import rlkit_register_estimators
 
 
 def test_group_median_conforms(rlkit_registries):

@@ -12,7 +12,15 @@ import inspect
 from typing import Any
 
 from rlkit.builtin.algo_params import GeoMeanParams, LuspoParams, VespoParams
-from rlkit.builtin.params import ClipParams, DiscountParams, DrGrpoParams, GaeParams, GroupNormParams, PPOClipParams, SapoParams
+from rlkit.builtin.params import (
+    ClipParams,
+    DiscountParams,
+    DrGrpoParams,
+    GaeParams,
+    GroupNormParams,
+    PPOClipParams,
+    SapoParams,
+)
 from rlkit.hookspecs import hookimpl
 from rlkit.specs import EstimatorSpec, PolicyLossSpec
 

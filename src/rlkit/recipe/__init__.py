@@ -1,5 +1,6 @@
 """Recipes: a pydantic schema, YAML loading, ``a.b=c`` overrides and composition."""
 
+from rlkit.recipe.schema import Recipe
 from rlkit.recipe.validate import (
     load_recipe,
     recipe_to_dict,
@@ -8,6 +9,5 @@ from rlkit.recipe.validate import (
     uses_ref,
     validate_recipe,
 )
-from rlkit.recipe.schema import Recipe
 
 __all__ = ["Recipe", "load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]

@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlkit.errors import RecipeError
-from rlkit.recipe.load import apply_overrides, get_path, has_path, load_yaml, set_path
 from rlkit.pipeline import COMPONENT_KEYS, COMPONENT_LISTS, Resolved, params_model, plan_roles, resolve
+from rlkit.recipe.load import apply_overrides, get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import CriticConfig, Recipe
 from rlkit.registry import Registries, build_registries, suggest
 

@@ -22,10 +22,9 @@ Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n
 
 from __future__ import annotations
 
-from typing import Any
-
 import copy
 import inspect
+from typing import Any
 
 import torch
 import torch.distributed as dist

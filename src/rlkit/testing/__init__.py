@@ -38,7 +38,12 @@ from __future__ import annotations
 from rlkit.testing._common import ContractError
 from rlkit.testing.algos import check_estimator, check_policy_loss
 from rlkit.testing.components import check_role, check_tool, check_tracker
-from rlkit.testing.rewards import check_compute_score, check_reward_manager, conformance_score, conformance_score_batch
+from rlkit.testing.rewards import (
+    check_compute_score,
+    check_reward_manager,
+    conformance_score,
+    conformance_score_batch,
+)
 from rlkit.testing.rollout import check_agent_loop, check_rollout_backend
 
 __all__ = [

@@ -240,7 +240,7 @@ def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path
         " {'data_source': ['s'], 'reward_model': [{'ground_truth': 'x'}], 'extra_info': [None]})\n"
         "m = NaiveRewardManager(tok, misbehaving, timeout_s=60)\n"
         "print('scoring', flush=True)\n"
-        "m(b)\n" % str(Path(__file__).parent)
+        "m(b)\n" % str(Path(__file__).parent)  # noqa: UP031
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:

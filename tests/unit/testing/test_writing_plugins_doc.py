@@ -37,7 +37,7 @@ def test_every_kind_has_a_worked_section_with_its_check():
 
 
 @pytest.mark.parametrize("title", list(SECTIONS))
-def test_worked_example_runs(title, rlkit_tiny_model, tmp_path):
+def test_worked_example_runs(title, rlkit_tiny_model, tmp_path):  # noqa: F811 - the imported fixture
     model, tokenizer = rlkit_tiny_model  # the kit's own fixture, as the doc says
     namespace = {"model": model, "tokenizer": tokenizer, "tmp_path": tmp_path, "__name__": "writing_plugins_doc"}
     for block in SECTIONS[title]:

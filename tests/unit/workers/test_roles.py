@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
+from rlkit.pipeline import resolve
 from rlkit.recipe.schema import (
     ActorConfig,
     CriticConfig,
@@ -19,7 +20,6 @@ from rlkit.recipe.schema import (
     ResourcesConfig,
     RolloutConfig,
 )
-from rlkit.pipeline import resolve
 from rlkit.registry import build_registries, load_object
 from rlkit.workers import ResourcePoolManager, WorkerGroup
 
