@@ -227,7 +227,7 @@ def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path
 
     script = tmp_path / "driver.py"
     script.write_text(
-        "import sys, time\n"
+        "import sys, time\n"  # noqa: UP031 - a script template
         "sys.path.insert(0, %r)\n"
         "from conftest import build_tokenizer\n"
         "from rlkit.rewards.managers import NaiveRewardManager\n"
@@ -240,7 +240,7 @@ def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path
         " {'data_source': ['s'], 'reward_model': [{'ground_truth': 'x'}], 'extra_info': [None]})\n"
         "m = NaiveRewardManager(tok, misbehaving, timeout_s=60)\n"
         "print('scoring', flush=True)\n"
-        "m(b)\n" % str(Path(__file__).parent)  # noqa: UP031
+        "m(b)\n" % str(Path(__file__).parent)
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
