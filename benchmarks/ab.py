@@ -13,6 +13,7 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (engine_kwargs.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
+  micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
@@ -98,7 +99,8 @@ def main() -> None:
         decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
         with variant(args.change, on):
             actor = FSDPActor(ModelConfig(path=args.model), ActorConfig(
-                mixed_precision="bf16" if bf16 else "fp32", ppo_micro_batch_size_per_rank=args.micro or args.samples,
+                mixed_precision="bf16" if bf16 else "fp32",
+                ppo_micro_batch_size_per_rank=args.samples if (args.change == "micro" and on) else (args.micro or args.samples),
                 ppo_mini_batch_size=1), rollout_n=args.samples, total_steps=10)
             rollout = HFRollout(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
                                 rollout_config=RolloutConfig(ignore_eos=True, engine_kwargs={"dtype": decode}))
