@@ -13,6 +13,7 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
+  micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
@@ -100,7 +101,8 @@ def main() -> None:
         decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
         with variant(args.change, on):
             cfg = ActorConfig(mixed_precision="bf16" if bf16 else "fp32",
-                              ppo_micro_batch_size_per_rank=args.micro or args.samples, ppo_mini_batch_size=1)
+                              ppo_micro_batch_size_per_rank=args.samples if (args.change == "micro" and on)
+                              else (args.micro or args.samples), ppo_mini_batch_size=1)
             backend = {"name": "hf", "dtype": decode}
             # components resolved as the driver resolves them (rlkit.pipeline), built as the worker builds them
             (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
