@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlkit.errors import RecipeError
-from rlkit.registry import Registries, load_object
+from rlkit.registry import Registries, load_object, suggest
 
 __all__ = ["Resolved", "PlacedRole", "Pipeline", "resolve", "params_model", "compose", "plan_roles", "SLOTS",
            "COMPONENT_KEYS", "COMPONENT_LISTS"]
@@ -140,7 +140,8 @@ def resolve(key: str, kind: str, component: Any, registries: Registries) -> tupl
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
-                msg = f"unknown parameter of {who}. Valid: {', '.join(model.model_fields) or '(none)'}"
+                valid = list(model.model_fields)
+                msg = f"unknown parameter of {who}. Valid: {', '.join(valid) or '(none)'}." + suggest(str(err["loc"][-1]), valid)
             else:
                 msg = f"{err['msg']} (got {err.get('input')!r}); parameter of {who}"
             problems.append((f"{key}.{where}" if where else key, msg))

@@ -117,3 +117,10 @@ def test_compose_resolves_every_slot_once_and_pickles(registries):
 def test_resolve_reports_an_unknown_name_with_suggestions(registries):
     resolved, found = resolve("algorithm.estimator", "estimators", "grp", registries)
     assert resolved is None and "Did you mean 'grpo'?" in found[0][1]
+
+
+def test_a_misspelled_parameter_gets_a_suggestion_and_an_oversized_overlong_buffer_is_refused(registries):
+    found = problems(registries, "algorithm.estimator.epsilonn=1", "reward.overlong_buffer.enable=true",
+                     "reward.overlong_buffer.len=600", "data.max_response_length=512")
+    assert "Did you mean 'epsilon'?" in found["algorithm.estimator.epsilonn"]
+    assert "does not fit in data.max_response_length=512" in found["reward.overlong_buffer.len"]

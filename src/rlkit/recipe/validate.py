@@ -237,6 +237,11 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     for role, pool in recipe.resources.roles.items():
         if pool not in recipe.resources.pools:
             problems.append((f"resources.roles.{role}", f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}"))
+    ob = recipe.reward.overlong_buffer
+    if ob.enable and ob.len > recipe.data.max_response_length:
+        problems.append(("reward.overlong_buffer.len", f"{ob.len} tokens does not fit in data.max_response_length="
+                         f"{recipe.data.max_response_length}; the penalty starts len tokens before the maximum "
+                         "(DAPO: 4096 of 20480), so set it at most that"))
     problems += plan_roles(recipe, registries, estimator)[1]
     problems += _check_agent(recipe, registries)
     rm = recipe.reward.reward_model
