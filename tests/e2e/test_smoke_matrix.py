@@ -84,10 +84,13 @@ PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker import
 def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
-    names = [(getattr(item, "originalname", ""), getattr(item, "callspec", None)) for item in request.session.items]
-    wanted = {spec.params["name"] for name, spec in names if name == "test_recipe_smoke_run" and spec is not None}
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget"}
-    wanted |= {needs[name] for name, _ in names if name in needs}
+    wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
+    for item in request.session.items:
+        name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
+        run = spec.params["name"] if name == "test_recipe_smoke_run" and spec is not None else needs.get(name)
+        if run is not None and run not in wanted:
+            wanted.append(run)
     root = tmp_path_factory.mktemp("smoke-runs")
 
     def one(name: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -99,7 +102,7 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
         return result, cwd / "outputs/smoke" / recipe
 
     pool = ThreadPoolExecutor(max_workers=PARALLEL)
-    futures = {name: pool.submit(one, name) for name in sorted(wanted, key=lambda n: n != "quickstart")}
+    futures = {name: pool.submit(one, name) for name in wanted}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -110,6 +113,7 @@ def test_every_recipe_has_an_entry():
     assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref"} <= set(RECIPES)
 
 
+@pytest.mark.timeout(1200)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_smoke_run(name, smoke_runs):
     from rlkit.recipe import load_recipe
@@ -133,6 +137,7 @@ def test_recipe_smoke_run(name, smoke_runs):
     assert (out / "checkpoints" / "global_step_2").is_dir()  # saved at the end
 
 
+@pytest.mark.timeout(1200)
 def test_dapo_budget_error(smoke_runs):
     """max_num_gen_batches=1 and a step that needs a refill: the run stops with an error that names the metric,
     shows every group's scores and says what to change."""
@@ -145,6 +150,7 @@ def test_dapo_budget_error(smoke_runs):
     assert "Traceback" not in err
 
 
+@pytest.mark.timeout(1800)
 def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
     """Quickstart's smoke run merged its final actor (merge_at_end); resume it for one more step, merge again."""
     result, out = smoke_runs["quickstart"].result()
