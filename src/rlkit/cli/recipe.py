@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from rlkit.errors import RecipeError
-from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_critic, uses_ref
+from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_ref
 from rlkit.registry import Registries, build_registries
 
 
@@ -55,7 +55,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     registries = build_registries()
     recipe = load_from_args(args, registries, check_files=not args.no_check_files)
-    roles = ["actor_rollout_ref"] + (["critic"] if uses_critic(recipe, registries) else []) + (["ref"] if uses_ref(recipe) else [])
+    from rlkit.pipeline import compose
+
+    placed = compose(recipe, registries).roles  # what a run would build: the same resolver
+    roles = [f"{slot}={r.role.name}@{r.pool}" for slot, r in placed.items()]
+    if uses_ref(recipe) and "ref" not in placed:
+        roles.append("ref=colocated")
     print(
         f"{args.recipe}{' --smoke' if args.smoke else ''}: valid. estimator={recipe.algorithm.estimator} policy_loss={recipe.actor.policy_loss} "
         f"rollout={recipe.rollout.backend} n={recipe.rollout.n} roles={','.join(roles)}"
