@@ -124,3 +124,18 @@ def test_a_misspelled_parameter_gets_a_suggestion_and_an_oversized_overlong_buff
                      "reward.overlong_buffer.len=600", "data.max_response_length=512")
     assert "Did you mean 'epsilon'?" in found["algorithm.estimator.epsilonn"]
     assert "does not fit in data.max_response_length=512" in found["reward.overlong_buffer.len"]
+
+
+def test_python_tool_limits_come_through_the_parameter_door(registries):
+    from dataclasses import fields
+
+    from rlkit.builtin.params import PythonToolParams
+    from rlkit.rollout.tools.sandbox import SandboxLimits
+
+    # the params model mirrors the sandbox's limits: same names, same defaults
+    assert {f.name: f.default for f in fields(SandboxLimits)} == PythonToolParams().model_dump()
+    recipe = validate(registries, "rollout.agent=tool", "rollout.tools=[{name: python, wall_s: 3}]")
+    tool = compose(recipe, registries).tools[0].build()
+    assert tool.limits.wall_s == 3.0 and tool.limits.cpu_s == 5
+    found = problems(registries, "rollout.agent=tool", "rollout.tools=[{name: python, wall: 3}]")
+    assert "Did you mean 'wall_s'?" in found["rollout.tools.0.wall"]

@@ -23,6 +23,7 @@ __all__ = [
     "ParallelManagerParams",
     "HFRolloutParams",
     "ToolAgentParams",
+    "PythonToolParams",
 ]
 
 
@@ -76,6 +77,17 @@ class HFRolloutParams(Params):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
         "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights")
+
+
+class PythonToolParams(Params):
+    """The ``python`` tool's sandbox limits (``rlkit.rollout.tools.sandbox.SandboxLimits``)."""
+
+    wall_s: PositiveFloat = Field(10.0, description="wall-clock seconds before the process group is killed")
+    cpu_s: PositiveInt = Field(5, description="CPU seconds (RLIMIT_CPU)")
+    memory_mb: PositiveInt = Field(512, description="address space in MiB (RLIMIT_AS); Python itself needs ~30 MiB")
+    max_processes: PositiveInt = Field(16, description="RLIMIT_NPROC for the sandbox uid (where the uid drop works)")
+    max_file_mb: PositiveInt = Field(16, description="largest file the code may write, stdout/stderr included")
+    max_output_chars: PositiveInt = Field(4000, description="stdout and stderr are each cut to this many characters")
 
 
 class ToolAgentParams(Params):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlkit.builtin.params import PythonToolParams
 from rlkit.hookspecs import hookimpl
 from rlkit.specs import ToolSpec
 
@@ -11,6 +12,6 @@ def rlkit_register_tools() -> list[ToolSpec]:
     return [
         ToolSpec(name="calculator", cls="rlkit.rollout.tools.calculator:CalculatorTool",
                  description="safe arithmetic (numbers, + - * / // % **, parentheses); no eval"),
-        ToolSpec(name="python", cls="rlkit.rollout.tools.python:PythonTool",
+        ToolSpec(name="python", cls="rlkit.rollout.tools.python:PythonTool", params=PythonToolParams,
                  description="Python in a sandboxed subprocess: time, CPU, memory limits; no network"),
     ]

@@ -39,7 +39,11 @@ class PythonTool(Tool):
         "required": ["code"],
     }
 
-    def __init__(self, **config: Any):
+    def __init__(self, *, params: Any = None, **config: Any):
+        """``params``: ``PythonToolParams`` (``rollout.tools: [{name: python, wall_s: 3}]``); keyword
+        options (the ``SandboxLimits`` fields) are for code that builds the tool directly."""
+        if params is not None:
+            config = {**params.model_dump(), **config}
         super().__init__(**config)
         known = {f.name for f in fields(SandboxLimits)}
         unknown = sorted(set(config) - known)
