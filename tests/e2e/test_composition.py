@@ -115,3 +115,4 @@ resources: {object_store_memory_mb: 128, pools: {global: {nodes: 2, bundles_per_
     assert "resource pool 'global' (roles 'actor_rollout_ref', 'critic')" in message
     assert "asks for 2 node(s)" in message and "the Ray cluster has 1 node(s)" in message
     assert "resources.pools.global.nodes=1" in message  # how to fix it
+    assert "no checkpoint was written yet" in message and "Resume with" not in message  # nothing to resume

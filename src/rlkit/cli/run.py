@@ -92,7 +92,8 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
             latest = checkpoints.latest()
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
             if attempt >= recipe.trainer.max_restarts:
-                raise WorkerError(f"{exc}\nTraining stopped; {where}. Resume with trainer.resume=auto.") from exc
+                resume = " Resume with trainer.resume=auto." if latest else ""
+                raise WorkerError(f"{exc}\nTraining stopped; {where}.{resume}") from exc
             attempt += 1
             log.warning("a worker failed (%s); restart %d of %d from %s", exc, attempt, recipe.trainer.max_restarts, where)
             recipe = recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"resume": "auto"})})
