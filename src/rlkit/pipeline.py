@@ -149,13 +149,6 @@ def resolve(key: str, kind: str, component: Any, registries: Registries) -> tupl
     return Resolved(kind, spec.name, spec, params, str(entry.source)), []
 
 
-def _get(recipe: Any, dotted: str) -> Any:
-    obj = recipe
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _must(key: str, kind: str, component: Any, registries: Registries) -> Resolved:
     resolved, problems = resolve(key, kind, component, registries)
     if problems:
