@@ -40,18 +40,28 @@ def save_hf_config(model_config: Any, tokenizer: Any, directory: Path) -> None:
 
 
 def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
-    """The full actor state dict from the DCP shards of ``checkpoint/actor/dcp`` (CPU tensors)."""
+    """The actor's model weights from the DCP shards of ``checkpoint/actor/dcp`` (CPU tensors).
+
+    Only the ``model.*`` entries are read (the optimizer state beside them is twice the model's size), straight
+    into tensors of the saved shapes and dtypes: no intermediate single-file copy.
+    """
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     dcp_dir = checkpoint / "actor" / "dcp"
     if not dcp_dir.is_dir():
         raise MergeError(f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as .../checkpoints/global_step_10")
-    with tempfile.TemporaryDirectory() as tmp:
-        single = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(dcp_dir), str(single))
-        state = torch.load(single, weights_only=False, map_location="cpu")
-    return state["model"] if "model" in state else state
+    reader = dcp.FileSystemReader(str(dcp_dir))
+    entries = reader.read_metadata().state_dict_metadata
+    prefix = "model." if any(k.startswith("model.") for k in entries) else ""
+    model = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in entries.items()
+             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+    if not model:
+        raise MergeError(f"{dcp_dir}: the checkpoint holds no model tensors")
+    dcp.load({"model": model} if prefix else model, storage_reader=reader, no_dist=True)
+    return model
 
 
 def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
@@ -65,8 +75,11 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None 
         raise MergeError(f"{checkpoint}: no hf_config/config.json; is this an rlkit checkpoint folder (global_step_N)?")
     weights = load_actor_state_dict(checkpoint)
     config = AutoConfig.from_pretrained(hf_config)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype) if dtype else torch.float32)
-    result = model.load_state_dict(weights, strict=False)
+    with torch.device("meta"):  # no random init of weights that are overwritten next
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype) if dtype else torch.float32)
+    if dtype:
+        weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+    result = model.load_state_dict(weights, strict=False, assign=True)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in result.missing_keys if k not in tied and not k.endswith("lm_head.weight")]
     if missing or result.unexpected_keys:
