@@ -57,3 +57,20 @@ def test_timer_accumulates():
         with timer("x"):
             pass
     assert set(timer.times) == {"x"} and timer.times["x"] >= 0
+
+
+def test_mfu_counts_each_distinct_prompt_once_and_every_response_token():
+    """perf/mfu/actor's token count: a GRPO group's shared prompt is run once by the actor, so it counts once."""
+    from rlkit.runtime import update_tokens
+
+    # two prompts (3 and 2 real tokens, left-padded to 3), each with two responses of 2 and 1 tokens
+    prompts = torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9], [0, 8, 9]])
+    prompt_mask = torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1]])
+    response_mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]])
+    batch = Batch({"prompts": prompts, "response_mask": response_mask,
+                   "attention_mask": torch.cat([prompt_mask, response_mask], dim=1)})
+    assert update_tokens(batch) == (3 + 2) + (2 + 1 + 2 + 1)
+    # four distinct prompts: every row's prompt counts
+    distinct = Batch({"prompts": torch.arange(12).view(4, 3), "response_mask": response_mask,
+                      "attention_mask": torch.cat([torch.ones(4, 3, dtype=torch.long), response_mask], dim=1)})
+    assert update_tokens(distinct) == 4 * 3 + 6
