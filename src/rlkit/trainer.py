@@ -33,8 +33,8 @@ from rlkit import faults
 from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
-from rlkit.offpolicy import correct_rollout, loss_batch
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
+from rlkit.offpolicy import correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime import Runtime
