@@ -142,3 +142,21 @@ def test_a_weights_correction_adds_weights_and_a_mask_correction_a_loss_mask(reg
 def test_no_rollout_log_probs_no_metrics():
     batch = Batch({"old_log_prob": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)})
     assert correct_rollout(batch, None) == (batch, {})
+
+
+def test_decoupled_correction_with_ppo_clip_is_decoupled_ppo(registries):
+    """The actor multiplies ppo_clip(pi_theta / pi_old) by the correction's weights: with ``decoupled`` that
+    is decoupled PPO (pi_old the proximal clip anchor, pi_rollout the behaviour IS anchor)."""
+    from rlkit.algos.policy_losses import ppo_clip
+
+    recipe = validate(registries, "algorithm.rollout_correction={name: decoupled, cap: 5.0}")
+    batch, _ = correct_rollout(_batch(), compose(recipe, registries).rollout_correction)
+    g = torch.Generator().manual_seed(0)
+    log_prob = batch["old_log_prob"] + 0.3 * torch.randn(2, 3, generator=g)
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
+    per_token, _ = ppo_clip(log_prob, batch["old_log_prob"], adv, batch["response_mask"])
+    expected, _ = R.decoupled_ppo_clip(log_prob, batch["old_log_prob"], batch["rollout_log_probs"], adv,
+                                       batch["response_mask"], cap=5.0)
+    torch.testing.assert_close(per_token * batch["rollout_is_weights"], expected)
+    # the behaviour weight e^2 = 7.39 of row 1, token 1 is above the cap: that token is dropped (weight 0)
+    assert batch["rollout_is_weights"][1, 1] == 0
