@@ -1,4 +1,4 @@
-"""Registers rlkit's built-in estimators and policy losses through the public hooks.
+"""Registers rlkit's built-in estimators, policy losses and rollout corrections through the public hooks.
 
 The functions live in ``rlkit.algos`` (torch). Each spec's ``fn`` is a ``LazyFunction``: a real
 callable that imports its target on first call, so `rlkit plugins` and `rlkit validate` never
