@@ -17,6 +17,7 @@ from rlkit.specs import (
     RewardManagerSpec,
     RoleSpec,
     RolloutBackendSpec,
+    RolloutCorrectionSpec,
     ToolSpec,
     TrackerSpec,
 )
@@ -73,6 +74,11 @@ def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
     """Multi-turn agent loops (``rollout.agent``, a data row's ``agent_name``): single_turn, tool."""
 
 
+@hookspec
+def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
+    """Rollout corrections (``algorithm.rollout_correction``): token_tis, seq_tis, token_mis, seq_mis, icepop, decoupled."""
+
+
 # registry kind -> (hook name, spec type). The single source of truth for the registries.
 REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "estimators": ("rlkit_register_estimators", EstimatorSpec),
@@ -84,4 +90,5 @@ REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "trackers": ("rlkit_register_trackers", TrackerSpec),
     "tools": ("rlkit_register_tools", ToolSpec),
     "agent_loops": ("rlkit_register_agent_loops", AgentLoopSpec),
+    "rollout_corrections": ("rlkit_register_rollout_corrections", RolloutCorrectionSpec),
 }

@@ -39,6 +39,7 @@ COMPONENT_KEYS = {
     "reward.manager": "reward_managers",
     "rollout.backend": "rollout_backends",
     "rollout.agent": "agent_loops",
+    "algorithm.rollout_correction": "rollout_corrections",
 }
 # recipe key -> registry kind, for keys holding a list of Components
 COMPONENT_LISTS = {"rollout.tools": "tools", "tracking.backends": "trackers"}
@@ -96,6 +97,7 @@ class Pipeline:
     trackers: tuple[Resolved, ...]
     score_fns: Mapping[str, Callable[..., Any]]  # data_source (and aliases) -> compute_score
     roles: Mapping[str, PlacedRole] = field(default_factory=dict)  # slot -> role
+    rollout_correction: Resolved | None = None  # algorithm.rollout_correction (None = off)
 
     def role(self, slot: str) -> PlacedRole | None:
         return self.roles.get(slot)
@@ -208,6 +210,7 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
              for e in registries.agent_loops}  # a data row may name any loop; it runs with default params
     if default is not None:
         loops[default.name] = default
+    correction = recipe.algorithm.rollout_correction
     scores: dict[str, Callable[..., Any]] = {}
     for entry in registries.compute_scores:
         for source in (entry.spec.name, *entry.spec.aliases):
@@ -224,4 +227,6 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
                        for i, t in enumerate(recipe.tracking.backends)),
         score_fns=scores,
         roles=roles,
+        rollout_correction=(_must("algorithm.rollout_correction", "rollout_corrections", correction, registries)
+                            if correction is not None else None),
     )

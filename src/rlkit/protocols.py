@@ -238,7 +238,8 @@ class ActorRolloutRefRole(Role, Protocol):
         ...
 
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """``old_log_prob [B, T]`` under the current weights."""
+        """``old_log_prob [B, T]`` under the current weights. Called with ``with_sum_pi_squared=True`` only
+        when the estimator declares ``needs_sum_pi_squared`` (then also ``sum_pi_squared [B, T]``)."""
         ...
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -246,7 +247,8 @@ class ActorRolloutRefRole(Role, Protocol):
         ...
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """One policy update on ``advantages [B, T]``; the same ``actor/*`` metrics on every rank."""
+        """One policy update on ``advantages [B, T]`` (times ``rollout_is_weights [B, T]`` per token when the
+        batch has them); the same ``actor/*`` metrics on every rank."""
         ...
 
     def sync_weights(self) -> None:

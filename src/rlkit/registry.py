@@ -115,6 +115,7 @@ class Registries:
     trackers: Registry
     tools: Registry
     agent_loops: Registry
+    rollout_corrections: Registry
 
     def __init__(self, plugins: PluginSet):
         self.plugins = plugins

@@ -48,6 +48,7 @@ __all__ = [
     "TrackerSpec",
     "ToolSpec",
     "AgentLoopSpec",
+    "RolloutCorrectionSpec",
 ]
 
 
@@ -69,6 +70,9 @@ class EstimatorSpec(Spec):
     needs_critic: bool = False  # PPO/GAE: a critic role must exist and `values` is passed
     needs_groups: bool = False  # group-relative: rollout.n must be > 1 (singleton groups degrade)
     needs_greedy_baseline: bool = False  # ReMax: a greedy rollout's score is passed as reward_baselines
+    # OTB: the trainer recomputes old_log_prob with sum_pi_squared (sum over the vocabulary of pi^2 per token)
+    # and passes both (and rollout_is_weights, None without a weighting correction) as keywords
+    needs_sum_pi_squared: bool = False
     # Defaults the estimator sets on other parts of the recipe, as dotted keys
     # ("actor.policy_loss.clip_ratio_high": 0.28). A key the user set explicitly always wins; a
     # parameter default applies only when the chosen component's params model has that field.
@@ -80,6 +84,11 @@ class EstimatorSpec(Spec):
 class PolicyLossSpec(Spec):
     fn: Callable[..., Any] | None = None
     paper: str = ""
+    # A loss whose token choice depends on the whole mini-batch (Clip-Cov, KL-Cov): the actor calls
+    # ``mini_batch_selection(log_prob, old_log_prob, advantages, response_mask, *, generator, **params)
+    # -> bool [B, T]`` once over the global mini-batch (all ranks, before any micro-batch) and passes each
+    # micro-batch its rows as ``fn(..., selected=...)``, so the split never changes the gradient.
+    mini_batch_selection: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,14 @@ class ComputeScoreSpec(Spec):
 class RolloutBackendSpec(Spec):
     """An engine class (``rlkit.rollout.base.RolloutBackend``). Optional capabilities are declared here,
     never probed with ``hasattr``: ``generate_ids`` (token-level turns for agent loops) and
-    ``memory_release`` (``release_memory``/``resume_memory`` between generation and the update)."""
+    ``memory_release`` (``release_memory``/``resume_memory`` between generation and the update);
+    ``rollout_log_probs`` False for an engine that cannot report the sampled tokens' log-probs
+    (validation then refuses ``algorithm.rollout_correction``)."""
 
     cls: type | str | None = None
     generate_ids: bool = False
     memory_release: bool = False
+    rollout_log_probs: bool = True  # returns rollout_log_probs (what rollout corrections compare against)
 
 
 @dataclass(frozen=True)
@@ -143,3 +155,16 @@ class AgentLoopSpec(Spec):
 
     cls: type | str | None = None
     uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionSpec(Spec):
+    """A rollout correction (``algorithm.rollout_correction``): ``fn(old_log_prob, rollout_log_probs,
+    response_mask, **params) -> (tensor [B, T], metrics)``. ``output`` says what the tensor is:
+    ``"weights"`` multiply the policy loss per token (no gradient), ``"mask"`` (0/1) replaces the
+    ``response_mask`` of the actor update (rejected tokens leave the loss and its token counts).
+    Metrics are un-prefixed; the trainer logs them under ``rollout_corr/``."""
+
+    fn: Callable[..., Any] | None = None
+    output: str = "weights"  # "weights" | "mask"
+    paper: str = ""

@@ -5,7 +5,9 @@ One step, top to bottom (DESIGN.md, "One step")::
     gen      rollout.n responses per prompt (hybrid engine: the actor's own weights)
     reward   score → token_level_scores
     sampler  identity, or DAPO's group filter that refills the batch from new prompts
-    old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch)
+    old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch), unless a
+                   rollout correction or an estimator needing sum_pi_squared (OTB) uses it
+    correction     rollout/trainer mismatch metrics; the recipe's rollout correction (``rlkit.offpolicy``)
     ref      reference log-probs, when a KL term needs them
     values   critic values, when the estimator needs a critic
     adv      KL-in-reward (optional), then the registered estimator
@@ -32,6 +34,7 @@ from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
+from rlkit.offpolicy import correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime import Runtime
@@ -58,9 +61,13 @@ class Trainer:
             if recipe.algorithm.filter_groups.enable else None
         )
         self.needs_baseline = est.spec.needs_greedy_baseline
-        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one.
+        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update
+        # then logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
         actor = recipe.actor
-        self.recompute_old_log_prob = not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
+        self.correction = runtime.pipeline.rollout_correction
+        self.needs_sum_pi_squared = est.spec.needs_sum_pi_squared
+        self.recompute_old_log_prob = (not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
+                                       or self.correction is not None or self.needs_sum_pi_squared)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
 
@@ -128,7 +135,10 @@ class Trainer:
                 batch = self.fill_by_dynamic_sampling(batch, more_prompts, timer, metrics)
             if self.recompute_old_log_prob:
                 with timer("old_log_prob"):
-                    batch = batch.union(rt.actor.call("compute_log_prob", batch, balance=self.balance))
+                    spp = {"with_sum_pi_squared": True} if self.needs_sum_pi_squared else {}  # OTB's sum_pi_squared
+                    batch = batch.union(rt.actor.call("compute_log_prob", batch, balance=self.balance, **spp))
+                batch, more = correct_rollout(batch, self.correction)
+                metrics |= more
             if rt.ref is not None:
                 with timer("ref"):
                     batch = batch.union(rt.ref_call("compute_ref_log_prob", batch))
@@ -141,7 +151,7 @@ class Trainer:
                 with timer("update_critic"):
                     metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
             with timer("update_actor"):
-                metrics |= rt.actor.call("update_actor", batch, balance=self.balance)[0]  # same on every rank
+                metrics |= rt.actor.call("update_actor", loss_batch(batch), balance=self.balance)[0]  # same on every rank
                 metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
             with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
                 rt.actor.call("sync_weights", dispatch="all")
@@ -262,11 +272,14 @@ class Trainer:
             rewards = scores
         batch["token_level_rewards"] = rewards
         est = self.rt.estimator
+        otb = {"old_log_prob": batch["old_log_prob"], "sum_pi_squared": batch["sum_pi_squared"],
+               "rollout_is_weights": batch["rollout_is_weights"] if "rollout_is_weights" in batch else None
+               } if est.spec.needs_sum_pi_squared else {}
         advantages, returns = est.fn(
             rewards, batch["response_mask"].to(rewards.dtype), self.group_index(batch),
             values=batch["values"] if "values" in batch else None,
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
-            **est.kwargs,
+            **otb, **est.kwargs,
         )
         for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
             if faults.poisoned(kind, self.global_step):  # RLKIT_FAULT (tests): a numerical blow-up

@@ -49,6 +49,10 @@ resources: {object_store_memory_mb: 128, pools: {global: {nodes: 1, bundles_per_
 """)
     for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
         assert key in steps[-1], key
+    for step in steps:  # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        assert abs(step["rollout_corr/kl"]) < 1e-3
     assert set(ray_session(tmp_path / "out")["worker_pids"]) == {"actor_rollout_ref", "critic"}
 
 

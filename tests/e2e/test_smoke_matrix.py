@@ -5,10 +5,13 @@ per session (``RLKIT_CACHE``). ``EXPECTED`` names, per recipe, the metrics that 
 without an entry fails ``test_every_recipe_has_an_entry`` (add one when you add a recipe). On top of the table,
 what a recipe declares is checked generically: a KL loss must log ``actor/kl_loss``, a critic
 ``critic/vf_loss``. One recipe (quickstart, which merges at the end) is also resumed from its checkpoint.
+``EXTRA_RUNS`` run a recipe with overrides: DAPO's refill budget error, and the off-policy doors (a rollout
+correction, Clip-Cov, the optimal token baseline) in one quickstart run.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,7 +67,14 @@ CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_pr
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
-EXTRA_RUNS = {"dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"])}
+EXTRA_RUNS = {
+    "dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"]),
+    # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's sum_pi_squared
+    "offpolicy": ("quickstart", ["algorithm.estimator=optimal_token_baseline",
+                                 "algorithm.rollout_correction={name: token_tis, threshold: 1.5}",
+                                 "actor.policy_loss={name: clip_cov, clip_cov_ratio: 0.2, clip_cov_lb: -10.0, "
+                                 "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
+}
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +94,8 @@ PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker import
 def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
-    needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget"}
+    needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
+             "test_offpolicy_smoke_run": "offpolicy"}
     wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
@@ -148,6 +159,33 @@ def test_dapo_budget_error(smoke_runs):
     assert " x" in err.split("what every group scored", 1)[1]  # e.g. "[-1 -1 -1 -1] x2, [-0.5 0 0 0] x2"
     assert "algorithm.filter_groups.enable=false" in err and "Metrics the scores carry: ['score'" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(1200)
+def test_offpolicy_smoke_run(smoke_runs):
+    """Token-TIS correction + Clip-Cov + the optimal token baseline (quickstart's smoke profile, 2 steps)."""
+    result, out = smoke_runs["offpolicy"].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    # the old_log_prob pass ran: forced by the correction and OTB (one epoch over one mini-batch would skip it)
+    assert all("timing_s/old_log_prob" in r for r in raw if "training/global_step" in r)
+    for step in steps:
+        # the HF backend samples from the actor's own weights: pi_old / pi_rollout = 1 up to float noise
+        assert 0.99 < step["rollout_corr/rollout_is_mean"] < 1.01
+        assert step["rollout_corr/rollout_is_min"] <= step["rollout_corr/rollout_is_mean"] <= step["rollout_corr/rollout_is_max"]
+        assert step["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0  # nothing near the cap 1.5
+        assert abs(step["rollout_corr/kl"]) < 1e-3 and 0.0 <= step["rollout_corr/k3_kl"] < 1e-3
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        assert step["training/rollout_actor_probs_pearson_corr"] > 0.99
+        # Clip-Cov cut floor(0.2 N) tokens (fewer where the ratio clip binds): the selection reached the loss
+        assert 0.0 < step["actor/clip_cov_frac"] <= 0.2 + 1e-6
+        assert step["critic/advantages/max"] >= step["critic/advantages/min"]
+    # the run's recipe names OTB (its function raises without old_log_prob and sum_pi_squared: they were passed)
+    saved = (out / "checkpoints" / "global_step_2" / "recipe.yaml").read_text()
+    assert "optimal_token_baseline" in saved and "token_tis" in saved and "clip_cov" in saved
 
 
 @pytest.mark.timeout(1800)

@@ -16,6 +16,7 @@ from rlkit.testing import (
     check_reward_manager,
     check_role,
     check_rollout_backend,
+    check_rollout_correction,
     check_tool,
     check_tracker,
 )
@@ -30,7 +31,10 @@ def names(kind: str) -> list[str]:
 # Non-default parameters, so the params model reaches the component (the kit validates them first).
 ESTIMATOR_PARAMS = {"grpo": {"norm_adv_by_std": False, "epsilon": 1e-3}, "ppo": {"gamma": 0.9, "lam": 0.95},
                     "reinforce_plus_plus": {"gamma": 0.9}}
-LOSS_PARAMS = {"ppo_clip": {"clip_ratio_high": 0.28, "clip_ratio_c": 2.0}, "sapo": {"tau_pos": 0.5}}
+LOSS_PARAMS = {"ppo_clip": {"clip_ratio_high": 0.28, "clip_ratio_c": 2.0}, "sapo": {"tau_pos": 0.5},
+               # ratios that select several tokens of the kit's 8 x 6 batch (the defaults select one)
+               "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -5.0, "clip_cov_ub": 5.0}, "kl_cov": {"kl_cov_ratio": 0.2}}
+CORRECTION_PARAMS = {"decoupled": {"cap": 3.0}, "seq_mis": {"geometric": True, "lower": 0.8, "upper": 1.25}}
 SCORE_EXAMPLES = {
     "openai/gsm8k": [("so #### 3", "3", 1.0), ("#### 4", "3", 0.0)],
     "HuggingFaceH4/MATH-500": [("The answer is \\boxed{4}", "4", 1.0), ("\\boxed{5}", "4", 0.0)],
@@ -60,6 +64,13 @@ def test_estimator(name):
 @pytest.mark.parametrize("name", names("policy_losses"))
 def test_policy_loss(name):
     check_policy_loss(name, registries=BUILTINS, **LOSS_PARAMS.get(name, {}))
+
+
+@pytest.mark.parametrize("name", names("rollout_corrections"))
+def test_rollout_correction(name):
+    check_rollout_correction(name, registries=BUILTINS)
+    if name in CORRECTION_PARAMS:
+        check_rollout_correction(name, registries=BUILTINS, **CORRECTION_PARAMS[name])
 
 
 @pytest.mark.parametrize("name", names("reward_managers"))
@@ -119,6 +130,6 @@ def test_role(name):
 
 def test_every_kind_is_covered():
     covered = {"estimators", "policy_losses", "reward_managers", "compute_scores", "rollout_backends", "agent_loops",
-               "tools", "trackers", "roles"}
+               "tools", "trackers", "roles", "rollout_corrections"}
     assert covered == {kind for kind, _ in BUILTINS.items()}
     assert set(SCORE_EXAMPLES) == set(names("compute_scores")) and set(TOOL_CALLS) == set(names("tools"))

@@ -18,7 +18,7 @@ import torch
 from rlkit.algos._util import AlgoError, check_bt, masked_mean
 
 __all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo",
-           "clip_cov_selection", "kl_cov_selection"]
+           "clip_cov_selection", "kl_cov_selection", "clip_cov_mini_batch_selection", "kl_cov_mini_batch_selection"]
 
 Tensor = torch.Tensor
 
@@ -199,6 +199,29 @@ def kl_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor
     selected = torch.zeros_like(valid)
     selected[flat_valid[top]] = True
     return selected.reshape(log_prob.shape)
+
+
+def clip_cov_mini_batch_selection(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                                  *, generator: torch.Generator | None = None, clip_ratio_low: float = 0.2,
+                                  clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
+                                  clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> Tensor:
+    """Clip-Cov's selection over a whole mini-batch [B, T] (bool), in the registry's selection signature:
+    the draw excludes the tokens whose ratio clip binds (as veRL), so ``clip_cov(..., selected=...)`` cuts
+    exactly ``max(1, floor(clip_cov_ratio * N))`` tokens when enough candidates exist."""
+    log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask).detach()
+    ratio = torch.exp(log_ratio)
+    clipped = (-advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high) > -advantages * ratio)
+    return clip_cov_selection(log_prob, advantages, response_mask, clip_cov_ratio=clip_cov_ratio,
+                              clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub, exclude=clipped, generator=generator)
+
+
+def kl_cov_mini_batch_selection(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                                *, generator: torch.Generator | None = None, kl_cov_ratio: float = 0.0002,
+                                ppo_kl_coef: float = 1.0) -> Tensor:
+    """KL-Cov's selection over a whole mini-batch [B, T] (bool), in the registry's selection signature
+    (``generator`` and ``ppo_kl_coef`` are unused: the top-k is deterministic)."""
+    check_bt("old_log_prob", old_log_prob, log_prob)
+    return kl_cov_selection(log_prob, advantages, response_mask, kl_cov_ratio=kl_cov_ratio)
 
 
 def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,

@@ -45,6 +45,9 @@ __all__ = [
     "decoupled_ppo_clip",
     "mismatch_metrics",
     "OUTPUT_KINDS",
+    "MISMATCH_STATS",
+    "mismatch_stats",
+    "mismatch_from_stats",
 ]
 
 Tensor = torch.Tensor
@@ -72,6 +75,47 @@ def mismatch_metrics(old_log_prob: Tensor, rollout_log_probs: Tensor, response_m
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)
     k3 = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - log_ratio - 1
     return {"kl": float(masked_mean(-log_ratio, response_mask)), "k3_kl": float(masked_mean(k3, response_mask))}
+
+
+# sufficient statistics of the rollout/trainer mismatch over valid tokens (sums add over micro-batches
+# and ranks; "max" takes the max): p = exp(rollout_log_probs), q = exp(old_log_prob), d = |p - q|
+MISMATCH_STATS = ("n", "d", "d2", "p", "q", "p2", "q2", "pq", "k1", "k3", "max")
+
+
+def mismatch_stats(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> Tensor:
+    """The ``MISMATCH_STATS`` of a batch, float64 [11]: counts and sums over valid tokens, then max ``d``.
+
+    Add the vectors of two pieces (max for the last entry) to get the whole batch's: the metrics of
+    ``mismatch_from_stats`` do not depend on how the batch was split.
+    """
+    valid = response_mask > 0
+    log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask).double()[valid]  # [N]
+    p = torch.exp(rollout_log_probs.detach().double()[valid])
+    q = torch.exp(old_log_prob.detach().double()[valid])
+    d = (p - q).abs()
+    k3 = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - log_ratio - 1
+    sums = [float(valid.sum()), d.sum(), (d * d).sum(), p.sum(), q.sum(), (p * p).sum(), (q * q).sum(),
+            (p * q).sum(), (-log_ratio).sum(), k3.sum(), d.max() if d.numel() else 0.0]
+    return torch.tensor([float(x) for x in sums], dtype=torch.float64)
+
+
+def mismatch_from_stats(stats: Tensor) -> dict[str, float]:
+    """veRL's mismatch metrics from ``mismatch_stats`` (summed over pieces, max-reduced last entry).
+
+    ``training/rollout_probs_diff_mean/max/std``: |pi_rollout - pi_old| per token (probabilities; std
+    with n - 1); ``training/rollout_actor_probs_pearson_corr``: Pearson correlation of the two token
+    probabilities; ``rollout_corr/kl`` = mean(log pi_rollout - log pi_old) (k1 estimate of
+    KL(pi_rollout || pi_old)) and ``rollout_corr/k3_kl`` = mean(rho - log rho - 1), rho = pi_old / pi_rollout.
+    """
+    n, d, d2, p, q, p2, q2, pq, k1, k3, dmax = (float(x) for x in stats)
+    if n == 0:
+        return {"training/rollout_probs_diff_valid": 0.0}
+    var = max(d2 - d * d / n, 0.0) / (n - 1) if n > 1 else 0.0
+    cov, var_p, var_q = pq - p * q / n, p2 - p * p / n, q2 - q * q / n
+    corr = cov / math.sqrt(var_p * var_q) if var_p > 0 and var_q > 0 else 1.0
+    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_mean": d / n,
+            "training/rollout_probs_diff_max": dmax, "training/rollout_probs_diff_std": math.sqrt(var),
+            "training/rollout_actor_probs_pearson_corr": corr, "rollout_corr/kl": k1 / n, "rollout_corr/k3_kl": k3 / n}
 
 
 def _seq_log_ratio(log_ratio: Tensor, response_mask: Tensor, geometric: bool = False) -> Tensor:

@@ -114,7 +114,7 @@ def compute_optimal_token_baseline_advantage(
         start = _zero_tail_start(mask.sum(-1), dense, num_groups, size)  # [B]
         positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)  # [1, T]
         baseline = torch.where(positions >= start.unsqueeze(-1), torch.zeros_like(baseline), baseline)
-    return (returns - baseline) * mask, returns
+    return (returns - baseline) * mask, returns * mask
 
 
 @torch.no_grad()
@@ -161,4 +161,4 @@ def compute_tir_optimal_token_baseline_advantage(
                                  dense, num_groups, size)
         positions = torch.arange(width, device=mask.device).unsqueeze(0)
         baseline = torch.where(positions >= start.unsqueeze(-1), torch.zeros_like(baseline), baseline)
-    return (returns - baseline.gather(1, rank)) * mask, returns
+    return (returns - baseline.gather(1, rank)) * mask, returns * mask

@@ -4,10 +4,9 @@ estimators, and the rollout-correction functions.
 Field names are the keyword scalars of the functions in ``rlkit.algos`` (``policy_losses``,
 ``estimators``, ``rollout_correction``), and the defaults are those functions' defaults, so
 ``fn(..., **Model().model_dump())`` is the function's default call (tested). docs/algorithms.md gives
-each formula, paper and where the defaults come from. Registered today: GeoMean, Luspo, Vespo. The
-others wait for their wiring: Clip-Cov / KL-Cov for a mini-batch token selection in the actor, the
-optimal token baselines for ``old_log_prob`` and ``sum_pi_squared`` from the trainer, the rollout
-corrections for their registry.
+each formula, paper and where the defaults come from. All are registered (``rlkit.builtin.algorithms``):
+Clip-Cov / KL-Cov with their mini-batch selection, the optimal token baselines with
+``needs_sum_pi_squared``, the rollout corrections in their own registry.
 """
 
 from __future__ import annotations

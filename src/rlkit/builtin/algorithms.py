@@ -1,4 +1,4 @@
-"""Registers rlkit's built-in estimators and policy losses through the public hooks.
+"""Registers rlkit's built-in estimators, policy losses and rollout corrections through the public hooks.
 
 The functions live in ``rlkit.algos`` (torch). Each spec's ``fn`` is a ``LazyFunction``: a real
 callable that imports its target on first call, so `rlkit plugins` and `rlkit validate` never
@@ -11,7 +11,21 @@ import importlib
 import inspect
 from typing import Any
 
-from rlkit.builtin.algo_params import GeoMeanParams, LuspoParams, VespoParams
+from rlkit.builtin.algo_params import (
+    ClipCovParams,
+    DecoupledParams,
+    GeoMeanParams,
+    IcePopParams,
+    KLCovParams,
+    LuspoParams,
+    OptimalTokenBaselineParams,
+    SeqMISParams,
+    SeqTISParams,
+    TirOptimalTokenBaselineParams,
+    TokenMISParams,
+    TokenTISParams,
+    VespoParams,
+)
 from rlkit.builtin.params import (
     ClipParams,
     DiscountParams,
@@ -22,9 +36,10 @@ from rlkit.builtin.params import (
     SapoParams,
 )
 from rlkit.hookspecs import hookimpl
-from rlkit.specs import EstimatorSpec, PolicyLossSpec
+from rlkit.specs import EstimatorSpec, PolicyLossSpec, RolloutCorrectionSpec
 
-__all__ = ["LazyFunction", "rlkit_register_estimators", "rlkit_register_policy_losses"]
+__all__ = ["LazyFunction", "rlkit_register_estimators", "rlkit_register_policy_losses",
+           "rlkit_register_rollout_corrections"]
 
 
 class LazyFunction:
@@ -117,6 +132,18 @@ def _other_group_baselines() -> list[EstimatorSpec]:
             description="Pass@k: only each group's best sample gets max - second max",
             paper="Chen et al. 2025, Pass@k Training (arXiv:2503.19595)",
         ),
+        EstimatorSpec(
+            name="optimal_token_baseline", fn=_est("optimal_token_baseline"), params=OptimalTokenBaselineParams,
+            needs_groups=True, needs_sum_pi_squared=True,
+            description="OTB: per-token group baseline weighted by each path's cumulative gradient variance",
+            paper="Li et al. 2025, Optimal Token Baseline (https://richardli.xyz/optimal-token-baseline)",
+        ),
+        EstimatorSpec(
+            name="tir_optimal_token_baseline", fn=_est("tir_optimal_token_baseline"),
+            params=TirOptimalTokenBaselineParams, needs_groups=True, needs_sum_pi_squared=True,
+            description="TIR-OTB: OTB aligned by valid-token index (multi-turn responses with masked tool spans)",
+            paper="Li et al. 2025, Optimal Token Baseline (https://richardli.xyz/optimal-token-baseline)",
+        ),
     ]
 
 
@@ -181,11 +208,22 @@ def rlkit_register_policy_losses() -> list[PolicyLossSpec]:
 
 
 def _entropy_and_sequence_losses() -> list[PolicyLossSpec]:
-    """Sequence-level losses (docs/algorithms.md gives formulas and aggregation). Clip-Cov and KL-Cov
-    (``rlkit.algos.policy_losses.clip_cov`` / ``kl_cov``) are not registered: their token selection
-    must be made over the whole mini-batch (``clip_cov_selection`` / ``kl_cov_selection``) and passed
-    to each micro-batch as ``selected``, which the actor does not do yet."""
+    """Entropy-aware and sequence-level losses (docs/algorithms.md gives formulas and aggregation).
+    Clip-Cov and KL-Cov declare a ``mini_batch_selection``: the actor makes it over the global
+    mini-batch and passes each micro-batch its rows as ``selected``."""
     return [
+        PolicyLossSpec(
+            name="clip_cov", fn=_loss("clip_cov"), params=ClipCovParams,
+            mini_batch_selection=_loss("clip_cov_mini_batch_selection"),
+            description="Clip-Cov: PPO clip, plus a random few high-covariance tokens get no gradient",
+            paper="Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)",
+        ),
+        PolicyLossSpec(
+            name="kl_cov", fn=_loss("kl_cov"), params=KLCovParams,
+            mini_batch_selection=_loss("kl_cov_mini_batch_selection"),
+            description="KL-Cov: no clip; a |log ratio| penalty on the top-covariance tokens",
+            paper="Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)",
+        ),
         PolicyLossSpec(
             name="geo_mean", aliases=("gmpo",), fn=_loss("geo_mean"), params=GeoMeanParams,
             description="GMPO: geometric mean of token ratios clipped in log space (use seq-mean-token-mean)",
@@ -200,5 +238,46 @@ def _entropy_and_sequence_losses() -> list[PolicyLossSpec]:
             name="vespo", fn=_loss("vespo"), params=VespoParams,
             description="VESPO: REINFORCE scaled by a Gamma kernel of the sequence IS weight",
             paper="Variational Sequence-Level Soft Policy Optimization (arXiv:2602.10693)",
+        ),
+    ]
+
+
+def _corr(name: str) -> LazyFunction:
+    return LazyFunction(f"rlkit.algos.rollout_correction:{name}")
+
+
+@hookimpl
+def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
+    """``algorithm.rollout_correction``: rho = pi_old / pi_rollout per token (docs/algorithms.md)."""
+    return [
+        RolloutCorrectionSpec(
+            name="token_tis", fn=_corr("token_tis"), params=TokenTISParams, output="weights",
+            description="token-level truncated IS: weight min(rho_t, threshold)",
+            paper="Yao et al. 2025, Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
+        ),
+        RolloutCorrectionSpec(
+            name="seq_tis", fn=_corr("seq_tis"), params=SeqTISParams, output="weights",
+            description="sequence-level truncated IS: weight min(prod_t rho_t, threshold) on every token",
+            paper="Liu, Li et al. 2025, When Speed Kills Stability (https://richardli.xyz/rl-collapse)",
+        ),
+        RolloutCorrectionSpec(
+            name="token_mis", fn=_corr("token_mis"), params=TokenMISParams, output="mask",
+            description="token-level masked IS: drop tokens whose rho_t is outside [lower, upper]",
+            paper="Liu, Li et al. 2025, When Speed Kills Stability (https://richardli.xyz/rl-collapse)",
+        ),
+        RolloutCorrectionSpec(
+            name="seq_mis", fn=_corr("seq_mis"), params=SeqMISParams, output="mask",
+            description="sequence-level masked IS: drop sequences whose ratio (product or geometric) is outside bounds",
+            paper="Liu, Li et al. 2025, When Speed Kills Stability (https://richardli.xyz/rl-collapse)",
+        ),
+        RolloutCorrectionSpec(
+            name="icepop", fn=_corr("icepop"), params=IcePopParams, output="weights",
+            description="IcePop: weight rho_t inside [lower, upper], 0 outside",
+            paper="Ling Team 2025, Every Step Evolves: Ring-1T (arXiv:2510.18855)",
+        ),
+        RolloutCorrectionSpec(
+            name="decoupled", fn=_corr("decoupled"), params=DecoupledParams, output="weights",
+            description="decoupled PPO: behaviour weight pi_prox / pi_behav, the clip anchored at pi_prox (= old)",
+            paper="Hilton et al. 2021 (arXiv:2110.00641); AReaL, Fu et al. 2025 (arXiv:2505.24298)",
         ),
     ]

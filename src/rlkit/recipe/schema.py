@@ -121,6 +121,9 @@ class AlgorithmConfig(Section):
     kl_penalty: KLKind = Field("k1", description="estimator of the in-reward KL")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    rollout_correction: Component | None = Field(
+        None, description="rollout correction (registry `rollout_corrections`), e.g. {name: token_tis, threshold: 2.0}: "
+        "importance weights / masks from pi_old / pi_rollout; None = off (old_log_prob is recomputed when on)")
 
 
 class OptimConfig(Section):

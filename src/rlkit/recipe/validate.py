@@ -244,6 +244,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
                          "(DAPO: 4096 of 20480), so set it at most that"))
     problems += plan_roles(recipe, registries, estimator)[1]
     problems += _check_agent(recipe, registries)
+    problems += _check_rollout_correction(recipe, registries)
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
         problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
@@ -261,6 +262,19 @@ def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]
         return [("rollout.tools", f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]")]
     if recipe.rollout.tools and agent is None:
         return [("rollout.tools", "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)")]
+    return []
+
+
+def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """A correction compares the trainer's log-probs with the rollout engine's: the backend must report them."""
+    correction, backend = recipe.algorithm.rollout_correction, recipe.rollout.backend.name
+    if correction is None or backend not in registries.rollout_backends:
+        return []
+    if not registries.rollout_backends.get(backend).rollout_log_probs:
+        return [("algorithm.rollout_correction",
+                 f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
+                 "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang) "
+                 "or remove algorithm.rollout_correction")]
     return []
 
 

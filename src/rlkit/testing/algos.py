@@ -1,4 +1,4 @@
-"""Conformance checks for the two function registries: advantage estimators and policy losses.
+"""Conformance checks for the function registries: advantage estimators, policy losses, rollout corrections.
 
 Both call the function exactly as rlkit does (``rlkit.trainer.Trainer.compute_advantage``,
 ``rlkit.workers.actor.FSDPActor._micro_loss``) on small random batches built here, with the
@@ -16,12 +16,14 @@ import torch
 from rlkit.algos.aggregation import LOSS_AGG_MODES, agg_loss, global_counts
 from rlkit.testing._common import ContractError, resolve_component, who
 
-__all__ = ["check_estimator", "check_policy_loss"]
+__all__ = ["check_estimator", "check_policy_loss", "check_rollout_correction"]
 
 _ESTIMATOR_CONTRACT = ("fn(token_level_rewards [B, T], response_mask [B, T], index [B], *, values, reward_baselines, "
                        "**params) -> (advantages [B, T], returns [B, T])  (rlkit.specs)")
 _LOSS_CONTRACT = ("fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (per_token_loss [B, T], "
                   "metrics: dict[str, float])  (rlkit.specs)")
+_CORRECTION_CONTRACT = ("fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
+                        "metrics: dict[str, float])  (rlkit.specs.RolloutCorrectionSpec)")
 
 
 def _fail(name: str, problem: str, contract: str) -> ContractError:
@@ -57,7 +59,13 @@ def _estimator_case(spec: Any, num_groups: int, group_size: int, length: int, se
     baselines = None
     if spec.needs_greedy_baseline:  # one greedy score per prompt, repeated over its group (the trainer's)
         baselines = torch.randn(num_groups, generator=gen).repeat_interleave(group_size)
-    return {"rewards": rewards, "mask": mask, "index": index, "values": values, "baselines": baselines}
+    otb = None
+    if spec.needs_sum_pi_squared:  # the actor's old log-prob and sum of squared probabilities, 0 where masked
+        old = -torch.rand(b, t, generator=gen) * 2
+        old[:group_size] = old[0]
+        spp = torch.exp(old) ** 2 + torch.rand(b, t, generator=gen) * (1 - torch.exp(old)) ** 2
+        otb = {"old_log_prob": old * mask, "sum_pi_squared": spp * mask}
+    return {"rewards": rewards, "mask": mask, "index": index, "values": values, "baselines": baselines, "otb": otb}
 
 
 def _call_estimator(est: Any, case: dict[str, Any], rows: torch.Tensor | None = None,
@@ -65,8 +73,9 @@ def _call_estimator(est: Any, case: dict[str, Any], rows: torch.Tensor | None = 
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:  # the case's own tensors: in-place writes show
         return x if x is None or rows is None else x[rows]
 
+    otb = {k: pick(v) for k, v in case["otb"].items()} | {"rollout_is_weights": None} if case["otb"] else {}
     out = est.fn(pick(case["rewards"]), pick(case["mask"]), pick(case["index"]) if index is None else index,
-                 values=pick(case["values"]), reward_baselines=pick(case["baselines"]), **est.kwargs)
+                 values=pick(case["values"]), reward_baselines=pick(case["baselines"]), **otb, **est.kwargs)
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
         raise _fail(who(est), f"returned {type(out).__name__}, not a pair of tensors (advantages, returns).",
                     _ESTIMATOR_CONTRACT)
@@ -95,6 +104,7 @@ def check_estimator(spec_or_name: Any, *, registries: Any = None, num_groups: in
     name = who(est)
     case = _estimator_case(est.spec, num_groups, group_size, length, seed)
     before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    before |= {f"otb.{k}": v.clone() for k, v in (case["otb"] or {}).items()}
     adv, ret = _call_estimator(est, case)
     b, t = case["mask"].shape
     outside = case["mask"] == 0
@@ -112,7 +122,7 @@ def check_estimator(spec_or_name: Any, *, registries: Any = None, num_groups: in
             raise _fail(name, f"{label} is not 0 where response_mask is 0 (max |value| there: "
                               f"{float(x[outside].abs().max()):.4g}); multiply by response_mask.", _ESTIMATOR_CONTRACT)
     for key, value in before.items():
-        if not torch.equal(case[key], value):
+        if not torch.equal(case[key] if not key.startswith("otb.") else case["otb"][key[4:]], value):
             raise _fail(name, f"it modified its input `{key}` in place; work on a copy.", _ESTIMATOR_CONTRACT)
     adv2, ret2 = _call_estimator(est, case)
     if not (torch.equal(adv, adv2) and torch.equal(ret, ret2)):
@@ -160,9 +170,23 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
             "advantages": advantages.masked_fill(zero, 0.0), "response_mask": mask}
 
 
+def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per mini-batch)."""
+    from rlkit.registry import load_object
+
+    select = loss.spec.mini_batch_selection
+    if select is None:
+        return None
+    return load_object(select)(case["log_prob"], case["old_log_prob"], case["advantages"],
+                               case["response_mask"].float(), generator=torch.Generator().manual_seed(0),
+                               **loss.kwargs).bool()
+
+
 def _call_loss(loss: Any, case: dict[str, torch.Tensor], log_prob: torch.Tensor, rows: Any = slice(None)) -> tuple[torch.Tensor, dict]:
+    selected = case.get("selected")
+    extra = {"selected": selected[rows]} if selected is not None else {}
     out = loss.fn(log_prob[rows], case["old_log_prob"][rows].clone(), case["advantages"][rows].clone(),
-                  case["response_mask"][rows].clone(), **loss.kwargs)
+                  case["response_mask"][rows].clone(), **loss.kwargs, **extra)
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)
             and isinstance(out[1], dict)):
         raise _fail(who(loss), f"returned {type(out).__name__}, not (per_token_loss tensor, metrics dict).", _LOSS_CONTRACT)
@@ -183,11 +207,18 @@ def check_policy_loss(spec_or_name: Any, *, registries: Any = None, loss_agg_mod
       masked token (nothing leaks from padding or tool tokens) and not 0 for all valid ones;
     - split invariance: the batch cut over two ranks and into micro-batches, each piece's loss
       aggregated with the global token and sequence counts, gives the full batch's loss and gradient
-      (so the loss of a row may depend only on that row).
+      (so the loss of a row may depend only on that row, and on the spec's ``mini_batch_selection``
+      made once over the whole batch and passed to each piece as its rows of ``selected``).
     """
     loss = resolve_component("policy_losses", spec_or_name, params, registries)
     name = who(loss)
     case = _loss_case(batch, length, seed)
+    selected = _selection(loss, case)
+    if selected is not None:
+        if tuple(selected.shape) != tuple(case["response_mask"].shape):
+            raise _fail(name, f"mini_batch_selection returned shape {tuple(selected.shape)}; expected [B, T].",
+                        _LOSS_CONTRACT)
+        case["selected"] = selected
     mask = case["response_mask"]
     lp = case["log_prob"].clone().requires_grad_(True)
     per_token, metrics = _call_loss(loss, case, lp)
@@ -249,3 +280,44 @@ def _check_split(loss: Any, case: dict[str, torch.Tensor], full: torch.Tensor, g
                                f"{float(total):.6g} (gradient off by {float((lp.grad - grad).abs().max()):.3g}) but the "
                                f"full batch gives {float(full.detach()):.6g}: a row's loss must not depend on the other rows "
                                "of its micro-batch (no batch-level normalisation inside the loss).", _LOSS_CONTRACT)
+
+
+# ----- rollout corrections --------------------------------------------------------------------------
+def check_rollout_correction(spec_or_name: Any, *, registries: Any = None, batch: int = 8, length: int = 6,
+                             seed: int = 0, **params: Any) -> None:
+    """Check a rollout correction against its contract; raise ``ContractError`` naming the first problem.
+
+    - returns ``(tensor [B, T], metrics)``: finite, non-negative, 0 on padding, no gradient; a ``"mask"``
+      correction returns only 0/1; metrics finite Python numbers, un-prefixed (the trainer adds
+      ``rollout_corr/``);
+    - on-policy (rollout log-probs equal to the old ones) nothing is dropped or reweighted: weight 1 on
+      every valid token;
+    - row-local: any row split gives the same rows (the trainer computes it over the whole batch).
+    """
+    corr = resolve_component("rollout_corrections", spec_or_name, params, registries)
+    name = who(corr)
+    if corr.spec.output not in ("weights", "mask"):
+        raise _fail(name, f"spec.output is {corr.spec.output!r}; it must be 'weights' or 'mask'.", _CORRECTION_CONTRACT)
+    case = _loss_case(batch, length, seed)
+    old, rollout, mask = case["log_prob"], case["old_log_prob"], case["response_mask"]
+    out, metrics = corr.fn(old.clone(), rollout.clone(), mask.clone(), **corr.kwargs)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(mask.shape) or not out.is_floating_point():
+        raise _fail(name, f"returned {type(out).__name__} {tuple(getattr(out, 'shape', ()))}; expected a floating [B, T].",
+                    _CORRECTION_CONTRACT)
+    if not torch.isfinite(out).all() or (out < 0).any() or out.requires_grad:
+        raise _fail(name, "the output must be finite, >= 0 and carry no gradient.", _CORRECTION_CONTRACT)
+    if (out[mask == 0] != 0).any():
+        raise _fail(name, "the output is not 0 on padding (multiply by response_mask).", _CORRECTION_CONTRACT)
+    if corr.spec.output == "mask" and not set(out.unique().tolist()) <= {0.0, 1.0}:
+        raise _fail(name, "a 'mask' correction must return only 0 and 1.", _CORRECTION_CONTRACT)
+    for key, value in metrics.items():
+        if not isinstance(value, numbers.Real) or value != value or key.startswith("rollout_corr/"):
+            raise _fail(name, f"metric {key!r} = {value!r}: return un-prefixed finite floats.", _CORRECTION_CONTRACT)
+    same, _ = corr.fn(old.clone(), old.clone(), mask.clone(), **corr.kwargs)
+    if not torch.allclose(same, mask.to(same.dtype)):
+        raise _fail(name, "on-policy (rollout log-probs == old log-probs) the output must be 1 on every valid token.",
+                    _CORRECTION_CONTRACT)
+    rows = torch.arange(batch).flip(0)
+    piece, _ = corr.fn(old[rows[:3]], rollout[rows[:3]], mask[rows[:3]], **corr.kwargs)
+    if not torch.allclose(piece, out[rows[:3]], rtol=1e-5, atol=1e-7):
+        raise _fail(name, "a row's output depends on the other rows of the call; it must be row-local.", _CORRECTION_CONTRACT)

@@ -62,7 +62,8 @@ def check_rollout_backend(cls_or_spec: Any, module: Any, tokenizer: Any, *, regi
       ``attention_mask = prompt mask ‖ response_mask``; ``position_ids`` as the layout says;
     - ``response_mask`` is 1 up to the end of each response (at least one token, at most
       ``max_new_tokens``), pad ids after; a response that ends early ends with eos;
-    - ``rollout_log_probs`` (when returned): one finite log-prob <= 0 per response token, 0 where
+    - ``rollout_log_probs`` (returned unless the spec declares ``rollout_log_probs=False``; rollout
+      corrections need them): one finite log-prob <= 0 per response token, 0 where
       masked, equal (``atol``) to ``log_softmax(logits / temperature)`` of ``module``'s forward — the
       untruncated distribution even with ``top_k`` — and to temperature 1 when greedy;
     - greedy with ``n`` samples repeats the ``n=1`` greedy response ``n`` times, in order; meta
@@ -86,6 +87,9 @@ def check_rollout_backend(cls_or_spec: Any, module: Any, tokenizer: Any, *, regi
     prompts = chat_prompts(tokenizer)
     sampled = backend.generate(prompts)
     _check_layout(name, sampled, prompts, tokenizer, n, max_response_length)
+    if backend_c.spec.rollout_log_probs and "rollout_log_probs" not in sampled:
+        raise _fail(name, "generate returned no rollout_log_probs, but the spec declares rollout_log_probs=True "
+                          "(the default): return them, or declare rollout_log_probs=False (no rollout correction then).")
     if compare_log_probs and module is not None:
         _check_log_probs(name, sampled, module, temperature, atol)
     greedy = backend.generate(prompts, n=n, do_sample=False)

@@ -15,7 +15,10 @@ scheduler steps once per ``update`` call (= per training step).
 
 Batch fields read: ``input_ids, attention_mask, position_ids [B, P+T]``, ``responses,
 response_mask, advantages [B, T]``, optional ``old_log_prob`` (absent = on-policy, the current
-log-prob detached), ``ref_log_prob [B, T]`` (when ``use_kl_loss``), meta ``temperature``.
+log-prob detached), ``ref_log_prob [B, T]`` (when ``use_kl_loss``), ``rollout_is_weights [B, T]`` (a
+rollout correction's weights, multiplying the per-token policy loss), ``rollout_log_probs [B, T]``
+(without ``old_log_prob``: the mismatch metrics), meta ``temperature``. A loss declaring a
+``mini_batch_selection`` gets ``selected`` made over the global mini-batch (``loss_inputs``).
 Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width, ``V`` vocabulary.
 """
 
@@ -33,12 +36,14 @@ from torch import nn
 from rlkit.algos.aggregation import agg_loss, global_counts
 from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
 from rlkit.algos.kl import kl_penalty
+from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
 from rlkit.workers import fsdp
+from rlkit.workers.loss_inputs import UpdateMismatch, mini_batch_selection
 
 __all__ = ["FSDPActor", "forward_response", "compute_log_probs"]
 
@@ -58,6 +63,17 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
     row are cut before the forward and the outputs padded back to ``T`` with zeros.
     """
+    out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
+                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device)
+    return out["log_prob"], out.get("entropy")
+
+
+def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
+                     entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
+                     device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
+    [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
+    OTB's input), each 0 where masked."""
     device = device or next(module.parameters()).device
     ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
     width = micro["responses"].shape[1]
@@ -76,15 +92,14 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
         logits = logits / temperature
     labels = micro["responses"][:, :t].to(device)
     log_prob = log_probs_from_logits(logits, labels)  # [b, t]
-    entropy = None
+    outs = {"log_prob": log_prob}
     if with_entropy:
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+        outs["entropy"] = entropy_from_logits(logits if entropy_grad else logits.detach())
+    if with_sum_pi_squared:
+        outs["sum_pi_squared"] = sum_pi_squared_from_logits(logits.detach())
     pad = (0, width - t)
     keep = micro["response_mask"].to(device)  # zeros past each response's end, whatever the piece's width
-    log_prob = torch.nn.functional.pad(log_prob, pad) * keep
-    if entropy is not None:
-        entropy = torch.nn.functional.pad(entropy, pad) * keep
-    return log_prob, entropy
+    return {name: torch.nn.functional.pad(value, pad) * keep for name, value in outs.items()}
 
 
 # Rows with the same prompt (a GRPO group) run the prompt once (tests turn it off to compare with the plain path).
@@ -131,26 +146,27 @@ def _accepts_logits_to_keep(cls: type) -> bool:
 @torch.no_grad()
 def compute_log_probs(module: nn.Module, batch: Batch, *, temperature: float, micro_batch_size: int,
                       with_entropy: bool, mixed_precision: str, device: torch.device,
-                      max_token_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of a whole local batch, micro-batch by micro-batch, in the input order."""
+                      max_token_len: int | None = None, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+    """``response_outputs`` of a whole local batch [B, T] by name (``log_prob``, ``entropy``, ``sum_pi_squared``),
+    micro-batch by micro-batch, in the input order."""
     pieces = fsdp.micro_batch_indices(batch, size=micro_batch_size, max_tokens=max_token_len)
     n_all = fsdp.num_chunks_everywhere(len(pieces))
-    log_prob = torch.zeros(batch["responses"].shape, dtype=torch.float32)
-    entropy = torch.zeros_like(log_prob) if with_entropy else None
+    names = ["log_prob"] + (["entropy"] if with_entropy else []) + (["sum_pi_squared"] if with_sum_pi_squared else [])
+    outs = {name: torch.zeros(batch["responses"].shape, dtype=torch.float32) for name in names}
     was_training = module.training
     module.eval()
     try:
         for i in range(n_all):
             idx = pieces[i] if i < len(pieces) else torch.tensor([0])  # extra forwards keep FSDP ranks in step
-            lp, ent = forward_response(module, batch[idx], temperature=temperature, with_entropy=with_entropy,
-                                       mixed_precision=mixed_precision, device=device)
+            got = response_outputs(module, batch[idx], temperature=temperature, with_entropy=with_entropy,
+                                   with_sum_pi_squared=with_sum_pi_squared, mixed_precision=mixed_precision,
+                                   device=device)
             if i < len(pieces):
-                log_prob[idx] = lp.cpu()
-                if entropy is not None:
-                    entropy[idx] = ent.cpu()
+                for name in names:
+                    outs[name][idx] = got[name].cpu()
     finally:
         module.train(was_training)
-    return log_prob, entropy
+    return outs
 
 
 class FSDPActor:
@@ -188,17 +204,19 @@ class FSDPActor:
         self._nonfinite_in_row = 0
         self.update_calls = 0
         self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     # ----- log-probs ----------------------------------------------------------------------------
-    def compute_log_prob(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        """``old_log_prob [B, T]`` (and ``entropy [B, T]``) of the batch's responses under the current weights."""
-        log_prob, entropy = compute_log_probs(
+    def compute_log_prob(self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False) -> Batch:
+        """``old_log_prob [B, T]`` (and ``entropy``, ``sum_pi_squared`` [B, T]) of the batch's responses under the
+        current weights."""
+        outs = compute_log_probs(
             self.module, batch, temperature=batch.meta.get("temperature", self.temperature),
             micro_batch_size=self.log_prob_micro_batch_size, with_entropy=with_entropy,
             mixed_precision=self.cfg.mixed_precision, device=self.device,
-            max_token_len=self.cfg.ppo_max_token_len_per_rank if self.cfg.use_dynamic_bsz else None)
-        out = {"old_log_prob": log_prob} | ({"entropy": entropy} if entropy is not None else {})
-        return Batch(out)
+            max_token_len=self.cfg.ppo_max_token_len_per_rank if self.cfg.use_dynamic_bsz else None,
+            with_sum_pi_squared=with_sum_pi_squared)
+        return Batch({"old_log_prob": outs.pop("log_prob")} | outs)
 
     # ----- update -------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
@@ -214,20 +232,29 @@ class FSDPActor:
         temperature = batch.meta.get("temperature", self.temperature)
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)
+        # on-policy fast path (no old_log_prob): the first mini-batch's log-probs give the rollout mismatch
+        mismatch = UpdateMismatch() if "old_log_prob" not in batch and "rollout_log_probs" in batch else None
+        minis = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))
             for start in range(0, len(batch), mini_size):
-                for key, value in self._update_mini(batch[order[start:start + mini_size]], temperature).items():
+                selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis  # the same on every rank
+                out = self._update_mini(batch[order[start:start + mini_size]], temperature, selection_seed,
+                                        mismatch if minis == 0 else None)
+                minis += 1
+                for key, value in out.items():
                     history[key].append(value)
         self.scheduler.step()
         self.update_calls += 1
         metrics = {key: sum(values) / len(values) for key, values in history.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_skips"] = float(self.nonfinite_skips)
-        return metrics
+        return metrics | (mismatch.metrics() if mismatch is not None else {})
 
-    def _update_mini(self, mini: Batch, temperature: float) -> dict[str, float]:
+    def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
+                     mismatch: UpdateMismatch | None) -> dict[str, float]:
         cfg = self.cfg
+        selected = mini_batch_selection(self, mini, temperature, selection_seed)  # [b, T] bool, or None
         counts = torch.stack(global_counts(mini["response_mask"])).double()
         global_tokens, global_seqs = fsdp.all_reduce(counts).tolist()
         pieces = fsdp.micro_batch_indices(mini, size=cfg.ppo_micro_batch_size_per_rank,
@@ -237,8 +264,11 @@ class FSDPActor:
         sums: dict[str, float] = defaultdict(float)
         for i in range(n_all):
             real = i < len(pieces)
-            micro = mini[pieces[i] if real else torch.tensor([0])]  # a dummy piece keeps FSDP ranks in step
-            loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs)
+            idx = pieces[i] if real else torch.tensor([0])  # a dummy piece keeps FSDP ranks in step
+            micro = mini[idx]
+            loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs,
+                                             selected[idx] if selected is not None else None,
+                                             mismatch if real else None)
             (loss if real else loss * 0.0).backward()
             if real:
                 for key, value in metrics.items():
@@ -262,9 +292,11 @@ class FSDPActor:
         out["actor/grad_norm"] = grad_norm
         return out
 
-    def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float,
-                    global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """This micro-batch's share of the mini-batch loss, and its share of every metric."""
+    def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float, global_seqs: float,
+                    selected: torch.Tensor | None = None,
+                    mismatch: UpdateMismatch | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
+        the rows of the loss's mini-batch selection (``rlkit.workers.loss_inputs``)."""
         cfg = self.cfg
         mask = micro["response_mask"].to(self.device)  # [b, T]
         width = mask.shape[1]
@@ -272,8 +304,13 @@ class FSDPActor:
                                              entropy_grad=cfg.entropy_coeff != 0,
                                              mixed_precision=cfg.mixed_precision, device=self.device)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
+        extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
-                                                 **self.policy_loss.kwargs)
+                                                 **self.policy_loss.kwargs, **extra)
+        if "rollout_is_weights" in micro:  # rollout correction (rlkit.offpolicy): per-token weights, no gradient
+            pg_mat = pg_mat * micro["rollout_is_weights"].to(self.device)
+        if mismatch is not None:
+            mismatch.add(log_prob, micro["rollout_log_probs"], mask)
 
         def agg(mat: torch.Tensor) -> torch.Tensor:
             return agg_loss(mat, mask, cfg.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,

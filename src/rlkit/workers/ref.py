@@ -34,10 +34,10 @@ class FSDPRef:
         self.module.eval()
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        log_prob, _ = compute_log_probs(
+        log_prob = compute_log_probs(
             self.module, batch, temperature=batch.meta.get("temperature", self.temperature),
             micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank, with_entropy=False,
-            mixed_precision=self.mixed_precision, device=self.device)
+            mixed_precision=self.mixed_precision, device=self.device)["log_prob"]
         return Batch({"ref_log_prob": log_prob})
 
     def save_checkpoint(self, directory) -> None:

@@ -140,9 +140,10 @@ class ActorRolloutRefWorker(Worker):
         self._need("rollout").update_weights(state_dict)
 
     # ----- actor / ref --------------------------------------------------------------------------
-    def compute_log_prob(self, batch: Batch, with_entropy: bool = False) -> Batch:
-        """``old_log_prob [B, T]`` (+ ``entropy [B, T]``) under the current actor weights."""
-        return self._need("actor").compute_log_prob(batch, with_entropy=with_entropy)
+    def compute_log_prob(self, batch: Batch, with_entropy: bool = False, with_sum_pi_squared: bool = False) -> Batch:
+        """``old_log_prob [B, T]`` (+ ``entropy``, ``sum_pi_squared`` [B, T]) under the current actor weights."""
+        return self._need("actor").compute_log_prob(batch, with_entropy=with_entropy,
+                                                    with_sum_pi_squared=with_sum_pi_squared)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]`` under the frozen reference model."""

@@ -307,7 +307,7 @@ def otb(rewards, mask, index, old, sum_sq, is_w=None, zero_tail=False, eps=1e-8)
                 for t in range(int(hit[1]), width):
                     base[members[hit[0]]][t] = 0.0
     adv = [[(g - b) * k for g, b, k in zip(rg, rb, rm)] for rg, rb, rm in zip(returns, base, m)]
-    return adv, returns
+    return adv, [[g * k for g, k in zip(rg, rm)] for rg, rm in zip(returns, m)]  # 0 in a masked hole
 
 
 def tir_otb(rewards, mask, index, old, sum_sq, is_w=None, zero_tail=True, eps=1e-8):
@@ -335,7 +335,7 @@ def tir_otb(rewards, mask, index, old, sum_sq, is_w=None, zero_tail=True, eps=1e
         for i in members:
             for k, t in enumerate(pos[i]):
                 adv[i][t] = returns[i][t] - base[i][k]
-    return adv, returns
+    return adv, [[g * k for g, k in zip(rg, rm)] for rg, rm in zip(returns, m)]  # 0 in a masked hole
 
 
 # ---------------------------------------------------------------- rollout correction

@@ -60,6 +60,7 @@ RECIPE = {"model": {"path": "some/model"}, "data": {"train_files": ["train.parqu
 
 @pytest.mark.parametrize(("name", "param"), [
     ("gmpo", {"clip_ratio_high": 0.1}), ("luspo", {"clip_ratio_low": 0.3}), ("vespo", {"k_neg": 1.5}),
+    ("clip_cov", {"clip_cov_ratio": 0.1}), ("kl_cov", {"kl_cov_ratio": 0.1}),
 ])
 def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param):
     """The recipe door: `actor.policy_loss: {name, **params}` validates against the params model and the
@@ -88,11 +89,15 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
         validate_recipe(bad, registries=registries, check_files=False)
 
 
-def test_clip_cov_and_kl_cov_are_not_registered_until_the_actor_selects_over_the_mini_batch():
-    """Their params models exist for the day the actor passes a mini-batch `selected`; until then a
-    recipe cannot name them (their loss would depend on the micro-batch split)."""
+@pytest.mark.parametrize(("loss", "select"), [(P.clip_cov, P.clip_cov_mini_batch_selection),
+                                               (P.kl_cov, P.kl_cov_mini_batch_selection)])
+def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_their_parameters(loss, select):
+    """The actor calls the spec's selection with the loss's validated parameters: same keywords, same defaults."""
     from rlkit.plugins import make_plugin_manager
     from rlkit.registry import build_registries
 
-    names = build_registries(make_plugin_manager(entry_points=False)).policy_losses.names()
-    assert "clip_cov" not in names and "kl_cov" not in names
+    spec = build_registries(make_plugin_manager(entry_points=False)).policy_losses.get(loss.__name__)
+    assert spec.mini_batch_selection.target.endswith(select.__name__)
+    keywords = {name: p.default for name, p in inspect.signature(select).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in NOT_PARAMS}
+    assert spec.params().model_dump() == keywords

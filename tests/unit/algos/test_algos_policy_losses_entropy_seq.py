@@ -71,6 +71,21 @@ def test_clip_cov_never_cuts_a_ratio_clipped_token():
     assert m["pg_clipfrac"] == 0.25 and m["clip_cov_frac"] == 0.25
 
 
+def test_mini_batch_selections_hand_worked():
+    """The registered selections (what the actor runs over the mini-batch): Clip-Cov excludes the
+    ratio-clipped token 0 before drawing, so with ratio 1.0 (4 to cut) only token 1 of the two
+    candidates (cov 2) is left; KL-Cov takes the top-k covariance tokens (k = 1: token 0, the earlier tie)."""
+    old = t([[-1.5, -3.0, -2.0, -2.0]])  # token 0: r = e^0.5 > 1.2 with A > 0, the ratio clip binds
+    mask = torch.ones(1, 4, **F64)
+    sel = P.clip_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0,
+                                          generator=torch.Generator().manual_seed(0))
+    assert sel.tolist() == [[False, True, False, False]]
+    loss, m = P.clip_cov(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, selected=sel)
+    assert float(loss[0, 1]) == 0.0 and m["clip_cov_frac"] == 0.25  # the loss cuts exactly the selection
+    sel = P.kl_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, kl_cov_ratio=0.25)
+    assert sel.tolist() == [[True, False, False, False]]
+
+
 def test_kl_cov_hand_worked():
     # old = [-1.5, -3, -2, -2]: log r = [0.5, 0, 0, 0]; cov [2, 2, 0, 0]; k = max(1, int(4 * 0.25)) = 1:
     # the tie between tokens 0 and 1 goes to token 0 (row-major). Its loss -2 e^0.5 + 1 * 0.5 = -2.797443,

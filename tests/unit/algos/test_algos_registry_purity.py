@@ -19,12 +19,14 @@ from rlkit.plugins import make_plugin_manager
 from rlkit.registry import build_registries
 
 ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
-              "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
-LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "geo_mean", "luspo", "vespo"]
+              "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk",
+              "optimal_token_baseline", "tir_optimal_token_baseline"]
+LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "geo_mean", "luspo", "vespo", "clip_cov", "kl_cov"]
 # values for every parameter a built-in's params model declares (algorithm.estimator.* / actor.policy_loss.*)
-ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6}
+ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6, "handle_zero_tail": True}
 ACTOR_KEYS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05,
-              "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+              "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0, "clip_cov_ratio": 0.1,
+              "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.1, "ppo_kl_coef": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +67,10 @@ def test_estimator_registered_and_callable(registries, name):
     est = resolved(registries, "algorithm.estimator", "estimators", name, ALGORITHM_KEYS)
     assert est.kwargs == {k: ALGORITHM_KEYS[k] for k in fields(spec)}
     rewards, mask, index, values, baselines = small_batch()
+    otb = {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask,
+           "rollout_is_weights": None} if spec.needs_sum_pi_squared else {}
     adv, ret = est.fn(rewards, mask, index, values=values if spec.needs_critic else None,
-                      reward_baselines=baselines if spec.needs_greedy_baseline else None, **est.kwargs)
+                      reward_baselines=baselines if spec.needs_greedy_baseline else None, **otb, **est.kwargs)
     assert adv.shape == ret.shape == rewards.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert spec.paper and spec.description
@@ -117,7 +121,7 @@ def test_dr_grpo_through_its_defaults_is_unscaled(registries):
 def test_registering_the_algorithms_does_not_import_torch():
     """`rlkit plugins` / `rlkit validate` stay fast: the specs hold lazy references to rlkit.algos."""
     code = ("import sys, rlkit.builtin.algorithms as m; m.rlkit_register_estimators();"
-            "m.rlkit_register_policy_losses(); print('torch' in sys.modules)")
+            "m.rlkit_register_policy_losses(); m.rlkit_register_rollout_corrections(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

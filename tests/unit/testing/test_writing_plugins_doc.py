@@ -29,7 +29,8 @@ SECTIONS = worked_sections()
 
 def test_every_kind_has_a_worked_section_with_its_check():
     checks = {"check_estimator", "check_policy_loss", "check_reward_manager", "check_compute_score",
-              "check_rollout_backend", "check_role", "check_tracker", "check_tool", "check_agent_loop"}
+              "check_rollout_backend", "check_role", "check_tracker", "check_tool", "check_agent_loop",
+              "check_rollout_correction"}
     code = "\n".join(block for blocks in SECTIONS.values() for block in blocks)
     assert {c for c in checks if f"{c}(SPEC" in code} == checks
     assert all(blocks for blocks in SECTIONS.values()), "a worked section without code"

@@ -1,6 +1,7 @@
 """Run one actor update on a fixed global batch with N gloo ranks; rank 0 saves loss, metrics and weights.
 
-Usage: python _fsdp_ranks.py MODEL_DIR WORLD_SIZE OUT_FILE  (runs fixed, then dynamic micro-batches)
+Usage: python _fsdp_ranks.py MODEL_DIR WORLD_SIZE OUT_FILE  (runs fixed, then dynamic micro-batches, then
+Clip-Cov, whose random token selection is made over the global mini-batch: ``MODES``)
 Each rank takes its contiguous 1/N of the global batch (as the driver's equal split does).
 ``update_once`` also runs in-process under a world-size-1 group.
 """
@@ -56,15 +57,22 @@ def global_batch(tokenizer, n_prompts: int = 4, n: int = 2, width_t: int = 8):
     }, meta={"temperature": 0.9})
 
 
-def update_once(model_dir: str, dynamic: bool) -> dict:
+MODES = ("fixed", "dynamic", "clip_cov")
+# Clip-Cov cutting 20% of the tokens, drawn among all valid ones: the draw must be the same whatever the split
+CLIP_COV = {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0}
+
+
+def update_once(model_dir: str, mode: str) -> dict:
     """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs."""
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,
-                      kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=dynamic, ppo_max_token_len_per_rank=40,
-                      loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-2, weight_decay=0.0))
+                      kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=mode == "dynamic",
+                      ppo_max_token_len_per_rank=40, loss_agg_mode="token-mean",
+                      optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+                      **({"policy_loss": CLIP_COV} if mode == "clip_cov" else {}))
     actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
                       log_prob_micro_batch_size=3)
     batch = global_batch(actor.tokenizer)
@@ -90,6 +98,9 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
                 "actor/pg_clipfrac"):
         assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
     assert one["metrics"]["actor/pg_clipfrac"] > 0  # the clipped branch was exercised
+    if "actor/clip_cov_frac" in one["metrics"]:  # the same tokens were cut, and some were
+        assert one["metrics"]["actor/clip_cov_frac"] == pytest.approx(two["metrics"]["actor/clip_cov_frac"], abs=1e-9)
+        assert one["metrics"]["actor/clip_cov_frac"] > 0
     assert one["state"].keys() == two["state"].keys()
     initial = load_file(Path(model_dir) / "model.safetensors")
     moved = 0.0
@@ -105,7 +116,7 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
 def run(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    results = {mode: update_once(model_dir, mode == "dynamic") for mode in ("fixed", "dynamic")}
+    results = {mode: update_once(model_dir, mode) for mode in MODES}
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()

@@ -46,3 +46,31 @@ def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, m
     assert metrics["actor/grad_norm"] > 0
     after = actor.full_state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the update changed no weight"
+
+
+@pytest.mark.parametrize("component", [
+    {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
+    {"name": "kl_cov", "kl_cov_ratio": 0.2, "ppo_kl_coef": 5.0},
+], ids=["clip_cov", "kl_cov"])
+def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_world1, component, monkeypatch):
+    """The selection is made over the mini-batch (a pre-pass), not per micro-batch: 8 samples in one
+    micro-batch and in micro-batches of 3 (3+3+2) give the same loss, metrics and weights."""
+    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # one prompt pass per row in both splits
+    registries = build_registries(make_plugin_manager(entry_points=False))
+    policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
+    assert not problems
+    results = []
+    for micro in (8, 3):
+        cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=micro,
+                          optim=OptimConfig(lr=1e-2, weight_decay=0.0))
+        actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), cfg, policy_loss, rollout_n=2, total_steps=10)
+        batch = global_batch(actor.tokenizer)
+        batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"] - 0.3 * batch["response_mask"]
+        results.append((actor.update(batch), actor.full_state_dict()))
+    (m1, s1), (m2, s2) = results
+    frac = "actor/clip_cov_frac" if component["name"] == "clip_cov" else "actor/kl_cov_frac"
+    assert m1[frac] > 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", frac):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
+    for name in s1:
+        torch.testing.assert_close(s1[name], s2[name], atol=1e-4, rtol=0, msg=name)
