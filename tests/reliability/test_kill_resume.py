@@ -84,6 +84,7 @@ def kill_then_check(recipe: Path, out: Path, *, fault: str | None = None, delay_
     return info
 
 
+@pytest.mark.slow  # ~4-5 min; the default run keeps one SIGKILL + exact resume (tests/e2e/test_run.py) and the worker kill below
 def test_kill_chain_resumes_exactly(recipe, tmp_path, reference):
     """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a resume."""
     out = tmp_path / "out"
