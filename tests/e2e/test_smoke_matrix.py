@@ -31,8 +31,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "actor/kl_loss"),
     "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
     "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
-    "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "perf/worker_s/gen",
-                   "timing_s/push_weights", "actor/pg_loss"),
+    "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
+                   "actor/pg_loss"),
 }
 
 
