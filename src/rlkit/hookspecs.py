@@ -56,7 +56,7 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
 
 @hookspec
 def rlkit_register_roles() -> list[RoleSpec]:
-    """Worker roles, each filling a step slot: actor_rollout_ref, ref, critic, reward_model."""
+    """Worker roles, each filling a step slot: actor_rollout_ref, rollout, ref, critic, reward_model."""
 
 
 @hookspec

@@ -11,7 +11,8 @@ process-global registry. ``resolve`` is the one function that turns a ``Componen
 parameters) into a ``Resolved`` (spec + validated params model); ``rlkit.recipe.validate`` calls it
 to report problems, ``compose`` calls it to build.
 
-Step slots and roles: ``actor_rollout_ref`` (always), ``ref`` (a separate reference worker when a
+Step slots and roles: ``actor_rollout_ref`` (always), ``rollout`` (a rollout pool of its own, when
+``trainer.mode`` is one_step_off or async; it must be mapped to a pool the actor does not use), ``ref`` (a separate reference worker when a
 role filling it is mapped in ``resources.roles``; otherwise the reference lives in the actor's
 process), ``critic`` (when the estimator needs one), ``reward_model`` (``reward.reward_model.enable``).
 A role fills the slot its spec names (``RoleSpec.slot``), so a third-party role replaces a built-in
@@ -44,7 +45,7 @@ COMPONENT_KEYS = {
 # recipe key -> registry kind, for keys holding a list of Components
 COMPONENT_LISTS = {"rollout.tools": "tools", "tracking.backends": "trackers"}
 
-SLOTS = ("actor_rollout_ref", "ref", "critic", "reward_model")
+SLOTS = ("actor_rollout_ref", "rollout", "ref", "critic", "reward_model")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,9 @@ def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tupl
         needed.add("critic")
     if recipe.reward.reward_model.enable:
         needed.add("reward_model")
+    mode = recipe.trainer.mode
+    if mode != "sync":
+        needed.add("rollout")
     wants_ref = recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward if recipe.ref.enable is None else recipe.ref.enable
     placed: dict[str, PlacedRole] = {}
     for role_name, pool in res.roles.items():
@@ -189,12 +193,24 @@ def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tupl
             continue
         if slot not in needed and slot != "ref":
             why = {"critic": f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)",
-                   "reward_model": "reward.reward_model.enable is false"}.get(slot, "the step does not use it")
+                   "reward_model": "reward.reward_model.enable is false",
+                   "rollout": "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
+                              "or async to generate in this pool)"}.get(slot, "the step does not use it")
             problems.append((key, f"role '{role.name}' is mapped but {why}; remove it from resources.roles"))
             continue
         placed[slot] = PlacedRole(slot, role, pool)
+    if "rollout" in needed and "rollout" not in placed:
+        problems.append(("resources.roles.rollout", f"trainer.mode={mode} generates in a rollout pool of its own: declare "
+                         "one (resources.pools.rollout: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}) and map "
+                         "the role to it (resources.roles.rollout=rollout), or set trainer.mode=sync"))
+        needed.discard("rollout")
     for slot in sorted(needed - set(placed)):
         placed[slot] = PlacedRole(slot, _must(f"resources.roles.{slot}", "roles", slot, registries), first_pool)
+    if "rollout" in placed and placed["rollout"].pool == placed["actor_rollout_ref"].pool:
+        pool = placed["rollout"].pool
+        problems.append(("resources.roles.rollout", f"trainer.mode={mode}: the rollout role shares pool '{pool}' with "
+                         "actor_rollout_ref, so generation and training would take turns on the same resources; map "
+                         "the rollout (or actor_rollout_ref) to a pool of its own, or set trainer.mode=sync"))
     return placed, problems
 
 

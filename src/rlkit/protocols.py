@@ -14,7 +14,7 @@ reward_managers    ``RewardManager``    ``cls(tokenizer, score_fn, *, num_examin
 rollout_backends   ``RolloutBackend``   ``cls(*, module, tokenizer, rollout_config,
                                         max_response_length, device, seed[, params])``
 trackers           ``Tracker``          ``cls(config: TrackerConfig)``
-roles              ``ActorRolloutRefRole``, ``RefRole``, ``CriticRole``, ``RewardModelRole``
+roles              ``ActorRolloutRefRole``, ``RolloutRole``, ``RefRole``, ``CriticRole``, ``RewardModelRole``
                                         (``SLOT_PROTOCOLS``): ``cls(rank, world_size, master_addr,
                                         master_port, device, threads, **ROLE_KWARGS[slot])``
 agent_loops        ``AgentLoop``        ``cls(generator, tokenizer, tools, *, max_response_length,
@@ -59,6 +59,7 @@ __all__ = [
     "Tracker",
     "Role",
     "ActorRolloutRefRole",
+    "RolloutRole",
     "RefRole",
     "CriticRole",
     "RewardModelRole",
@@ -267,6 +268,25 @@ class ActorRolloutRefRole(Role, Protocol):
 
 
 @runtime_checkable
+class RolloutRole(Role, Protocol):
+    """Slot ``rollout``: generation in a pool of its own (``trainer.mode`` one_step_off / async), on weights
+    the driver pushes by version (``rlkit.async_rollout``)."""
+
+    def generate_sequences(self, prompts: Batch, **sampling: Any) -> Batch:
+        """As ``ActorRolloutRefRole.generate_sequences``, plus ``rollout_version [B]`` (long): the version of the
+        weights each row was generated with."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+        """Load the actor's full state dict of ``version`` (every rank); the seconds it took."""
+        ...
+
+    def save_checkpoint(self, directory: str) -> None: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
+
+
+@runtime_checkable
 class RefRole(Role, Protocol):
     """Slot ``ref``: a separate frozen reference policy (mapped in ``resources.roles``)."""
 
@@ -303,6 +323,7 @@ class RewardModelRole(Role, Protocol):
 
 SLOT_PROTOCOLS: Mapping[str, type] = {
     "actor_rollout_ref": ActorRolloutRefRole,
+    "rollout": RolloutRole,
     "ref": RefRole,
     "critic": CriticRole,
     "reward_model": RewardModelRole,
@@ -315,6 +336,8 @@ ROLE_KWARGS: Mapping[str, frozenset[str]] = {
     "actor_rollout_ref": frozenset({
         "model_config", "actor_config", "rollout_config", "ref_config", "max_response_length", "total_steps",
         "seed", "policy_loss", "rollout_backend", "agent_loops", "default_agent", "tools"}),
+    "rollout": frozenset({"model_config", "rollout_config", "max_response_length", "seed", "rollout_backend",
+                          "agent_loops", "default_agent", "tools"}),
     "ref": frozenset({"model_config", "ref_config", "temperature", "mixed_precision"}),
     "critic": frozenset({"model_config", "critic_config", "rollout_n", "ppo_mini_batch_size", "total_steps",
                          "mixed_precision", "seed"}),

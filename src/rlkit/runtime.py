@@ -5,7 +5,7 @@ every name resolved once, here on the driver) → output folder → what ``auto`
 mean on this machine (``rlkit.hardware``; printed, logged as ``resolved.*``, passed to the workers as
 concrete values) → tokenizer → datasets and loaders →
 reward step → trackers → Ray cluster → one worker group per placed role (the hybrid actor-rollout-ref,
-and a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share its
+and a rollout pool, a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share its
 bundles equally. ``close()`` undoes it, and stops only the Ray cluster it started.
 """
 
@@ -59,6 +59,7 @@ class Runtime:
     mlflow_uri: str | None
     cluster: Any = None
     actor: Any = None  # WorkerGroup of the hybrid actor_rollout_ref role
+    rollout: Any = None  # WorkerGroup of the rollout role (trainer.mode one_step_off / async), else None
     critic: Any = None
     ref: Any = None  # a WorkerGroup, or "colocated" when the actor process holds the reference model
     reward_model: Any = None
@@ -115,7 +116,7 @@ class Runtime:
         self.cluster = RayCluster(recipe.resources).start()
         pools.check(roles_by_pool)
         groups = {}
-        for slot in ("actor_rollout_ref", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
+        for slot in ("actor_rollout_ref", "rollout", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
             role = placed.get(slot)
             if role is None:
                 continue
@@ -126,6 +127,7 @@ class Runtime:
             self.groups.append(groups[slot])
         self.actor = groups["actor_rollout_ref"]
         self.critic = groups.get("critic")
+        self.rollout = groups.get("rollout")
         self.reward_model = groups.get("reward_model")
         self.ref = groups.get("ref") or ("colocated" if uses_ref(recipe) else None)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
@@ -155,6 +157,13 @@ class Runtime:
                 "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
                 "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
             }
+        if placed.slot == "rollout":
+            return {
+                "model_config": recipe.model, "rollout_config": recipe.rollout,
+                "max_response_length": recipe.data.max_response_length, "seed": recipe.trainer.seed,
+                "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
+                "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
+            }
         if placed.slot == "ref":
             return {"model_config": recipe.model, "ref_config": recipe.ref, "temperature": recipe.rollout.temperature,
                     "mixed_precision": precision}
@@ -179,14 +188,19 @@ class Runtime:
             yield from self.train_loader
 
     def save_workers(self, directory: Path) -> None:
-        """Each role writes its own sub-folders (actor/, rollout/, critic/); hf_config/ lets merge rebuild the model."""
+        """Each role writes its own sub-folders (actor/, rollout/, rollout_worker/, critic/); hf_config/ lets merge
+        rebuild the model."""
         self.actor.call("save_checkpoint", dispatch="all", directory=str(directory))
+        if self.rollout is not None:
+            self.rollout.call("save_checkpoint", dispatch="all", directory=str(directory))
         if self.critic is not None:
             self.critic.call("save_checkpoint", dispatch="all", directory=str(directory))
         save_hf_config(self.recipe.model, self.tokenizer, directory / "hf_config")
 
     def load_workers(self, directory: Path) -> None:
         self.actor.call("load_checkpoint", dispatch="all", directory=str(directory))
+        if self.rollout is not None:
+            self.rollout.call("load_checkpoint", dispatch="all", directory=str(directory))
         if self.critic is not None:
             self.critic.call("load_checkpoint", dispatch="all", directory=str(directory))
 

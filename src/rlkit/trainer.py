@@ -14,7 +14,9 @@ One step, top to bottom (DESIGN.md, "One step")::
     update_critic, update_actor
 
 The only branches are "is this role present". Everything named by the recipe comes from the
-registries (``rlkit.runtime`` builds it).
+registries (``rlkit.runtime`` builds it). With a rollout pool (``trainer.mode`` one_step_off / async),
+``gen`` takes a batch the pool generated ahead (``rlkit.async_rollout``) and the step ends by pushing
+the updated weights to it (``push_weights``); docs/async.md.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import yaml
 
 from rlkit import faults
 from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
+from rlkit.async_rollout import RolloutPipeline, pipeline_depth, staleness_bound
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
@@ -70,6 +73,10 @@ class Trainer:
                                        or self.correction is not None or self.needs_sum_pi_squared)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
+        t = recipe.trainer
+        self.pipe = (RolloutPipeline(runtime.rollout, runtime.actor, depth=pipeline_depth(t.mode, t.max_staleness),
+                                     max_staleness=staleness_bound(t.mode, t.max_staleness))
+                     if runtime.rollout is not None else None)  # the rollout pool generating ahead
 
     # ----- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -84,6 +91,8 @@ class Trainer:
         cfg = self.recipe.trainer
         timer = Timer(on_enter=self.watch.enter, on_exit=self.watch.exit)  # validate / save: watched, not timed
         resumed = self.resume()
+        if self.pipe is not None:  # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
+            self.pipe.push_weights(self.global_step)
         self.write_run_info()
         if not resumed:
             self.rt.tracking.log_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml")
@@ -94,7 +103,7 @@ class Trainer:
             self.rt.tracking.log(last, self.global_step)
         batches = self.rt.train_batches()
         while self.global_step < self.rt.total_steps:
-            prompts = next(batches)
+            prompts = next(batches) if self.pipe is None else None  # the rollout pool draws its own prompts ahead
             self.global_step += 1
             self.watch.step = self.global_step
             metrics = self.step(prompts, batches)
@@ -128,7 +137,7 @@ class Trainer:
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
         with timer("step"):
             with timer("gen"):
-                batch = self.rollout(prompts, metrics)
+                batch = self.rollout(prompts, metrics) if self.pipe is None else self.take_generated(more_prompts, metrics)
             with timer("reward"):
                 batch = self.score(batch, metrics)
             if self.dynamic_sampling is not None:
@@ -155,6 +164,9 @@ class Trainer:
                 metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
             with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
                 rt.actor.call("sync_weights", dispatch="all")
+            if self.pipe is not None:
+                with timer("push_weights"):  # the rollout pool gets this version behind what it already generates
+                    self.pipe.push_weights(self.global_step)
         metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
                                 max_response_length=self.recipe.data.max_response_length)
         metrics |= timing_metrics(timer.times, batch)
@@ -179,17 +191,47 @@ class Trainer:
         different generation batches of one step never merge."""
         n = self.recipe.rollout.n
         prompts = Batch(prompts.tensors, prompts.non_tensors, prompts.meta)
-        prompts["uid"] = [f"{self.global_step}-{gen_batch}-{i}" for i in range(len(prompts))]
-        repeated = prompts.repeat(n, interleave=True)
+        repeated = self.repeat_prompts(prompts, f"{self.global_step}-{gen_batch}")
         gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1)
-        metrics |= gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
-        batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
+        batch = self.join_generation(repeated, gen, metrics)
         if self.needs_baseline:  # ReMax: each prompt's greedy response score is its baseline
             greedy = self.rt.actor.call("generate_sequences", self.rollout_inputs(prompts), balance=False, n=1,
                                         do_sample=False)
             greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
             baseline = self.reward_of(greedy_batch).token_level_scores.sum(-1)  # [B/n]
             batch["reward_baselines"] = baseline.repeat_interleave(n)
+        return batch
+
+    def repeat_prompts(self, prompts: Batch, tag: str) -> Batch:
+        """``prompts`` with ``uid`` ``<tag>-<row>`` (a group id), each row repeated rollout.n times (interleaved).
+        Sets ``uid`` on ``prompts`` too."""
+        prompts["uid"] = [f"{tag}-{i}" for i in range(len(prompts))]
+        return prompts.repeat(self.recipe.rollout.n, interleave=True)
+
+    @staticmethod
+    def join_generation(repeated: Batch, gen: Batch, metrics: dict[str, float]) -> Batch:
+        """The repeated prompts' per-row fields with the generation's tensors; the generation's metrics go to ``metrics``."""
+        metrics |= gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
+        return repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
+
+    def take_generated(self, more_prompts: Any, metrics: dict[str, float]) -> Batch:
+        """The next batch the rollout pool generated ahead (waiting for it if needed); it draws new prompts
+        from ``more_prompts`` to stay ``depth`` generations ahead. ``async/*`` metrics: the staleness of the
+        batch's rows (actor version - ``rollout_version``) and the generations dropped as too stale."""
+
+        def request(serial: int) -> tuple[Batch, Batch]:
+            prompts = next(more_prompts)
+            repeated = self.repeat_prompts(Batch(prompts.tensors, prompts.non_tensors, prompts.meta), f"g{serial}")
+            return repeated, self.rollout_inputs(repeated)
+
+        actor_version = self.global_step - 1  # updates the actor has made before this step's
+        ahead = self.rt.total_steps - self.global_step  # nothing is generated for steps the run will not make
+        item, dropped = self.pipe.take(actor_version, request, ahead=ahead)
+        batch = self.join_generation(item.request, item.result, metrics)
+        staleness = (actor_version - batch["rollout_version"]).float()  # [B]
+        metrics |= {"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
+                    "async/dropped_stale": float(dropped), "async/weights_version": float(actor_version),
+                    "async/queued": float(len(self.pipe.queue))}
         return batch
 
     @staticmethod
@@ -338,6 +380,8 @@ class Trainer:
                 "kl_ctrl": self.rt.kl_ctrl.__dict__ if self.rt.kl_ctrl is not None else None,
                 "tracker_run_ids": self.rt.tracking.run_ids(),
                 "driver_rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+                # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a resume
+                "rollout_queue": self.pipe.state_dict() if self.pipe is not None else None,
             }
             torch.save(state, tmp / "trainer_state.pt")
             (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False))
@@ -360,6 +404,12 @@ class Trainer:
             self.rt.kl_ctrl.__dict__.update(state["kl_ctrl"])
         torch.set_rng_state(state["driver_rng"]["torch"])
         np.random.set_state(state["driver_rng"]["numpy"])
+        queued = state.get("rollout_queue")
+        if self.pipe is not None and queued is not None:
+            self.pipe.load_state_dict(queued)
+        elif queued and queued["items"]:
+            log.warning("the checkpoint holds %d batches generated ahead (trainer.mode was not sync); trainer.mode=sync "
+                        "discards them: their prompts are skipped", len(queued["items"]))
         log.info("resumed from %s at step %d", path, self.global_step)
         return True
 

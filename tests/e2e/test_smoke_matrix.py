@@ -34,6 +34,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "actor/kl_loss"),
     "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
     "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
+    "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
+                   "actor/pg_loss"),
 }
 
 
@@ -63,7 +65,14 @@ def _reward_model_scored(steps: list[dict], out: Path) -> None:
     assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)  # synthetic rows: the model scores them
 
 
-CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+def _generated_ahead(steps: list[dict], out: Path) -> None:
+    """The rollout pool ran in its own processes and generated step 2's batch before step 1's update."""
+    _own_process("rollout")(steps, out)
+    assert [s["async/staleness_mean"] for s in steps] == [0.0, 1.0]
+    assert all(s["async/dropped_stale"] == 0 for s in steps)
+
+
+CHECKS = {"dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
@@ -121,7 +130,8 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
 def test_every_recipe_has_an_entry():
     missing = sorted(set(RECIPES) - set(EXPECTED))
     assert not missing, f"recipes without expected smoke metrics in tests/e2e/test_smoke_matrix.py EXPECTED: {missing}"
-    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref"} <= set(RECIPES)
+    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref",
+            "grpo_async"} <= set(RECIPES)
 
 
 @pytest.mark.timeout(1200)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)

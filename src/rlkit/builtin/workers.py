@@ -1,7 +1,7 @@
 """Registers rlkit's built-in worker roles through the public hooks (lazy class references).
 
-Each role fills a step slot (``RoleSpec.slot``, default its name). A separate actor and rollout (no
-hybrid engine) come with the asynchronous pipeline; until then the hybrid role is the only actor.
+Each role fills a step slot (``RoleSpec.slot``, default its name). ``rollout`` generates in a pool of its
+own for ``trainer.mode`` one_step_off / async (docs/async.md); the hybrid role stays the actor.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ def rlkit_register_roles() -> list[RoleSpec]:
     return [
         RoleSpec(name="actor_rollout_ref", cls=f"{_ROLES}:ActorRolloutRefWorker",
                  description="hybrid engine: FSDP2 actor + HF rollout sharing its module + optional frozen ref"),
+        RoleSpec(name="rollout", cls="rlkit.workers.rollout_worker:RolloutWorker",
+                 description="rollout engine in a pool of its own, weights pushed by version (trainer.mode async)"),
         RoleSpec(name="ref", cls=f"{_ROLES}:RefWorker", description="frozen reference policy log-probs"),
         RoleSpec(name="critic", cls=f"{_ROLES}:CriticWorker", description="FSDP2 value model, clipped value loss"),
         RoleSpec(name="reward_model", cls=f"{_ROLES}:RewardModelWorker",

@@ -279,6 +279,14 @@ class TrainerConfig(Section):
     balance_batch: bool = Field(True, description="balance ranks by token count")
     merge_at_end: bool = Field(False, description="write the final actor as an HF folder <output_dir>/hf_model")
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig, description="slow-phase and hung-worker reports")
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        "sync", description="sync: generate then train, one process (hybrid engine); one_step_off: a rollout pool "
+        "generates batch k+1 while the actor trains on batch k; async: the rollout pool keeps up to max_staleness "
+        "batches generated ahead (docs/async.md). The two last need role `rollout` on a pool of its own")
+    max_staleness: PositiveInt | None = Field(
+        None, description="async: how many weight versions behind the actor a sample may be (older ones are dropped, "
+        "counted in async/dropped_stale); also how many batches are generated ahead. None = 1 for one_step_off, "
+        "2 for async; sync takes none")
 
 
 class TrackingConfig(Section):

@@ -243,6 +243,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
                          f"{recipe.data.max_response_length}; the penalty starts len tokens before the maximum "
                          "(DAPO: 4096 of 20480), so set it at most that"))
     problems += plan_roles(recipe, registries, estimator)[1]
+    problems += _check_mode(recipe, est, registries)
     problems += _check_agent(recipe, registries)
     problems += _check_rollout_correction(recipe, registries)
     rm = recipe.reward.reward_model
@@ -252,6 +253,33 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     elif rm.path and not rm.enable:
         problems.append(("reward.reward_model.path", "a reward model path is set but reward.reward_model.enable is false; "
                                                      "enable it or remove the path"))
+    return problems
+
+
+def _check_mode(recipe: Recipe, est: Any, registries: Registries) -> list[tuple[str, str]]:
+    """``trainer.mode`` against what the step does outside one generation call (docs/async.md)."""
+    trainer, problems = recipe.trainer, []
+    if trainer.mode == "sync":
+        if trainer.max_staleness is not None:
+            problems.append(("trainer.max_staleness", "trainer.mode=sync trains every batch on the weights that generated "
+                             "it; remove trainer.max_staleness or set trainer.mode=async"))
+        return problems
+    if trainer.mode == "one_step_off" and trainer.max_staleness not in (None, 1):
+        problems.append(("trainer.max_staleness", f"trainer.mode=one_step_off is exactly 1 version behind (got "
+                         f"{trainer.max_staleness}); remove it, or set trainer.mode=async for a larger bound"))
+    if recipe.algorithm.filter_groups.enable:
+        problems.append(("algorithm.filter_groups.enable", f"dynamic sampling refills a step with new generations "
+                         f"while it runs, which trainer.mode={trainer.mode} generates ahead; set trainer.mode=sync or "
+                         "algorithm.filter_groups.enable=false"))
+    if est.needs_greedy_baseline:
+        problems.append(("algorithm.estimator", f"estimator '{est.name}' needs a greedy rollout of the current policy "
+                         f"in the step, which trainer.mode={trainer.mode} does not run; set trainer.mode=sync or pick "
+                         "another estimator"))
+    samples = recipe.data.train_batch_size * recipe.rollout.n
+    ranks = role_world_size(recipe, "rollout", registries)
+    if samples < ranks:
+        problems.append(("data.train_batch_size", f"a generation batch of {samples} samples cannot be split over "
+                         f"{ranks} rollout ranks; make train_batch_size x rollout.n at least that"))
     return problems
 
 

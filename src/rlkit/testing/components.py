@@ -111,6 +111,7 @@ def _slot_calls(slot: str) -> dict[str, tuple[tuple, dict]]:
         "actor_rollout_ref": {"generate_sequences": ((batch,), {"n": 1, "do_sample": False, "temperature": 1.0, "top_p": 1.0}),
                               "compute_log_prob": ((batch,), {}), "compute_ref_log_prob": ((batch,), {}),
                               "update_actor": ((batch,), {}), "sync_weights": ((), {}), "num_params": ((), {}), **ckpt},
+        "rollout": {"generate_sequences": ((batch,), {"n": 1}), "update_weights": (({},), {"version": 1}), **ckpt},
         "ref": {"compute_ref_log_prob": ((batch,), {})},
         "critic": {"compute_values": ((batch,), {}), "update_critic": ((batch,), {}), **ckpt},
         "reward_model": {"compute_rm_score": ((batch,), {})},

@@ -342,7 +342,8 @@ class WorkerGroup:
             ]
             return PendingCall(self, method, dispatch, refs, parts)
         if dispatch in ("all", "rank0"):
-            args = () if batch is None else (ray.put(batch),)
+            # an ObjectRef (another group's result) goes as it is: Ray hands each rank its value, unfetched by the driver
+            args = () if batch is None else (batch if isinstance(batch, ray.ObjectRef) else ray.put(batch),)
             refs = [getattr(actor, method).remote(*args, **kwargs) for actor in self.actors]
             return PendingCall(self, method, dispatch, refs)
         raise WorkerError(f"dispatch must be 'split', 'all' or 'rank0', got {dispatch!r}.")

@@ -137,6 +137,14 @@ def test_non_batch_results_come_back_by_rank(group):
     assert group.call("count", _batch([1, 2, 3])) == [2, 1]  # 3 samples: 2 + 1
 
 
+def test_an_object_ref_goes_to_every_rank_as_its_value(group):
+    """dispatch='all' with an ObjectRef (another group's result): each rank gets the value, the driver never fetches it."""
+    import ray
+
+    ref = ray.put(_batch([3, 5]))
+    assert group.call("count", ref, dispatch="all") == [2] * group.world_size
+
+
 def test_exception_reaches_driver_with_role_rank_and_traceback(group):
     with pytest.raises(WorkerError) as info:
         group.call("fail_on", dispatch="all", rank=1)

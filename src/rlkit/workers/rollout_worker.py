@@ -1,0 +1,105 @@
+"""``RolloutWorker``: a rollout engine in processes of its own (role ``rollout``, ``trainer.mode`` one_step_off / async).
+
+Each rank holds a full copy of the policy (plain module, not sharded: ranks are independent generation
+replicas; the group's torch.distributed group is only joined, never used by generation) and the
+recipe's rollout backend on top of it. The driver sends it the actor's weights after every update as
+a full state dict with a version number (``update_weights``); generation calls and weight pushes run
+in the order the driver submitted them (one Ray actor runs its calls one at a time), so a generation
+always finishes under the weights it started with. ``rlkit.async_rollout`` drives it.
+
+Checkpoints: ``save_checkpoint(dir)`` writes ``rollout_worker/rank<r>.pt`` (the sampling RNG and the
+weights version); the weights themselves are the actor's, pushed again on resume.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from rlkit.batch import Batch
+from rlkit.errors import WorkerError
+from rlkit.pipeline import Resolved
+from rlkit.recipe.schema import ModelConfig, RolloutConfig
+from rlkit.workers.base import Worker
+
+__all__ = ["RolloutWorker"]
+
+
+class RolloutWorker(Worker):
+    """A rollout-only rank: the backend over its own copy of the policy, weights by version."""
+
+    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
+                 model_config: ModelConfig, rollout_config: RolloutConfig, max_response_length: int = 512,
+                 seed: int = 1, rollout_backend: Resolved | None = None,
+                 agent_loops: dict[str, Resolved] | None = None, default_agent: str | None = None,
+                 tools: tuple[Resolved, ...] = ()):
+        """Keywords as for ``ActorRolloutRefWorker``'s rollout part; ``seed``: ``trainer.seed`` (sampling is
+        seeded ``seed * 1000 + 500 + rank``, apart from the actor's own engine)."""
+        super().__init__(rank, world_size, master_addr, master_port, device, threads)
+        from rlkit.models.load import load_model, load_tokenizer
+
+        if rollout_backend is None:
+            raise WorkerError("RolloutWorker needs rollout_backend (a resolved component).")
+        self.tokenizer = load_tokenizer(model_config)
+        torch.manual_seed(seed)
+        module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer).to(self.device)
+        module.requires_grad_(False)
+        self.rollout = rollout_backend.build(module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
+                                             max_response_length=max_response_length, device=self.device,
+                                             seed=seed * 1000 + 500 + rank)
+        if default_agent is not None:  # multi-turn: agent loops drive the backend turn by turn
+            from rlkit.rollout.agent import AgentLoopRollout
+
+            self.rollout = AgentLoopRollout(self.rollout, self.tokenizer, rollout_config=rollout_config,
+                                            max_response_length=max_response_length, loops=agent_loops or {},
+                                            default_agent=default_agent, tools=tools,
+                                            generate_ids=rollout_backend.spec.generate_ids)
+        self.version = 0  # the actor update whose weights this rank holds (0 = the initial weights)
+
+    def generate_sequences(self, prompts: Batch, **sampling) -> Batch:
+        """As ``ActorRolloutRefWorker.generate_sequences``; every row also gets ``rollout_version [B]``
+        (long), the weights version it was generated with."""
+        start = time.perf_counter()
+        out = self.rollout.generate(prompts, **sampling)
+        out["rollout_version"] = torch.full((len(out),), self.version, dtype=torch.long)
+        out.meta.setdefault("metrics", {})["perf/worker_s/gen"] = time.perf_counter() - start
+        return out
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+        """Load the actor's full state dict (every rank gets the same one); returns the seconds it took."""
+        start = time.perf_counter()
+        self.rollout_engine().update_weights(state_dict)
+        self.version = int(version)
+        return time.perf_counter() - start
+
+    def weights_version(self) -> int:
+        return self.version
+
+    def rollout_engine(self):
+        """The backend (under an agent-loop wrapper, its engine)."""
+        return getattr(self.rollout, "backend", self.rollout)
+
+    def save_checkpoint(self, directory: str) -> None:
+        path = Path(directory) / "rollout_worker"
+        path.mkdir(parents=True, exist_ok=True)
+        generator = getattr(self.rollout_engine(), "generator", None)
+        state = {"version": self.version,
+                 "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
+        torch.save(state, path / f"rank{self.rank}.pt")
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore the sampling RNG (a checkpoint of a sync run has none: nothing to restore)."""
+        path = Path(directory) / "rollout_worker" / f"rank{self.rank}.pt"
+        if not path.exists():
+            return
+        state = torch.load(path)
+        generator = getattr(self.rollout_engine(), "generator", None)
+        if state["generator"] is not None and isinstance(generator, torch.Generator):
+            generator.set_state(state["generator"])
+        self.version = int(state["version"])
+
+    def destroy(self) -> None:
+        self.rollout = None
+        super().destroy()
