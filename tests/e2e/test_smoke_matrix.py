@@ -35,7 +35,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
     "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
     "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
-                   "actor/pg_loss"),
+                   "actor/pg_loss", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction",
+                   "training/rollout_probs_diff_max"),
 }
 
 
@@ -70,6 +71,12 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     _own_process("rollout")(steps, out)
     assert [s["async/staleness_mean"] for s in steps] == [0.0, 1.0]
     assert all(s["async/dropped_stale"] == 0 for s in steps)
+    # decoupled PPO weighted every token of both steps. Step 1 sampled from the actor's own weights, so the
+    # weights are 1 up to numerics. (The tiny model scores 0, so GRPO's update leaves the weights unchanged
+    # and step 2's stale sample cannot show a mismatch here; tests/unit/test_offpolicy.py covers that.)
+    assert abs(steps[0]["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3, steps[0]["rollout_corr/rollout_is_mean"]
+    assert steps[0]["training/rollout_probs_diff_max"] < 1e-3
+    assert all(s["rollout_corr/rollout_rs_masked_fraction"] == 0.0 for s in steps)  # no weight above the cap of 5
 
 
 CHECKS = {"dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
