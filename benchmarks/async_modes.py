@@ -41,8 +41,9 @@ VAL_KEY = "val-core/rlkit/arithmetic/score/mean@1"
 
 # overrides that make recipes/grpo_async.yaml (async, two 1-CPU pools) into each mode
 MODE_OVERRIDES = {
+    # sync is the quickstart as it is: on-policy, so no rollout correction (and no old-log-prob pass it forces)
     "sync": ["trainer.mode=sync", "~trainer.max_staleness", "~resources.roles.rollout", "~resources.pools.generate",
-             "resources.pools.train.cpus_per_bundle=2"],
+             "resources.pools.train.cpus_per_bundle=2", "~algorithm.rollout_correction"],
     "one_step_off": ["trainer.mode=one_step_off", "~trainer.max_staleness"],
     "async": [],
 }
