@@ -57,9 +57,10 @@ def test_memory_release_on_cpu_is_refused_at_validation():
 
 
 def test_memory_saver_asked_for_a_cpu_worker_is_refused_at_start(tmp_path):
+    from rlkit_sglang.backend import SglangRollout
+
     from rlkit.errors import RlkitError
     from rlkit.recipe.schema import RolloutConfig
-    from rlkit_sglang.backend import SglangRollout
 
     params = SglangParams(model_path=str(tmp_path), launch={"enable_memory_saver": True})  # device auto
     with pytest.raises(RlkitError, match="enable_memory_saver=true, but the servers run on cpu"):

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-
 CHILD = None
 
 

@@ -4,11 +4,19 @@ Constructed like every backend (``rlkit.rollout.base``); its parameters (``Sglan
 beside its name, ``rollout.backend: {name: sglang, ...}``:
 
 - ``urls: [http://host:port, ...]`` — attach to running servers (one per replica); or
-- ``launch: {num_replicas, tp_size, mem_fraction_static, dtype, extra_args}`` with ``model_path``
-  (default: the module's ``name_or_path``) — start them (``rlkit_sglang.launch``, unverified on
-  real SGLang);
+- ``launch: {python, device, num_replicas, threads, ...}`` with ``model_path`` (default: the module's
+  ``name_or_path``) — start them on this node (``rlkit_sglang.launch``; ``python`` is the SGLang
+  venv's interpreter, ``device: auto`` the worker's device, CPU flags on CPU);
+- ``memory_release`` (None = decided at start): ``release_memory``/``resume_memory`` reach the servers
+  only when every server runs on CUDA with the memory saver (what launched servers were given, what
+  attached ones report in ``/server_info``); otherwise they are no-ops, said once in the log. Asking
+  for it where a server cannot (CPU) is an error at validation (``launch.device: cpu``) or at start;
 - ``timeout_s`` (600), ``retries`` (3): per request; ``weights_dir``: where ``update_weights``
   writes the weights servers reload (default: a temporary folder).
+
+Launched servers are watched: a request in flight to a server whose process died raises
+``SglangServerError`` at once. ``shutdown()`` (also at garbage collection or exit) ends their process
+groups.
 
 ``generate`` returns the same Batch layout as the HF backend; ``generate_ids`` is the one-turn
 call the multi-turn agent loop drives (``rlkit.rollout.agent``). Prompts are spread over the
@@ -36,7 +44,7 @@ from rlkit.errors import RlkitError
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit_sglang.client import GenerateOutput, SglangClient, SglangServerError
-from rlkit_sglang.params import CPU_MEMORY_RELEASE, SglangParams, memory_release_problem
+from rlkit_sglang.params import CPU_MEMORY_RELEASE, MEMORY_RELEASE_FIX, SglangParams, memory_release_problem
 
 __all__ = ["SglangRollout"]
 
@@ -103,7 +111,7 @@ class SglangRollout:
         problems = [p for device, saver in reports if (p := memory_release_problem(device or "", saver))]
         if asked and problems:
             raise RlkitError(f"rollout.backend.memory_release=true, but a server cannot release its memory "
-                             f"({where}): {problems[0]}")
+                             f"({where}): {problems[0]}. {MEMORY_RELEASE_FIX}")
         known = all(device == "cuda" and saver for device, saver in reports)
         self.memory_release = bool(asked) or (asked is None and known)
         if self.memory_release:

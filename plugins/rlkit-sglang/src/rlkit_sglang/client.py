@@ -28,9 +28,9 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -14,11 +14,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-__all__ = ["SglangLaunchParams", "SglangParams", "CPU_MEMORY_RELEASE", "memory_release_problem"]
+__all__ = ["SglangLaunchParams", "SglangParams", "CPU_MEMORY_RELEASE", "MEMORY_RELEASE_FIX", "memory_release_problem"]
 
 # Why memory release is never used on CPU (in errors and logs).
 CPU_MEMORY_RELEASE = ("SGLang's memory saver (torch_memory_saver) is CUDA-only: on a CPU server --enable-memory-saver "
                       "fails at start and /release_memory_occupation kills the server")
+
+
+MEMORY_RELEASE_FIX = ("Leave rollout.backend.memory_release unset (it is then used only where every server runs on CUDA "
+                      "with --enable-memory-saver) or run the servers on cuda with the memory saver on.")
 
 
 class SglangLaunchParams(BaseModel):
@@ -69,7 +73,7 @@ class SglangParams(BaseModel):
         if self.memory_release and not self.urls:
             problem = memory_release_problem(self.launch.device, self.launch.enable_memory_saver)
             if problem:
-                raise ValueError(f"memory_release=true: {problem}")
+                raise ValueError(f"memory_release=true: {problem}. {MEMORY_RELEASE_FIX}")
         return self
 
 
@@ -77,8 +81,7 @@ def memory_release_problem(device: str, memory_saver: bool | None) -> str | None
     """Why a server on ``device`` with ``memory_saver`` cannot release its memory, or None when it can
     (``memory_saver=None``: not known, e.g. an attached server that does not report it)."""
     if device == "cpu":
-        return f"{CPU_MEMORY_RELEASE}. Leave memory_release unset (it is off on CPU) or run the servers on cuda."
+        return CPU_MEMORY_RELEASE
     if memory_saver is False:
-        return ("the server runs without --enable-memory-saver, which /release_memory_occupation needs. "
-                "Set launch.enable_memory_saver=true (or start the attached server with it), or leave memory_release unset.")
+        return "the server runs without --enable-memory-saver, which /release_memory_occupation needs"
     return None
