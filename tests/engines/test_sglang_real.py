@@ -4,20 +4,25 @@ Marker ``engines`` (not in the default run): ``nox -s engines_sglang``, or
 ``RLKIT_SGLANG_PYTHON=/path/to/venv/bin/python pytest -m engines tests/engines/test_sglang_real.py``.
 SGLang lives in its own venv (``plugins/rlkit-sglang/scripts/sglang-cpu.sh VENV``); the server is
 launched by the backend itself (``launch.python``), as a training run does. Model: SmolLM2-135M-Instruct
-in fp32 (the quickstart's, from the rlkit cache). The last test kills the server.
+in fp32 (the quickstart's, from the rlkit cache). The next-to-last test kills the server; the last one is an
+`rlkit run` whose worker launches its own server (one server at a time: 3.8 GB and a core each).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from rlkit_harness import rlkit_env
 
 pytestmark = pytest.mark.engines
 
@@ -211,3 +216,54 @@ def test_dead_server_is_an_error_within_seconds(backend, hf):
     with pytest.raises(SglangServerError, match="did not answer") as err:  # an attached one: refused, retried
         SglangClient(server.url, retries=2, backoff_s=0.2).generate([[1, 2, 3]], {"max_new_tokens": 2})
     assert server.url in str(err.value) and time.monotonic() - start < 10
+
+
+# ----- a training run ------------------------------------------------------------------------------
+RUN_RECIPE = """\
+model: {{path: {model}}}
+data:
+  train_files: [{data}/train.parquet]
+  max_prompt_length: 64
+  max_response_length: 8
+  train_batch_size: 2
+algorithm: {{estimator: grpo}}
+actor: {{optim: {{lr: 1.0e-5}}, ppo_micro_batch_size_per_rank: 4}}
+rollout:
+  n: 2
+  backend: {{name: sglang, launch: {{python: {python}, log_dir: {logs}, startup_timeout_s: 900}}}}
+resources: {{pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
+trainer: {{total_steps: 2, save_freq: 0, val_before_train: false, output_dir: {out}, experiment_name: sglang}}
+tracking: {{backends: [jsonl]}}
+"""
+
+
+def _server_pids(port: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"sglang.launch_server.*--port {port}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_rlkit_run_trains_through_a_real_sglang_server(sglang_python, model_dir, tmp_path):
+    from rlkit.data import generate_arithmetic
+
+    generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
+    out, logs = tmp_path / "out", tmp_path / "sglang-logs"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out))
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "run", str(recipe)], env=rlkit_env(), capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "sglang: memory release off" in proc.stdout + proc.stderr  # decided at start, said in the log
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "training/global_step" in r]
+    assert [r["training/global_step"] for r in steps] == [1, 2]
+    for r in steps:  # generation came from the server; the update ran on its samples
+        assert r["response_length/mean"] > 0 and "actor/pg_loss" in r and "critic/score/mean" in r
+    (log,) = logs.glob("sglang-*.log")
+    text = log.read_text(errors="replace")
+    assert len(re.findall(r"POST /update_weights_from_disk HTTP/1.1\" 200", text)) >= 2  # a sync per step
+    assert len(re.findall(r"POST /generate HTTP/1.1\" 200", text)) >= 2
+    port = log.stem.split("-")[1]
+    deadline = time.monotonic() + 30  # stopped with the run (shutdown, or the guard when the worker exits)
+    while _server_pids(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _server_pids(port)
