@@ -150,3 +150,26 @@ def test_guard_ends_the_server_when_its_launcher_dies():
     while time.monotonic() < deadline and (_alive(guard) or any(_alive(c) for c in children)):
         time.sleep(0.2)
     assert not _alive(guard) and not any(_alive(c) for c in children)
+
+
+def test_server_dies_with_a_killed_guard():
+    """Ray SIGKILLs what a stopped worker leaves behind, the guard included: the server must not survive it."""
+    guard = subprocess.Popen([sys.executable, GUARD, str(os.getpid()), sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        children: list[int] = []
+        while not children and time.monotonic() < deadline:
+            children = [int(c) for c in open(f"/proc/{guard.pid}/task/{guard.pid}/children").read().split()]
+            time.sleep(0.1)
+        assert children and _alive(children[0])
+        guard.kill()
+        guard.wait()
+        while _alive(children[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(children[0])
+    finally:
+        try:  # a failed run leaves the sleeper in the group
+            os.killpg(guard.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
