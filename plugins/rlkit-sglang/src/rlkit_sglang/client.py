@@ -16,16 +16,21 @@ Endpoints and fields follow SGLang 0.5 (``sglang/srt/managers/io_struct.py``,
 - ``GET|POST /flush_cache``; ``GET /health``; ``GET /get_model_info``.
 
 Every call retries connection failures (a server restarting, a port not yet open) with backoff and
-then raises ``SglangServerError`` naming the URL, the endpoint and what to check.
+then raises ``SglangServerError`` naming the URL, the endpoint and what to check. A client of a server
+this process launched also has a liveness ``watch``: while a request is in flight the server process is
+checked every ``poll_s``, and its death raises at once (a dead server is an error within a second,
+never a wait for ``timeout_s``).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,11 +77,48 @@ def parse_output(item: dict) -> GenerateOutput:
 class SglangClient:
     """One SGLang server at ``url`` (``http://host:port``)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5):
+    def __init__(self, url: str, *, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
+                 watch: Callable[[], str | None] | None = None, poll_s: float = 0.25):
+        """``watch``: returns None while the server lives, else what happened to it (``LocalServer.problem``)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.watch = watch
+        self.poll_s = poll_s
+
+    def _dead(self, method: str, path: str) -> SglangServerError | None:
+        problem = self.watch() if self.watch is not None else None
+        if problem is None:
+            return None
+        return SglangServerError(f"{problem}; {method} {path} cannot be answered. The log shows why it died "
+                                 "(out of memory, a crash while loading weights, an endpoint the device does not support).")
+
+    def _open(self, req: urllib.request.Request, timeout_s: float) -> bytes:
+        """The answer's body; with a ``watch``, the request runs in a thread while the server is watched."""
+        if self.watch is None:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return resp.read()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                    box["body"] = resp.read()
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True, name=f"sglang-request {req.full_url}")
+        thread.start()
+        while thread.is_alive():
+            thread.join(self.poll_s)
+            if thread.is_alive():
+                dead = self._dead(req.get_method(), req.selector)
+                if dead is not None:
+                    raise dead
+        if "error" in box:
+            raise box["error"]
+        return box["body"]
 
     # ----- transport --------------------------------------------------------------------------
     def request(self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None,
@@ -89,8 +131,7 @@ class SglangClient:
             req = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
-                    body = resp.read()
+                body = self._open(req, timeout_s or self.timeout_s)
             except urllib.error.HTTPError as exc:  # the server answered: do not retry
                 detail = exc.read().decode(errors="replace")[:2000]
                 raise SglangServerError(
@@ -98,6 +139,9 @@ class SglangClient:
                 ) from None
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
                 last = exc
+                dead = self._dead(method, path)
+                if dead is not None:
+                    raise dead from exc
                 if attempt + 1 < attempts:
                     time.sleep(self.backoff_s * (2**attempt))
                 continue

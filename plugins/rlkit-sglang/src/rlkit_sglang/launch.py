@@ -1,40 +1,35 @@
-"""Start SGLang servers: one ``python -m sglang.launch_server`` per rollout replica.
+"""Start SGLang servers: one ``python -m sglang.launch_server`` subprocess per rollout replica, on this node.
 
-UNVERIFIED: SGLang needs CUDA, which the machine this was written on does not have. This code path
-has never started a real SGLang server; only the client and the backend were tested, against
-``rlkit serve`` (docs/sglang.md). The command line follows SGLang 0.5's ``server_args``.
+The server may run under another Python than the worker's (``launch.python``: SGLang in its own
+venv, e.g. the CPU build of ``scripts/sglang-cpu.sh``). Each server is its own process group (a
+session), started under ``_guard.py``, which ends the group when the process that launched it dies
+(a killed Ray worker leaves no orphan server holding 4 GB). ``stop()`` ends the group: SIGTERM, then
+SIGKILL after ``grace_s``.
 
-Inside Ray (the trainer's case) each replica is a Ray actor holding ``tp_size`` GPUs — placed on
-the role's resource pool when the caller passes ``placements`` (``ResourcePool.location(rank)``
-pairs) — that starts the server on its node and reports the URL. Without Ray, servers start as
-local subprocesses.
+CPU (``device: cpu``; verified with SGLang 0.5.15.post1, docs/sglang.md): ``--device cpu
+--attention-backend torch_native --disable-overlap-schedule --sleep-on-idle`` (without it the idle
+scheduler spins a core), float32, a bounded KV pool, ``SGLANG_USE_CPU_ENGINE=1`` and
+``OMP_NUM_THREADS``; never ``--enable-memory-saver`` (CUDA-only). CUDA: ``--tp-size``,
+``--mem-fraction-static``, ``--enable-memory-saver`` unless turned off (unverified here: no GPU).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from pathlib import Path
 
 from rlkit_sglang.client import SglangClient, SglangServerError
+from rlkit_sglang.params import SglangLaunchParams
 
-__all__ = ["LaunchConfig", "server_command", "LocalServer", "launch_servers"]
+__all__ = ["server_command", "LocalServer", "launch_servers", "CPU_DEFAULTS"]
 
-
-@dataclass
-class LaunchConfig:
-    model_path: str
-    num_replicas: int = 1  # rollout engines (data parallel)
-    tp_size: int = 1  # GPUs per engine (tensor parallel)
-    mem_fraction_static: float = 0.6  # GPU memory for weights + KV cache (leave room for training)
-    dtype: str = "bfloat16"
-    enable_memory_saver: bool = True  # needed by /release_memory_occupation (hybrid engine)
-    host: str = "127.0.0.1"
-    startup_timeout_s: float = 600.0
-    extra_args: list[str] = field(default_factory=list)  # passed through to sglang.launch_server
+GUARD = str(Path(__file__).with_name("_guard.py"))
+CPU_DEFAULTS = {"context_length": 1024, "max_total_tokens": 8192, "max_running_requests": 64}
 
 
 def _free_port() -> int:
@@ -43,75 +38,116 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(cfg: LaunchConfig, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model_path, "--host", cfg.host,
-           "--port", str(port), "--tp-size", str(cfg.tp_size), "--mem-fraction-static", str(cfg.mem_fraction_static),
-           "--dtype", cfg.dtype]
-    if cfg.enable_memory_saver:
-        cmd.append("--enable-memory-saver")
-    return cmd + list(cfg.extra_args)
+def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int) -> tuple[list[str], dict]:
+    """``(argv, extra environment)`` of one server on ``device`` ("cpu" | "cuda")."""
+    python = params.python or sys.executable
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", params.host,
+           "--port", str(port)]
+    env: dict[str, str] = {}
+    if device == "cpu":
+        cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+                "--sleep-on-idle", "--dtype", params.dtype or "float32"]
+        env = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": str(params.threads)}
+        limits = {k: getattr(params, k) or v for k, v in CPU_DEFAULTS.items()}
+    else:
+        cmd += ["--tp-size", str(params.tp_size), "--mem-fraction-static", str(params.mem_fraction_static),
+                "--dtype", params.dtype or "bfloat16"]
+        if params.enable_memory_saver is not False:
+            cmd.append("--enable-memory-saver")
+        limits = {k: getattr(params, k) for k in CPU_DEFAULTS}
+    for key, value in limits.items():
+        if value is not None:
+            cmd += ["--" + key.replace("_", "-"), str(value)]
+    return cmd + list(params.extra_args), env
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 class LocalServer:
-    """One SGLang server process on this node."""
+    """One SGLang server process group on this node; healthy when the constructor returns."""
 
-    def __init__(self, cfg: LaunchConfig, log_path: str | None = None):
-        self.port = _free_port()
-        self.url = f"http://{cfg.host}:{self.port}"
-        self.log_path = log_path or os.path.join(os.getcwd(), f"sglang-{self.port}.log")
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(server_command(cfg, self.port), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+    def __init__(self, cmd: list[str], env: dict[str, str], *, host: str, port: int, log_path: str,
+                 startup_timeout_s: float = 600.0, separate_python: bool = False):
+        self.url = f"http://{host}:{port}"
+        self.log_path = log_path
+        full_env = {**os.environ, **env}
+        if separate_python:  # our source paths must not shadow the SGLang venv's packages
+            full_env.pop("PYTHONPATH", None)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([cmd[0], GUARD, str(os.getpid()), *cmd], stdout=log,
+                                         stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
         try:
-            SglangClient(self.url).wait_healthy(cfg.startup_timeout_s)
-        except SglangServerError as exc:
+            self._wait_healthy(startup_timeout_s)
+        except BaseException:
             self.stop()
-            raise SglangServerError(f"{exc} Server log: {self.log_path} (exit code {self.proc.poll()}).") from None
+            raise
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+    def _wait_healthy(self, timeout_s: float) -> None:
+        client = SglangClient(self.url, retries=0)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            problem = self.problem()
+            if problem:
+                raise SglangServerError(f"{problem} while starting. Last lines of {self.log_path}:\n"
+                                        f"{_tail(self.log_path)}")
+            if client.health(timeout_s=2.0):
+                return
+            time.sleep(0.5)
+        raise SglangServerError(f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s "
+                                f"(launch.startup_timeout_s). Last lines of {self.log_path}:\n{_tail(self.log_path)}")
+
+    def problem(self) -> str | None:
+        """None while the server process lives; else what happened (the client's liveness watch)."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return (f"SGLang server {self.url} exited (code {code}; log {self.log_path}, last line: "
+                f"{_tail(self.log_path, 1)!r})")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
-                self.proc.wait(timeout=30)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                continue
+            try:  # the group may outlive its leader for a moment (scheduler subprocesses)
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=5)
 
 
-class _ServerActor:
-    """Ray actor body: owns one LocalServer on its node."""
-
-    def __init__(self, cfg: LaunchConfig):
-        import ray
-
-        cfg.host = ray.util.get_node_ip_address()
-        self.server = LocalServer(cfg)
-
-    def url(self) -> str:
-        return self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
-def launch_servers(cfg: LaunchConfig, placements: list[tuple[Any, int]] | None = None) -> tuple[list[str], list[Any]]:
-    """Start ``cfg.num_replicas`` servers; returns ``(urls, handles)`` (``handle.stop()`` / Ray actors)."""
+def launch_servers(params: SglangLaunchParams, model_path: str, device: str) -> list[LocalServer]:
+    """Start ``params.num_replicas`` servers of ``model_path`` on ``device`` (one after another: each
+    loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure."""
+    servers: list[LocalServer] = []
+    log_dir = Path(params.log_dir or os.getcwd())
+    log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        import ray
-    except ImportError:  # pragma: no cover - rlkit depends on ray
-        ray = None
-    if ray is None or not ray.is_initialized():
-        servers = [LocalServer(cfg) for _ in range(cfg.num_replicas)]
-        return [s.url for s in servers], servers
-    actor_cls = ray.remote(num_gpus=cfg.tp_size)(_ServerActor)
-    actors = []
-    for rank in range(cfg.num_replicas):
-        options: dict[str, Any] = {}
-        if placements:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            pg, bundle = placements[rank % len(placements)]
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle)
-        actors.append(actor_cls.options(**options).remote(cfg))
-    urls = ray.get([a.url.remote() for a in actors])
-    return urls, actors
+        for _ in range(params.num_replicas):
+            port = _free_port()
+            cmd, env = server_command(params, model_path, device, port)
+            servers.append(LocalServer(cmd, env, host=params.host, port=port,
+                                       log_path=str(log_dir / f"sglang-{port}.log"),
+                                       startup_timeout_s=params.startup_timeout_s,
+                                       separate_python=params.python is not None))
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
