@@ -90,6 +90,7 @@ class VllmRollout:
         self._write_folder(_full_state_dict(module))
         self._dist_was_initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.llm = self._start(seed if params.seed is None else params.seed)
+        self.weight_syncs = 0  # reloads so far (metric rollout/vllm/weight_syncs)
 
     # ----- engine -------------------------------------------------------------------------------
     def _start(self, seed: int):
@@ -174,7 +175,9 @@ class VllmRollout:
                                        seed=s if sampled else None) for s in seeds]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         responses, response_mask, log_probs = self._collect(outputs, max_new)
-        meta = {"temperature": float(temperature) if sampled else 1.0, "do_sample": sampled}
+        meta = {"temperature": float(temperature) if sampled else 1.0, "do_sample": sampled,
+                "metrics": {"rollout/vllm/weight_syncs": float(self.weight_syncs),
+                            "rollout/vllm/generated_tokens": float(response_mask.sum())}}
         return assemble_rollout(ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), responses,
                                 response_mask, log_probs, meta)
 
@@ -205,6 +208,7 @@ class VllmRollout:
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+        self.weight_syncs += 1
 
 
 def _check_single_rank() -> None:
