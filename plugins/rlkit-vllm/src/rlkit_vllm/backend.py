@@ -114,10 +114,23 @@ class VllmRollout:
             torch.set_num_threads = set_threads
 
     def _write_folder(self, state: dict[str, torch.Tensor]) -> None:
-        """The engine's model folder: the actor's config (eos/pad from the tokenizer), weights, tokenizer."""
+        """The engine's model folder: the actor's config, tokenizer and every weight of ``state`` by name.
+
+        Tied weights are written under each name (``save_pretrained`` would drop ``lm_head.weight``): vLLM's
+        in-place reload keeps the old lm_head of a tied model when the folder lacks it (measured)."""
+        from safetensors.torch import save_file
+
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.module.save_pretrained(self.weights_dir, state_dict={k: v.detach().cpu() for k, v in state.items()})
+        self.module.config.save_pretrained(self.weights_dir)
         self.tokenizer.save_pretrained(self.weights_dir)
+        seen: set[int] = set()
+        tensors = {}
+        for name, value in state.items():
+            value = value.detach().cpu().contiguous()
+            ptr = value.untyped_storage().data_ptr()
+            tensors[name] = value.clone() if ptr in seen else value  # safetensors refuses shared storage
+            seen.add(ptr)
+        save_file(tensors, str(self.weights_dir / "model.safetensors"), metadata={"format": "pt"})
 
     def close(self) -> None:
         """Stop the engine and leave vLLM's process groups (not a process group rlkit made)."""
