@@ -205,20 +205,20 @@ def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_di
 
 
 # ----- end to end ----------------------------------------------------------------------------------
-def test_rlkit_run_with_rollout_backend_vllm(model_dir, tmp_path):
+def test_rlkit_run_with_rollout_backend_vllm_then_resume(model_dir, tmp_path):
     """`rlkit run ... rollout.backend=vllm` as a user runs it: two GRPO steps on the tiny model, the engine
-    generating in the actor's Ray worker and reloading the actor's weights after each update."""
+    generating in the actor's Ray worker and reloading the actor's weights after each update; then a resumed
+    run's engine starts from the checkpoint's weights (reloaded once before its first step)."""
     from rlkit_harness import records, write_recipe
     from rlkit_harness import run as run_rlkit
 
     from rlkit.data import generate_arithmetic
 
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
-    data = tmp_path / "data"
     out = tmp_path / "out"
-    recipe = write_recipe(tmp_path / "recipe.yaml", model_dir, data, out, steps=2)
-    result = run_rlkit("run", str(recipe), "rollout.backend=vllm", "rollout.backend.kv_cache_gib=0.25",
-                       "rollout.backend.max_model_len=256", timeout=900)
+    recipe = write_recipe(tmp_path / "recipe.yaml", model_dir, tmp_path / "data", out, steps=2)
+    engine = ("rollout.backend=vllm", "rollout.backend.kv_cache_gib=0.25", "rollout.backend.max_model_len=256")
+    result = run_rlkit("run", str(recipe), *engine, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -227,3 +227,8 @@ def test_rlkit_run_with_rollout_backend_vllm(model_dir, tmp_path):
     for r in steps:
         assert r["rollout/vllm/generated_tokens"] == pytest.approx(r["response_length/mean"] * 4)  # 2 prompts × n 2
         assert r["response_length/mean"] > 0 and "actor/pg_loss" in r and "critic/score/mean" in r
+
+    result = run_rlkit("run", str(recipe), *engine, "trainer.total_steps=3", timeout=900)  # resume: auto
+    assert result.returncode == 0, result.stderr[-4000:]
+    step3 = [r for r in records(out) if r.get("training/global_step") == 3.0]
+    assert len(step3) == 1 and step3[0]["rollout/vllm/weight_syncs"] == 1.0  # the checkpoint's weights, before step 3
