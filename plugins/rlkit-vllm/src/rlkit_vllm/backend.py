@@ -86,7 +86,8 @@ class VllmRollout:
         self.stop_token_ids = sorted({i for i in ids if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         self._check_sampling(rollout_config.top_k, rollout_config.top_p, "rollout")
-        self.weights_dir = Path(params.weights_dir or tempfile.mkdtemp(prefix="rlkit-vllm-"))
+        self._tmp = None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")  # removed at exit
+        self.weights_dir = Path(params.weights_dir or self._tmp.name)
         self._write_folder(_full_state_dict(module))
         self._dist_was_initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.llm = self._start(seed if params.seed is None else params.seed)
@@ -147,6 +148,8 @@ class VllmRollout:
                 parallel_state._WORLD = None
         else:
             parallel_state.destroy_distributed_environment()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     # ----- generation ---------------------------------------------------------------------------
     @staticmethod
