@@ -244,6 +244,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
                          "(DAPO: 4096 of 20480), so set it at most that"))
     problems += plan_roles(recipe, registries, estimator)[1]
     problems += _check_agent(recipe, registries)
+    problems += _check_lora(recipe, registries)
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
         problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
@@ -261,6 +262,17 @@ def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]
         return [("rollout.tools", f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]")]
     if recipe.rollout.tools and agent is None:
         return [("rollout.tools", "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)")]
+    return []
+
+
+def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """actor.lora samples from the adapter-active actor module: the HF backend only (docs/lora.md)."""
+    backend = recipe.rollout.backend.name
+    if recipe.actor.lora is None or backend not in registries.rollout_backends:
+        return []
+    if registries.rollout_backends.get(backend).name != "hf":
+        return [("actor.lora", f"LoRA with rollout.backend={backend} is not yet supported; the hf backend samples "
+                               "from the adapter-active actor: set rollout.backend=hf, or remove actor.lora")]
     return []
 
 
