@@ -9,6 +9,7 @@ what a recipe declares is checked generically: a KL loss must log ``actor/kl_los
 
 from __future__ import annotations
 
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "actor/kl_loss"),
     "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
     "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
+    "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
 }
 
 
@@ -60,7 +62,35 @@ def _reward_model_scored(steps: list[dict], out: Path) -> None:
     assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)  # synthetic rows: the model scores them
 
 
-CHECKS = {"dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
+    """LoRA ran: the reference (adapter off) equals the actor before the first update (KL exactly 0), not after;
+    checkpoints hold the adapter; the final merge is a PEFT adapter folder and --merge-lora a full model, and both
+    load and generate the same tokens."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert steps[0]["actor/kl_loss"] == 0.0 and steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
+    assert 0 < steps[-1]["actor/lora_trainable_params"]
+    assert (out / "checkpoints" / "global_step_2" / "actor" / "adapter_config.json").is_file()
+    adapter = out / "hf_model"  # merge_at_end of a LoRA run: the adapter folder
+    assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+    merged = out / "merged"
+    result = run_rlkit("merge", str(out / "checkpoints" / "global_step_2"), "--out", str(merged), "--merge-lora")
+    assert result.returncode == 0, result.stderr[-3000:]
+    base_path = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_path)
+    q_base = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    with_adapter = PeftModel.from_pretrained(base, adapter)
+    full = AutoModelForCausalLM.from_pretrained(merged)
+    assert not torch.equal(full.model.layers[0].self_attn.q_proj.weight, q_base)  # the trained adapter is in it
+    tok = AutoTokenizer.from_pretrained(merged)
+    ids = tok("1 + 2 =", return_tensors="pt")
+    outputs = [m.generate(**ids, max_new_tokens=6, do_sample=False) for m in (with_adapter, full)]
+    assert torch.equal(outputs[0], outputs[1])
+
+
+CHECKS = {"quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)

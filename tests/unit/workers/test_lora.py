@@ -112,3 +112,14 @@ def test_bad_target_modules_is_a_clear_error(tiny_model_dir, gloo_world1):
 
     with pytest.raises(WorkerError, match="target_modules"):
         make_actor(tiny_model_dir, lora=LoraConfig(target_modules=["no_such_layer"]))
+
+
+def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir, tmp_path):
+    import shutil
+
+    from rlkit.merge import MergeError, merge_checkpoint
+
+    (tmp_path / "ckpt" / "hf_config").mkdir(parents=True)
+    shutil.copy(Path(tiny_model_dir) / "config.json", tmp_path / "ckpt" / "hf_config" / "config.json")
+    with pytest.raises(MergeError, match="--merge-lora needs a LoRA checkpoint"):
+        merge_checkpoint(tmp_path / "ckpt", tmp_path / "out", merge_lora=True)
