@@ -123,3 +123,32 @@ def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir,
     shutil.copy(Path(tiny_model_dir) / "config.json", tmp_path / "ckpt" / "hf_config" / "config.json")
     with pytest.raises(MergeError, match="--merge-lora needs a LoRA checkpoint"):
         merge_checkpoint(tmp_path / "ckpt", tmp_path / "out", merge_lora=True)
+
+
+def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_world1, tmp_path, monkeypatch):
+    """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and the
+    same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight version)."""
+    import os
+    import subprocess
+
+    script = Path(__file__).with_name("_lora_ranks.py")
+    out = tmp_path / "ws2.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(script), str(tiny_model_dir), "2", str(out)], env=env,
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    two = torch.load(out, weights_only=False)
+    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # FSDP ranks run one prompt pass per row
+    sys.path.insert(0, str(script.parent))
+    try:
+        from _lora_ranks import lora_update_once
+    finally:
+        sys.path.remove(str(script.parent))
+    one = lora_update_once(str(tiny_model_dir))
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+        assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
+    assert one["adapter"].keys() == two["adapter"].keys() and all(is_adapter_key(k) for k in one["adapter"])
+    for name, value in one["adapter"].items():
+        torch.testing.assert_close(value, two["adapter"][name], atol=1e-4, rtol=0, msg=name)
+    moved = max(float(v.abs().max()) for k, v in one["adapter"].items() if ".lora_B." in k)
+    assert moved > 1e-3  # lora_B starts at zero: the update moved it
