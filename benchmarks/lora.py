@@ -65,7 +65,7 @@ def one_run(name: str, steps: int, lr: float) -> dict:
     overrides += [f"trainer.total_steps={steps}", "trainer.merge_at_end=false", f"trainer.output_dir={out}",
                   "trainer.resume=never", f"trainer.experiment_name=lora-bench-{name}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    start = time.time()
+    start, load_start = time.time(), os.getloadavg()
     proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(REPO / "recipes" / recipe), *overrides],
                             cwd=WORK, env=env, stdout=subprocess.DEVNULL, stderr=open(WORK / f"{name}.err", "w"))
     stop, peaks = threading.Event(), {}
@@ -80,6 +80,7 @@ def one_run(name: str, steps: int, lr: float) -> dict:
     train = [r for r in records if "training/global_step" in r]
     val = {r["step"]: v for r in records for k, v in r.items() if k.startswith("val-core/") and k.endswith("mean@1")}
     return {"name": name, "rank": rank, "lr": lr if rank else 2e-6, "wall_s": time.time() - start,
+            "load_start": load_start, "load_end": os.getloadavg(),
             "s_per_step": statistics.median(r["perf/time_per_step"] for r in train[1:]),
             "peak_rss_gib": peaks, "val": val, "score": {r["step"]: r.get("critic/score/mean") for r in train},
             "trainable_params": train[-1].get("actor/lora_trainable_params"), "output_dir": str(out)}

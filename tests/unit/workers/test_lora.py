@@ -18,7 +18,6 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 sys.path.pop(0)
 
-pytest.importorskip("peft")
 
 
 def make_actor(model_dir, lora: LoraConfig | None = LoraConfig(rank=4, alpha=8), **overrides) -> FSDPActor:
