@@ -64,7 +64,7 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None 
     """Write ``out`` (config, tokenizer, safetensors) from ``checkpoint``; atomic (temp folder + rename).
     A LoRA checkpoint gives the adapter folder, or with ``merge_lora`` the merged model."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     checkpoint, out = Path(checkpoint), Path(out)
     hf_config = checkpoint / "hf_config"

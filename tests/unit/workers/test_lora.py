@@ -18,9 +18,10 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 sys.path.pop(0)
 
+LORA = LoraConfig(rank=4, alpha=8)
 
 
-def make_actor(model_dir, lora: LoraConfig | None = LoraConfig(rank=4, alpha=8), **overrides) -> FSDPActor:
+def make_actor(model_dir, lora: LoraConfig | None = LORA, **overrides) -> FSDPActor:
     cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_rank=4, lora=lora,
                       optim=OptimConfig(lr=1e-2, weight_decay=0.0), **overrides)
     return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10)
