@@ -5,6 +5,11 @@ per rank) plus ``hf_config/`` (model config and tokenizer, written by the driver
 no process group and no GPU: DCP's shards are read into one state dict, the model is rebuilt from
 its config, the weights are loaded strictly (tied weights excepted), and ``save_pretrained`` writes
 config, tokenizer and safetensors that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+A LoRA checkpoint (``actor.lora``: ``actor/adapter_config.json`` beside adapter-only shards) becomes
+PEFT's adapter folder by default (``adapter_config.json`` + ``adapter_model.safetensors`` + tokenizer;
+``PeftModel.from_pretrained(base, folder)`` loads it, the base being ``base_model_name_or_path`` in the
+config), or with ``merge_lora=True`` the base with the adapter merged in: a plain HF model folder.
 """
 
 from __future__ import annotations
@@ -64,15 +69,22 @@ def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
     return model
 
 
-def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
-    """Write ``out`` (config, tokenizer, safetensors) from ``checkpoint``; atomic (temp folder + rename)."""
+def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None, *,
+                     merge_lora: bool = False) -> Path:
+    """Write ``out`` (config, tokenizer, safetensors) from ``checkpoint``; atomic (temp folder + rename).
+    A LoRA checkpoint gives the adapter folder, or with ``merge_lora`` the merged model."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     checkpoint, out = Path(checkpoint), Path(out)
     hf_config = checkpoint / "hf_config"
     if not (hf_config / "config.json").is_file():
         raise MergeError(f"{checkpoint}: no hf_config/config.json; is this an rlkit checkpoint folder (global_step_N)?")
+    if (checkpoint / "actor" / "adapter_config.json").is_file():
+        return _write(_lora_model(checkpoint, dtype, merge_lora), hf_config, out)
+    if merge_lora:
+        raise MergeError(f"{checkpoint}: --merge-lora needs a LoRA checkpoint (actor.lora; actor/adapter_config.json), "
+                         "this one holds full weights; drop --merge-lora")
     weights = load_actor_state_dict(checkpoint)
     config = AutoConfig.from_pretrained(hf_config)
     with torch.device("meta"):  # no random init of weights that are overwritten next
@@ -87,6 +99,37 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None 
                          f"unexpected {result.unexpected_keys[:5]}")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
+    return _write(model, hf_config, out)
+
+
+def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
+    """The base model with the checkpoint's adapter (a ``PeftModel``), or merged into it (``merge_lora``)."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    lora_config = peft.LoraConfig.from_pretrained(str(checkpoint / "actor"))
+    base_path = lora_config.base_model_name_or_path
+    if not base_path or not Path(base_path).is_dir():
+        raise MergeError(f"{checkpoint}/actor/adapter_config.json: its base model folder {base_path!r} is not here; "
+                         "set base_model_name_or_path in that file to the base model's folder")
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype) if dtype else torch.float32)
+    model = peft.get_peft_model(base, lora_config)
+    weights = load_actor_state_dict(checkpoint)
+    inner = model.base_model.model
+    expected = {k for k, p in inner.named_parameters() if p.requires_grad}
+    result = inner.load_state_dict(weights, strict=False)
+    missing = sorted(expected - set(weights))
+    if missing or result.unexpected_keys:
+        raise MergeError(f"{checkpoint}: the adapter shards do not fit adapter_config.json on {base_path}: missing "
+                         f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    return model.merge_and_unload() if merge_lora else model
+
+
+def _write(model, hf_config: Path, out: Path) -> Path:
+    """``save_pretrained`` of ``model`` (a model, or a PeftModel: its adapter) + tokenizer into ``out``, atomically."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(hf_config)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -37,6 +37,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
                    "actor/pg_loss", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction",
                    "training/rollout_probs_diff_max"),
+    "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
 }
 
 
@@ -79,7 +80,38 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     assert all(s["rollout_corr/rollout_rs_masked_fraction"] == 0.0 for s in steps)  # no weight above the cap of 5
 
 
-CHECKS = {"dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
+    """LoRA ran: the reference (adapter off) equals the actor before the first update (KL exactly 0), not after;
+    checkpoints hold the adapter; the final merge is a PEFT adapter folder and --merge-lora a full model, and both
+    load and generate, with the same logits."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert steps[0]["actor/kl_loss"] == 0.0 and steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
+    assert 0 < steps[-1]["actor/lora_trainable_params"]
+    assert (out / "checkpoints" / "global_step_2" / "actor" / "adapter_config.json").is_file()
+    adapter = out / "hf_model"  # merge_at_end of a LoRA run: the adapter folder
+    assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+    merged = out / "merged"
+    result = run_rlkit("merge", str(out / "checkpoints" / "global_step_2"), "--out", str(merged), "--merge-lora")
+    assert result.returncode == 0, result.stderr[-3000:]
+    base_path = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_path)
+    q_base = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    with_adapter = PeftModel.from_pretrained(base, adapter)
+    full = AutoModelForCausalLM.from_pretrained(merged)
+    assert not torch.equal(full.model.layers[0].self_attn.q_proj.weight, q_base)  # the trained adapter is in it
+    tok = AutoTokenizer.from_pretrained(merged)
+    ids = tok("1 + 2 =", return_tensors="pt")
+    for model in (with_adapter, full):  # both generate
+        assert model.generate(**ids, max_new_tokens=6, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 6
+    with torch.no_grad():  # the same function: logits equal up to the rounding of W + BA vs W x + B(A x)
+        logits = [model(**ids).logits for model in (with_adapter, full)]
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+
+
+CHECKS = {"quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)

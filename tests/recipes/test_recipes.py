@@ -42,6 +42,8 @@ def test_what_each_recipe_implies(registries):
     assert dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable  # shaping is a reward step
     assert by_name["ppo"].algorithm.estimator.params == {"gamma": 1.0, "lam": 1.0}
     assert by_name["quickstart"].resources.device == "auto" and by_name["quickstart"].rollout.backend.name == "hf"
+    lora = by_name["quickstart_lora"]  # LoRA's KL reference is the actor with the adapter off (docs/lora.md)
+    assert lora.actor.lora.rank == 16 and uses_ref(lora) and lora.rollout.backend.name == "hf"
     agent = by_name["grpo_tool_agent"]
     assert agent.rollout.agent.name == "tool" and [t.name for t in agent.rollout.tools] == ["calculator"]
     assert agent.actor.use_kl_loss

@@ -158,6 +158,7 @@ BAD = [
     (["trainer.max_staleness=0"], "trainer.max_staleness", "greater than 0"),
     (["trainer.mode=offpolicy"], "trainer.mode", "'sync', 'one_step_off' or 'async'"),
     (["resources.pools.gen.bundles_per_node=32"], "data.train_batch_size", "32 rollout ranks"),
+    (["actor.lora={rank: 4}"], "actor.lora", "trainer.mode=async is not yet supported"),
 ]
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "DataConfig",
     "AlgorithmConfig",
     "ActorConfig",
+    "LoraConfig",
     "RolloutConfig",
     "RewardConfig",
     "CriticConfig",
@@ -137,6 +138,18 @@ class OptimConfig(Section):
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
 
 
+class LoraConfig(Section):
+    """A LoRA adapter trained on the frozen base model (PEFT; docs/lora.md)."""
+
+    rank: PositiveInt = Field(8, description="adapter rank r (lora_A [r, in], lora_B [out, r])")
+    alpha: PositiveFloat = Field(16.0, description="scaling numerator: the update is (alpha / rank) · B A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input during updates")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="linear layers that get an adapter: names such as [q_proj, v_proj], or "
+        "all-linear (every linear layer but the output head)")
+    use_rslora: bool = Field(False, description="rank-stabilised scaling alpha / sqrt(rank)")
+
+
 class ActorConfig(Section):
     policy_loss: Component = Field(Component(name="ppo_clip"), description="policy loss (registry `policy_losses`) and its parameters (clip ratios, ...)")
     loss_agg_mode: LossAggMode = Field("token-mean", description="how per-token losses become one number")
@@ -157,6 +170,8 @@ class ActorConfig(Section):
         "fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)")
     max_nonfinite_in_row: PositiveInt = Field(3, description="stop after this many skipped non-finite updates in a row")
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base instead of all "
+                                    "weights (PEFT); the colocated reference is the base with the adapter off")
 
 
 class ValidationSampling(Section):

@@ -246,6 +246,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     problems += _check_mode(recipe, est, registries)
     problems += _check_agent(recipe, registries)
     problems += _check_rollout_correction(recipe, registries)
+    problems += _check_lora(recipe, registries)
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
         problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
@@ -301,8 +302,21 @@ def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tu
     if not registries.rollout_backends.get(backend).rollout_log_probs:
         return [("algorithm.rollout_correction",
                  f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
-                 "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang) "
+                 "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
                  "or remove algorithm.rollout_correction")]
+
+
+def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """actor.lora samples from the adapter-active actor module: the HF backend only (docs/lora.md)."""
+    backend = recipe.rollout.backend.name
+    if recipe.actor.lora is None or backend not in registries.rollout_backends:
+        return []
+    if registries.rollout_backends.get(backend).name != "hf":
+        return [("actor.lora", f"LoRA with rollout.backend={backend} is not yet supported; the hf backend samples "
+                               "from the adapter-active actor: set rollout.backend=hf, or remove actor.lora")]
+    if recipe.trainer.mode != "sync":
+        return [("actor.lora", f"LoRA with trainer.mode={recipe.trainer.mode} is not yet supported (the rollout pool "
+                               "loads full weights, not an adapter): set trainer.mode=sync, or remove actor.lora")]
     return []
 
 

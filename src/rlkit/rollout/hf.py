@@ -120,7 +120,8 @@ class HFRollout:
 
     # ----- weights ------------------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
-        """Hybrid engine: the actor's module itself (shared, nothing copied) or a full state dict."""
+        """Hybrid engine: the actor's module itself (shared, nothing copied), a full state dict, or (LoRA:
+        ``FSDPActor.rollout_state_dict``) the adapter's tensors alone into a module that has the adapter."""
         if isinstance(weights, nn.Module):
             if weights is not self.module:
                 self._decode_copy = None
@@ -128,15 +129,20 @@ class HFRollout:
             return
         from torch.distributed.fsdp import FSDPModule
 
+        from rlkit.workers.lora import is_adapter_key
+
+        # A module with a LoRA adapter takes adapter tensors alone (its frozen base never changes).
+        adapter_only = any(is_adapter_key(name) for name, _ in self.module.named_parameters())
         if isinstance(self.module, FSDPModule):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not adapter_only)
             set_model_state_dict(self.module, weights, options=opts)
         else:
             result = self.module.load_state_dict(weights, strict=False)
             tied = getattr(getattr(self.module, "config", None), "tie_word_embeddings", False)
-            missing = [k for k in result.missing_keys if not (tied and k.endswith("lm_head.weight"))]
+            missing = [k for k in result.missing_keys if not (tied and k.endswith("lm_head.weight"))
+                       and not (adapter_only and not is_adapter_key(k))]
             if missing or result.unexpected_keys:
                 raise RlkitError(f"rollout.update_weights: the state dict does not fit the rollout's model "
                                  f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}).")

@@ -29,6 +29,7 @@ import functools
 import inspect
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -189,6 +190,12 @@ class FSDPActor:
         self.policy_loss = policy_loss  # resolved on the driver: the function and its validated parameters
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
+        self.peft_model = None  # actor.lora: the PeftModel around ``module`` (adapter on/off); docs/lora.md
+        if actor_config.lora is not None:
+            from rlkit.workers.lora import apply_lora, trainable_numel
+
+            module, self.peft_model = apply_lora(module, actor_config.lora)
+            self.lora_trainable = trainable_numel(module)[0]
         bf16 = concrete_mixed_precision(actor_config.mixed_precision, self.device) == "bf16"
         if bf16 and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
             module.set_attn_implementation("eager")  # CPU SDPA's bf16 backward is slow (docs/benchmarks.md)
@@ -249,6 +256,8 @@ class FSDPActor:
         metrics = {key: sum(values) / len(values) for key, values in history.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_skips"] = float(self.nonfinite_skips)
+        if self.peft_model is not None:
+            metrics["actor/lora_trainable_params"] = float(self.lora_trainable)
         return metrics | (mismatch.metrics() if mismatch is not None else {})
 
     def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
@@ -335,13 +344,29 @@ class FSDPActor:
         """HF-style full state dict on CPU (rank 0; ``{}`` elsewhere). Collective."""
         return fsdp.full_state_dict(self.module)
 
+    def rollout_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a rollout holding its own copy needs after an update (rank 0; ``{}`` elsewhere): the adapter's
+        tensors alone with ``actor.lora``, else the full state dict. Collective."""
+        if self.peft_model is None:
+            return self.full_state_dict()
+        from rlkit.workers.lora import adapter_state_dict
+
+        return adapter_state_dict(self.module)
+
     def save_checkpoint(self, directory) -> None:
+        """Model + optimizer shards (with ``actor.lora``: the adapter and its optimizer state only, plus
+        ``adapter_config.json``), scheduler, counters and RNG states."""
         extra = {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips,
                  "update_calls": self.update_calls, "shuffle_generator": self.shuffle_generator.get_state()}
-        fsdp.save_checkpoint(directory, self.module, self.optimizer, extra)
+        lora = self.peft_model is not None
+        fsdp.save_checkpoint(directory, self.module, self.optimizer, extra, trainable_only=lora)
+        if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            from rlkit.workers.lora import save_adapter_config
+
+            save_adapter_config(self.peft_model, Path(directory))
 
     def load_checkpoint(self, directory) -> None:
-        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer)
+        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer, trainable_only=self.peft_model is not None)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.nonfinite_skips = extra["nonfinite_skips"]
         self.update_calls = extra["update_calls"]

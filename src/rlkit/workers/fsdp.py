@@ -121,14 +121,31 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, extra: dict | None = None) -> None:
-    """DCP-save model (+ optimizer) shards to ``directory/dcp`` and this rank's ``extra`` + RNG states."""
+def _state_dict_options(trainable_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if trainable_only else None
+
+
+def _trainable_only(module: nn.Module, model_sd: dict) -> dict:
+    """``model_sd`` cut to the parameters that require grad (a tied head, e.g. ``lm_head.weight`` of a
+    frozen embedding, passes ``ignore_frozen_params``: it is not a named parameter of its own)."""
+    names = {name for name, p in module.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k in names}
+
+
+def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, extra: dict | None = None, *,
+                    trainable_only: bool = False) -> None:
+    """DCP-save model (+ optimizer) shards to ``directory/dcp`` and this rank's ``extra`` + RNG states.
+    ``trainable_only``: the parameters that require grad alone (a LoRA adapter without its frozen base)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [])
+    model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [],
+                                        options=_state_dict_options(trainable_only))
+    model_sd = _trainable_only(module, model_sd) if trainable_only else model_sd
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -137,17 +154,19 @@ def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, ex
         dist.barrier()
 
 
-def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None) -> dict:
+def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *, trainable_only: bool = False) -> dict:
     """Inverse of ``save_checkpoint``; restores RNG states and returns this rank's ``extra`` dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     directory = Path(directory)
-    model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [])
+    options = _state_dict_options(trainable_only)
+    model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [], options=options)
+    model_sd = _trainable_only(module, model_sd) if trainable_only else model_sd
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
     set_state_dict(module, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optim", {}))
+                   optim_state_dict=state.get("optim", {}), options=options)
     rank = dist.get_rank() if dist.is_initialized() else 0
     extra = torch.load(directory / f"extra_rank{rank}.pt", weights_only=False)
     set_rng_state(extra.pop("rng"))

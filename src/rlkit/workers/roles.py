@@ -86,7 +86,11 @@ class ActorRolloutRefWorker(Worker):
                                                 max_response_length=max_response_length, loops=agent_loops or {},
                                                 default_agent=default_agent, tools=tools,
                                                 generate_ids=self.backend_spec.generate_ids)
-        if ref_config is not None:
+        if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
+            from rlkit.workers.lora import LoraRef
+
+            self.ref = LoraRef(self.actor, ref_config, temperature=temperature)  # the base: adapter off, no copy
+        elif ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
             self.ref = FSDPRef(model_config, ref_config, device=self.device, temperature=temperature,

@@ -187,3 +187,24 @@ def test_yaml_error_names_the_line(tmp_path, registries):
     path.write_text("model:\n  path: a\ndata: {train_files: [x\n")
     (loc, _), = problems_of(path, registries=registries)
     assert loc.startswith("line ")
+
+
+def test_lora_section_and_its_errors(recipe_file, registries):
+    import rlkit
+    from rlkit.specs import RolloutBackendSpec
+
+    recipe = load_recipe(recipe_file(), ["actor.lora={rank: 4, target_modules: [q_proj, v_proj]}"], registries=registries)
+    assert recipe.actor.lora.rank == 4 and recipe.actor.lora.alpha == 16.0 and recipe.actor.lora.target_modules == ["q_proj", "v_proj"]
+    assert load_recipe(recipe_file(), registries=registries).actor.lora is None  # off by default
+    [(key, msg)] = problems_of(recipe_file(), ["actor.lora.rank=0"], registries=registries)
+    assert key == "actor.lora.rank"
+    assert problems_of(recipe_file(), ["critic.lora={rank: 4}"], registries=registries)[0][0] == "critic.lora"  # no critic adapter
+
+    class Engine:
+        @rlkit.hookimpl
+        def rlkit_register_rollout_backends(self):
+            return [RolloutBackendSpec(name="engine_x", description="an engine with its own weights", cls="x:Y")]
+
+    with_engine = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("engine", Engine()),)))
+    [(key, msg)] = problems_of(recipe_file(), ["actor.lora={rank: 4}", "rollout.backend=engine_x"], registries=with_engine)
+    assert key == "actor.lora" and "not yet supported" in msg and "rollout.backend=hf" in msg

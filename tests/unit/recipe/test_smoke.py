@@ -36,7 +36,7 @@ ALGORITHM_KEYS = ("algorithm", "actor.policy_loss", "actor.clip_ratio_low", "act
                   "actor.entropy_coeff", "actor.ppo_epochs", "actor.optim.lr", "critic.cliprange_value", "reward.manager",
                   "reward.overlong_buffer.enable", "reward.overlong_buffer.penalty_factor", "rollout.agent",
                   "rollout.tools", "rollout.temperature", "rollout.top_p", "resources.roles",
-                  "trainer.seed", "ref.enable", "reward.reward_model.enable", "reward.reward_model.combine")
+                  "trainer.seed", "ref.enable", "reward.reward_model.enable", "reward.reward_model.combine", "actor.lora")
 
 
 @pytest.fixture(scope="module")
