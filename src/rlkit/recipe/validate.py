@@ -304,6 +304,7 @@ def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tu
                  f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
                  "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
                  "or remove algorithm.rollout_correction")]
+    return []
 
 
 def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
