@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +26,6 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "global_seqlen/mean"):
         assert key in steps[-1], key
     assert "val-core/rlkit/arithmetic/score/mean@1" in records(out)[0]  # validation before training
-    assert_same_as_before_trainer_modes(records(out))
 
     # the MLflow store holds the run, its metrics and its generations table
     info = json.loads((out / "run_info.json").read_text())
@@ -73,22 +71,6 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
                                         return_tensors="pt", return_dict=True)
     generated = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert generated.shape[1] == ids["input_ids"].shape[1] + 4
-
-
-def assert_same_as_before_trainer_modes(got: list[dict]) -> None:
-    """trainer.mode=sync (the default) is bit-for-bit the trainer before the modes existed: the metrics of this
-    recipe equal those recorded then, where the machine and library versions are those of the recording (other
-    CPUs and versions round differently)."""
-    import transformers
-
-    from rlkit.hardware import cpu_info
-
-    reference = json.loads((Path(__file__).parent / "data" / "sync_reference.json").read_text())
-    cpu = cpu_info()
-    here = {"cpu_model": cpu.model, "cpu_flags": list(cpu.flags), "torch": torch.__version__,
-            "transformers": transformers.__version__}
-    if here == reference["machine"]:
-        assert got == reference["records"]
 
 
 def test_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_path):

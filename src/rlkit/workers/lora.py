@@ -115,8 +115,8 @@ class LoraRef:
 
         actor = self.actor
         with actor.peft_model.disable_adapter():
-            log_prob, _ = compute_log_probs(
+            log_prob = compute_log_probs(
                 actor.module, batch, temperature=batch.meta.get("temperature", self.temperature),
                 micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank, with_entropy=False,
-                mixed_precision=actor.cfg.mixed_precision, device=actor.device)
+                mixed_precision=actor.cfg.mixed_precision, device=actor.device)["log_prob"]
         return Batch({"ref_log_prob": log_prob})

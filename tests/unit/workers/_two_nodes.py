@@ -51,7 +51,7 @@ class UpdateWorker(Worker):
                 "node_ip": ray.util.get_node_ip_address(), "rendezvous": list(self.rendezvous), "listen": listen}
 
     def update(self) -> dict:
-        return _fsdp_ranks.update_once(self.model_dir, dynamic=False)
+        return _fsdp_ranks.update_once(self.model_dir, "fixed")
 
 
 def spread_pool_nodes(busy_node: str) -> dict:
