@@ -27,7 +27,8 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
 '''
 
 
-@pytest.mark.parametrize(("manager", "timeouts"), [("naive", 1.0), ("batch", 4.0)])
+# the batch half (same scoring pool, a whole call timed out) runs in the slow suite to keep the default run short
+@pytest.mark.parametrize(("manager", "timeouts"), [("naive", 1.0), pytest.param("batch", 4.0, marks=pytest.mark.slow)])
 def test_a_hanging_scorer_costs_one_timeout_and_is_counted(recipe, tmp_path, manager, timeouts):
     """Step 1's first call hangs: ``naive`` gives that one sample the default score, ``batch`` all 4 samples of
     the call (2 prompts × 2 responses); both finish the step, count it in reward/timeouts and run on."""
