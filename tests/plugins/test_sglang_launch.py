@@ -173,3 +173,9 @@ def test_server_dies_with_a_killed_guard():
             os.killpg(guard.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_launch_ports_leave_room_for_sglangs_derived_grpc_port():
+    """SGLang refuses to start when --port + 10000 (its gRPC port) is above 65535: seen with an OS-chosen 58691."""
+    ports = [_free_port() for _ in range(50)]
+    assert all(20000 <= p <= 55535 for p in ports), ports

@@ -32,10 +32,32 @@ GUARD = str(Path(__file__).with_name("_guard.py"))
 CPU_DEFAULTS = {"context_length": 1024, "max_total_tokens": 8192, "max_running_requests": 64}
 
 
-def _free_port() -> int:
+# SGLang opens more ports derived from --port (its gRPC port is --port + 10000, which it refuses above 65535):
+# the server's port is drawn below 55536, with that derived port free too.
+_DERIVED_PORT_OFFSETS = (0, 10000)
+_PORT_RANGE = (20000, 55536)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(attempts: int = 200) -> int:
+    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as well."""
+    import random
+
+    rng = random.Random()
+    for _ in range(attempts):
+        port = rng.randrange(*_PORT_RANGE)
+        if all(_bindable(port + offset) for offset in _DERIVED_PORT_OFFSETS):
+            return port
+    raise SglangServerError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1] - 1} with port + 10000 free too "
+                            f"(SGLang's gRPC port) after {attempts} tries; free some ports or pass urls of running servers")
 
 
 def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int) -> tuple[list[str], dict]:
