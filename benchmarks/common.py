@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Workload", "matmul_peak_flops", "update_flops", "write_result", "workload_args", "arithmetic_reward",
+__all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args", "arithmetic_reward",
            "one_thread", "hardware", "hardware_line"]
 
 _HARDWARE_PY = Path(__file__).resolve().parent.parent / "src" / "rlkit" / "hardware.py"
@@ -106,6 +106,20 @@ def matmul_peak_flops(dtype: str, size: int = 1024, reps: int = 5) -> float:
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
+
+
+def memory_bandwidth(mib: int = 256, reps: int = 5) -> float:
+    """Best-of-``reps`` bytes/s of reading one buffer of ``mib`` MiB (fp32, far larger than the caches) with
+    a reduction on the current thread count: the rate at which a decode step can stream the weights.
+    A sum reads each byte once and writes nothing, the access pattern of a matrix-vector product."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    x.sum()  # warm-up: pages touched
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
 
 
 def update_flops(n_params: int, tokens: int) -> float:
