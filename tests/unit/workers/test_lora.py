@@ -208,7 +208,7 @@ def test_critic_lora_trains_adapter_and_value_head_and_resumes(tiny_model_dir, g
 
     one = critic()
     trainable = {n for n, p in one.module.named_parameters() if p.requires_grad}
-    assert {n for n in trainable if not is_adapter_key(n)} == {"score.weight"}  # the value head, trained in full
+    assert {n for n in trainable if not is_adapter_key(n)} == {"score.weight", "score.bias"}  # the value head, in full
     assert not any("score" in n and is_adapter_key(n) for n in trainable)  # no adapter on the head itself
     assert {id(p) for g in one.optimizer.param_groups for p in g["params"]} == {
         id(p) for p in one.module.parameters() if p.requires_grad}

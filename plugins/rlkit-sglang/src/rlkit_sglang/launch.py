@@ -63,7 +63,7 @@ def _free_port(attempts: int = 200) -> int:
 def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int,
                    lora: tuple[int, list[str]] | None = None) -> tuple[list[str], dict]:
     """``(argv, extra environment)`` of one server on ``device`` ("cpu" | "cuda"); ``lora``: ``(rank, target
-    modules)`` of the adapters it will be sent (``--enable-lora``; on CPU the ``torch_native`` LoRA kernels)."""
+    modules)`` of the adapters it will be sent (``--enable-lora``)."""
     python = params.python or sys.executable
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", params.host,
            "--port", str(port)]
@@ -82,12 +82,10 @@ def server_command(params: SglangLaunchParams, model_path: str, device: str, por
     for key, value in limits.items():
         if value is not None:
             cmd += ["--" + key.replace("_", "-"), str(value)]
-    if lora is not None:
+    if lora is not None:  # CUDA only: on CPU SGLang's LoRA layers fail at start (the backend merges instead)
         rank, modules = lora
         cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
                 "--max-loras-per-batch", "1"]
-        if device == "cpu":
-            cmd += ["--lora-backend", "torch_native"]  # the default (csgmv) is Triton: GPU-only
     return cmd + list(params.extra_args), env
 
 

@@ -262,7 +262,6 @@ class VllmRollout:
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.weight_syncs += 1
 
-
     def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
         """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new id)."""
         from vllm.lora.request import LoRARequest
