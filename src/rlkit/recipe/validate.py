@@ -247,6 +247,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     problems += _check_agent(recipe, registries)
     problems += _check_rollout_correction(recipe, registries)
     problems += _check_lora(recipe, registries)
+    problems += _check_backend_limits(recipe, registries)
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
         problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
@@ -308,17 +309,41 @@ def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tu
 
 
 def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
-    """actor.lora samples from the adapter-active actor module: the HF backend only (docs/lora.md)."""
+    """actor.lora needs a backend that takes a LoRA actor (its spec's ``lora``) and the sync mode (docs/lora.md)."""
     backend = recipe.rollout.backend.name
     if recipe.actor.lora is None or backend not in registries.rollout_backends:
         return []
-    if registries.rollout_backends.get(backend).name != "hf":
-        return [("actor.lora", f"LoRA with rollout.backend={backend} is not yet supported; the hf backend samples "
-                               "from the adapter-active actor: set rollout.backend=hf, or remove actor.lora")]
+    if not registries.rollout_backends.get(backend).lora:
+        return [("actor.lora", f"rollout backend '{backend}' does not take a LoRA actor (its spec declares lora=False): "
+                               "use rollout.backend=hf, sglang or vllm, or remove actor.lora")]
     if recipe.trainer.mode != "sync":
         return [("actor.lora", f"LoRA with trainer.mode={recipe.trainer.mode} is not yet supported (the rollout pool "
                                "loads full weights, not an adapter): set trainer.mode=sync, or remove actor.lora")]
     return []
+
+
+def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """What the rollout backend's spec declares it cannot do: truncated sampling, more than ``max_ranks`` ranks."""
+    name, rollout = recipe.rollout.backend.name, recipe.rollout
+    if name not in registries.rollout_backends:
+        return []
+    spec, problems = registries.rollout_backends.get(name), []
+    if not spec.truncated_sampling:
+        checks = [("top_k", rollout.top_k, 0), ("top_p", rollout.top_p, 1.0)]
+        checks += [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []  # greedy ignores it
+        for key, value, off in checks:
+            if value != off:
+                problems.append((f"rollout.{key}", f"rollout backend '{name}' reports log-probs after its top-k / top-p "
+                                 "truncation, not the untruncated distribution the trainer recomputes (rlkit.rollout.base); "
+                                 f"set rollout.{key}={off}, or use rollout.backend=hf"))
+    slot = "actor_rollout_ref" if recipe.trainer.mode == "sync" else "rollout"
+    ranks = role_world_size(recipe, slot, registries)
+    if spec.max_ranks is not None and ranks > spec.max_ranks:
+        problems.append((f"resources.roles.{slot}", f"rollout backend '{name}' runs in a worker group of at most "
+                         f"{spec.max_ranks} rank(s); the {slot} pool has {ranks}. Map {slot} to a pool of "
+                         f"{spec.max_ranks} bundle(s) (resources.pools.<pool>: nodes=1, bundles_per_node="
+                         f"{spec.max_ranks}), or use rollout.backend=hf"))
+    return problems
 
 
 def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:

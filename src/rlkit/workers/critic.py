@@ -9,6 +9,9 @@ Batch fields read: ``input_ids, attention_mask, position_ids [B, P+T]``, ``respo
 response_mask [B, T]``; ``update`` also ``values`` (at rollout time) and ``returns [B, T]``.
 Mini-batches are ``critic.ppo_mini_batch_size`` (default ``actor.ppo_mini_batch_size``) prompts ×
 ``rollout_n``, split evenly over ranks; the loss uses the global token count (see ``actor``).
+``critic.lora`` (docs/lora.md): a PEFT LoRA adapter on the frozen backbone, the value head trained in
+full beside it (``rlkit.workers.lora.apply_lora(..., trainable_head="score")``); checkpoints hold the
+adapter, the head and their optimizer state only.
 Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -62,6 +66,13 @@ class FSDPCritic:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_config)
         torch.manual_seed(seed)  # the new value head's initialisation
         module = load_model(model_config, "value", path=critic_config.model_path, tokenizer=self.tokenizer)
+        self.peft_model = None  # critic.lora: the PeftModel around ``module``; docs/lora.md
+        if critic_config.lora is not None:
+            from rlkit.workers.lora import apply_lora, trainable_numel
+
+            head = "score" if hasattr(module, "score") else "classifier"  # the value head (token classification)
+            module, self.peft_model = apply_lora(module, critic_config.lora, where="critic.lora", trainable_head=head)
+            self.lora_trainable = trainable_numel(module)[0]
         self.module = fsdp.fsdp_wrap(module, self.device)
         self.optimizer = fsdp.build_optimizer(self.module, critic_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, critic_config.optim, total_steps)
@@ -100,6 +111,8 @@ class FSDPCritic:
         metrics = {key: sum(v) / len(v) for key, v in history.items()}
         metrics["critic/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/nonfinite_skips"] = float(self.nonfinite_skips)
+        if self.peft_model is not None:
+            metrics["critic/lora_trainable_params"] = float(self.lora_trainable)
         return metrics
 
     def _update_mini(self, mini: Batch) -> dict[str, float]:
@@ -138,10 +151,18 @@ class FSDPCritic:
         return out
 
     def save_checkpoint(self, directory) -> None:
+        """Model + optimizer shards (with ``critic.lora``: the adapter, the value head and their optimizer
+        state only, plus PEFT's ``adapter_config.json``), scheduler and counters."""
+        lora = self.peft_model is not None
         fsdp.save_checkpoint(directory, self.module, self.optimizer,
-                             {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips})
+                             {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips},
+                             trainable_only=lora)
+        if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            from rlkit.workers.lora import save_adapter_config
+
+            save_adapter_config(self.peft_model, Path(directory))
 
     def load_checkpoint(self, directory) -> None:
-        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer)
+        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer, trainable_only=self.peft_model is not None)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.nonfinite_skips = extra["nonfinite_skips"]

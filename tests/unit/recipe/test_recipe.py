@@ -198,7 +198,9 @@ def test_lora_section_and_its_errors(recipe_file, registries):
     assert load_recipe(recipe_file(), registries=registries).actor.lora is None  # off by default
     [(key, msg)] = problems_of(recipe_file(), ["actor.lora.rank=0"], registries=registries)
     assert key == "actor.lora.rank"
-    assert problems_of(recipe_file(), ["critic.lora={rank: 4}"], registries=registries)[0][0] == "critic.lora"  # no critic adapter
+    assert problems_of(recipe_file(), ["critic.lora={rank: 4}"], registries=registries)[0][0] == "critic.lora"  # grpo: no critic
+    ppo = load_recipe(recipe_file(), ["algorithm.estimator=ppo", "critic.lora={rank: 4}"], registries=registries)
+    assert ppo.critic.lora.rank == 4 and ppo.actor.lora is None  # the critic's own adapter, through the same LoraConfig
 
     class Engine:
         @rlkit.hookimpl
@@ -207,4 +209,4 @@ def test_lora_section_and_its_errors(recipe_file, registries):
 
     with_engine = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("engine", Engine()),)))
     [(key, msg)] = problems_of(recipe_file(), ["actor.lora={rank: 4}", "rollout.backend=engine_x"], registries=with_engine)
-    assert key == "actor.lora" and "not yet supported" in msg and "rollout.backend=hf" in msg
+    assert key == "actor.lora" and "lora=False" in msg and "rollout.backend=hf" in msg

@@ -152,3 +152,81 @@ def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_wo
         torch.testing.assert_close(value, two["adapter"][name], atol=1e-4, rtol=0, msg=name)
     moved = max(float(v.abs().max()) for k, v in one["adapter"].items() if ".lora_B." in k)
     assert moved > 1e-3  # lora_B starts at zero: the update moved it
+
+
+def test_engine_helpers_adapter_folder_base_and_merged_weights(tiny_model_dir, gloo_world1, tmp_path):
+    """What the vLLM / SGLang backends send: a PEFT adapter folder that PeftModel loads to the actor's outputs, the
+    base under plain names (= the model on disk), and merged weights equal to PEFT's own merge."""
+    import peft
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.workers.lora import (
+        base_state_dict,
+        lora_config_of,
+        merged_state_dict,
+        state_bytes,
+        write_adapter_folder,
+    )
+
+    actor = make_actor(tiny_model_dir)
+    actor.update(prepared(actor))
+    config = lora_config_of(actor.module)
+    assert config is not None and config.r == 4 and lora_config_of(make_actor(tiny_model_dir, lora=None).module) is None
+    state = actor.full_state_dict()
+    sent = actor.rollout_state_dict()
+    nbytes = write_adapter_folder(tmp_path / "adapter", sent, config)
+    assert nbytes == state_bytes(sent) < state_bytes(state) / 3
+    assert all(k.startswith("base_model.model.") and ".default." not in k
+               for k in load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = base.state_dict()
+    assert {k: v for k, v in base_state_dict(state).items() if k in plain}.keys() == plain.keys()
+    torch.testing.assert_close(base_state_dict(state)["model.layers.0.self_attn.q_proj.weight"],
+                               plain["model.layers.0.self_attn.q_proj.weight"], atol=0, rtol=0)
+    loaded = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        want = actor.module(input_ids=ids).logits
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=0)
+        merged = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        merged.load_state_dict(merged_state_dict(state, config), strict=False)
+        torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-5, rtol=0)
+
+
+def test_critic_lora_trains_adapter_and_value_head_and_resumes(tiny_model_dir, gloo_world1, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from rlkit.recipe.schema import CriticConfig
+    from rlkit.workers.critic import FSDPCritic
+
+    def critic():
+        cfg = CriticConfig(ppo_micro_batch_size_per_rank=8, lora=LoraConfig(rank=4, alpha=8),
+                           optim=OptimConfig(lr=1e-2, weight_decay=0.0))
+        return FSDPCritic(ModelConfig(path=str(tiny_model_dir)), cfg, rollout_n=2, total_steps=4, ppo_mini_batch_size=4)
+
+    one = critic()
+    trainable = {n for n, p in one.module.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if not is_adapter_key(n)} == {"score.weight", "score.bias"}  # the value head, in full
+    assert not any("score" in n and is_adapter_key(n) for n in trainable)  # no adapter on the head itself
+    assert {id(p) for g in one.optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in one.module.parameters() if p.requires_grad}
+    base_before = {n: p.detach().clone() for n, p in one.module.named_parameters() if not p.requires_grad}
+    batch = global_batch(one.tokenizer)
+    batch["values"] = one.compute_values(batch)["values"]
+    batch["returns"] = (batch["values"] + torch.linspace(-1, 1, 8)[:, None]) * batch["response_mask"]
+    metrics = one.update(batch)
+    assert metrics["critic/lora_trainable_params"] == sum(p.numel() for n, p in one.module.named_parameters()
+                                                          if n in trainable)
+    assert not torch.allclose(one.compute_values(batch)["values"], batch["values"])  # the values moved
+    assert all(torch.equal(p, base_before[n]) for n, p in one.module.named_parameters() if n in base_before)
+
+    one.save_checkpoint(tmp_path / "critic")
+    assert (tmp_path / "critic" / "adapter_config.json").is_file()
+    dcp_to_torch_save(str(tmp_path / "critic" / "dcp"), str(tmp_path / "full.pt"))
+    assert set(torch.load(tmp_path / "full.pt", weights_only=False)["model"]) == trainable  # adapter + head only
+    saved = one.compute_values(batch)["values"]
+    two = critic()
+    two.load_checkpoint(tmp_path / "critic")
+    torch.testing.assert_close(two.compute_values(batch)["values"], saved, atol=0, rtol=0)

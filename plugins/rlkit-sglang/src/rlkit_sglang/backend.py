@@ -18,6 +18,20 @@ Launched servers are watched: a request in flight to a server whose process died
 ``SglangServerError`` at once. ``shutdown()`` (also at garbage collection or exit) ends their process
 groups.
 
+LoRA (``actor.lora``; the module carries a PEFT adapter), ``lora_mode``:
+
+- ``adapter`` (servers on CUDA, or attached servers that report ``enable_lora``): the servers serve the
+  base model with ``--enable-lora`` (launched ones get it, with the adapter's rank and target modules); at
+  start and after each update the adapter alone is written as a PEFT folder (``weights_dir/adapter-v<k>``)
+  and loaded under a new name (``/load_lora_adapter``, the previous one unloaded), which every
+  ``/generate`` names (``lora_path``). Only the adapter's tensors travel. Not verified here (no GPU).
+- ``merged`` (servers on CPU, or attached ones without LoRA): SGLang 0.5.15's LoRA layers allocate
+  pinned memory, which needs a CUDA driver (the server dies at start: docs/sglang.md), so the actor
+  merges (``W + scale · B A``, ``rlkit.workers.lora.merged_state_dict``) and pushes full weights through
+  ``/update_weights_from_disk``, at start and after each update; said once in the log.
+
+``rollout/weight_sync_bytes``: the tensor bytes the last sync moved (either mode, and without LoRA).
+
 ``generate`` returns the same Batch layout as the HF backend; ``generate_ids`` is the one-turn
 call the multi-turn agent loop drives (``rlkit.rollout.agent``). Prompts are spread over the
 servers; each server gets one batched ``/generate``.
@@ -31,6 +45,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -43,12 +58,23 @@ from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
+from rlkit.workers.lora import (
+    adapter_state_dict,
+    lora_config_of,
+    merged_state_dict,
+    state_bytes,
+    write_adapter_folder,
+)
 from rlkit_sglang.client import GenerateOutput, SglangClient, SglangServerError
 from rlkit_sglang.params import CPU_MEMORY_RELEASE, MEMORY_RELEASE_FIX, SglangParams, memory_release_problem
 
 __all__ = ["SglangRollout"]
 
 log = logging.getLogger("rlkit.sglang")
+
+# Why a CPU server gets merged weights instead of adapters (log line, docs/sglang.md).
+CPU_LORA = ("SGLang 0.5.15's LoRA layers pin host memory (torch.tensor(..., pin_memory=True) in sglang/srt/lora/"
+            "layers.py), which needs a CUDA driver: a CPU server started with --enable-lora dies at start")
 
 
 class SglangRollout:
@@ -57,6 +83,12 @@ class SglangRollout:
                  eos_token_ids: list[int] | None = None, clients: list[SglangClient] | None = None,
                  params: SglangParams | None = None):
         self.module = module
+        self.lora = lora_config_of(module) if module is not None else None  # the actor's peft.LoraConfig
+        self.lora_mode: str | None = "merged" if self.lora is not None else None  # adapter | merged (decided at start)
+        self.lora_name: str | None = None  # the servers' current adapter (lora_mode adapter)
+        self._no_lora_why = "the backend was given clients, not servers it could ask"
+        self.lora_version = 0
+        self.sync_bytes = 0  # tensor bytes the last sync moved (metric rollout/weight_sync_bytes)
         self.tokenizer = tokenizer
         self.config = rollout_config
         self.max_response_length = max_response_length
@@ -71,6 +103,14 @@ class SglangRollout:
         self.clients = clients
         self._next = itertools.cycle(range(len(clients)))
         self.weights_dir = params.weights_dir
+        if self.lora_mode == "adapter":
+            self._load_adapter(adapter_state_dict(module))
+            log.info("sglang: LoRA rank %d through SGLang's own LoRA loading (/load_lora_adapter): each sync "
+                     "moves the adapter alone (%d bytes)", self.lora.r, self.sync_bytes)
+        elif self.lora_mode == "merged":
+            self.update_weights(module)  # the servers loaded the base; the adapter may not be the identity (resume)
+            log.warning("sglang: LoRA rank %d with merged weights: these servers cannot load adapters (%s); each "
+                        "sync pushes W + scale * B A in full (%d bytes)", self.lora.r, self._no_lora_why, self.sync_bytes)
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.stop_token_ids = sorted({i for i in ids if i is not None})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
@@ -91,7 +131,12 @@ class SglangRollout:
                              f"worker's device): {CPU_MEMORY_RELEASE}. Remove enable_memory_saver.")
         self._decide_memory_release(params.memory_release, [(device, saver if saver is not None else True)],
                                     "rollout.backend.launch")
-        self._servers = launch_servers(launch, model_path, device)
+        lora = None
+        if self.lora is not None and device == "cpu":
+            self._no_lora_why = CPU_LORA
+        elif self.lora is not None:
+            self.lora_mode, lora = "adapter", (self.lora.r, sorted(self.lora.target_modules))
+        self._servers = launch_servers(launch, model_path, device, lora)
         self._finalizer = weakref.finalize(self, _stop_all, list(self._servers))  # at GC or exit
         log.info("sglang: %d server(s) of %s on %s: %s (logs: %s)", len(self._servers), model_path, device,
                  [s.url for s in self._servers], [s.log_path for s in self._servers])
@@ -103,16 +148,21 @@ class SglangRollout:
         clients = [SglangClient(u, timeout_s=params.timeout_s, retries=params.retries) for u in params.urls]
         reports = [_server_memory_report(c) for c in clients]
         self._decide_memory_release(params.memory_release, reports, "rollout.backend.urls")
+        if self.lora is not None:
+            if all(report[2] for report in reports):
+                self.lora_mode = "adapter"
+            else:
+                self._no_lora_why = "a server at rollout.backend.urls does not report enable_lora (start it with --enable-lora)"
         return clients
 
     def _decide_memory_release(self, asked: bool | None, reports: list[tuple[str | None, bool | None]],
                                where: str) -> None:
         """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets ``memory_release``."""
-        problems = [p for device, saver in reports if (p := memory_release_problem(device or "", saver))]
+        problems = [p for device, saver, *_ in reports if (p := memory_release_problem(device or "", saver))]
         if asked and problems:
             raise RlkitError(f"rollout.backend.memory_release=true, but a server cannot release its memory "
                              f"({where}): {problems[0]}. {MEMORY_RELEASE_FIX}")
-        known = all(device == "cuda" and saver for device, saver in reports)
+        known = all(device == "cuda" and saver for device, saver, *_ in reports)
         self.memory_release = bool(asked) or (asked is None and known)
         if self.memory_release:
             log.info("sglang: memory release on (/release_memory_occupation after generation, "
@@ -165,7 +215,8 @@ class SglangRollout:
             if out.logprobs:
                 log_probs[r, :length] = torch.tensor(out.logprobs[:length], dtype=torch.float32)
         sampled = params["temperature"] > 0
-        meta = {"temperature": params["temperature"] if sampled else 1.0, "do_sample": sampled}
+        meta = {"temperature": params["temperature"] if sampled else 1.0, "do_sample": sampled,
+                "metrics": {"rollout/weight_sync_bytes": float(self.sync_bytes)}}
         return assemble_rollout(ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), responses,
                                 response_mask, log_probs, meta)
 
@@ -174,8 +225,8 @@ class SglangRollout:
         k = len(self.clients)
         chunks = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
         with ThreadPoolExecutor(max_workers=k) as pool:
-            parts = list(pool.map(lambda ci: self.clients[ci[0]].generate(ci[1], params) if ci[1] else [],
-                                  enumerate(chunks)))
+            parts = list(pool.map(lambda ci: self.clients[ci[0]].generate(ci[1], params, lora_name=self.lora_name)
+                                  if ci[1] else [], enumerate(chunks)))
         return [o for part in parts for o in part]
 
     # ----- one turn, for the agent loop -----------------------------------------------------------
@@ -184,22 +235,52 @@ class SglangRollout:
         rlkit's keywords (temperature, top_p, top_k, max_new_tokens, do_sample, stop)."""
         params = self.sampling_params(n=1, **sampling)
         client = self.clients[next(self._next)]
-        out = (await asyncio.to_thread(client.generate, [prompt_ids], params))[0]
+        out = (await asyncio.to_thread(client.generate, [prompt_ids], params, lora_name=self.lora_name))[0]
         return out.token_ids, out.logprobs or [0.0] * len(out.token_ids), out.finish_reason
 
     # ----- weights and memory --------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
-        """Write the weights as an HF folder and have every server reload it (/update_weights_from_disk)."""
+        """Write the weights as an HF folder and have every server reload it (/update_weights_from_disk);
+        with LoRA, the module's adapter (or an adapter-only state dict) becomes the servers' new adapter."""
         module = weights if isinstance(weights, nn.Module) else self.module
+        if self.lora_mode == "adapter":
+            self._load_adapter(weights if isinstance(weights, dict) else adapter_state_dict(module))
+            return
         if module is None or not hasattr(module, "save_pretrained"):
             raise RlkitError("sglang backend: update_weights needs the actor's HF module (to write its config "
                              "beside the weights); construct the backend with module=...")
         state = weights if isinstance(weights, dict) else _full_state_dict(module)
+        if self.lora_mode == "merged":  # an adapter-only dict lands on the module's own base
+            state = merged_state_dict({**(_full_state_dict(module) if isinstance(weights, dict) else {}), **state}, self.lora)
         folder = self.weights_dir or tempfile.mkdtemp(prefix="rlkit-sglang-weights-")
         os.makedirs(folder, exist_ok=True)
         module.save_pretrained(folder, state_dict={k: v.detach().cpu() for k, v in state.items()})
+        self.sync_bytes = state_bytes(state)
         for client in self.clients:
             client.update_weights_from_disk(folder)
+
+    def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
+        """Write the adapter tensors of ``state`` as a PEFT folder; every server loads it under a new name,
+        then drops the previous adapter."""
+        from pathlib import Path
+
+        self.lora_version += 1
+        root = Path(self.weights_dir or self._adapter_root())
+        folder = root / f"adapter-v{self.lora_version}"
+        self.sync_bytes = write_adapter_folder(folder, state, self.lora)
+        name, previous = f"rlkit-actor-v{self.lora_version}", self.lora_name
+        for client in self.clients:
+            client.load_lora_adapter(name, str(folder))
+        self.lora_name = name
+        if previous is not None:
+            for client in self.clients:
+                client.unload_lora_adapter(previous)
+            shutil.rmtree(root / f"adapter-v{self.lora_version - 1}", ignore_errors=True)
+
+    def _adapter_root(self) -> str:
+        if getattr(self, "_tmp", None) is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-sglang-lora-")  # removed at exit
+        return self._tmp.name
 
     def release_memory(self) -> None:
         """Before training (colocated hybrid engine): free the servers' GPU memory. A no-op when memory
@@ -230,9 +311,9 @@ def _stop_all(servers: list) -> None:
         server.stop()
 
 
-def _server_memory_report(client: SglangClient) -> tuple[str | None, bool | None]:
-    """``(device, enable_memory_saver)`` from SGLang's ``GET /server_info`` (its server args; before 0.5.x
-    ``/get_server_info``); None for what the server does not report (``rlkit serve``)."""
+def _server_memory_report(client: SglangClient) -> tuple[str | None, bool | None, bool]:
+    """``(device, enable_memory_saver, enable_lora)`` from SGLang's ``GET /server_info`` (its server args;
+    before 0.5.x ``/get_server_info``); None for what the server does not report (``rlkit serve``)."""
     info = None
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -242,9 +323,9 @@ def _server_memory_report(client: SglangClient) -> tuple[str | None, bool | None
             if "HTTP 404" not in str(exc):
                 raise
     if not isinstance(info, dict):
-        return None, None
+        return None, None, False
     saver = info.get("enable_memory_saver")
-    return info.get("device"), (bool(saver) if saver is not None else None)
+    return info.get("device"), (bool(saver) if saver is not None else None), bool(info.get("enable_lora"))
 
 
 def _full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ Endpoints and fields follow SGLang 0.5 (``sglang/srt/managers/io_struct.py``,
   ``return_logprob`` ``output_token_logprobs`` = ``[[logprob, token_id, text | None], ...]``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "load_format", "flush_cache"}`` → ``{"success",
   "message"}``;
+- ``POST /load_lora_adapter`` ``{"lora_name", "lora_path"}`` / ``/unload_lora_adapter`` ``{"lora_name"}``
+  → ``{"success", "error_message", ...}``; ``/generate`` then takes ``"lora_path": lora_name``;
 - ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` ``{"tags": [...] | None}``;
 - ``GET|POST /flush_cache``; ``GET /health``; ``GET /get_model_info``.
 
@@ -179,13 +181,15 @@ class SglangClient:
         return self.request("GET", "/get_model_info")
 
     def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict], *,
-                 return_logprob: bool = True) -> list[GenerateOutput]:
+                 return_logprob: bool = True, lora_name: str | None = None) -> list[GenerateOutput]:
         """Continue each token-id sequence; ``n`` in ``sampling_params`` gives n outputs per input
-        (input-major order: input ``i``'s outputs are ``i*n .. i*n+n-1``)."""
+        (input-major order: input ``i``'s outputs are ``i*n .. i*n+n-1``); ``lora_name``: a loaded adapter."""
         if not input_ids:
             return []
         payload = {"input_ids": [list(map(int, ids)) for ids in input_ids], "sampling_params": sampling_params,
                    "return_logprob": return_logprob}
+        if lora_name is not None:
+            payload["lora_path"] = lora_name  # SGLang's field takes a loaded adapter's name
         answer = self.request("POST", "/generate", payload)
         items = answer if isinstance(answer, list) else [answer]
         n = int((sampling_params[0] if isinstance(sampling_params, list) else sampling_params).get("n", 1))
@@ -201,6 +205,21 @@ class SglangClient:
         if not isinstance(answer, dict) or not answer.get("success", False):
             raise SglangServerError(f"SGLang server {self.url} refused /update_weights_from_disk "
                                     f"({model_path}): {answer}")
+        return answer
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> Any:
+        """Load a PEFT adapter folder under ``lora_name`` (the server runs with ``--enable-lora``)."""
+        return self._lora_call("/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path})
+
+    def unload_lora_adapter(self, lora_name: str) -> Any:
+        return self._lora_call("/unload_lora_adapter", {"lora_name": lora_name})
+
+    def _lora_call(self, path: str, payload: dict) -> Any:
+        answer = self.request("POST", path, payload)
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise SglangServerError(f"SGLang server {self.url} refused {path} {payload}: {answer.get('error_message')}"
+                                    " (the server needs --enable-lora with a --max-lora-rank and "
+                                    "--lora-target-modules that hold the adapter)")
         return answer
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> Any:

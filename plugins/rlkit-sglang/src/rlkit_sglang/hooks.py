@@ -15,6 +15,7 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
             params="rlkit_sglang.params:SglangParams",
             generate_ids=True,
             memory_release=True,
+            lora=True,  # --enable-lora, /load_lora_adapter: the adapter alone travels at each sync
             description="SGLang servers over HTTP (launched per replica or attached by URL)",
         )
     ]

@@ -60,8 +60,10 @@ def _free_port(attempts: int = 200) -> int:
                             f"(SGLang's gRPC port) after {attempts} tries; free some ports or pass urls of running servers")
 
 
-def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int) -> tuple[list[str], dict]:
-    """``(argv, extra environment)`` of one server on ``device`` ("cpu" | "cuda")."""
+def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int,
+                   lora: tuple[int, list[str]] | None = None) -> tuple[list[str], dict]:
+    """``(argv, extra environment)`` of one server on ``device`` ("cpu" | "cuda"); ``lora``: ``(rank, target
+    modules)`` of the adapters it will be sent (``--enable-lora``)."""
     python = params.python or sys.executable
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", params.host,
            "--port", str(port)]
@@ -80,6 +82,10 @@ def server_command(params: SglangLaunchParams, model_path: str, device: str, por
     for key, value in limits.items():
         if value is not None:
             cmd += ["--" + key.replace("_", "-"), str(value)]
+    if lora is not None:  # CUDA only: on CPU SGLang's LoRA layers fail at start (the backend merges instead)
+        rank, modules = lora
+        cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
+                "--max-loras-per-batch", "1"]
     return cmd + list(params.extra_args), env
 
 
@@ -154,16 +160,18 @@ class LocalServer:
             self.proc.wait(timeout=5)
 
 
-def launch_servers(params: SglangLaunchParams, model_path: str, device: str) -> list[LocalServer]:
+def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
+                   lora: tuple[int, list[str]] | None = None) -> list[LocalServer]:
     """Start ``params.num_replicas`` servers of ``model_path`` on ``device`` (one after another: each
-    loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure."""
+    loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure.
+    ``lora``: see ``server_command``."""
     servers: list[LocalServer] = []
     log_dir = Path(params.log_dir or os.getcwd())
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         for _ in range(params.num_replicas):
             port = _free_port()
-            cmd, env = server_command(params, model_path, device, port)
+            cmd, env = server_command(params, model_path, device, port, lora)
             servers.append(LocalServer(cmd, env, host=params.host, port=port,
                                        log_path=str(log_dir / f"sglang-{port}.log"),
                                        startup_timeout_s=params.startup_timeout_s,

