@@ -82,7 +82,10 @@ def update_once(model_dir: str, mode: str) -> dict:
     metrics = actor.update(local)
     olds = [torch.zeros_like(old) for _ in range(world_size)]
     dist.all_gather(olds, old)
-    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds)}
+    from rlkit.workers.lm_head import plain_head
+
+    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds),
+            "fused_head": plain_head(actor.module) is not None}  # log-probs from hidden states, inside FSDP's forward
 
 
 def assert_same_update(one: dict, two: dict, model_dir) -> None:
@@ -93,6 +96,7 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
     import pytest
     from safetensors.torch import load_file
 
+    assert one["fused_head"] and two["fused_head"]  # the chunked LM-head path ran, sharded (FSDP2) and plain
     torch.testing.assert_close(one["old_log_prob"], two["old_log_prob"], atol=1e-5, rtol=1e-5)
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl",
                 "actor/pg_clipfrac"):

@@ -80,3 +80,36 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, monkeypatch
     torch.testing.assert_close(results[True][1], results[False][1], **tol)
     for got, want in zip(results[True][2], results[False][2], strict=True):
         torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
+
+
+@pytest.mark.parametrize(("mixed_precision", "share"), [("fp32", True), ("fp32", False), ("bf16", False)])
+def test_fused_head_matches_the_logits_path(tiny_model_dir, monkeypatch, mixed_precision, share):
+    """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits) equal
+    the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its head)."""
+    from rlkit.workers import actor as actor_mod
+    from rlkit.workers.actor import response_outputs
+    from rlkit.workers.lm_head import plain_head
+
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    torch.manual_seed(0)
+    module = load_model(cfg, tokenizer=tok)
+    assert plain_head(module) is not None and plain_head(module).weight is module.get_input_embeddings().weight
+    batch = global_batch(tok)  # 4 prompts × 2, left-padded prompts, response lengths 1..8
+    monkeypatch.setattr(actor_mod, "_share_prefix", share)
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(actor_mod, "_fused_head", fused)
+        module.zero_grad(set_to_none=True)
+        out = response_outputs(module, batch, temperature=0.8, with_entropy=True, entropy_grad=True,
+                               with_sum_pi_squared=True, mixed_precision=mixed_precision, device=torch.device("cpu"))
+        (out["log_prob"] * batch["advantages"]).sum().add(0.1 * out["entropy"].sum()).backward()
+        results[fused] = ({k: v.detach() for k, v in out.items()}, [p.grad.clone() for p in module.parameters()])
+    tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
+    assert results[True][0].keys() == {"log_prob", "entropy", "sum_pi_squared"}
+    for name, value in results[True][0].items():
+        assert value.shape == batch["responses"].shape
+        assert (value[batch["response_mask"] == 0] == 0).all()
+        torch.testing.assert_close(value, results[False][0][name], **tol, msg=name)
+    for got, want in zip(results[True][1], results[False][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
