@@ -47,6 +47,7 @@ from rlkit.recipe.schema import ActorConfig, ModelConfig
 from rlkit.workers import fsdp
 from rlkit.workers.lm_head import head_replaced, plain_head
 from rlkit.workers.loss_inputs import UpdateMismatch, mini_batch_selection
+from rlkit.workers.packing import pack_groups, plan
 
 __all__ = ["FSDPActor", "forward_response", "compute_log_probs"]
 
@@ -107,8 +108,9 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
 def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
                    rows: torch.Tensor, want: dict) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
-    head weight; 0 elsewhere. The shared-prefix path takes the hidden states out of the model (a plain module);
-    otherwise the swapped head computes the outputs inside the model's forward (FSDP: gathered weight, hooked
+    head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
+    states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
+    latter two the swapped head computes the outputs inside the model's forward (FSDP: gathered weight, hooked
     output) and returns them stacked as the ``logits`` [b, t, k]."""
     names = ["log_prob"] + (["entropy"] if want["with_entropy"] else []) + (
         ["sum_pi_squared"] if want["with_sum_pi_squared"] else [])
@@ -118,15 +120,42 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
         zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
         return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
 
-    if _share_prefix:
+    layout = _layout(module, ids, mask, p_keep, t)
+    if layout == "shared":
         with head_replaced(head, lambda hidden: hidden):
-            hidden = _shared_prefix_logits(module, ids, mask, pos, p_keep, t)  # [b, t, H] or None
+            hidden = _shared_prefix_logits(module, ids, mask, pos, p_keep, t)  # [b, t, H], None: no group
         if hidden is not None:
             return dict(zip(names, outputs(hidden).unbind(-1), strict=True))
+    packed = None
+    if layout == "packed":
+        eager = module.config._attn_implementation == "eager"
+        packed = pack_groups(ids, mask, pos, p_keep, t, additive=torch.float32 if eager else None)
+    if packed is not None and bool((packed.source[rows] >= 0).all()):
+        src = packed.source[rows]  # [N] flat index into the packed [G * L] hidden states
+
+        def packed_outputs(hidden: torch.Tensor) -> torch.Tensor:  # [G, L, H] -> [b, t, k]
+            got = head_outputs(hidden.reshape(-1, hidden.shape[-1])[src], head.weight, labels[rows], **want)
+            zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
+            return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
+
+        with head_replaced(head, packed_outputs):
+            stacked = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                             position_ids=packed.position_ids, use_cache=False, logits_to_keep=0).logits
+        return dict(zip(names, stacked.unbind(-1), strict=True))
     with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
         stacked = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                          logits_to_keep=t + 1).logits
     return dict(zip(names, stacked.unbind(-1), strict=True))
+
+
+def _layout(module: nn.Module, ids, mask, p_keep: int, t: int) -> str:
+    """``packing.plan``'s choice for this micro-batch on this model: "packed", "shared" or "padded"."""
+    config = module.config
+    if not _pack or config._attn_implementation not in ("sdpa", "eager"):
+        return "shared" if _can_share(module) and _share_prefix else "padded"
+    body = sum(p.numel() for p in module.parameters()) - module.get_input_embeddings().weight.numel()
+    pair = 4.0 * config.hidden_size * config.num_hidden_layers
+    return plan(ids, mask, p_keep, t, body_params=body, pair_flops=pair, shared_ok=_share_prefix and _can_share(module))
 
 
 def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor, keeps: bool,
@@ -154,6 +183,20 @@ def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labe
 _fused_head = True
 # Rows with the same prompt (a GRPO group) run the prompt once (tests turn it off to compare with the plain path).
 _share_prefix = True
+# With the fused head, a micro-batch may run as one padding-free packed row per group (``rlkit.workers.packing``)
+# when that executes fewer FLOPs (benchmarks/ab.py's ``pack`` turns it off to compare).
+_pack = True
+
+
+def _can_share(module: nn.Module) -> bool:
+    """The shared-prefix path applies: not FSDP-sharded (every rank must run the same number of forwards) and
+    no gradient checkpointing (no KV cache)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    checkpointing = getattr(module, "is_activation_checkpointing", None)  # transformers 5 name, then the old one
+    if checkpointing is None:
+        checkpointing = getattr(module, "is_gradient_checkpointing", False)
+    return not (isinstance(module, FSDPModule) or checkpointing)
 
 
 def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
@@ -165,12 +208,7 @@ def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tens
     responses run on top of it. None when nothing is shared, or where it does not apply: FSDP-sharded
     modules (every rank must run the same number of forwards) and gradient checkpointing (no cache).
     """
-    from torch.distributed.fsdp import FSDPModule
-
-    checkpointing = getattr(module, "is_activation_checkpointing", None)  # transformers 5 name, then the old one
-    if checkpointing is None:
-        checkpointing = getattr(module, "is_gradient_checkpointing", False)
-    if isinstance(module, FSDPModule) or checkpointing:
+    if not _can_share(module):
         return None
     prompt_rows = torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1)
     unique, inverse = torch.unique(prompt_rows, dim=0, return_inverse=True)

@@ -63,7 +63,20 @@ CLIP_COV = {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "cl
 
 
 def update_once(model_dir: str, mode: str) -> dict:
-    """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs."""
+    """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs.
+    Padded micro-batches on every rank and world size: a packed row (rlkit.workers.packing, tested against the
+    padded rows in test_fast_paths.py) sums its prompt's gradient in another order, and Adam at lr 1e-2 turns
+    that float noise into steps above this comparison's 1e-4."""
+    from rlkit.workers import actor as actor_mod
+
+    saved, actor_mod._pack = actor_mod._pack, False
+    try:
+        return _update_once(model_dir, mode)
+    finally:
+        actor_mod._pack = saved
+
+
+def _update_once(model_dir: str, mode: str) -> dict:
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
 

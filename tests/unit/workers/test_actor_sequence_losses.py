@@ -56,6 +56,7 @@ def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_
     """The selection is made over the mini-batch (a pre-pass), not per micro-batch: 8 samples in one
     micro-batch and in micro-batches of 3 (3+3+2) give the same loss, metrics and weights."""
     monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # one prompt pass per row in both splits
+    monkeypatch.setattr("rlkit.workers.actor._pack", False)  # and padded rows (packing: test_fast_paths.py)
     registries = build_registries(make_plugin_manager(entry_points=False))
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
     assert not problems
