@@ -13,6 +13,7 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
+  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.workers.packing) vs shared/padded
   fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V] logits
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
@@ -38,15 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
 
 
-def executed_flops(module, batch, micro: int) -> float:
-    """6 · (body parameters · tokens the decoder layers run + head parameters · rows the LM head runs) of one
-    update over ``batch`` in micro-batches of ``micro`` samples, as the actor executes it now (shared prompt
-    pass or not, fused head or logits of the kept positions). Attention's own FLOPs are left out."""
+def executed_flops(module, batch, micro: int) -> tuple[float, int]:
+    """(6 · (body parameters · tokens the decoder layers run + head parameters · rows the LM head runs), body
+    tokens) of one update over ``batch`` in micro-batches of ``micro`` samples, as the actor executes it now
+    (the layout ``actor._layout`` picks: shared prompt pass, packed rows or padded rows; fused head or logits
+    of the kept positions). Attention's own FLOPs are left out."""
     import torch
 
     from rlkit.workers import actor as actor_mod
     from rlkit.workers import fsdp
     from rlkit.workers.lm_head import plain_head
+    from rlkit.workers.packing import pack_groups
 
     embed = module.get_input_embeddings().weight
     head = module.get_output_embeddings().weight
@@ -57,15 +60,24 @@ def executed_flops(module, batch, micro: int) -> float:
     body_tokens = head_rows = 0
     for idx in fsdp.micro_batch_indices(batch, size=micro):
         piece = batch[idx]
-        ids, mask, _, p_keep, t = fsdp.trim_padding(piece)
+        ids, mask, pos, p_keep, t = fsdp.trim_padding(piece)
         unique = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], 1), dim=0))
-        shared = actor_mod._share_prefix and unique < len(idx)
-        body_tokens += (unique * p_keep + len(idx) * t) if shared else len(idx) * (p_keep + t)
+        if fused:
+            layout = actor_mod._layout(module, ids, mask, p_keep, t)
+            layout = "shared" if layout == "shared" and unique < len(idx) else layout
+        else:
+            layout = "shared" if actor_mod._share_prefix and unique < len(idx) else "padded"
+        if layout == "packed":
+            body_tokens += pack_groups(ids, mask, pos, p_keep, t).tokens
+        elif layout == "shared":
+            body_tokens += unique * p_keep + len(idx) * t
+        else:
+            body_tokens += len(idx) * (p_keep + t)
         if fused:
             head_rows += int(piece["response_mask"][:, :t].sum())
         else:
-            head_rows += (unique + len(idx) * t) if shared else len(idx) * (t + 1)
-    return 6.0 * (body * body_tokens + head_params * head_rows)
+            head_rows += (unique + len(idx) * t) if layout == "shared" else len(idx) * (t + 1)
+    return 6.0 * (body * body_tokens + head_params * head_rows), body_tokens
 
 
 @contextmanager
@@ -85,6 +97,9 @@ def variant(change: str, on: bool):
     if change == "head" and not on:
         saved.append((actor_mod, "_accepts_logits_to_keep", actor_mod._accepts_logits_to_keep))
         actor_mod._accepts_logits_to_keep = lambda cls: False
+    if change == "pack" and not on:
+        saved.append((actor_mod, "_pack", actor_mod._pack))
+        actor_mod._pack = False
     if change == "fusedhead" and not on:
         saved.append((actor_mod, "_fused_head", actor_mod._fused_head))
         actor_mod._fused_head = False
@@ -111,6 +126,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--eos", action="store_true",
+                        help="responses end at eos (unequal lengths, as in a real run); default: all --tokens long")
     parser.add_argument("--only", choices=("off", "on"), default=None,
                         help="build and time one variant alone, then print the process's peak RSS")
     parser.add_argument("--warmup-tokens", type=int, default=0,
@@ -150,7 +167,7 @@ def main() -> None:
             assert not p1 and not p2, p1 + p2
             actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
             rollout = engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
-                                   rollout_config=RolloutConfig(ignore_eos=True, backend=backend))
+                                   rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend))
             if args.change == "prefill":
                 rollout._share_prefill = on
             if args.change == "attn" and on:
@@ -205,8 +222,9 @@ def main() -> None:
         peak = matmul_peak_flops("fp32")
         for on, seconds in ((False, a), (True, b)):
             with variant(args.change, on):
-                flops = executed_flops(built[on][0].module, batch, args.micro or args.samples)
-            print(f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed, {flops / seconds / 1e9:.1f} GFLOP/s "
+                flops, tokens = executed_flops(built[on][0].module, batch, args.micro or args.samples)
+            print(f"  {'B(on)' if on else 'A(off)'}: {tokens} body tokens of {int(batch['attention_mask'].sum())} real, "
+                  f"{flops / 1e9:.1f} GFLOP executed, {flops / seconds / 1e9:.1f} GFLOP/s "
                   f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul peak {peak / 1e9:.1f} GFLOP/s")
         print(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
     ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])

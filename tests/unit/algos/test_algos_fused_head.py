@@ -1,5 +1,6 @@
 """The fused LM-head outputs (no [N, V] logits held) equal log-softmax / entropy / Σπ² of the full logits,
-values and gradients of the hidden states and the head weight, chunked or not, with temperature and autocast."""
+values and gradients of the hidden states and the head weight, in vocabulary slices or whole, with temperature and
+autocast."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from rlkit.algos import AlgoError
-from rlkit.algos.fused_head import CHUNK_ELEMENTS, default_chunk_rows, head_outputs
+from rlkit.algos.fused_head import CHUNK_ELEMENTS, default_chunk, head_outputs
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 
 
@@ -28,13 +29,13 @@ def inputs(n=13, h=8, v=37, dtype=torch.float64):
     return hidden, weight, labels
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 5, 64])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("entropy_grad", [True, False])
-def test_values_and_gradients_match_the_full_logits(chunk_rows, temperature, entropy_grad):
+def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_grad):
     hidden, weight, labels = inputs()
     got = head_outputs(hidden, weight, labels, temperature=temperature, with_entropy=True, entropy_grad=entropy_grad,
-                       with_sum_pi_squared=True, chunk_rows=chunk_rows)
+                       with_sum_pi_squared=True, chunk=chunk)
     want_lp, want_h, want_s = reference(hidden, weight, labels, temperature)
     assert got["log_prob"].dtype == torch.float32 and got["log_prob"].shape == (13,)
     # the float32 vocabulary math over float64 inputs: agreement to float32 precision
@@ -88,5 +89,5 @@ def test_bad_inputs_say_what_is_wrong():
         head_outputs(hidden, weight.t(), labels)
     with pytest.raises(AlgoError, match="temperature"):
         head_outputs(hidden, weight, labels, temperature=0.0)
-    assert default_chunk_rows(10**9) == 64  # at least 64 rows per matmul
-    assert default_chunk_rows(512) * 512 == CHUNK_ELEMENTS  # else one block of CHUNK_ELEMENTS logits
+    assert default_chunk(10**9) == 256  # at least 256 vocabulary columns per matmul
+    assert default_chunk(512) * 512 == CHUNK_ELEMENTS  # else one [N, v] block of CHUNK_ELEMENTS logits
