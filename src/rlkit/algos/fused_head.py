@@ -172,5 +172,5 @@ def head_outputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
     if with_entropy:
         out["entropy"] = ent if entropy_grad else ent.detach()
     if with_sum_pi_squared:
-        out["sum_pi_squared"] = spsq
+        out["sum_pi_squared"] = spsq.detach()
     return out

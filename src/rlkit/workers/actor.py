@@ -80,8 +80,9 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
     OTB's input), each 0 where masked.
 
     A model whose head is a plain linear map (``rlkit.workers.lm_head.plain_head``) never materialises logits:
-    the outputs come from the final hidden states of the response tokens (``response_mask``) alone, a chunk
-    of rows at a time (``rlkit.algos.fused_head``). Other models: logits, then the chunked functions of
+    the outputs come from the final hidden states of the response tokens (``response_mask``) alone, in
+    vocabulary slices (``rlkit.algos.fused_head``), and the micro-batch runs in its cheapest layout (shared
+    prompt pass, packed rows or padded rows; ``_layout``). Other models: logits, then the chunked functions of
     ``rlkit.algos.entropy``.
     """
     device = device or next(module.parameters()).device

@@ -115,20 +115,6 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, monkeypatch, mixed_p
         torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
 
 
-def sampled_batch(module, tok, n=3, eos_token="7"):
-    """2 prompts of different lengths × ``n`` sampled responses whose lengths vary (a common token ends them)."""
-    from rlkit.batch import Batch
-    from rlkit.recipe.schema import RolloutConfig
-    from rlkit.rollout.hf import HFRollout
-
-    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")]
-    enc = tok(texts, return_tensors="pt", padding=True)
-    eos = int(tok.convert_tokens_to_ids(eos_token))
-    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=n), max_response_length=10,
-                     eos_token_ids=[eos], seed=2).generate(Batch(dict(enc)))
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     """One padding-free packed row per group (prompt once, responses after it, a 4-D mask) gives the padded
@@ -141,9 +127,7 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     module.set_attn_implementation(attn)
-    batch = sampled_batch(module, tok)
-    lengths = batch["response_mask"].sum(-1)
-    assert lengths.min() < lengths.max()  # unequal responses: the padded rows carry padding
+    batch = global_batch(tok)  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
     monkeypatch.setattr(actor_mod, "_share_prefix", False)
     chosen = []
     monkeypatch.setattr(actor_mod, "plan", lambda *a, **k: chosen.append(forced) or forced)
@@ -152,12 +136,12 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
         module.zero_grad(set_to_none=True)
         lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
                                    device=torch.device("cpu"))
-        (lp * batch["advantages"] if "advantages" in batch else lp).sum().add(0.1 * ent.sum()).backward()
+        (lp * batch["advantages"]).sum().add(0.1 * ent.sum()).backward()
         results[forced] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
     assert chosen == ["packed", "padded"]
     ids, mask, pos, p_keep, t = fsdp.trim_padding(batch)
     packed = packing.pack_groups(ids, mask, pos, p_keep, t)
-    assert packed.input_ids.shape[0] == 2  # one row per prompt
+    assert packed.input_ids.shape[0] == 4  # one row per prompt
     assert packed.tokens < ids.numel()  # fewer tokens than the padded rows
     torch.testing.assert_close(results["packed"][0], results["padded"][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results["packed"][1], results["padded"][1], rtol=1e-5, atol=1e-5)
