@@ -13,11 +13,16 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
+  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.workers.packing) vs shared/padded
+  fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V] logits
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
-Prints the machine (CPU model, flags, torch, matmul GFLOP/s), then the median seconds of A and B and B/A.
+Prints the machine (CPU model, flags, torch, matmul GFLOP/s), then the median seconds of A and B and B/A;
+for the update phase also the FLOPs each variant executes (``executed_flops``) and its GFLOP/s against the
+best fp32 1024² matmul measured here (``matmul_peak_flops``). ``--only off|on`` builds and runs one variant
+and prints the process's peak RSS (run it twice, one process per variant, to compare peak memory).
 """
 
 from __future__ import annotations
@@ -31,7 +36,48 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, one_thread  # noqa: E402
+from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
+
+
+def executed_flops(module, batch, micro: int) -> tuple[float, int]:
+    """(6 · (body parameters · tokens the decoder layers run + head parameters · rows the LM head runs), body
+    tokens) of one update over ``batch`` in micro-batches of ``micro`` samples, as the actor executes it now
+    (the layout ``actor._layout`` picks: shared prompt pass, packed rows or padded rows; fused head or logits
+    of the kept positions). Attention's own FLOPs are left out."""
+    import torch
+
+    from rlkit.workers import actor as actor_mod
+    from rlkit.workers import fsdp
+    from rlkit.workers.lm_head import plain_head
+    from rlkit.workers.packing import pack_groups
+
+    embed = module.get_input_embeddings().weight
+    head = module.get_output_embeddings().weight
+    total = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+    head_params = head.numel()
+    body = total - embed.numel() - (0 if head is embed else head.numel())
+    fused = actor_mod._fused_head and plain_head(module) is not None
+    body_tokens = head_rows = 0
+    for idx in fsdp.micro_batch_indices(batch, size=micro):
+        piece = batch[idx]
+        ids, mask, pos, p_keep, t = fsdp.trim_padding(piece)
+        unique = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], 1), dim=0))
+        if fused:
+            layout = actor_mod._layout(module, ids, mask, p_keep, t)
+            layout = "shared" if layout == "shared" and unique < len(idx) else layout
+        else:
+            layout = "shared" if actor_mod._share_prefix and unique < len(idx) else "padded"
+        if layout == "packed":
+            body_tokens += pack_groups(ids, mask, pos, p_keep, t).tokens
+        elif layout == "shared":
+            body_tokens += unique * p_keep + len(idx) * t
+        else:
+            body_tokens += len(idx) * (p_keep + t)
+        if fused:
+            head_rows += int(piece["response_mask"][:, :t].sum())
+        else:
+            head_rows += (unique + len(idx) * t) if layout == "shared" else len(idx) * (t + 1)
+    return 6.0 * (body * body_tokens + head_params * head_rows), body_tokens
 
 
 @contextmanager
@@ -51,6 +97,12 @@ def variant(change: str, on: bool):
     if change == "head" and not on:
         saved.append((actor_mod, "_accepts_logits_to_keep", actor_mod._accepts_logits_to_keep))
         actor_mod._accepts_logits_to_keep = lambda cls: False
+    if change == "pack" and not on:
+        saved.append((actor_mod, "_pack", actor_mod._pack))
+        actor_mod._pack = False
+    if change == "fusedhead" and not on:
+        saved.append((actor_mod, "_fused_head", actor_mod._fused_head))
+        actor_mod._fused_head = False
     if change == "fsdp" and not on:
         saved.append((fsdp, "_plain_at_world_size_1", getattr(fsdp, "_plain_at_world_size_1", None)))
         fsdp._plain_at_world_size_1 = False
@@ -74,6 +126,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--eos", action="store_true",
+                        help="responses end at eos (unequal lengths, as in a real run); default: all --tokens long")
+    parser.add_argument("--only", choices=("off", "on"), default=None,
+                        help="build and time one variant alone, then print the process's peak RSS")
     parser.add_argument("--warmup-tokens", type=int, default=0,
                         help="warm up each variant on one prompt: this many tokens and a forward pass "
                         "(0 = one full round). The optimizer's first-step allocation then falls in A's and B's first rep")
@@ -96,7 +152,8 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     registries = build_registries()
     built = {}
-    for on in (False, True):
+    variants = (False, True) if args.only is None else (args.only == "on",)
+    for on in variants:
         bf16 = args.dtype == "bf16" or (args.change == "precision" and on)
         decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
         with variant(args.change, on):
@@ -110,20 +167,20 @@ def main() -> None:
             assert not p1 and not p2, p1 + p2
             actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
             rollout = engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
-                                   rollout_config=RolloutConfig(ignore_eos=True, backend=backend))
+                                   rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend))
             if args.change == "prefill":
                 rollout._share_prefill = on
             if args.change == "attn" and on:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
-    tok = built[False][0].tokenizer
+    tok = built[variants[0]][0].tokenizer
     texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
                                      tokenize=False, add_generation_prompt=True)
              for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))][: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     n = args.samples // len(texts)  # prompts × n samples (default 4 × 4, the benchmark's SmolLM2 workload)
-    batch = built[False][1].generate(prompts, n=n)
+    batch = built[variants[0]][1].generate(prompts, n=n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
 
     cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
@@ -143,15 +200,33 @@ def main() -> None:
                 cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
 
-    run(False, bool(args.warmup_tokens), False), run(True, bool(args.warmup_tokens), False)  # warm-up
+    for on in variants:
+        run(on, bool(args.warmup_tokens), False)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.reps):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
+        for on in (variants if r % 2 == 0 else variants[::-1]):
             times[on].append(run(on))
-    a, b = statistics.median(times[False]), statistics.median(times[True])
     print(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
+    if args.only is not None:
+        import resource
+
+        on = variants[0]
+        print(f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
+              f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+        dist.destroy_process_group()
+        return
+    a, b = statistics.median(times[False]), statistics.median(times[True])
     print(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
           f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
+    if args.phase == "update":
+        peak = matmul_peak_flops("fp32")
+        for on, seconds in ((False, a), (True, b)):
+            with variant(args.change, on):
+                flops, tokens = executed_flops(built[on][0].module, batch, args.micro or args.samples)
+            print(f"  {'B(on)' if on else 'A(off)'}: {tokens} body tokens of {int(batch['attention_mask'].sum())} real, "
+                  f"{flops / 1e9:.1f} GFLOP executed, {flops / seconds / 1e9:.1f} GFLOP/s "
+                  f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul peak {peak / 1e9:.1f} GFLOP/s")
+        print(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
     ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
     print(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
           f"is the wall time on an idle machine)")

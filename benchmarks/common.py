@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args", "arithmetic_reward",
-           "one_thread", "hardware", "hardware_line"]
+           "one_thread", "hardware", "hardware_line", "machine_line", "ModelShape", "model_shape", "decode_roofline",
+           "executed_update_flops"]
 
 _HARDWARE_PY = Path(__file__).resolve().parent.parent / "src" / "rlkit" / "hardware.py"
 
@@ -147,3 +148,59 @@ def write_result(out: Path, workload: Workload, framework: str, steps: list[dict
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     return record
+
+
+def machine_line(peak_fp32: float, bandwidth: float, info: dict | None = None) -> str:
+    """``hardware_line`` plus the 1024² fp32 matmul peak and the memory read bandwidth this process measured
+    (the two roofline inputs), printed beside every result."""
+    return (hardware_line(info) + f"; matmul 1024² fp32 peak {peak_fp32 / 1e9:.1f} GFLOP/s; "
+            f"memory read {bandwidth / 1e9:.1f} GB/s (256 MiB sum, 1 thread)")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the rooflines need from an HF ``config.json``."""
+
+    params: int  # parameters, a tied head counted once
+    embed: int  # input-embedding parameters (no matmul FLOPs)
+    head: int  # LM-head parameters (= embed when tied)
+    layers: int
+    kv_width: int  # key/value heads × head dim (one of K or V, per layer and token)
+
+    @property
+    def body(self) -> int:
+        """Parameters of the decoder layers and final norm: their FLOPs are paid on every token the layers run."""
+        tied = self.head == self.embed
+        return self.params - self.embed - (0 if tied else self.head)
+
+
+def model_shape(model_dir: str | Path, params: int) -> ModelShape:
+    """``ModelShape`` of the HF folder ``model_dir`` whose model has ``params`` parameters."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    kv = cfg.get("num_key_value_heads") or heads
+    embed = vocab * hidden
+    return ModelShape(params=params, embed=embed, head=embed, layers=cfg["num_hidden_layers"], kv_width=kv * head_dim)
+
+
+def decode_roofline(shape: ModelShape, rows: int, prompt_tokens: float, tokens: int, value_bytes: int,
+                    bandwidth: float) -> dict[str, float]:
+    """Memory-bandwidth bound of decoding ``tokens`` tokens for ``rows`` rows at once: each step reads every
+    weight once (``value_bytes`` each: 4 fp32, 2 bf16) and each row's KV cache (K and V of every layer for the
+    ``prompt_tokens`` + tokens so far; fp32 cache). Returns bytes per step and per generated token (averaged
+    over the steps) and the time bound for the whole generation at ``bandwidth`` bytes/s."""
+    weights = shape.params * value_bytes
+    mean_context = prompt_tokens + (tokens + 1) / 2
+    kv = 2 * shape.layers * shape.kv_width * 4 * rows * mean_context
+    per_step = weights + kv
+    return {"bytes_per_step": per_step, "bytes_per_token": per_step / rows, "weight_bytes": weights,
+            "kv_bytes_per_step": kv, "gen_bound_s": tokens * per_step / bandwidth}
+
+
+def executed_update_flops(shape: ModelShape, body_tokens: float, head_rows: float) -> float:
+    """6 · (body parameters · tokens the decoder layers run + head parameters · rows the head runs): forward +
+    backward FLOPs a toolkit executes (a shared prompt pass runs fewer body tokens; a head on response
+    positions only, fewer head rows). Attention's own FLOPs are left out."""
+    return 6.0 * (shape.body * body_tokens + shape.head * head_rows)

@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Workload, matmul_peak_flops, one_thread, update_flops, workload_args, write_result  # noqa: E402
+from common import (  # noqa: E402
+    Workload,
+    matmul_peak_flops,
+    memory_bandwidth,
+    one_thread,
+    update_flops,
+    workload_args,
+    write_result,
+)
 
 
 def recipe_dict(w: Workload, out_dir: str) -> dict:
@@ -83,12 +91,13 @@ def main() -> None:
             runtime.close()
     peak = max(peak, matmul_peak_flops(w.dtype))
     write_result(out, w, "rlkit", steps, {"startup_s": startup_s, "peak_flops": peak, "n_params": runtime.n_params,
+                                          "bandwidth": memory_bandwidth(),
                                           "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"]))})
 
 
 def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:
     """Per-step seconds: ``step`` (Trainer.step + logging), each phase, and what ran inside the worker."""
-    out = {"step": wall, "tokens": metrics["perf/total_num_tokens"]}
+    out = {"step": wall, "tokens": metrics["perf/total_num_tokens"], "prompt_max": metrics["prompt_length/max"]}
     for key, value in metrics.items():
         if key.startswith("timing_s/") and key != "timing_s/step":
             out[key.split("/", 1)[1]] = value

@@ -1,13 +1,19 @@
 """Side-by-side GRPO benchmark: rlkit vs TRL's GRPOTrainer on identical work (docs/benchmarks.md).
 
     python benchmarks/run.py                        # tiny Qwen2 + SmolLM2-135M, fp32 + bf16, 2 rounds
-    python benchmarks/run.py --models tiny --dtypes fp32 --rounds 1
+    python benchmarks/run.py --workloads tiny --dtypes fp32 --rounds 1
+    python benchmarks/run.py --workloads smollm2,smollm2-64,smollm2-256 --dtypes fp32   # the cost curve
 
 Makes TRL's virtual environment on first use (``benchmarks/.venv-trl``: torch 2.13 CPU + trl 1.16 from
 the package index), builds the tiny model and the prompts under ``benchmarks/.work``, then for every
 model × dtype runs alternating rounds (ABBA: rlkit, TRL, TRL, rlkit, ...), one process per run, one torch
 thread per process (``--base-src``: a third, older rlkit in the rotation). Each process measures its own matmul peak, skips ``--warmup`` steps and times
 ``--steps``. Prints a Markdown table and writes the raw numbers to ``benchmarks/results/``.
+
+Beside each measurement: the machine (CPU model, flags, matmul peaks, memory read bandwidth), the rooflines
+(decode: bytes read per generated token and the generation's time bound at the measured bandwidth; update:
+FLOPs and their time bound at the measured matmul peak, model FLOPs for both toolkits and the FLOPs rlkit
+executes), and the cost curve: step and generation time per generated token, workloads by completion length.
 """
 
 from __future__ import annotations
@@ -23,14 +29,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import hardware, hardware_line  # noqa: E402
+from common import (  # noqa: E402
+    decode_roofline,
+    executed_update_flops,
+    hardware,
+    machine_line,
+    matmul_peak_flops,
+    memory_bandwidth,
+    model_shape,
+)
 
 WORK = HERE / ".work"
 TRL_VENV = HERE / ".venv-trl"
 TRL_PINS = ["torch==2.13.0", "trl==1.16.0"]
 
-# model -> (prompts, group, tokens): tiny measures framework cost, SmolLM2 a real model's compute.
-WORKLOADS = {"tiny": (8, 8, 32), "smollm2": (4, 4, 32)}
+# workload -> (model, prompts, group, tokens): tiny measures framework cost, SmolLM2 a real model's compute;
+# smollm2-64 / -256 grow the completions (the decode loop's share of the step grows with them).
+WORKLOADS = {"tiny": ("tiny", 8, 8, 32), "smollm2": ("smollm2", 4, 4, 32), "smollm2-64": ("smollm2", 2, 4, 64),
+             "smollm2-256": ("smollm2", 2, 4, 256)}
 
 
 def ensure_trl_venv() -> Path:
@@ -68,9 +84,9 @@ def prepare(models: list[str]) -> tuple[dict[str, str], str]:
 
 
 def run_one(framework: str, python: str, model: str, name: str, dtype: str, data: str, args, out: Path) -> dict:
-    prompts, group, tokens = WORKLOADS[name]
+    model_name, prompts, group, tokens = WORKLOADS[name]
     script = HERE / ("trl_grpo.py" if framework == "trl" else "rlkit_grpo.py")
-    cmd = [python, str(script), "--model", model, "--model-name", name, "--dtype", dtype, "--data", data,
+    cmd = [python, str(script), "--model", model, "--model-name", model_name, "--dtype", dtype, "--data", data,
            "--prompts", str(prompts), "--group", str(group), "--tokens", str(tokens), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--out", str(out)]
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -84,8 +100,8 @@ def run_one(framework: str, python: str, model: str, name: str, dtype: str, data
     return json.loads(out.read_text())
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Medians over every measured step of every run of one framework × model × dtype."""
+def summarise(runs: list[dict], model_dir: str) -> dict:
+    """Medians over every measured step of every run of one framework × workload × dtype, with the rooflines."""
     steps = [s for r in runs for s in r["steps"]]
     for s in steps:
         if "worker_gen" in s:  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
@@ -94,19 +110,44 @@ def summarise(runs: list[dict]) -> dict:
     med = {k: statistics.median(s[k] for s in steps if k in s) for k in sorted({k for s in steps for k in s})}
     update = med.get("update_actor", med.get("update"))
     peak = statistics.median(r["peak_flops"] for r in runs)
+    generated = w["prompts"] * w["group"] * w["tokens"]
     out = {"step": med["step"], "gen": med["gen"], "update": update, "n_steps": len(steps),
-           "gen_tok_s": w["prompts"] * w["group"] * w["tokens"] / med["gen"],
+           "gen_tok_s": generated / med["gen"], "step_ms_per_token": 1e3 * med["step"] / generated,
+           "gen_ms_per_token": 1e3 * med["gen"] / generated,
            "update_flops_s": runs[0]["update_flops"] / update, "peak_flops": peak,
            "startup_s": statistics.median(r["startup_s"] for r in runs), "phases": med}
     out["update_peak_frac"] = out["update_flops_s"] / peak
+    out |= rooflines(runs, model_dir, med, peak)
     if "overhead" in med:
         out["overhead_s"] = med["overhead"]
         out["overhead_frac"] = statistics.median(s["overhead"] / s["step"] for s in steps)
     return out
 
 
+def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
+    """Decode: bytes per generated token and the generation's bound at the measured bandwidth (fp32 weights, or
+    the bf16 decode copy); update: model FLOPs (6 · params · all tokens, both toolkits) and, for rlkit, the
+    FLOPs it executes (each prompt once per group, head on completion tokens), with their bounds at the peak."""
+    w = runs[0]["workload"]
+    bandwidth = statistics.median(r.get("bandwidth", 0.0) for r in runs) or memory_bandwidth()
+    shape = model_shape(model_dir, runs[0]["n_params"])
+    completions = w["prompts"] * w["group"]
+    prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
+    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if w["dtype"] == "bf16" else 4, bandwidth)
+    update = med.get("update_actor", med.get("update"))
+    out = {"bandwidth": bandwidth, "decode_bytes_per_token": decode["bytes_per_token"], "gen_bound_s": decode["gen_bound_s"],
+           "gen_roofline_frac": decode["gen_bound_s"] / med["gen"], "update_model_flops": runs[0]["update_flops"],
+           "update_bound_s": runs[0]["update_flops"] / peak}
+    if runs[0]["framework"].startswith("rlkit") and "prompt_max" in med:  # one micro-batch: prompts × longest prompt
+        executed = executed_update_flops(shape, w["prompts"] * med["prompt_max"] + completions * w["tokens"],
+                                         completions * w["tokens"])
+        out |= {"update_executed_flops": executed, "update_executed_bound_s": executed / peak,
+                "update_executed_frac": executed / peak / update}
+    return out
+
+
 def table(summary: dict) -> str:
-    lines = ["| model | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s rlkit / TRL "
+    lines = ["| workload | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s rlkit / TRL "
              "(% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |", "|" + "---|" * 10]
     for key, s in summary.items():
         r, t = s["rlkit"], s["trl"]
@@ -123,12 +164,32 @@ def table(summary: dict) -> str:
             f"({100 * r['update_peak_frac']:.0f}%) / {t['update_flops_s'] / 1e9:.1f} ({100 * t['update_peak_frac']:.0f}%) | "
             f"{r['peak_flops'] / 1e9:.0f} | {r['overhead_s']:.2f} s ({100 * r['overhead_frac']:.1f}%) | "
             f"{r['startup_s']:.0f} / {t['startup_s']:.0f} |")
-    lines += ["", "rlkit phases (median s): | model | dtype | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
+    lines += ["", "rlkit phases (median s): | workload | dtype | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
     for key, s in summary.items():
         for fw in [f for f in ("rlkit@base", "rlkit") if f in s]:
             ph = s[fw]["phases"]
             lines.append(f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
                          + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES) + " |")
+    return "\n".join(lines + ["", roofline_table(summary)])
+
+
+def roofline_table(summary: dict) -> str:
+    """The cost curve (workloads by completion length) and each measurement beside its roofline."""
+    lines = ["Cost curve and rooflines (per generated token; gen bound = decode bytes / memory bandwidth; update bound "
+             "= FLOPs / matmul peak; rlkit's executed FLOPs count each prompt once per group):", "",
+             "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound ms/token "
+             "(KiB/token) | gen % of bound | update s | update bound s (model FLOPs) | update bound s (executed) "
+             "| update % of peak (executed) |", "|" + "---|" * 13]
+    order = sorted(summary, key=lambda k: (WORKLOADS[k[0]][0], k[1], WORKLOADS[k[0]][3]))
+    for key in order:
+        _, prompts, group, tokens = WORKLOADS[key[0]]
+        for fw, s in summary[key].items():
+            executed = (f"{s['update_executed_bound_s']:.2f} | {100 * s['update_executed_frac']:.0f}%"
+                        if "update_executed_bound_s" in s else "- | -")
+            bound_ms = 1e3 * s["gen_bound_s"] / (prompts * group * tokens)
+            lines.append(f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} | "
+                         f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}) | "
+                         f"{100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | {s['update_bound_s']:.2f} | {executed} |")
     return "\n".join(lines)
 
 
@@ -138,7 +199,8 @@ PHASES = ["step", "gen", "worker_gen", "reward", "old_log_prob", "adv", "update_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny,smollm2")
+    parser.add_argument("--workloads", "--models", dest="workloads", default="tiny,smollm2",
+                        help=f"comma-separated, of: {', '.join(WORKLOADS)}")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -147,14 +209,22 @@ def main() -> None:
     parser.add_argument("--base-src", default="", help="also run rlkit from this src/ folder (e.g. a git worktree "
                         "of an older commit: before/after in one invocation), reported as rlkit@base")
     args = parser.parse_args()
-    models, dtypes = args.models.split(","), args.dtypes.split(",")
-    print(hardware_line() + f"; load average at the start {os.getloadavg()[0]:.2f}", flush=True)
+    workloads, dtypes = args.workloads.split(","), args.dtypes.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; valid: {', '.join(WORKLOADS)}")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    print(machine_line(matmul_peak_flops("fp32"), memory_bandwidth())
+          + f"; load average at the start {os.getloadavg()[0]:.2f}", flush=True)
     trl_python = str(ensure_trl_venv())
-    paths, data = prepare(models)
+    paths, data = prepare(sorted({WORKLOADS[w][0] for w in workloads}))
     stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
     raw_dir = WORK / "raw" / stamp
     results: dict[tuple[str, str], dict[str, list[dict]]] = {}
-    for name in models:
+    for name in workloads:
         for dtype in dtypes:
             frameworks = ["rlkit", "trl"] + (["rlkit@base"] if args.base_src else [])
             runs: dict[str, list[dict]] = {fw: [] for fw in frameworks}
@@ -163,15 +233,17 @@ def main() -> None:
                 for fw in order:
                     python = trl_python if fw == "trl" else sys.executable
                     out = raw_dir / f"{name}-{dtype}-{fw}-{r}.json"
-                    runs[fw].append(run_one(fw, python, paths[name], name, dtype, data, args, out))
+                    runs[fw].append(run_one(fw, python, paths[WORKLOADS[name][0]], name, dtype, data, args, out))
             results[(name, dtype)] = runs
-    summary = {key: {fw: summarise(rs) for fw, rs in runs.items()} for key, runs in results.items()}
+    summary = {key: {fw: summarise(rs, paths[WORKLOADS[key[0]][0]]) for fw, rs in runs.items()}
+               for key, runs in results.items()}
     machine = hardware()
-    md = hardware_line(machine) + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n" + table(summary)
+    md = (machine_line(matmul_peak_flops("fp32"), memory_bandwidth(), machine)
+          + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n" + table(summary))
     print(md)
     res_dir = HERE / "results"
     res_dir.mkdir(exist_ok=True)
-    record = {"stamp": stamp, "args": vars(args), "workloads": WORKLOADS, "hardware": machine,
+    record = {"stamp": stamp, "args": vars(args), "workloads": {w: WORKLOADS[w] for w in workloads}, "hardware": machine,
               "summary": {f"{k[0]}-{k[1]}": v for k, v in summary.items()}}
     (res_dir / f"{stamp}.json").write_text(json.dumps(record, indent=1))
     (res_dir / f"{stamp}.md").write_text(md + "\n")

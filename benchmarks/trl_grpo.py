@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     arithmetic_reward,
     matmul_peak_flops,
+    memory_bandwidth,
     one_thread,
     update_flops,
     workload_args,
@@ -58,6 +59,7 @@ def main() -> None:
     times: dict[str, float] = {}
     steps: list[dict[str, float]] = []
     tokens_seen: list[int] = []
+    prompt_width: list[int] = []
 
     class Timed(GRPOTrainer):
         def _generate_single_turn(self, *args, **kwargs):
@@ -74,6 +76,7 @@ def main() -> None:
             mask = result["completion_mask"]
             assert int(mask.sum(-1).min()) == w.tokens, "every completion must have the full length"
             tokens_seen.append(int(result["prompt_mask"].sum() + mask.sum()))
+            prompt_width.append(int(result["prompt_mask"].shape[1]))  # left-padded prompts: every row runs this many
             return result
 
     class StepTimer(TrainerCallback):
@@ -85,7 +88,8 @@ def main() -> None:
             wall = time.perf_counter() - times["t0"]
             if state.global_step > w.warmup:
                 steps.append({"step": wall, "gen": times["gen"], "gen_score": times["gen_score"],
-                              "update": wall - times["gen_score"], "tokens": float(tokens_seen[-1])})
+                              "update": wall - times["gen_score"], "tokens": float(tokens_seen[-1]),
+                              "prompt_max": float(prompt_width[-1])})
 
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         config = GRPOConfig(
@@ -111,6 +115,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     peak = max(peak, matmul_peak_flops(w.dtype))
     write_result(out, w, "trl", steps, {"startup_s": startup_s, "peak_flops": peak, "n_params": n_params,
+                                        "bandwidth": memory_bandwidth(),
                                         "update_flops": update_flops(n_params, tokens_seen[-1])})
 
 

@@ -63,7 +63,20 @@ CLIP_COV = {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "cl
 
 
 def update_once(model_dir: str, mode: str) -> dict:
-    """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs."""
+    """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs.
+    Padded micro-batches on every rank and world size: a packed row (rlkit.workers.packing, tested against the
+    padded rows in test_fast_paths.py) sums its prompt's gradient in another order, and Adam at lr 1e-2 turns
+    that float noise into steps above this comparison's 1e-4."""
+    from rlkit.workers import actor as actor_mod
+
+    saved, actor_mod._pack = actor_mod._pack, False
+    try:
+        return _update_once(model_dir, mode)
+    finally:
+        actor_mod._pack = saved
+
+
+def _update_once(model_dir: str, mode: str) -> dict:
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
 
@@ -82,7 +95,10 @@ def update_once(model_dir: str, mode: str) -> dict:
     metrics = actor.update(local)
     olds = [torch.zeros_like(old) for _ in range(world_size)]
     dist.all_gather(olds, old)
-    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds)}
+    from rlkit.workers.lm_head import plain_head
+
+    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds),
+            "fused_head": plain_head(actor.module) is not None}  # log-probs from hidden states, inside FSDP's forward
 
 
 def assert_same_update(one: dict, two: dict, model_dir) -> None:
@@ -93,6 +109,7 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
     import pytest
     from safetensors.torch import load_file
 
+    assert one["fused_head"] and two["fused_head"]  # the chunked LM-head path ran, sharded (FSDP2) and plain
     torch.testing.assert_close(one["old_log_prob"], two["old_log_prob"], atol=1e-5, rtol=1e-5)
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl",
                 "actor/pg_clipfrac"):

@@ -21,6 +21,16 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 def lora_update_once(model_dir: str) -> dict:
     """Old log-probs, reference log-probs (adapter off), one update (2 epochs, KL loss); returns metrics and
     the adapter's tensors after it, gathered on rank 0."""
+    from rlkit.workers import actor as actor_mod
+
+    saved, actor_mod._pack = actor_mod._pack, False  # padded on both sides, as in _fsdp_ranks.update_once
+    try:
+        return _lora_update_once(model_dir)
+    finally:
+        actor_mod._pack = saved
+
+
+def _lora_update_once(model_dir: str) -> dict:
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.lora import LoraRef

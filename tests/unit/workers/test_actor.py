@@ -41,6 +41,7 @@ def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world
     # test_fast_paths.py) sums in another order, and Adam at lr 1e-2 turns that float noise in near-zero
     # gradients into steps of up to 2e-4, above this test's 1e-4.
     monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)
+    monkeypatch.setattr("rlkit.workers.actor._pack", False)  # likewise padded rows, not packed ones
     results = []
     for micro in (8, 3):
         actor = make_actor(tiny_model_dir, loss_agg_mode=mode, ppo_micro_batch_size_per_rank=micro,

@@ -1,0 +1,176 @@
+"""Log-prob, entropy and Σπ² of chosen tokens straight from hidden states and the LM head weight.
+
+``head_outputs(hidden, weight, labels)`` is what ``log_probs_from_logits(hidden @ weight.T / T, labels)`` and
+``entropy_from_logits`` give, without ever holding the [N, V] logits (or their gradient) whole: the vocabulary is
+walked in slices of ``chunk`` columns, each slice's logits [N, v] made by one matmul over all N rows (so every
+weight is read once per pass) and folded into running row statistics (online log-sum-exp):
+  m   = running max,  s = Σ exp(z − m),  a = Σ exp(z − m) z,  q = Σ exp(2 (z − m)),  z_label picked in its slice
+  lse = m + log s,  log_prob = z_label − lse,  entropy = lse − a / s,  Σπ² = q / s²
+Backward walks the slices again: it recomputes a slice's logits, turns them in place into the gradient of the
+logits with the saved log-sum-exp and entropy, and adds that slice's share to the hidden states' gradient and
+writes the slice's rows of the weight's gradient (each written once). Saved for backward: the hidden rows, the
+weight (a parameter: no copy), labels, log-sum-exp and entropy, O(N) floats. Per slice, p = softmax(z):
+  ∂log_prob/∂z_v = 1[v = label] − p_v,      ∂entropy/∂z_v = −p_v (log p_v + H)
+  ∂/∂h = (∂/∂z) W / T,                       ∂/∂W = (∂/∂z)^T h / T
+
+Under autocast (bf16 on CPU or CUDA) the matmuls run in the autocast dtype and everything over the vocabulary
+in float32, as ``logits.float()`` after an autocast head does.
+
+Shapes: ``N`` rows (response tokens), ``H`` hidden size, ``V`` vocabulary, ``v`` columns per slice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkit.algos._util import AlgoError
+
+__all__ = ["head_outputs", "default_chunk", "CHUNK_ELEMENTS"]
+
+# Elements of one slice's [N, v] float32 logits: 2^22 = 16 MiB (its exp is a second such block).
+CHUNK_ELEMENTS = 1 << 22
+
+
+def default_chunk(rows: int) -> int:
+    """Vocabulary columns per slice: ``CHUNK_ELEMENTS / N``, at least 256 (a narrower matmul runs below peak)."""
+    return max(256, CHUNK_ELEMENTS // max(rows, 1))
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    kind = device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def _scaled(h: torch.Tensor, dtype: torch.dtype, inv_temp: float) -> torch.Tensor:
+    h = h.to(dtype)
+    return h * inv_temp if inv_temp != 1.0 else h
+
+
+def _in_slice(labels: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows whose label falls in columns [start, start + width), those labels' column in the slice)."""
+    local = labels - start
+    rows = ((local >= 0) & (local < width)).nonzero().squeeze(1)
+    return rows, local[rows]
+
+
+class _HeadOutputs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, inv_temp: float, with_entropy: bool, entropy_grad: bool,
+                with_spsq: bool, chunk: int, dtype):
+        n_rows, vocab = hidden.shape[0], weight.shape[0]
+        f32 = dict(dtype=torch.float32, device=hidden.device)
+        top = torch.full((n_rows,), float("-inf"), **f32)  # running max m
+        total = torch.zeros(n_rows, **f32)  # s
+        dot = torch.zeros(n_rows, **f32) if with_entropy else None  # a
+        square = torch.zeros(n_rows, **f32) if with_spsq else None  # q
+        picked = torch.zeros(n_rows, **f32)
+        h = _scaled(hidden, dtype, inv_temp)  # [N, H]
+        for start in range(0, vocab, chunk):
+            z = torch.mm(h, weight[start:start + chunk].to(dtype).t()).float()  # [N, v]
+            rows, cols = _in_slice(labels, start, z.shape[1])
+            picked[rows] = z[rows, cols]
+            new_top = torch.maximum(top, z.amax(dim=-1))
+            rescale = torch.exp(top - new_top)  # [N]; exp(-inf) = 0 on the first slice
+            e = z.sub(new_top[:, None]).exp_()  # [N, v]
+            total.mul_(rescale).add_(e.sum(dim=-1))
+            if with_entropy:
+                dot.mul_(rescale).add_(torch.einsum("nv,nv->n", e, z))
+            if with_spsq:
+                square.mul_(rescale * rescale).add_(torch.einsum("nv,nv->n", e, e))
+            top = new_top
+        lse = top + total.log()
+        log_prob = picked - lse
+        entropy = lse - dot / total if with_entropy else torch.zeros(0, **f32)
+        spsq = square / (total * total) if with_spsq else torch.zeros(0, **f32)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
+        ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
+        ctx.entropy_grad = with_entropy and entropy_grad
+        ctx.mark_non_differentiable(spsq)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)
+        return log_prob, entropy, spsq
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent, _g_spsq):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        g_ent = g_ent if ctx.entropy_grad else None
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (g_lp is None and g_ent is None) or not (want_h or want_w):
+            return (None,) * 9
+        dtype, inv_temp, chunk = ctx.dtype, ctx.inv_temp, ctx.chunk
+        h = _scaled(hidden, dtype, inv_temp)  # [N, H]
+        grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if want_h else None
+        grad_w = torch.empty_like(weight) if want_w else None
+        for start in range(0, weight.shape[0], chunk):
+            w = weight[start:start + chunk].to(dtype)  # [v, H]
+            logp = torch.mm(h, w.t()).float().sub_(lse[:, None])  # log p, [N, v]
+            rows, cols = _in_slice(labels, start, logp.shape[1])
+            g = _logit_grad(logp, rows, cols, g_lp, None if g_ent is None else (g_ent, entropy)).to(dtype)
+            if want_h:
+                if dtype == torch.float32:
+                    grad_h.addmm_(g, w)
+                else:
+                    grad_h += torch.mm(g, w).float()
+            if want_w:
+                grad_w[start:start + chunk] = torch.mm(g.t(), h).to(weight.dtype)
+        if want_h:
+            grad_h = (grad_h * inv_temp if inv_temp != 1.0 else grad_h).to(hidden.dtype)
+        return grad_h, grad_w, None, None, None, None, None, None, None
+
+
+def _logit_grad(logp: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, g_lp: torch.Tensor | None,
+                ent: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """∂loss/∂z [N, v] of one vocabulary slice from its log p [N, v] (overwritten); ``rows``/``cols``: the labels
+    that fall in the slice.
+
+    ∂/∂z_v = g_lp (1[v = label] − p_v) − g_ent p_v (log p_v + H)
+           = −p_v (g_lp + g_ent (log p_v + H)) + g_lp 1[v = label]
+    """
+    if ent is None:  # no entropy gradient: −g_lp p, plus g_lp at the label
+        grad = logp.exp_().mul_(-g_lp[:, None])
+    else:
+        g_ent, h = ent
+        p = logp.exp()
+        grad = logp.add_(h[:, None]).mul_(g_ent[:, None])
+        if g_lp is not None:
+            grad.add_(g_lp[:, None])
+        grad.mul_(p).neg_()
+    if g_lp is not None and len(rows):
+        grad.index_put_((rows, cols), g_lp[rows], accumulate=True)
+    return grad
+
+
+def head_outputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
+                 with_entropy: bool = False, entropy_grad: bool = False, with_sum_pi_squared: bool = False,
+                 chunk: int | None = None) -> dict[str, torch.Tensor]:
+    """``log_prob`` [N] (and ``entropy``, ``sum_pi_squared`` [N]) of ``labels`` under ``softmax(hidden @ weight.T /
+    temperature)``, float32, in vocabulary slices of ``chunk`` columns (default ``default_chunk``; module docstring).
+
+    hidden [N, H] (any float dtype; gradients flow to it), weight [V, H] (the LM head, e.g. a tied embedding;
+    gradients flow to it when it requires grad), labels [N] (long). ``entropy_grad``: the entropy carries a
+    gradient (else it is returned detached); ``sum_pi_squared`` never does. Autocast, when active on the
+    tensors' device, sets the matmuls' dtype.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise AlgoError(f"head_outputs: hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
+                        f"and {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise AlgoError(f"head_outputs: labels must have shape ({hidden.shape[0]},), got {tuple(labels.shape)}")
+    if temperature <= 0:
+        raise AlgoError(f"head_outputs: temperature must be > 0, got {temperature}")
+    columns = chunk or default_chunk(hidden.shape[0])
+    if columns <= 0:
+        raise AlgoError(f"head_outputs: chunk must be > 0, got {columns}")
+    dtype = _autocast_dtype(hidden.device) or weight.dtype
+    with torch.autocast(hidden.device.type, enabled=False):
+        lp, ent, spsq = _HeadOutputs.apply(hidden, weight, labels.long(), 1.0 / temperature, with_entropy,
+                                           entropy_grad, with_sum_pi_squared, columns, dtype)
+    out = {"log_prob": lp}
+    if with_entropy:
+        out["entropy"] = ent if entropy_grad else ent.detach()
+    if with_sum_pi_squared:
+        out["sum_pi_squared"] = spsq.detach()
+    return out
