@@ -124,7 +124,7 @@ def main() -> None:
             runs: dict[str, list[tuple[float, float]]] = {"gen": [], "log_prob": [], "update": []}
             for _ in range(args.reps):
                 out: dict = {}
-                runs["gen"].append(timed(lambda: out.setdefault("b", rollout.generate(prompts, n=args.n))))
+                runs["gen"].append(timed(lambda o=out, r=rollout: o.setdefault("b", r.generate(prompts, n=args.n))))
                 b = out["b"]
                 b["advantages"] = torch.randn(len(b), 1).expand_as(b["response_mask"]).contiguous()
                 runs["log_prob"].append(timed(lambda b=b: actor.compute_log_prob(b)))

@@ -205,3 +205,22 @@ def test_bypass_is_refused_where_it_would_do_nothing_or_starve_a_component(regis
     found = " ".join(m for k, m in info.value.problems if k == "algorithm.rollout_correction.bypass")
     assert "needs sum_pi_squared" in found and "bypass skips" in found
     validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: false}", "algorithm.estimator=optimal_token_baseline")
+
+
+class _BypassWithoutField:
+    @rlkit.hookimpl
+    def rlkit_register_rollout_corrections(self):
+        from rlkit.specs import RolloutCorrectionSpec
+
+        return [RolloutCorrectionSpec(name="half_bypass", fn="rlkit.algos.rollout_correction:token_tis",
+                                      params="rlkit.builtin.algo_params:TokenTISParams", bypass=True)]
+
+
+def test_a_bypass_spec_needs_its_params_field():
+    """The conformance check a plugin runs refuses ``bypass=True`` without an excluded bool ``bypass`` field."""
+    from rlkit.testing import ContractError, check_rollout_correction
+
+    registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("hb", _BypassWithoutField()),)))
+    with pytest.raises(ContractError, match="bypass: bool = Field"):
+        check_rollout_correction("half_bypass", registries=registries)
+    check_rollout_correction("decoupled", registries=registries)
