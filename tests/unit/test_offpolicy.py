@@ -163,13 +163,13 @@ def test_decoupled_correction_with_ppo_clip_is_decoupled_ppo(registries):
 
 
 # ---------------------------------------------------------------- bypass mode
-def test_bypass_is_a_decoupled_parameter_the_function_never_sees(registries):
+def test_bypass_is_a_decoupled_parameter(registries):
     from rlkit.offpolicy import bypass_on
 
     recipe = validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}")
-    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "decoupled", "bypass": True}
+    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "decoupled", "cap": None, "bypass": True}
     corr = pickle.loads(pickle.dumps(compose(recipe, registries))).rollout_correction
-    assert bypass_on(corr) and corr.kwargs == {"cap": None}  # decoupled()'s own keywords only
+    assert bypass_on(corr) and corr.kwargs == {"cap": None, "bypass": True}
     off = compose(validate(registries, "algorithm.rollout_correction={name: decoupled, cap: 5.0}"), registries)
     assert not bypass_on(off.rollout_correction) and not bypass_on(None)
     assert [e.spec.name for e in registries.rollout_corrections if e.spec.bypass] == ["decoupled"]
@@ -188,7 +188,7 @@ def test_bypass_uses_the_rollout_log_probs_as_old_and_adds_no_weights(registries
     assert metrics == {"rollout_corr/bypass": 1.0}  # no mismatch of old_log_prob against itself (it would read 0)
     _, metrics = correct_rollout(_batch(), off := compose(validate(registries, "algorithm.rollout_correction=decoupled"),
                                                           registries).rollout_correction)
-    assert metrics["rollout_corr/bypass"] == 0.0 and off.kwargs == {"cap": None}
+    assert metrics["rollout_corr/bypass"] == 0.0 and off.kwargs == {"cap": None, "bypass": False}
 
 
 def test_bypass_is_refused_where_it_would_do_nothing_or_starve_a_component(registries):
@@ -217,7 +217,7 @@ class _BypassWithoutField:
 
 
 def test_a_bypass_spec_needs_its_params_field():
-    """The conformance check a plugin runs refuses ``bypass=True`` without an excluded bool ``bypass`` field."""
+    """The conformance check a plugin runs refuses ``bypass=True`` without a bool ``bypass`` params field."""
     from rlkit.testing import ContractError, check_rollout_correction
 
     registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("hb", _BypassWithoutField()),)))

@@ -117,10 +117,9 @@ class IcePopParams(_Bounds):
 class DecoupledParams(Params):
     cap: PositiveFloat | None = Field(
         None, description="a token whose behaviour weight pi_prox / pi_behav exceeds this gets 0; None = no cap")
-    # read by the trainer (rlkit.offpolicy.bypass_on), never passed to the function: exclude=True keeps it out of
-    # model_dump(), so Resolved.kwargs stays decoupled()'s own keywords
+    # the trainer reads it (rlkit.offpolicy.bypass_on): set, it skips the pass and this function, whose result is known
     bypass: bool = Field(
-        False, exclude=True,
+        False,
         description="veRL's bypass mode: pi_prox := pi_rollout, so the actor's old-log-prob pass is skipped, the weight "
                     "is 1 on every token and the update is plain PPO clipped against the rollout policy")
 

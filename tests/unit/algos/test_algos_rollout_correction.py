@@ -138,6 +138,8 @@ def test_bad_parameters_are_explained():
         R.token_mis(OLD, ROLLOUT, MASK, lower=2.0, upper=0.5)
     with pytest.raises(AlgoError, match="cap must be > 0"):
         R.decoupled(OLD, ROLLOUT, MASK, cap=-1.0)
+    with pytest.raises(AlgoError, match="no effect with bypass"):
+        R.decoupled(OLD, ROLLOUT, MASK, cap=2.0, bypass=True)
     with pytest.raises(AlgoError, match=r"rollout_log_probs must have shape \(2, 3\)"):
         R.icepop(OLD, ROLLOUT[:, :2], MASK)
 
@@ -248,6 +250,8 @@ def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs,
     adv = torch.randn(behav.shape, generator=g, **F64)
     weights, _ = R.decoupled(behav, behav.clone(), mask)
     assert torch.equal(weights, mask)
+    other = behav + torch.randn(behav.shape, generator=g, **F64)  # bypass ignores old_log_prob: weight 1 anyway
+    assert torch.equal(R.decoupled(other, behav, mask, bypass=True)[0], mask)
     plain, _ = ppo_clip(log_prob, behav, adv, mask)
     decoupled, _ = R.decoupled_ppo_clip(log_prob, behav, behav.clone(), adv, mask)
     assert torch.equal(decoupled, plain * mask)
