@@ -29,20 +29,39 @@ def _fingerprint() -> dict:
             "transformers": transformers.__version__}
 
 
-def check_sync_reference(rows: list[dict]) -> None:
-    """The e2e recipe's metrics equal, exactly, those recorded from the code before trainer.mode existed (the
-    parent of the async commit; the file says which): sync mode is unchanged by the async machinery. Compared
-    only on the machine and library versions of the recording (float results differ elsewhere); a deliberate
-    change of a sync run's numbers re-records it: RLKIT_RECORD_SYNC_REFERENCE=<commit> pytest <this test>."""
+def _weights_digest(checkpoint: Path) -> str:
+    """sha256 over the actor's full state dict (sorted names, fp32 bytes)."""
+    import hashlib
+
+    from rlkit.merge import load_actor_state_dict
+
+    state, digest = load_actor_state_dict(checkpoint), hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_sync_reference(rows: list[dict], checkpoint: Path) -> None:
+    """The e2e recipe's metrics and final weights equal, exactly, those recorded from the code before trainer.mode
+    existed (the file says which commit): sync mode is unchanged by the async machinery. Every metric of the
+    recording is compared (metrics added since may appear beside them). Only on the machine and library versions
+    of the recording (float results differ elsewhere); a deliberate change of a sync run's numbers re-records it:
+    RLKIT_RECORD_SYNC_REFERENCE=<commit> pytest tests/e2e/test_run.py::test_run_end_to_end_then_merge."""
     if os.environ.get("RLKIT_RECORD_SYNC_REFERENCE"):
         SYNC_REFERENCE.parent.mkdir(exist_ok=True)
         SYNC_REFERENCE.write_text(json.dumps({"recorded_from": os.environ["RLKIT_RECORD_SYNC_REFERENCE"],
-                                              "fingerprint": _fingerprint(), "records": rows}, indent=1))
+                                              "fingerprint": _fingerprint(), "records": rows,
+                                              "weights_sha256": _weights_digest(checkpoint)}, indent=1) + "\n")
         return
     reference = json.loads(SYNC_REFERENCE.read_text())
     if reference["fingerprint"] != _fingerprint():
         return  # another machine or library version: its own floats (docs/async.md)
-    assert rows == reference["records"], f"sync run differs from {SYNC_REFERENCE.name} ({reference['recorded_from']})"
+    where = f"differs from {SYNC_REFERENCE.name} (recorded from {reference['recorded_from']})"
+    assert [r["step"] for r in rows] == [r["step"] for r in reference["records"]], where
+    for row, ref in zip(rows, reference["records"], strict=True):
+        assert {k: row.get(k) for k in ref} == ref, f"step {ref['step']}: {where}"
+    assert _weights_digest(checkpoint) == reference["weights_sha256"], f"final weights: {where}"
 
 
 def test_run_end_to_end_then_merge(write_recipe, tmp_path):
@@ -56,7 +75,7 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "global_seqlen/mean"):
         assert key in steps[-1], key
     assert "val-core/rlkit/arithmetic/score/mean@1" in records(out)[0]  # validation before training
-    check_sync_reference(records(out))
+    check_sync_reference(records(out), out / "checkpoints" / "global_step_4")
 
     # the MLflow store holds the run, its metrics and its generations table
     info = json.loads((out / "run_info.json").read_text())
