@@ -15,7 +15,7 @@ import torch
 from rlkit_harness import last_record_per_step, records, rlkit_env
 from rlkit_harness import run as run_rlkit
 
-SYNC_REFERENCE = Path(__file__).parent / "data" / "sync_reference.json"
+SYNC_REFERENCE = Path(__file__).parent / "sync_reference.json"  # (not under data/: .gitignore)
 
 
 def _fingerprint() -> dict:
@@ -49,7 +49,6 @@ def check_sync_reference(rows: list[dict], checkpoint: Path) -> None:
     of the recording (float results differ elsewhere); a deliberate change of a sync run's numbers re-records it:
     RLKIT_RECORD_SYNC_REFERENCE=<commit> pytest tests/e2e/test_run.py::test_run_end_to_end_then_merge."""
     if os.environ.get("RLKIT_RECORD_SYNC_REFERENCE"):
-        SYNC_REFERENCE.parent.mkdir(exist_ok=True)
         SYNC_REFERENCE.write_text(json.dumps({"recorded_from": os.environ["RLKIT_RECORD_SYNC_REFERENCE"],
                                               "fingerprint": _fingerprint(), "records": rows,
                                               "weights_sha256": _weights_digest(checkpoint)}, indent=1) + "\n")
