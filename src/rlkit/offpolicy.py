@@ -12,8 +12,17 @@ with a correction (``rlkit.specs.RolloutCorrectionSpec``) adds
   ``response_mask * rollout_rs_mask``, so rejected tokens leave the loss and its token counts (veRL's
   rejection sampling); the rest of the step keeps the rollout's own mask;
 
-and the correction's metrics under ``rollout_corr/``. Every correction is row-local, so computing it
-over the whole batch here equals computing it per rank or micro-batch.
+and the correction's metrics under ``rollout_corr/`` (with ``rollout_corr/bypass`` = 0). Every correction is
+row-local, so computing it over the whole batch here equals computing it per rank or micro-batch.
+
+**Bypass** (veRL's ``bypass_mode``; ``{name: decoupled, bypass: true}``, a correction whose spec declares
+``bypass``): the rollout's own log-probs serve as pi_old. The trainer runs no old-log-prob pass; here
+``old_log_prob := rollout_log_probs`` and ``meta["old_log_prob_is_rollout"]`` is set, and nothing else: the
+behaviour weight pi_old / pi_rollout is exactly 1, so no weights are added and no function is called, and the
+actor's PPO ratio is pi_theta / pi_rollout. The mismatch metrics then come from the actor's update (its first
+mini-batch's log-probs are the current policy's, before any step: ``rlkit.workers.loss_inputs.UpdateMismatch``),
+since comparing old_log_prob with itself here would report a mismatch of 0. Metric: ``rollout_corr/bypass`` = 1
+(and no ``timing_s/old_log_prob``).
 
 Shapes: ``B`` samples, ``T`` response tokens.
 """
@@ -23,15 +32,29 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.batch import Batch
+from rlkit.errors import RlkitError
 
-__all__ = ["correct_rollout", "loss_batch"]
+__all__ = ["bypass_on", "correct_rollout", "loss_batch"]
+
+
+def bypass_on(correction: Any | None) -> bool:
+    """Whether the recipe's correction (a ``Resolved`` or None) runs in bypass mode (pi_old := pi_rollout)."""
+    return correction is not None and correction.spec.bypass and bool(correction.params.bypass)
 
 
 def correct_rollout(batch: Batch, correction: Any | None) -> tuple[Batch, dict[str, float]]:
     """``batch`` (with ``old_log_prob``; ``rollout_log_probs`` unless the backend gives none) → the batch
-    with the correction's tensor added, and the mismatch and correction metrics."""
+    with the correction's tensor added, and the mismatch and correction metrics. In bypass mode ``batch``
+    has no ``old_log_prob`` yet: it gets ``rollout_log_probs`` [B, T] as its ``old_log_prob``."""
     from rlkit.algos.rollout_correction import mismatch_from_stats, mismatch_stats
 
+    if bypass_on(correction):
+        if "rollout_log_probs" not in batch:
+            raise RlkitError("rollout correction bypass: the batch has no rollout_log_probs to use as old_log_prob; the "
+                             "rollout backend must return them (validation checks its spec's rollout_log_probs)")
+        batch["old_log_prob"] = batch["rollout_log_probs"]
+        batch.meta["old_log_prob_is_rollout"] = True
+        return batch, {"rollout_corr/bypass": 1.0}
     if "rollout_log_probs" not in batch or "old_log_prob" not in batch:
         return batch, {}
     old, rollout, mask = batch["old_log_prob"], batch["rollout_log_probs"], batch["response_mask"]
@@ -40,7 +63,7 @@ def correct_rollout(batch: Batch, correction: Any | None) -> tuple[Batch, dict[s
         return batch, metrics
     out, corr_metrics = correction.fn(old, rollout, mask, **correction.kwargs)  # [B, T]
     batch["rollout_rs_mask" if correction.spec.output == "mask" else "rollout_is_weights"] = out.float()
-    metrics |= {f"rollout_corr/{k}": float(v) for k, v in corr_metrics.items()}
+    metrics |= {f"rollout_corr/{k}": float(v) for k, v in corr_metrics.items()} | {"rollout_corr/bypass": 0.0}
     return batch, metrics
 
 

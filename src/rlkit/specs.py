@@ -174,3 +174,6 @@ class RolloutCorrectionSpec(Spec):
     fn: Callable[..., Any] | None = None
     output: str = "weights"  # "weights" | "mask"
     paper: str = ""
+    # True: its params model has a bool ``bypass`` (and its function a ``bypass`` keyword: pi_old := pi_rollout); set,
+    # the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and the call (rlkit.offpolicy)
+    bypass: bool = False

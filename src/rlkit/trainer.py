@@ -6,7 +6,8 @@ One step, top to bottom (DESIGN.md, "One step")::
     reward   score → token_level_scores
     sampler  identity, or DAPO's group filter that refills the batch from new prompts
     old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch), unless a
-                   rollout correction or an estimator needing sum_pi_squared (OTB) uses it
+                   rollout correction or an estimator needing sum_pi_squared (OTB) uses it; always skipped
+                   in bypass mode, where the rollout's log-probs are pi_old (``rlkit.offpolicy``)
     correction     rollout/trainer mismatch metrics; the recipe's rollout correction (``rlkit.offpolicy``)
     ref      reference log-probs, when a KL term needs them
     values   critic values, when the estimator needs a critic
@@ -37,7 +38,7 @@ from rlkit.async_rollout import RolloutPipeline, pipeline_depth, staleness_bound
 from rlkit.batch import Batch
 from rlkit.checkpoint import CheckpointManager
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
-from rlkit.offpolicy import correct_rollout, loss_batch
+from rlkit.offpolicy import bypass_on, correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime import Runtime
@@ -69,8 +70,10 @@ class Trainer:
         actor = recipe.actor
         self.correction = runtime.pipeline.rollout_correction
         self.needs_sum_pi_squared = est.spec.needs_sum_pi_squared
-        self.recompute_old_log_prob = (not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
-                                       or self.correction is not None or self.needs_sum_pi_squared)
+        self.bypass = bypass_on(self.correction)  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
+        self.recompute_old_log_prob = not self.bypass and (
+            not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
+            or self.correction is not None or self.needs_sum_pi_squared)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
         t = recipe.trainer
@@ -146,6 +149,7 @@ class Trainer:
                 with timer("old_log_prob"):
                     spp = {"with_sum_pi_squared": True} if self.needs_sum_pi_squared else {}  # OTB's sum_pi_squared
                     batch = batch.union(rt.actor.call("compute_log_prob", batch, balance=self.balance, **spp))
+            if self.recompute_old_log_prob or self.bypass:
                 batch, more = correct_rollout(batch, self.correction)
                 metrics |= more
             if rt.ref is not None:

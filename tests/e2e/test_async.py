@@ -1,7 +1,7 @@
 """trainer.mode async through `rlkit run`: resume from a checkpoint whose rollout pool had batches generated ahead.
 
-(The default run covers one async run: the grpo_async entry of tests/e2e/test_smoke_matrix.py. This one runs
-three and sits behind the e2e marker: `nox -s e2e`.)
+(The default run covers one async run: the grpo_async entry of tests/e2e/test_smoke_matrix.py, decoupled in bypass
+mode. This one runs three, with decoupled PPO's weights (no bypass), and sits behind the e2e marker: `nox -s e2e`.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ data:
   max_prompt_length: 64
   max_response_length: 8
   train_batch_size: 4
-algorithm: {{estimator: grpo}}
+algorithm: {{estimator: grpo, rollout_correction: {{name: decoupled, cap: 5.0}}}}
 actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
 rollout: {{n: 4}}
 resources:
@@ -42,6 +42,8 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
     steps = [r for r in records(straight) if "training/global_step" in r]
     # batch k was generated on the weights of update max(k - 1 - 2, 0): 0, 1 and 2 versions behind the actor
     assert [s["async/staleness_mean"] for s in steps] == [0.0, 1.0, 2.0]
+    # decoupled PPO without bypass (grpo_async.yaml's smoke run covers bypass): the stale rows were weighted
+    assert all(s["rollout_corr/bypass"] == 0.0 and s["rollout_corr/rollout_is_mean"] > 0 for s in steps)
     pids = ray_session(straight)["worker_pids"]
     assert pids["rollout"] and not set(pids["rollout"]) & set(pids["actor_rollout_ref"])
     step1 = straight / "checkpoints" / "global_step_1"

@@ -8,11 +8,59 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from rlkit_harness import records, rlkit_env
+from rlkit_harness import last_record_per_step, records, rlkit_env
 from rlkit_harness import run as run_rlkit
+
+SYNC_REFERENCE = Path(__file__).parent / "sync_reference.json"  # (not under data/: .gitignore)
+
+
+def _fingerprint() -> dict:
+    """What the exact metrics of a run depend on besides the code: CPU, torch, transformers."""
+    import transformers
+
+    from rlkit.hardware import cpu_info
+
+    cpu = cpu_info()
+    return {"cpu_model": cpu.model, "cpu_flags": sorted(cpu.flags), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def _weights_digest(checkpoint: Path) -> str:
+    """sha256 over the actor's full state dict (sorted names, fp32 bytes)."""
+    import hashlib
+
+    from rlkit.merge import load_actor_state_dict
+
+    state, digest = load_actor_state_dict(checkpoint), hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_sync_reference(rows: list[dict], checkpoint: Path) -> None:
+    """The e2e recipe's metrics and final weights equal, exactly, those recorded from the code before trainer.mode
+    existed (the file says which commit): sync mode is unchanged by the async machinery. Every metric of the
+    recording is compared (metrics added since may appear beside them). Only on the machine and library versions
+    of the recording (float results differ elsewhere); a deliberate change of a sync run's numbers re-records it:
+    RLKIT_RECORD_SYNC_REFERENCE=<commit> pytest tests/e2e/test_run.py::test_run_end_to_end_then_merge."""
+    if os.environ.get("RLKIT_RECORD_SYNC_REFERENCE"):
+        SYNC_REFERENCE.write_text(json.dumps({"recorded_from": os.environ["RLKIT_RECORD_SYNC_REFERENCE"],
+                                              "fingerprint": _fingerprint(), "records": rows,
+                                              "weights_sha256": _weights_digest(checkpoint)}, indent=1) + "\n")
+        return
+    reference = json.loads(SYNC_REFERENCE.read_text())
+    if reference["fingerprint"] != _fingerprint():
+        return  # another machine or library version: its own floats (docs/async.md)
+    where = f"differs from {SYNC_REFERENCE.name} (recorded from {reference['recorded_from']})"
+    assert [r["step"] for r in rows] == [r["step"] for r in reference["records"]], where
+    for row, ref in zip(rows, reference["records"], strict=True):
+        assert {k: row.get(k) for k in ref} == ref, f"step {ref['step']}: {where}"
+    assert _weights_digest(checkpoint) == reference["weights_sha256"], f"final weights: {where}"
 
 
 def test_run_end_to_end_then_merge(write_recipe, tmp_path):
@@ -26,6 +74,7 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "global_seqlen/mean"):
         assert key in steps[-1], key
     assert "val-core/rlkit/arithmetic/score/mean@1" in records(out)[0]  # validation before training
+    check_sync_reference(records(out), out / "checkpoints" / "global_step_4")
 
     # the MLflow store holds the run, its metrics and its generations table
     info = json.loads((out / "run_info.json").read_text())
@@ -94,7 +143,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_path):
 
     result = run_rlkit("run", str(recipe))  # trainer.resume defaults to auto
     assert result.returncode == 0, result.stderr[-3000:]
-    assert records(killed)[-1] == records(straight)[-1]  # same final metrics, exactly
+    # same seed, same metrics, exactly, at every step: validation at 0 and steps 1-2 come from two independent
+    # sync runs from scratch (sync is deterministic), steps 3-4 from the resumed one (resume is exact)
+    assert last_record_per_step(killed) == last_record_per_step(straight)
+    assert sorted(last_record_per_step(straight)) == [0, 1, 2, 3, 4]
+    assert not any(k.startswith("async/") for r in records(straight) for k in r)  # sync: no rollout pool
     assert json.loads((killed / "run_info.json").read_text())["run_ids"]["mlflow"] == run_id_before
 
     from rlkit.merge import load_actor_state_dict

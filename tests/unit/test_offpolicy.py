@@ -160,3 +160,67 @@ def test_decoupled_correction_with_ppo_clip_is_decoupled_ppo(registries):
     torch.testing.assert_close(per_token * batch["rollout_is_weights"], expected)
     # the behaviour weight e^2 = 7.39 of row 1, token 1 is above the cap: that token is dropped (weight 0)
     assert batch["rollout_is_weights"][1, 1] == 0
+
+
+# ---------------------------------------------------------------- bypass mode
+def test_bypass_is_a_decoupled_parameter(registries):
+    from rlkit.offpolicy import bypass_on
+
+    recipe = validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}")
+    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "decoupled", "cap": None, "bypass": True}
+    corr = pickle.loads(pickle.dumps(compose(recipe, registries))).rollout_correction
+    assert bypass_on(corr) and corr.kwargs == {"cap": None, "bypass": True}
+    off = compose(validate(registries, "algorithm.rollout_correction={name: decoupled, cap: 5.0}"), registries)
+    assert not bypass_on(off.rollout_correction) and not bypass_on(None)
+    assert [e.spec.name for e in registries.rollout_corrections if e.spec.bypass] == ["decoupled"]
+
+
+def test_bypass_uses_the_rollout_log_probs_as_old_and_adds_no_weights(registries):
+    corr = compose(validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}"),
+                   registries).rollout_correction
+    batch = _batch()
+    rollout = batch["rollout_log_probs"].clone()
+    del batch.tensors["old_log_prob"]  # the trainer ran no old-log-prob pass
+    out, metrics = correct_rollout(batch, corr)
+    assert torch.equal(out["old_log_prob"], rollout)  # the actor's PPO ratio is pi_theta / pi_rollout
+    assert out.meta["old_log_prob_is_rollout"] is True  # the actor logs the mismatch from its own first log-probs
+    assert "rollout_is_weights" not in out and "rollout_rs_mask" not in out and loss_batch(out) is out
+    assert metrics == {"rollout_corr/bypass": 1.0}  # no mismatch of old_log_prob against itself (it would read 0)
+    _, metrics = correct_rollout(_batch(), off := compose(validate(registries, "algorithm.rollout_correction=decoupled"),
+                                                          registries).rollout_correction)
+    assert metrics["rollout_corr/bypass"] == 0.0 and off.kwargs == {"cap": None, "bypass": False}
+
+
+def test_bypass_is_refused_where_it_would_do_nothing_or_starve_a_component(registries):
+    with pytest.raises(RecipeError) as info:
+        validate(registries, "algorithm.rollout_correction={name: token_tis, bypass: true}")
+    found = " ".join(m for k, m in info.value.problems if k == "algorithm.rollout_correction.bypass")
+    assert "'token_tis' has no bypass mode" in found and "would be 1 on every token" in found and "['decoupled']" in found
+    with pytest.raises(RecipeError) as info:
+        validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true, cap: 5.0}")
+    assert "cap (5.0) has no effect with bypass: true" in str(info.value)
+    with pytest.raises(RecipeError) as info:
+        validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}",
+                 "algorithm.estimator=optimal_token_baseline")
+    found = " ".join(m for k, m in info.value.problems if k == "algorithm.rollout_correction.bypass")
+    assert "needs sum_pi_squared" in found and "bypass skips" in found
+    validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: false}", "algorithm.estimator=optimal_token_baseline")
+
+
+class _BypassWithoutField:
+    @rlkit.hookimpl
+    def rlkit_register_rollout_corrections(self):
+        from rlkit.specs import RolloutCorrectionSpec
+
+        return [RolloutCorrectionSpec(name="half_bypass", fn="rlkit.algos.rollout_correction:token_tis",
+                                      params="rlkit.builtin.algo_params:TokenTISParams", bypass=True)]
+
+
+def test_a_bypass_spec_needs_its_params_field():
+    """The conformance check a plugin runs refuses ``bypass=True`` without a bool ``bypass`` params field."""
+    from rlkit.testing import ContractError, check_rollout_correction
+
+    registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("hb", _BypassWithoutField()),)))
+    with pytest.raises(ContractError, match="bypass: bool = Field"):
+        check_rollout_correction("half_bypass", registries=registries)
+    check_rollout_correction("decoupled", registries=registries)

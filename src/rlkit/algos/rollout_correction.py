@@ -235,17 +235,26 @@ def icepop(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tenso
 
 
 def decoupled(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-              cap: float | None = None) -> tuple[Tensor, dict[str, float]]:
+              cap: float | None = None, bypass: bool = False) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO's behaviour weight (Hilton et al. 2021, arXiv:2110.00641; AReaL, Fu et al. 2025,
     arXiv:2505.24298): ``pi_prox / pi_behav = rho_t``, with ``old_log_prob`` the proximal policy and
     ``rollout_log_probs`` the behaviour policy. With ``cap``, a token whose weight exceeds it gets 0
     (AReaL's ``behav_imp_weight_cap``); None keeps every weight. Pair it with a policy loss whose ratio
     is ``pi_theta / pi_prox`` (the clip anchor) and multiply: see ``decoupled_ppo_clip``.
 
+    ``bypass`` (veRL's bypass mode): the proximal policy is the behaviour policy, ``old_log_prob`` is not
+    used, and every valid token's weight is exactly 1 (the policy loss's ratio is then pi_theta / pi_behav:
+    plain PPO on the behaviour policy). The trainer knows this result, so in bypass mode it neither runs
+    the old-log-prob pass nor calls this function (``rlkit.offpolicy``). A cap has nothing to act on there.
+
     Returns (weights [B, T], metrics).
     """
     if cap is not None and cap <= 0:
         raise AlgoError(f"decoupled: cap must be > 0 or None, got {cap}.")
+    if bypass:
+        if cap is not None:
+            raise AlgoError(f"decoupled: cap ({cap}) has no effect with bypass (every weight is 1); give one or the other.")
+        old_log_prob = rollout_log_probs  # pi_prox := pi_behav
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)
     ratio = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * response_mask
     upper = math.inf if cap is None else cap

@@ -117,3 +117,15 @@ class IcePopParams(_Bounds):
 class DecoupledParams(Params):
     cap: PositiveFloat | None = Field(
         None, description="a token whose behaviour weight pi_prox / pi_behav exceeds this gets 0; None = no cap")
+    # the trainer reads it (rlkit.offpolicy.bypass_on): set, it skips the pass and this function, whose result is known
+    bypass: bool = Field(
+        False,
+        description="veRL's bypass mode: pi_prox := pi_rollout, so the actor's old-log-prob pass is skipped, the weight "
+                    "is 1 on every token and the update is plain PPO clipped against the rollout policy")
+
+    @model_validator(mode="after")
+    def _cap_needs_a_proximal_policy(self) -> DecoupledParams:
+        if self.bypass and self.cap is not None:
+            raise ValueError(f"cap ({self.cap}) has no effect with bypass: true (pi_prox = pi_rollout makes every "
+                             "behaviour weight exactly 1); remove cap, or set bypass: false to weigh by pi_old / pi_rollout")
+        return self

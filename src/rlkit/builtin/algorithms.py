@@ -276,7 +276,7 @@ def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
             paper="Ling Team 2025, Every Step Evolves: Ring-1T (arXiv:2510.18855)",
         ),
         RolloutCorrectionSpec(
-            name="decoupled", fn=_corr("decoupled"), params=DecoupledParams, output="weights",
+            name="decoupled", fn=_corr("decoupled"), params=DecoupledParams, output="weights", bypass=True,
             description="decoupled PPO: behaviour weight pi_prox / pi_behav, the clip anchored at pi_prox (= old)",
             paper="Hilton et al. 2021 (arXiv:2110.00641); AReaL, Fu et al. 2025 (arXiv:2505.24298)",
         ),

@@ -296,15 +296,39 @@ def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]
 
 
 def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
-    """A correction compares the trainer's log-probs with the rollout engine's: the backend must report them."""
+    """A correction compares the trainer's log-probs with the rollout engine's: the backend must report them.
+    Bypass (pi_old := pi_rollout) is refused where it would do nothing or starve a component of the pass."""
     correction, backend = recipe.algorithm.rollout_correction, recipe.rollout.backend.name
-    if correction is None or backend not in registries.rollout_backends:
+    if correction is None:
         return []
+    problems = _check_bypass(recipe, registries)
+    if backend not in registries.rollout_backends:
+        return problems
     if not registries.rollout_backends.get(backend).rollout_log_probs:
         return [("algorithm.rollout_correction",
                  f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
                  "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
-                 "or remove algorithm.rollout_correction")]
+                 "or remove algorithm.rollout_correction")] + problems
+    return problems
+
+
+def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """``bypass`` on a correction without it (its ratio would be 1 everywhere), or with an estimator that needs
+    the old-log-prob pass bypass skips (OTB's sum_pi_squared)."""
+    correction = recipe.algorithm.rollout_correction
+    if correction.name not in registries.rollout_corrections or not correction.params.get("bypass", False):
+        return []
+    key = "algorithm.rollout_correction.bypass"
+    if not registries.rollout_corrections.get(correction.name).bypass:
+        with_bypass = sorted(e.spec.name for e in registries.rollout_corrections if e.spec.bypass)
+        return [(key, f"'{correction.name}' has no bypass mode: bypass makes pi_old = pi_rollout, so its ratio "
+                      f"pi_old / pi_rollout would be 1 on every token and it would do nothing. Corrections with bypass: "
+                      f"{with_bypass} ({{name: decoupled, bypass: true}} is PPO clipped against the rollout policy); or "
+                      "remove bypass to correct pi_old / pi_rollout with the old-log-prob pass")]
+    est = recipe.algorithm.estimator.name
+    if est in registries.estimators and registries.estimators.get(est).needs_sum_pi_squared:
+        return [(key, f"estimator '{est}' needs sum_pi_squared from the actor's old-log-prob pass, which bypass skips; "
+                      "use bypass: false, or an estimator without it (e.g. grpo)")]
     return []
 
 

@@ -292,12 +292,25 @@ def check_rollout_correction(spec_or_name: Any, *, registries: Any = None, batch
       ``rollout_corr/``);
     - on-policy (rollout log-probs equal to the old ones) nothing is dropped or reweighted: weight 1 on
       every valid token;
-    - row-local: any row split gives the same rows (the trainer computes it over the whole batch).
+    - row-local: any row split gives the same rows (the trainer computes it over the whole batch);
+    - a spec declaring ``bypass`` has a bool ``bypass`` params field, and with ``bypass=True`` its output is
+      exactly 1 on every valid token (pi_old := pi_rollout).
     """
     corr = resolve_component("rollout_corrections", spec_or_name, params, registries)
     name = who(corr)
     if corr.spec.output not in ("weights", "mask"):
         raise _fail(name, f"spec.output is {corr.spec.output!r}; it must be 'weights' or 'mask'.", _CORRECTION_CONTRACT)
+    field = type(corr.params).model_fields.get("bypass") if corr.params is not None else None
+    if corr.spec.bypass and (field is None or field.annotation is not bool or field.default is not False):
+        raise _fail(name, "spec.bypass is True, so its params model needs `bypass: bool = Field(False, ...)` (the trainer "
+                          "reads it) and its function a `bypass` keyword (pi_old := pi_rollout).", _CORRECTION_CONTRACT)
+    if corr.spec.bypass:  # bypass (other parameters at their defaults): old_log_prob ignored, every valid weight 1
+        case = _loss_case(batch, length, seed)
+        out, _ = corr.fn(case["log_prob"], case["old_log_prob"], case["response_mask"],
+                         **type(corr.params)(bypass=True).model_dump())
+        if not torch.equal(out, case["response_mask"].to(out.dtype)):
+            raise _fail(name, "with bypass=True the output must be exactly 1 on every valid token, 0 on padding.",
+                        _CORRECTION_CONTRACT)
     case = _loss_case(batch, length, seed)
     old, rollout, mask = case["log_prob"], case["old_log_prob"], case["response_mask"]
     out, metrics = corr.fn(old.clone(), rollout.clone(), mask.clone(), **corr.kwargs)

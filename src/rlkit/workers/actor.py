@@ -327,8 +327,10 @@ class FSDPActor:
         temperature = batch.meta.get("temperature", self.temperature)
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)
-        # on-policy fast path (no old_log_prob): the first mini-batch's log-probs give the rollout mismatch
-        mismatch = UpdateMismatch() if "old_log_prob" not in batch and "rollout_log_probs" in batch else None
+        # on-policy fast path (no old_log_prob) or bypass (old_log_prob is the rollout's): the first mini-batch's
+        # log-probs, the current policy's, give the rollout mismatch
+        fast = "old_log_prob" not in batch or batch.meta.get("old_log_prob_is_rollout", False)
+        mismatch = UpdateMismatch() if fast and "rollout_log_probs" in batch else None
         minis = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))

@@ -138,6 +138,8 @@ def test_bad_parameters_are_explained():
         R.token_mis(OLD, ROLLOUT, MASK, lower=2.0, upper=0.5)
     with pytest.raises(AlgoError, match="cap must be > 0"):
         R.decoupled(OLD, ROLLOUT, MASK, cap=-1.0)
+    with pytest.raises(AlgoError, match="no effect with bypass"):
+        R.decoupled(OLD, ROLLOUT, MASK, cap=2.0, bypass=True)
     with pytest.raises(AlgoError, match=r"rollout_log_probs must have shape \(2, 3\)"):
         R.icepop(OLD, ROLLOUT[:, :2], MASK)
 
@@ -216,3 +218,40 @@ def test_split_into_pieces_is_exact(inputs, case, cuts):
         width = max(1, int(mask[lo:hi].sum(-1).max()))
         piece, _ = fn(old[lo:hi, :width], rollout[lo:hi, :width], mask[lo:hi, :width], **kw)
         close(piece, whole[lo:hi, :width])
+
+
+# ---------------------------------------------------------------- bypass (pi_old := pi_rollout)
+def test_bypass_ppo_ratio_hand_worked():
+    """Bypass: the PPO ratio is pi_theta / pi_rollout. Row 0 (A = +1): ratios 1.1 (inside [0.8, 1.2]) -> -1.1,
+    and 1.5 clipped to 1.2 -> -1.2; row 1 (A = -1): ratio 1.5 -> max(1.5, 1.2) = 1.5 (dual clip 3 not reached),
+    ratio 0.5 -> max(0.5, 0.8) = 0.8. That is decoupled PPO with pi_prox = pi_behav: every weight is 1."""
+    from rlkit.algos.policy_losses import ppo_clip
+
+    behav = t([[-1.5, -2.0], [-0.5, -1.0]])
+    log_prob = behav + t([[math.log(1.1), math.log(1.5)], [math.log(1.5), math.log(0.5)]])
+    adv = t([[1.0, 1.0], [-1.0, -1.0]])
+    mask = torch.ones(2, 2, **F64)
+    loss, _ = ppo_clip(log_prob, behav, adv, mask)
+    close(loss, [[-1.1, -1.2], [1.5, 0.8]])
+    decoupled, m = R.decoupled_ppo_clip(log_prob, behav, behav, adv, mask)
+    close(decoupled, loss)
+    assert m["rollout_is_mean"] == 1.0 and m["kl"] == 0.0
+
+
+@given(corr_inputs(), st.sampled_from([0.1, 1.0, 3.0]))
+def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs, spread):
+    """For any batch: decoupled's weight with pi_prox = pi_behav is exactly the response mask, so decoupled PPO
+    is bit-for-bit ppo_clip(pi_theta / pi_behav) -- what the actor computes when bypass skips the weights."""
+    from rlkit.algos.policy_losses import ppo_clip
+
+    _, behav, mask = inputs
+    g = torch.Generator().manual_seed(int(mask.numel()))
+    log_prob = behav + spread * torch.randn(behav.shape, generator=g, **F64)
+    adv = torch.randn(behav.shape, generator=g, **F64)
+    weights, _ = R.decoupled(behav, behav.clone(), mask)
+    assert torch.equal(weights, mask)
+    other = behav + torch.randn(behav.shape, generator=g, **F64)  # bypass ignores old_log_prob: weight 1 anyway
+    assert torch.equal(R.decoupled(other, behav, mask, bypass=True)[0], mask)
+    plain, _ = ppo_clip(log_prob, behav, adv, mask)
+    decoupled, _ = R.decoupled_ppo_clip(log_prob, behav, behav.clone(), adv, mask)
+    assert torch.equal(decoupled, plain * mask)
