@@ -22,6 +22,8 @@ import pytest
 import torch
 from rlkit_harness import rlkit_env
 
+from rlkit.testing.rollout import assert_same_greedy, hf_greedy
+
 pytestmark = pytest.mark.engines
 
 DEFAULT_PYTHON = "/work/engines/sglang/bin/python"
@@ -51,20 +53,6 @@ def set_adapter(module, seed: int, scale: float = 0.05) -> None:
         for name, p in module.named_parameters():
             if ".lora_B." in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
-
-
-def hf_greedy(module, tokenizer, prompts, width: int):
-    from rlkit.recipe.schema import RolloutConfig
-    from rlkit.rollout.hf import HFRollout
-
-    hf = HFRollout(module=module, tokenizer=tokenizer, rollout_config=RolloutConfig(), max_response_length=width)
-    return hf.generate(prompts, n=1, do_sample=False)
-
-
-def assert_same_greedy(ours, ref) -> None:
-    assert torch.equal(ours["responses"], ref["responses"]) and torch.equal(ours["response_mask"], ref["response_mask"])
-    gap = (ours["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item()
-    assert gap < 1e-3, f"greedy log-probs differ from the HF backend's by {gap:.2e}"
 
 
 def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(sglang_python, model_dir, tmp_path, caplog):
@@ -98,13 +86,13 @@ def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(sglang_
         prompts = chat_prompts(tok, ("What is 2 + 3?", "Name a colour.", "What is 7 + 1? Answer with a number."))
         first = backend.generate(prompts, n=1, do_sample=False)  # the adapter pushed at start is in effect
         assert first.meta["metrics"]["rollout/weight_sync_bytes"] == full_bytes
-        assert_same_greedy(first, hf_greedy(module, tok, prompts, 12))
+        assert_same_greedy(first, hf_greedy(module, tok, prompts, 12), atol=1e-3)
 
         set_adapter(module, seed=2)  # "an update"
         backend.update_weights(module)
         second = backend.generate(prompts, n=1, do_sample=False)
         assert not torch.equal(second["responses"], first["responses"])
-        assert_same_greedy(second, hf_greedy(module, tok, prompts, 12))
+        assert_same_greedy(second, hf_greedy(module, tok, prompts, 12), atol=1e-3)
     finally:
         backend.shutdown()
     (log,) = logs.glob("sglang-*.log")

@@ -24,6 +24,8 @@ import pytest
 import torch
 from rlkit_harness import rlkit_env
 
+from rlkit.testing.rollout import hf_greedy
+
 pytestmark = pytest.mark.engines
 
 DEFAULT_PYTHON = "/work/engines/sglang/bin/python"
@@ -143,19 +145,11 @@ def test_finish_reasons_stop_ids_and_one_log_prob_per_token(backend, hf):
     assert [o.token_ids for o in pairs] == [long.token_ids[:5]] * 2 + [alone.token_ids] * 2
 
 
-def _hf_greedy(module, tok, prompts, max_new: int):
-    from rlkit.recipe.schema import RolloutConfig
-    from rlkit.rollout.hf import HFRollout
-
-    hf_backend = HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=max_new)
-    return hf_backend.generate(prompts, n=1, do_sample=False)
-
-
 def test_greedy_parity_with_the_hf_backend(backend, hf):
     module, tok = hf
     prompts = _prompts(tok)
     ours = backend.generate(prompts, n=1, do_sample=False)
-    ref = _hf_greedy(module, tok, prompts, backend.max_response_length)
+    ref = hf_greedy(module, tok, prompts, backend.max_response_length)
     assert torch.equal(ours["responses"], ref["responses"]) and torch.equal(ours["response_mask"], ref["response_mask"])
     gap = (ours["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item()
     assert gap < 1e-4, f"greedy log-probs differ from the HF backend's by {gap:.2e}"
@@ -178,7 +172,7 @@ def test_weight_sync_changes_outputs_and_restores_them(backend, hf):
         backend.update_weights(perturbed)
         after = backend.generate(prompts, n=1, do_sample=False)
         assert not torch.equal(after["responses"], before["responses"])
-        ref = _hf_greedy(perturbed, tok, prompts, backend.max_response_length)
+        ref = hf_greedy(perturbed, tok, prompts, backend.max_response_length)
         assert torch.equal(after["responses"], ref["responses"])
         assert (after["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item() < 1e-4
     finally:

@@ -18,7 +18,7 @@ import torch
 
 from rlkit.testing._common import ContractError, resolve_component, who
 
-__all__ = ["check_rollout_backend", "check_agent_loop", "chat_prompts"]
+__all__ = ["check_rollout_backend", "check_agent_loop", "chat_prompts", "hf_greedy", "assert_same_greedy"]
 
 _BACKEND = ("generate(prompts, *, n, temperature, top_p, top_k, max_new_tokens, do_sample, stop) -> Batch in the "
             "layout of rlkit.rollout.base  (rlkit.protocols.RolloutBackend)")
@@ -44,6 +44,23 @@ def chat_prompts(tokenizer: Any, questions: tuple[str, ...] = QUESTIONS) -> Any:
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # [B, P]
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # [B, P]
     return Batch({"input_ids": ids, "attention_mask": mask})
+
+
+def hf_greedy(module: Any, tokenizer: Any, prompts: Any, max_new: int) -> Any:
+    """The built-in HF backend's greedy rollout of ``prompts`` (one per prompt, ``max_new`` tokens) from
+    ``module``: the reference an engine backend's greedy output is compared with."""
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout.hf import HFRollout
+
+    hf = HFRollout(module=module, tokenizer=tokenizer, rollout_config=RolloutConfig(), max_response_length=max_new)
+    return hf.generate(prompts, n=1, do_sample=False)
+
+
+def assert_same_greedy(ours: Any, ref: Any, *, atol: float) -> None:
+    """Same greedy tokens and response mask, and rollout log-probs within ``atol`` of ``ref``'s."""
+    assert torch.equal(ours["responses"], ref["responses"]) and torch.equal(ours["response_mask"], ref["response_mask"])
+    gap = (ours["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item()
+    assert gap < atol, f"greedy log-probs differ from the reference's by {gap:.2e} (allowed {atol:.0e})"
 
 
 def check_rollout_backend(cls_or_spec: Any, module: Any, tokenizer: Any, *, registries: Any = None, n: int = 2,
