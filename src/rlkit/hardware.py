@@ -38,7 +38,8 @@ from typing import Any
 __all__ = [
     "CpuInfo", "MatmulProbe", "PrecisionDecision", "BF16_MIN_SPEEDUP", "cpu_info", "probe_matmul", "matmul_flops",
     "cached_probe", "decide_cpu", "decide_cuda", "precision_decision", "concrete_mixed_precision",
-    "concrete_decode_dtype", "resolve_precision", "ResolvedPrecision", "worker_threads", "usable_cpus",
+    "concrete_decode_dtype", "fp16_weights_unavailable", "resolve_precision", "ResolvedPrecision", "worker_threads",
+    "usable_cpus",
     "oversubscription", "hardware_summary", "RunHardware", "plan_run", "warn_once",
 ]
 
@@ -49,7 +50,7 @@ NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 
 RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
                   "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 MIXED_PRECISION = ("fp32", "bf16")
-DECODE_DTYPES = ("float32", "bfloat16")
+DECODE_DTYPES = ("float32", "bfloat16", "float16")
 _CACHE_VERSION = 1
 
 
@@ -252,9 +253,24 @@ def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
     if value is not None and value not in DECODE_DTYPES:
         from rlkit.errors import RlkitError
 
-        raise RlkitError(f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32 or "
-                         f"bfloat16 (auto: bfloat16 where this device's bf16 is fast).")
+        raise RlkitError(f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32, bfloat16 "
+                         f"or float16 (auto: bfloat16 where this device's bf16 is fast).")
+    if value == "float16" and _device_type(device) == "cpu" and (reason := fp16_weights_unavailable()):
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32 (or auto).")
     return value
+
+
+def fp16_weights_unavailable() -> str | None:
+    """Why this torch build cannot decode with fp16 weights on the CPU (``rlkit.rollout.fp16_weights``), or None."""
+    import torch
+
+    engines = torch.backends.quantized.supported_engines
+    if "fbgemm" not in engines:
+        return (f"this torch build has no fbgemm (quantized engines: {engines}); fbgemm's fp16-weight GEMM needs "
+                "an x86-64 CPU with AVX2")
+    return None
 
 
 @dataclass(frozen=True)
@@ -285,7 +301,7 @@ def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: st
     warning naming the measured ratio."""
     d = decision or precision_decision(_device_type(device))
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
-    dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype)
+    dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype, d.device)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely < 2x
     slow = d.device == "cpu" and not d.bf16_fast and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))

@@ -122,8 +122,9 @@ CHECKS = {"quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
 EXTRA_RUNS = {
     "dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"]),
-    # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's sum_pi_squared
-    "offpolicy": ("quickstart", ["algorithm.estimator=optimal_token_baseline",
+    # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's sum_pi_squared,
+    # sampling from fp16 weights (rlkit.rollout.fp16_weights) the correction has to correct for
+    "offpolicy": ("quickstart", ["algorithm.estimator=optimal_token_baseline", "rollout.backend={name: hf, dtype: float16}",
                                  "algorithm.rollout_correction={name: token_tis, threshold: 1.5}",
                                  "actor.policy_loss={name: clip_cov, clip_cov_ratio: 0.2, clip_cov_lb: -10.0, "
                                  "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
@@ -217,7 +218,8 @@ def test_dapo_budget_error(smoke_runs):
 
 @pytest.mark.timeout(1200)
 def test_offpolicy_smoke_run(smoke_runs):
-    """Token-TIS correction + Clip-Cov + the optimal token baseline (quickstart's smoke profile, 2 steps)."""
+    """Token-TIS correction + Clip-Cov + the optimal token baseline + fp16 decode weights (quickstart's smoke
+    profile, 2 steps)."""
     result, out = smoke_runs["offpolicy"].result()
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
@@ -225,9 +227,13 @@ def test_offpolicy_smoke_run(smoke_runs):
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # the old_log_prob pass ran: forced by the correction and OTB (one epoch over one mini-batch would skip it)
     assert all("timing_s/old_log_prob" in r for r in raw if "training/global_step" in r)
+    # the rollout decoded with fbgemm fp16 weights, every linear of the tiny model (2 layers x 7 + the head)
+    # repacked at every step (they are trainable)
+    assert [s["rollout/fp16_repacked_linears"] for s in steps] == [15.0, 15.0]
     for step in steps:
-        # the HF backend samples from the actor's own weights: pi_old / pi_rollout = 1 up to float noise
+        # the HF backend samples from the actor's weights rounded to fp16: pi_old / pi_rollout = 1 up to that rounding
         assert 0.99 < step["rollout_corr/rollout_is_mean"] < 1.01
+        assert step["training/rollout_probs_diff_max"] > 5e-5  # measured ~3e-4 (fp32 decode: float noise)
         assert step["rollout_corr/rollout_is_min"] <= step["rollout_corr/rollout_is_mean"] <= step["rollout_corr/rollout_is_max"]
         assert step["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0  # nothing near the cap 1.5
         assert abs(step["rollout_corr/kl"]) < 1e-3 and 0.0 <= step["rollout_corr/k3_kl"] < 1e-3

@@ -140,8 +140,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
 def test_invalid_values_are_refused():
     with pytest.raises(RlkitError, match="auto, fp32, bf16"):
         hw.concrete_mixed_precision("fp16")
-    with pytest.raises(RlkitError, match="rollout.backend.dtype='float16'"):
-        hw.concrete_decode_dtype("float16")
+    with pytest.raises(RlkitError, match="rollout.backend.dtype='float8'"):
+        hw.concrete_decode_dtype("float8")
     assert hw.concrete_decode_dtype(None) is None and hw.concrete_mixed_precision("bf16") == "bf16"
 
 

@@ -74,9 +74,10 @@ class ParallelManagerParams(Params):
 
 # ----- rollout -------------------------------------------------------------------------------------
 class HFRolloutParams(Params):
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
-        "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights")
+        "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights; float16 with fp16 "
+        "weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs x86 AVX2)")
 
 
 class PythonToolParams(Params):

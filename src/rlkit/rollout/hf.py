@@ -14,7 +14,9 @@ reads every weight once per token, so half the bytes is about half the time, and
 where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype.
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
 is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
-copy decodes tens of times slower. Not given at all (a backend built directly): the weights' own dtype.
+copy decodes tens of times slower. ``float16`` on the CPU decodes with fp16 weights packed for fbgemm and
+fp32 activations (``rlkit.rollout.fp16_weights``: 1.3–1.5× faster linears where bf16 is slow; on CUDA a
+plain fp16 copy). Not given at all (a backend built directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -36,6 +38,7 @@ from rlkit.hardware import concrete_decode_dtype
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.decode import decode, slab_layers
+from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
 __all__ = ["HFRollout", "sample_next"]
 
@@ -129,6 +132,7 @@ class HFRollout:
         dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)  # "auto" → this device's choice
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
+        self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
 
     def _decoder(self) -> nn.Module:
         """The module to decode with: the actor's own, or (``rollout.backend.dtype``) a copy in that dtype
@@ -138,6 +142,10 @@ class HFRollout:
         params = list(self.module.parameters())
         if self.decode_dtype is None or isinstance(self.module, FSDPModule) or params[0].dtype == self.decode_dtype:
             return self.module
+        if self.decode_dtype == torch.float16 and self.device.type == "cpu":  # fbgemm's fp16-weight GEMM
+            if self._fp16_copy is None:
+                self._fp16_copy = Fp16DecodeCopy(self.module)
+            return self._fp16_copy.refresh(self.module)
         if self._decode_copy is None:
             self._decode_copy = copy.deepcopy(self.module).requires_grad_(False)
             for p in self._decode_copy.parameters():  # parameters only: buffers (rotary inv_freq) stay fp32
@@ -155,7 +163,7 @@ class HFRollout:
         ``FSDPActor.rollout_state_dict``) the adapter's tensors alone into a module that has the adapter."""
         if isinstance(weights, nn.Module):
             if weights is not self.module:
-                self._decode_copy = None
+                self._decode_copy = self._fp16_copy = None
             self.module = weights
             return
         from torch.distributed.fsdp import FSDPModule
@@ -274,6 +282,8 @@ class HFRollout:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
         meta = {"temperature": float(temperature) if do_sample and temperature > 0 else 1.0, "do_sample": bool(do_sample)}
+        if module is not self.module and self._fp16_copy is not None and module is self._fp16_copy.module:
+            meta["metrics"] = {"rollout/fp16_repacked_linears": float(self._fp16_copy.repacked)}
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
 
     def _decode_plain(self, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

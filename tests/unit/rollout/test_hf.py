@@ -248,5 +248,5 @@ def test_decode_dtype_auto_follows_the_hardware_decision(tok_and_model):
     assert HFRolloutParams().dtype == "auto"
     assert build(HFRolloutParams()).decode_dtype == getattr(torch, precision_decision("cpu").decode_dtype)
     assert build(None).decode_dtype is None  # built without params: the weights' own dtype
-    with pytest.raises(RlkitError, match="auto, float32 or bfloat16"):
-        build(SimpleNamespace(dtype="float16"))
+    with pytest.raises(RlkitError, match="auto, float32, bfloat16 or float16"):
+        build(SimpleNamespace(dtype="float8"))

@@ -1,0 +1,113 @@
+"""Decoding with fp16 weights on an x86 CPU: ``rollout.backend: {name: hf, dtype: float16}``.
+
+On a CPU without fast bf16 (AVX2 only), a decode step multiplies 8–64 rows by every weight matrix, and
+MKL's fp32 sgemm at that shape reaches about half the matmul peak (31–35 GFLOP/s of 75–79 on an AMD
+EPYC Zen 3, one thread, weights streamed from memory; docs/benchmarks.md, "fp16 decode weights").
+fbgemm (PyTorch's x86 quantized backend) has a GEMM made for this shape: the weights packed once in fp16
+(half the bytes to read), the activations and the accumulation in fp32 (the packed fp16 values are
+widened with F16C on the fly). The same model's linears then run 1.3–1.5× faster, prefill included.
+
+The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
+:class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,
+LoRA adapters) stay fp32 and are copied at every refresh. Packing costs about 1–1.6 s per 135M parameters
+on one thread, so a frozen weight (``requires_grad`` off: a LoRA run's base) is repacked only when it was
+written since its last packing — ``load_state_dict`` and ``copy_`` bump the tensor's version counter — and a
+trainable one at every refresh: the fused AdamW step writes parameters without bumping their version, so
+the counter cannot tell whether the optimizer moved them. A LoRA run's base is packed once; a full
+fine-tune repacks every weight once per generate.
+
+Numerics: fp16 keeps 11 significant bits (bf16: 8), so each weight is rounded by at most 2^-11
+relative; a token's log-prob moves by ~1e-3 on SmolLM2-135M (``tests/unit/rollout/test_fp16_weights.py``
+bounds it). The rollout's log-probs are those of the fp16-weight model, as with any decode copy;
+``algorithm.rollout_correction`` corrects for the difference.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from rlkit.errors import RlkitError
+from rlkit.hardware import fp16_weights_unavailable
+
+__all__ = ["Fp16DecodeCopy", "Fp16Linear"]
+
+
+class Fp16Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` packed in fp16 by fbgemm; ``x``, ``b`` and ``y`` fp32, any leading
+    shape ``[..., in_features] → [..., out_features]``."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.pack(linear)
+
+    def pack(self, linear: nn.Linear) -> None:
+        """Pack ``linear`` 's current weight (and bias)."""
+        with torch.no_grad():
+            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+            self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float().contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (fbgemm packed)"
+
+
+def _packable(name: str, module: nn.Module) -> bool:
+    """Plain ``nn.Linear`` s, except a PEFT adapter's own (PEFT reads ``lora_A.weight.dtype``)."""
+    return type(module) is nn.Linear and "lora_" not in name
+
+
+def _version(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t._version
+
+
+class Fp16DecodeCopy:
+    """A copy of ``source`` for decoding, its linears packed in fp16; :meth:`refresh` brings it to
+    ``source`` 's current weights (repacking the trainable linears and the frozen ones written since)."""
+
+    def __init__(self, source: nn.Module):
+        reason = fp16_weights_unavailable()
+        if reason:
+            raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32.")
+        self.names = [name for name, m in source.named_modules() if _packable(name, m)]
+        if not self.names:
+            raise RlkitError("rollout.backend.dtype=float16: the model has no nn.Linear to pack; use float32.")
+        self.module = copy.deepcopy(source).requires_grad_(False)  # its fp32 linears are dropped just below
+        self.packed_at: dict[str, tuple[int, int]] = {}
+        for name in self.names:
+            parent, _, child = name.rpartition(".")
+            owner = self.module.get_submodule(parent) if parent else self.module
+            setattr(owner, child, Fp16Linear(source.get_submodule(name)))
+            self.packed_at[name] = _version(source.get_submodule(name).weight)
+        self._repacked = self._built = len(self.names)  # the first refresh packs nothing more, reports these
+
+    def refresh(self, source: nn.Module) -> nn.Module:
+        """Repack the trainable linears and the frozen ones written since their packing, copy every other
+        parameter and buffer; returns the copy."""
+        fresh, self._repacked, self._built = self._built > 0, self._built, 0
+        with torch.no_grad():
+            for name in self.names:
+                linear = source.get_submodule(name)
+                now = _version(linear.weight)
+                if not fresh and (linear.weight.requires_grad or now != self.packed_at[name]):
+                    self.module.get_submodule(name).pack(linear)
+                    self.packed_at[name], self._repacked = now, self._repacked + 1
+            mine = dict(self.module.named_parameters())
+            for name, p in source.named_parameters():
+                if name in mine:
+                    mine[name].copy_(p)
+            mine_buffers = dict(self.module.named_buffers())
+            for name, b in source.named_buffers():
+                if name in mine_buffers:
+                    mine_buffers[name].copy_(b)
+        return self.module
+
+    @property
+    def repacked(self) -> int:
+        """How many linears were packed for the last refresh (the construction's count with the first)."""
+        return self._repacked
