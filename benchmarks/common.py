@@ -59,7 +59,7 @@ class Workload:
 
     model: str  # HF folder
     model_name: str  # label in the report: tiny | smollm2
-    dtype: str  # fp32 | bf16 (bf16 = autocast over fp32 weights in both toolkits)
+    dtype: str  # fp32 | bf16 (autocast over fp32 weights in both toolkits) | fp16w (rlkit: fp16 decode weights)
     data: str  # parquet file with veRL rows (prompt = chat messages, reward_model.ground_truth)
     prompts: int = 8
     group: int = 8

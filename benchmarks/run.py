@@ -3,6 +3,7 @@
     python benchmarks/run.py                        # tiny Qwen2 + SmolLM2-135M, fp32 + bf16, 2 rounds
     python benchmarks/run.py --workloads tiny --dtypes fp32 --rounds 1
     python benchmarks/run.py --workloads smollm2,smollm2-64,smollm2-256 --dtypes fp32   # the cost curve
+    python benchmarks/run.py --workloads smollm2-256 --dtypes fp16w   # rlkit's fp16 decode weights vs TRL fp32
 
 Makes TRL's virtual environment on first use (``benchmarks/.venv-trl``: torch 2.13 CPU + trl 1.16 from
 the package index), builds the tiny model and the prompts under ``benchmarks/.work``, then for every
@@ -133,7 +134,8 @@ def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
     shape = model_shape(model_dir, runs[0]["n_params"])
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
-    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if w["dtype"] == "bf16" else 4, bandwidth)
+    half = w["dtype"] == "bf16" or (w["dtype"] == "fp16w" and runs[0]["framework"].startswith("rlkit"))
+    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if half else 4, bandwidth)
     update = med.get("update_actor", med.get("update"))
     out = {"bandwidth": bandwidth, "decode_bytes_per_token": decode["bytes_per_token"], "gen_bound_s": decode["gen_bound_s"],
            "gen_roofline_frac": decode["gen_bound_s"] / med["gen"], "update_model_flops": runs[0]["update_flops"],
@@ -201,7 +203,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", "--models", dest="workloads", default="tiny,smollm2",
                         help=f"comma-separated, of: {', '.join(WORKLOADS)}")
-    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="of: fp32, bf16 (autocast in both toolkits), fp16w "
+                        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per run")
