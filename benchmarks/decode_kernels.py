@@ -1,0 +1,90 @@
+"""The linears of one SmolLM2-135M decode step, with each small-M GEMM kernel torch offers on this CPU.
+
+    python benchmarks/decode_kernels.py --rows 1,8,16,32 --reps 5
+
+The 30 decoder layers' weights (q 576², k and v 192×576, o 576², gate and up 1536×576, down 576×1536; 30 ×
+14.2 MB = 425 MB, random values) are distinct tensors, so every step streams them from memory as a real
+decode step does (a loop over one matrix would read it from cache and overstate every kernel). Kernels:
+
+- ``linear``: ``F.linear`` (MKL sgemm, ``x @ W.T``), what the model runs;
+- ``W@xT``: ``W @ x.T`` (the big matrix as the left operand: another MKL code path);
+- ``mkl_packed``: MKL's packed sgemm with the weight packed once (``torch.ops.mkl._mkl_linear``, what
+  inductor uses for frozen fp32 linears);
+- ``onednn``: oneDNN's linear on mkldnn tensors (``torch._C._nn.mkldnn_linear``);
+- ``fbgemm_fp16``: fbgemm's fp16-weight GEMM (``torch.ops.quantized.linear_dynamic_fp16``; fp32 activations),
+  what ``rollout.backend.dtype=float16`` decodes with (``rlkit.rollout.fp16_weights``).
+
+Prints ms per step (the 210 layer linears, not the head), the weight bytes read per second and the GFLOP/s,
+beside the machine (CPU model, flags, matmul peak, read bandwidth); one torch thread unless ``--threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import hardware_line, memory_bandwidth, one_thread  # noqa: E402
+
+LAYERS = 30
+SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # (out, in)
+
+
+def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list) -> dict:
+    """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m, in]}``)."""
+    import torch
+    import torch.nn.functional as F
+
+    mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, m) for w in flat]  # packed for this M
+    return {
+        "linear": lambda: [F.linear(xs[w.shape[1]], w) for w in flat],
+        "W@xT": lambda: [w @ xs[w.shape[1]].T for w in flat],
+        "mkl_packed": lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, m)
+                               for w, p in zip(flat, mkl, strict=True)],
+        "onednn": lambda: [torch._C._nn.mkldnn_linear(xs[w.shape[1]].to_mkldnn(), d).to_dense()
+                           for w, d in zip(flat, onednn, strict=True)],
+        "fbgemm_fp16": lambda: [torch.ops.quantized.linear_dynamic_fp16(xs[w.shape[1]], p)
+                                for w, p in zip(flat, fp16, strict=True)],
+    }
+
+
+def main() -> None:
+    one_thread()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,8,16,32", help="M: rows decoded at once, comma-separated")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(LAYERS)]
+    flat = [w for layer in weights for w in layer]
+    nbytes = sum(w.numel() * 4 for w in flat)
+    fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
+    onednn = [w.to_mkldnn() for w in flat]
+    print(f"{hardware_line()}; {args.threads} torch thread(s); read bandwidth {memory_bandwidth() / 1e9:.1f} GB/s; "
+          f"{len(flat)} linears, {nbytes / 1e6:.0f} MB fp32", flush=True)
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k) for k in (576, 1536)}
+        kernels = _kernels(flat, xs, m, fp16, onednn)
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for fn in kernels.values():
+            fn()  # warm-up
+        for rep in range(args.reps):  # interleaved, order reversed every other rep
+            for name in (list(kernels) if rep % 2 == 0 else list(kernels)[::-1]):
+                start = time.perf_counter()
+                kernels[name]()
+                times[name].append(time.perf_counter() - start)
+        flops = 2.0 * m * nbytes / 4
+        cells = [f"{name} {statistics.median(t) * 1e3:.1f} ms ({nbytes / statistics.median(t) / 1e9:.1f} GB/s, "
+                 f"{flops / statistics.median(t) / 1e9:.0f} GFLOP/s)" for name, t in times.items()]
+        print(f"M={m}: " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
