@@ -140,3 +140,11 @@ def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypa
         hardware.resolve_precision("auto", "float16", "cpu")
     assert hardware.resolve_precision("auto", "float32", "cpu").decode_dtype == "float32"
     assert hardware.concrete_decode_dtype("float16", "cuda") == "float16"  # CUDA: a plain fp16 copy, no fbgemm
+
+
+def test_a_weight_beyond_fp16_range_is_an_error_naming_the_layer():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[1].weight[0, 0] = 1e6
+    with pytest.raises(RlkitError, match=r"float16: 1's weight holds 1e\+06, beyond fp16's range.*float32"):
+        Fp16DecodeCopy(model)
