@@ -98,6 +98,9 @@ RECIPE_CASES = {
     "vllm with top-p": (["rollout.backend=vllm", "rollout.top_p=0.9"], ["rollout.top_p", "'vllm'", "rollout.top_p=1.0"]),
     "vllm with two actor ranks": (["rollout.backend=vllm", "resources.pools={global: {bundles_per_node: 2}}"],
                                   ["resources.roles.actor_rollout_ref", "at most 1 rank", "has 2"]),
+    "decode copy with a sharded actor": (["rollout.backend={name: hf, dtype: float16}",
+                                          "resources.pools={global: {bundles_per_node: 2}}"],
+                                         ["rollout.backend.dtype", "unsharded", "has 2 ranks", "dtype=auto"]),
     "two problems at once": (["rollout.n=0", "actor.policy_loss=nope"], ["rollout.n", "actor.policy_loss", "2 problem(s)"]),
 }
 

@@ -367,6 +367,14 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
                          f"{spec.max_ranks} rank(s); the {slot} pool has {ranks}. Map {slot} to a pool of "
                          f"{spec.max_ranks} bundle(s) (resources.pools.<pool>: nodes=1, bundles_per_node="
                          f"{spec.max_ranks}), or use rollout.backend=hf"))
+    copy_dtype = recipe.rollout.backend.params.get("dtype")
+    # the hybrid engine decodes with the actor's own module, FSDP-sharded above 1 rank (a rollout pool's ranks
+    # each hold a plain copy: rlkit.workers.rollout_worker)
+    if name == "hf" and copy_dtype in ("bfloat16", "float16") and ranks > 1 and slot == "actor_rollout_ref":
+        problems.append(("rollout.backend.dtype", f"the hf backend decodes with a {copy_dtype} copy of an unsharded "
+                         f"module only; the {slot} pool has {ranks} ranks, so its module is FSDP-sharded and decodes "
+                         "in the actor's own dtype. Set rollout.backend.dtype=auto (or float32), or give "
+                         f"{slot} a pool of 1 bundle"))
     return problems
 
 
