@@ -1,11 +1,12 @@
 """Decoding with fp16 weights on an x86 CPU: ``rollout.backend: {name: hf, dtype: float16}``.
 
 On a CPU without fast bf16 (AVX2 only), a decode step multiplies 8–64 rows by every weight matrix, and
-MKL's fp32 sgemm at that shape reaches about half the matmul peak (31–35 GFLOP/s of 75–79 on an AMD
-EPYC Zen 3, one thread, weights streamed from memory; docs/benchmarks.md, "fp16 decode weights").
+MKL's fp32 sgemm at that shape reaches neither bound: 20–33 GFLOP/s of a 55–79 GFLOP/s peak, 4–5 GB/s of a
+15–17 GB/s read bandwidth (AMD EPYC Zen 3, one thread, weights streamed from memory; docs/benchmarks.md,
+"fp16 decode weights").
 fbgemm (PyTorch's x86 quantized backend) has a GEMM made for this shape: the weights packed once in fp16
 (half the bytes to read), the activations and the accumulation in fp32 (the packed fp16 values are
-widened with F16C on the fly). The same model's linears then run 1.3–1.5× faster, prefill included.
+widened with F16C on the fly). The same linears then run 1.5–1.9× faster at 1–32 rows (``benchmarks/decode_kernels.py``).
 
 The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
 :class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,

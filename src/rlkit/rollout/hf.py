@@ -11,11 +11,12 @@ hybrid engine does).
 ``rollout.backend: {name: hf, dtype: bfloat16}`` decodes with a bf16 copy of the weights (refreshed from the
 actor's fp32 weights at the start of every ``generate``; the optimizer keeps its fp32 master): decoding
 reads every weight once per token, so half the bytes is about half the time, and bf16 matmuls use AMX
-where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype.
+where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype
+(validation refuses an explicit bfloat16/float16 for a hybrid actor on more than one rank).
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
 is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
 copy decodes tens of times slower. ``float16`` on the CPU decodes with fp16 weights packed for fbgemm and
-fp32 activations (``rlkit.rollout.fp16_weights``: 1.3–1.5× faster linears where bf16 is slow; on CUDA a
+fp32 activations (``rlkit.rollout.fp16_weights``: 1.5–1.9× faster linears where bf16 is slow; on CUDA a
 plain fp16 copy). Not given at all (a backend built directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
@@ -282,7 +283,7 @@ class HFRollout:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
         meta = {"temperature": float(temperature) if do_sample and temperature > 0 else 1.0, "do_sample": bool(do_sample)}
-        if module is not self.module and self._fp16_copy is not None and module is self._fp16_copy.module:
+        if self._fp16_copy is not None and module is self._fp16_copy.module:
             meta["metrics"] = {"rollout/fp16_repacked_linears": float(self._fp16_copy.repacked)}
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
 
