@@ -50,3 +50,15 @@ def write_recipe(tiny_assets, tmp_path):
     return write
 
 
+@pytest.fixture(scope="session")
+def straight_run(tiny_assets, tmp_path_factory):
+    """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``. Shared by
+    the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test compares a
+    killed and resumed run with it."""
+    from rlkit_harness import run
+
+    model, data = tiny_assets
+    root = tmp_path_factory.mktemp("straight")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(RECIPE.format(model=model, data=data, out=root / "out"))
+    return run("run", str(recipe)), root / "out"

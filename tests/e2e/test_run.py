@@ -63,9 +63,8 @@ def check_sync_reference(rows: list[dict], checkpoint: Path) -> None:
     assert _weights_digest(checkpoint) == reference["weights_sha256"], f"final weights: {where}"
 
 
-def test_run_end_to_end_then_merge(write_recipe, tmp_path):
-    out = tmp_path / "out"
-    result = run_rlkit("run", str(write_recipe(out)))
+def test_run_end_to_end_then_merge(straight_run, tmp_path):
+    result, out = straight_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done:" in result.stdout
 
@@ -122,9 +121,9 @@ def test_run_end_to_end_then_merge(write_recipe, tmp_path):
     assert generated.shape[1] == ids["input_ids"].shape[1] + 4
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_path):
-    straight = tmp_path / "straight"
-    assert run_rlkit("run", str(write_recipe(straight, "a.yaml"))).returncode == 0
+def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recipe, tmp_path):
+    result, straight = straight_run  # the same recipe, run once for this file
+    assert result.returncode == 0, result.stderr[-3000:]
 
     killed = tmp_path / "killed"
     recipe = write_recipe(killed, "b.yaml")
