@@ -143,12 +143,13 @@ class RolloutPipeline:
     # ----- weights ----------------------------------------------------------------------------
     def push_weights(self, version: int) -> None:
         """Send the actor's current weights (version ``version``) to every rollout rank, behind the
-        generations already submitted. Waits only for the actor to produce its full state dict."""
-        pending = self.actor.submit("full_state_dict", dispatch="all")  # collective: every rank takes part
+        generations already submitted: its full state dict, or with ``actor.lora`` the adapter's tensors alone
+        (``rollout_state_dict``). Waits only for the actor to produce them."""
+        pending = self.actor.submit("rollout_state_dict", dispatch="all")  # collective: every rank takes part
         if len(pending.refs) > 1:
             from rlkit.workers.group import PendingCall
 
-            PendingCall(self.actor, "full_state_dict", "all", pending.refs[1:]).get()  # the other ranks: {}
+            PendingCall(self.actor, "rollout_state_dict", "all", pending.refs[1:]).get()  # the other ranks: {}
         self.pushes.append(self.rollout.submit("update_weights", pending.refs[0], dispatch="all", version=version))
         self.version = version
 

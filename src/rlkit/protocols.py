@@ -278,7 +278,8 @@ class RolloutRole(Role, Protocol):
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
-        """Load the actor's full state dict of ``version`` (every rank); the seconds it took."""
+        """Load the actor's weights of ``version`` (every rank): its full state dict, or with ``lora`` (the
+        constructor's ``actor.lora``) the adapter's tensors alone; the seconds it took."""
         ...
 
     def save_checkpoint(self, directory: str) -> None: ...
@@ -337,7 +338,7 @@ ROLE_KWARGS: Mapping[str, frozenset[str]] = {
         "model_config", "actor_config", "rollout_config", "ref_config", "max_response_length", "total_steps",
         "seed", "policy_loss", "rollout_backend", "agent_loops", "default_agent", "tools"}),
     "rollout": frozenset({"model_config", "rollout_config", "max_response_length", "seed", "rollout_backend",
-                          "agent_loops", "default_agent", "tools"}),
+                          "agent_loops", "default_agent", "tools", "lora"}),
     "ref": frozenset({"model_config", "ref_config", "temperature", "mixed_precision"}),
     "critic": frozenset({"model_config", "critic_config", "rollout_n", "ppo_mini_batch_size", "total_steps",
                          "mixed_precision", "seed"}),

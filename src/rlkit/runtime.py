@@ -163,6 +163,7 @@ class Runtime:
                 "max_response_length": recipe.data.max_response_length, "seed": recipe.trainer.seed,
                 "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
                 "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
+                "lora": recipe.actor.lora,
             }
         if placed.slot == "ref":
             return {"model_config": recipe.model, "ref_config": recipe.ref, "temperature": recipe.rollout.temperature,

@@ -80,6 +80,7 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     timed = [r for r in raw if "training/global_step" in r]  # records() drops timing_s/*: read the file itself
     assert all("timing_s/update_actor" in r and "timing_s/old_log_prob" not in r for r in timed), timed
     assert all(s["rollout_corr/bypass"] == 1.0 for s in steps)
+    assert all(s["rollout/weight_sync_bytes"] > 0 for s in steps)  # full weights pushed (the LoRA run: adapter only)
     assert not any(k.startswith("rollout_corr/rollout_is") for k in steps[0]), sorted(steps[0])
     assert steps[0]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[0]["rollout_corr/kl"]) < 1e-3
@@ -128,6 +129,8 @@ EXTRA_RUNS = {
                                  "algorithm.rollout_correction={name: token_tis, threshold: 1.5}",
                                  "actor.policy_loss={name: clip_cov, clip_cov_ratio: 0.2, clip_cov_lb: -10.0, "
                                  "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
+    # a LoRA actor with a rollout pool of its own: the pushes carry the adapter alone
+    "async_lora": ("grpo_async", ["actor.lora={rank: 4, alpha: 8}", "trainer.merge_at_end=false"]),
 }
 
 
@@ -149,7 +152,7 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
-             "test_offpolicy_smoke_run": "offpolicy"}
+             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora"}
     wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
@@ -246,6 +249,20 @@ def test_offpolicy_smoke_run(smoke_runs):
     # the run's recipe names OTB (its function raises without old_log_prob and sum_pi_squared: they were passed)
     saved = (out / "checkpoints" / "global_step_2" / "recipe.yaml").read_text()
     assert "optimal_token_baseline" in saved and "token_tis" in saved and "clip_cov" in saved
+
+
+def test_async_lora_smoke_run(smoke_runs):
+    """actor.lora with trainer.mode=async (grpo_async's smoke profile): the rollout pool's module carries the adapter
+    and every weight push sends the adapter's tensors alone (fp32: 4 bytes per trainable parameter)."""
+    result, out = smoke_runs["async_lora"].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    _own_process("rollout")(steps, out)
+    for step in steps:
+        assert step["actor/lora_trainable_params"] > 0
+        assert step["rollout/weight_sync_bytes"] == 4 * step["actor/lora_trainable_params"]
+    assert [s["async/staleness_mean"] for s in steps] == [0.0, 1.0]
 
 
 @pytest.mark.timeout(1800)

@@ -158,7 +158,6 @@ BAD = [
     (["trainer.max_staleness=0"], "trainer.max_staleness", "greater than 0"),
     (["trainer.mode=offpolicy"], "trainer.mode", "'sync', 'one_step_off' or 'async'"),
     (["resources.pools.gen.bundles_per_node=32"], "data.train_batch_size", "32 rollout ranks"),
-    (["actor.lora={rank: 4}"], "actor.lora", "trainer.mode=async is not yet supported"),
 ]
 
 
@@ -168,3 +167,15 @@ def test_impossible_async_settings_name_their_keys(recipe, registries, overrides
         load_recipe(recipe, overrides, registries=registries)
     matching = [msg for where, msg in err.value.problems if where == loc]
     assert any(fragment in msg for msg in matching), err.value.problems
+
+
+def test_lora_with_a_rollout_pool_is_accepted_on_hf_and_refused_on_an_engine(recipe, registries):
+    """actor.lora with trainer.mode=async: the hf rollout pool takes the adapter (tests/e2e/test_smoke_matrix.py
+    runs it); an engine's rollout pool (its adapter loading from a push is not verified) is refused, naming the fix."""
+    assert load_recipe(recipe, ["actor.lora={rank: 4}"], registries=registries).actor.lora.rank == 4
+    with_plugins = build_registries(make_plugin_manager())  # the vllm plugin's spec (tests need no vllm itself)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe, ["actor.lora={rank: 4}", "rollout.backend=vllm"], registries=with_plugins)
+    messages = [msg for where, msg in err.value.problems if where == "actor.lora"]
+    assert any("trainer.mode=async runs with rollout.backend=hf only" in m and "set rollout.backend=hf" in m
+               for m in messages), err.value.problems

@@ -333,16 +333,18 @@ def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str
 
 
 def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
-    """actor.lora needs a backend that takes a LoRA actor (its spec's ``lora``) and the sync mode (docs/lora.md)."""
+    """actor.lora needs a backend that takes a LoRA actor (its spec's ``lora``); outside the sync mode, the hf
+    backend (the rollout pool's module carries the adapter, pushes send its tensors alone; docs/lora.md)."""
     backend = recipe.rollout.backend.name
     if recipe.actor.lora is None or backend not in registries.rollout_backends:
         return []
     if not registries.rollout_backends.get(backend).lora:
         return [("actor.lora", f"rollout backend '{backend}' does not take a LoRA actor (its spec declares lora=False): "
                                "use rollout.backend=hf, sglang or vllm, or remove actor.lora")]
-    if recipe.trainer.mode != "sync":
-        return [("actor.lora", f"LoRA with trainer.mode={recipe.trainer.mode} is not yet supported (the rollout pool "
-                               "loads full weights, not an adapter): set trainer.mode=sync, or remove actor.lora")]
+    if recipe.trainer.mode != "sync" and backend != "hf":
+        return [("actor.lora", f"LoRA with trainer.mode={recipe.trainer.mode} runs with rollout.backend=hf only (a "
+                               f"rollout pool of '{backend}' engines loading the pushed adapter is not yet verified): "
+                               "set rollout.backend=hf or trainer.mode=sync, or remove actor.lora")]
     return []
 
 

@@ -170,6 +170,11 @@ class ActorRolloutRefWorker(Worker):
         """The actor's full HF-style state dict on CPU (rank 0; ``{}`` elsewhere): use ``dispatch="rank0"``."""
         return self._need("actor").full_state_dict()
 
+    def rollout_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a rollout pool needs after an update (rank 0; ``{}`` elsewhere; collective): the full state dict,
+        or with ``actor.lora`` the adapter's tensors alone (``FSDPActor.rollout_state_dict``)."""
+        return self._need("actor").rollout_state_dict()
+
     def save_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.save_checkpoint(Path(directory) / "actor")

@@ -3,7 +3,8 @@
 Each rank holds a full copy of the policy (plain module, not sharded: ranks are independent generation
 replicas; the group's torch.distributed group is only joined, never used by generation) and the
 recipe's rollout backend on top of it. The driver sends it the actor's weights after every update as
-a full state dict with a version number (``update_weights``); generation calls and weight pushes run
+a full state dict with a version number (``update_weights``; with ``actor.lora`` the module carries the same
+adapter and only the adapter's tensors travel); generation calls and weight pushes run
 in the order the driver submitted them (one Ray actor runs its calls one at a time), so a generation
 always finishes under the weights it started with. ``rlkit.async_rollout`` drives it.
 
@@ -21,7 +22,7 @@ import torch
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.pipeline import Resolved
-from rlkit.recipe.schema import ModelConfig, RolloutConfig
+from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
 from rlkit.workers.base import Worker
 
 __all__ = ["RolloutWorker"]
@@ -34,9 +35,10 @@ class RolloutWorker(Worker):
                  model_config: ModelConfig, rollout_config: RolloutConfig, max_response_length: int = 512,
                  seed: int = 1, rollout_backend: Resolved | None = None,
                  agent_loops: dict[str, Resolved] | None = None, default_agent: str | None = None,
-                 tools: tuple[Resolved, ...] = ()):
+                 tools: tuple[Resolved, ...] = (), lora: LoraConfig | None = None):
         """Keywords as for ``ActorRolloutRefWorker``'s rollout part; ``seed``: ``trainer.seed`` (sampling is
-        seeded ``seed * 1000 + 500 + rank``, apart from the actor's own engine)."""
+        seeded ``seed * 1000 + 500 + rank``, apart from the actor's own engine); ``lora``: ``actor.lora`` (the
+        module gets the same adapter, its values come with the first weight push)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.models.load import load_model, load_tokenizer
 
@@ -45,6 +47,10 @@ class RolloutWorker(Worker):
         self.tokenizer = load_tokenizer(model_config)
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer).to(self.device)
+        if lora is not None:
+            from rlkit.workers.lora import apply_lora
+
+            module, _ = apply_lora(module, lora)
         module.requires_grad_(False)
         self.rollout = rollout_backend.build(module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
                                              max_response_length=max_response_length, device=self.device,
@@ -57,6 +63,7 @@ class RolloutWorker(Worker):
                                             default_agent=default_agent, tools=tools,
                                             generate_ids=rollout_backend.spec.generate_ids)
         self.version = 0  # the actor update whose weights this rank holds (0 = the initial weights)
+        self.sync_bytes = 0  # tensor bytes of the last weight push (metric rollout/weight_sync_bytes)
 
     def generate_sequences(self, prompts: Batch, **sampling) -> Batch:
         """As ``ActorRolloutRefWorker.generate_sequences``; every row also gets ``rollout_version [B]``
@@ -64,14 +71,18 @@ class RolloutWorker(Worker):
         start = time.perf_counter()
         out = self.rollout.generate(prompts, **sampling)
         out["rollout_version"] = torch.full((len(out),), self.version, dtype=torch.long)
-        out.meta.setdefault("metrics", {})["perf/worker_s/gen"] = time.perf_counter() - start
+        metrics = out.meta.setdefault("metrics", {})
+        metrics["perf/worker_s/gen"] = time.perf_counter() - start
+        metrics.setdefault("rollout/weight_sync_bytes", float(self.sync_bytes))  # an engine's own count wins
         return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
-        """Load the actor's full state dict (every rank gets the same one); returns the seconds it took."""
+        """Load the actor's weights of ``version`` (every rank gets the same dict: the full state dict, or with
+        ``actor.lora`` the adapter's tensors alone); returns the seconds it took."""
         start = time.perf_counter()
         self.rollout_engine().update_weights(state_dict)
         self.version = int(version)
+        self.sync_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
         return time.perf_counter() - start
 
     def weights_version(self) -> int:
