@@ -2,6 +2,7 @@
 
     python benchmarks/lora.py                                  # full (+KL, its reference copy) then LoRA r8, r16, r32
     python benchmarks/lora.py --runs r16 full --steps 6        # fewer runs / steps
+    python benchmarks/lora.py --steps 10 --seed 2 --no-sync-bytes   # another seed (trainer.seed, data.seed)
 
 Each run is ``rlkit run`` in a subprocess (``recipes/quickstart.yaml`` with ``actor.use_kl_loss=true`` for full
 fine-tuning, so both sides have a KL reference; ``recipes/quickstart_lora.yaml`` with ``actor.lora.rank=R`` and
@@ -56,7 +57,7 @@ def peak_rss(pid: int, stop: threading.Event, peaks: dict[str, float]) -> None:
         time.sleep(0.5)
 
 
-def one_run(name: str, steps: int, lr: float) -> dict:
+def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
     rank = RUNS[name]
     if rank is None:
         recipe, overrides = "quickstart.yaml", ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.001"]
@@ -66,6 +67,8 @@ def one_run(name: str, steps: int, lr: float) -> dict:
     out = WORK / "outputs" / name
     overrides += [f"trainer.total_steps={steps}", "trainer.merge_at_end=false", f"trainer.output_dir={out}",
                   "trainer.resume=never", f"trainer.experiment_name=lora-bench-{name}", "trainer.test_freq=2"]
+    overrides += [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []  # else the recipes'
+    # (trainer.seed: the adapter's initial values and the sampling; data.seed: the prompt order)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start, load_start = time.time(), os.getloadavg()
     proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(REPO / "recipes" / recipe), *overrides],
@@ -164,6 +167,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate (full fine-tuning keeps 2e-6)")
     parser.add_argument("--no-sync-bytes", action="store_true")
+    parser.add_argument("--seed", type=int, default=None, help="trainer.seed and data.seed of every run (default: the recipes')")
     parser.add_argument("--memory-probe", choices=list(RUNS), help="only the in-process memory probe of one run kind")
     args = parser.parse_args()
     if args.memory_probe:
@@ -174,7 +178,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"], cwd=WORK, check=True)
     result = {"hardware": hardware(), "load_before": os.getloadavg(), "runs": []}
     for name in args.runs:
-        result["runs"].append(one_run(name, args.steps, args.lr))
+        result["runs"].append(one_run(name, args.steps, args.lr, args.seed) | {"seed": args.seed})
         print(json.dumps(result["runs"][-1]), flush=True)
     result["load_after"] = os.getloadavg()
     if not args.no_sync_bytes:
