@@ -1,8 +1,9 @@
-"""The HF rollout's fast decode loop: a KV cache allocated once, finished rows dropped, lean sampling.
+"""The HF rollout's decode: prefill, the token loop, stop strings and the "every rank done" test.
 
-``rlkit.rollout.hf.HFRollout.generate`` runs :func:`decode` unless ``hf._fast_decode`` is off (tests turn
-it off to compare with the plain loop: transformers' ``DynamicCache``, every row forwarded to the end).
-Both give the same tokens and log-probs under one seed (``tests/unit/rollout/test_decode.py``):
+``rlkit.rollout.hf.HFRollout.generate`` calls :func:`decode` with a :class:`DecodePlan` (its constructor
+argument). ``DecodePlan()`` runs the fast loop below; ``DecodePlan(slab_cache=False)`` the plain loop
+(transformers' ``DynamicCache``, every row forwarded to the end), also taken for a model whose cache the slab
+does not fit. Both give the same tokens and log-probs under one seed (``tests/unit/rollout/test_decode.py``):
 
 - **Slab cache** (:class:`SlabCache`): each layer's keys/values live in one buffer ``[B, H, P + T, D]``
   allocated at the prefill; a step writes its token's K/V in place and attention reads a view of the
@@ -15,8 +16,10 @@ Both give the same tokens and log-probs under one seed (``tests/unit/rollout/tes
   step (2 · params FLOPs) until the loop ends. The random draws stay those of the full batch (one per
   row, finished or not), so a row samples the same tokens whichever rows run beside it. An FSDP-sharded
   module must run the same number of forwards on every rank: a rank whose rows are all done keeps one
-  (finished) row forwarding until every rank is done (``HFRollout._all_done``).
-- **Sampling** (``rlkit.rollout.hf.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
+  (finished) row forwarding until every rank is done (:meth:`Decoding.all_done`).
+- **Shared prefill** (``DecodePlan.share_prefill``): a group's identical prompts run one prefill whose KV
+  cache is copied to every row.
+- **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
 Shapes: ``B`` rows (prompts × n), ``P`` prompt width, ``T`` response width, ``V`` vocabulary, ``H`` KV
@@ -25,19 +28,18 @@ heads, ``D`` head size, ``A`` rows still in the batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
+from rlkit.rollout.sampling import sample_next
 
-if TYPE_CHECKING:
-    from torch import nn
-
-    from rlkit.rollout.hf import HFRollout
-
-__all__ = ["SlabCache", "SlabLayer", "decode", "slab_layers"]
+__all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
 
 _COMPACT_FRACTION = 8  # compact once 1/8 of the rows in the batch have finished
 
@@ -111,40 +113,121 @@ def slab_layers(module: nn.Module) -> int | None:
     return len(layers)
 
 
-def decode(rollout: HFRollout, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-           responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor, num_layers: int,
-           sampling: dict, stop: list[str], ignore_eos: bool) -> None:
-    """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
-    ``log_probs`` and ``response_mask [B, T]`` (filled in place, as the plain loop fills them)."""
-    from rlkit.rollout.hf import sample_next
+@dataclass(frozen=True)
+class DecodePlan:
+    """Which decode path ``HFRollout`` runs. Every choice gives the same tokens and log-probs under one seed;
+    tests and benchmarks pass the alternatives to compare them."""
 
+    slab_cache: bool = True  # the fast loop (slab KV cache, finished rows dropped); False: the plain loop
+    share_prefill: bool = True  # one prefill per distinct prompt, its cache copied to the group's rows
+
+
+@dataclass
+class Decoding:
+    """What one ``generate`` call decodes with, besides the model: tokens that end a row, the pad token, the
+    random generator, the stop strings and whether the module is a collective (FSDP-sharded over ranks)."""
+
+    tokenizer: object
+    eos_token_ids: torch.Tensor  # [E]
+    pad_token_id: int
+    generator: torch.Generator
+    sampling: dict  # sample_next's temperature, top_p, top_k, do_sample
+    stop: list[str]
+    ignore_eos: bool
+    collective: bool
+    plan: DecodePlan
+
+    def all_done(self, finished: torch.Tensor) -> bool:
+        """Every row of every rank finished (an FSDP-sharded module forwards on all ranks or none)."""
+        done = torch.tensor([int(bool(finished.all()))], device=finished.device)
+        if self.collective:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        return bool(done.item())
+
+    def ended(self, tokens: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """Live rows whose sampled token ``tokens [A]`` ends them (eos)."""
+        if self.ignore_eos:
+            return torch.zeros_like(live)
+        return live & torch.isin(tokens, self.eos_token_ids)
+
+    def hits_stop(self, responses: torch.Tensor, step: int, rows: torch.Tensor) -> torch.Tensor:
+        """Rows (among ``rows [B]`` bool) whose response text now contains a stop string."""
+        hit = torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
+        window = 4 * max(len(s) for s in self.stop) + 4  # tokens enough to hold any stop string
+        lo = max(0, step + 1 - window)
+        for r in rows.nonzero().flatten().tolist():
+            text = self.tokenizer.decode(responses[r, lo:step + 1].tolist(), skip_special_tokens=False)
+            hit[r] = any(s in text for s in self.stop)
+        return hit
+
+    def prefill(self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None):
+        """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share one
+        prefill whose KV cache is then copied to every row); the head runs on the last position only.
+        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``).
+        Returns the model output (its cache covers all B rows) and the next-token logits [B, V]."""
+        rows = torch.cat([ids, mask], dim=1)  # identical prompt = identical ids and mask
+        unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        share = self.plan.share_prefill and len(unique) < len(rows)
+        if share:
+            first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce_(
+                0, inverse, torch.arange(len(rows)), reduce="amin")  # one representative row per prompt
+            ids, mask, pos = ids[first], mask[first], pos[first]
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(module).forward).parameters else {}
+        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache,
+                     **keep)
+        logits = out.logits[:, -1]
+        if share:
+            out.past_key_values.batch_select_indices(inverse)
+            logits = logits[inverse]
+        return out, logits
+
+
+def decode(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+           responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
+    ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names."""
+    layers = slab_layers(module) if run.plan.slab_cache else None
+    if layers is None:
+        _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
+    else:
+        _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers)
+
+
+def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:
+    responses[rows, step] = torch.where(live, tokens, run.pad_token_id)
+    log_probs[rows, step] = torch.where(live, lp, 0.0)
+    response_mask[rows, step] = live.long()
+
+
+def _decode_slab(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor,
+                 num_layers: int) -> None:
+    """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws."""
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
     mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)  # [B, P+T]
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
-    _, logits = rollout._prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
+    _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
     last_pos = pos[:, -1]  # [A]
     rows = torch.arange(b, device=device)  # [A]: each batch row's index among the B rows
     finished = torch.zeros(b, dtype=torch.bool, device=device)
-    draw = sampling["do_sample"] and sampling["temperature"] != 0
+    draw = run.sampling["do_sample"] and run.sampling["temperature"] != 0
     for step in range(max_new):
         uniform = None
         if draw:  # one draw per row of the full batch, as the plain loop draws
-            uniform = torch.rand(b, 1, generator=rollout.generator, dtype=torch.float64, device=device)[rows]
-        tokens, lp = sample_next(logits, generator=rollout.generator, uniform=uniform, **sampling)  # [A]
+            uniform = torch.rand(b, 1, generator=run.generator, dtype=torch.float64, device=device)[rows]
+        tokens, lp = sample_next(logits, generator=run.generator, uniform=uniform, **run.sampling)  # [A]
         live = ~finished[rows]
-        responses[rows, step] = torch.where(live, tokens, rollout.pad_token_id)
-        log_probs[rows, step] = torch.where(live, lp, 0.0)
-        response_mask[rows, step] = live.long()
-        ended = live & torch.isin(tokens, rollout.eos_token_ids) if not ignore_eos else torch.zeros_like(live)
-        if stop:
+        _record(run, responses, log_probs, response_mask, rows, step, tokens, lp, live)
+        ended = run.ended(tokens, live)
+        if run.stop:
             candidates = torch.zeros(b, dtype=torch.bool, device=device)
             candidates[rows] = live & ~ended
-            ended |= rollout._hits_stop(responses, step, candidates, stop)[rows]
+            ended |= run.hits_stop(responses, step, candidates)[rows]
         finished[rows] |= ended
-        if step + 1 == max_new or rollout._all_done(finished):
+        if step + 1 == max_new or run.all_done(finished):
             break
         keep = ~finished[rows]  # [A]
         dropped = len(rows) - int(keep.sum())
@@ -158,4 +241,31 @@ def decode(rollout: HFRollout, module: nn.Module, prompt_ids: torch.Tensor, prom
         length = width + step + 1
         out = module(input_ids=responses[rows, step:step + 1], attention_mask=mask[rows, :length],
                      position_ids=last_pos[:, None], past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1]
+
+
+def _decode_plain(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """The reference loop: the model's ``DynamicCache``, every row forwarded until all are done."""
+    b, max_new = responses.shape
+    finished = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
+    rows = torch.arange(b, device=prompt_ids.device)
+    mask = prompt_mask
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out, logits = run.prefill(module, prompt_ids, mask, pos)  # logits [B, V]
+    last_pos = pos[:, -1]
+    for step in range(max_new):
+        tokens, lp = sample_next(logits, generator=run.generator, **run.sampling)
+        live = ~finished
+        _record(run, responses, log_probs, response_mask, rows, step, tokens, lp, live)
+        ended = run.ended(tokens, live)
+        if run.stop:
+            ended |= run.hits_stop(responses, step, live & ~ended)
+        finished |= ended
+        if step + 1 == max_new or run.all_done(finished):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        last_pos = last_pos + 1
+        out = module(input_ids=responses[:, step:step + 1], attention_mask=mask,
+                     position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
         logits = out.logits[:, -1]

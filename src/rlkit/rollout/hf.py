@@ -26,7 +26,6 @@ Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any
 
 import torch
@@ -38,89 +37,21 @@ from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
-from rlkit.rollout.decode import decode, slab_layers
+from rlkit.rollout.decode import DecodePlan, Decoding, decode
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
-__all__ = ["HFRollout", "sample_next"]
-
-_fast_decode = True  # rlkit.rollout.decode's loop (tests turn it off to compare with the plain loop)
-
-
-def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, top_k: int, do_sample: bool,
-                generator: torch.Generator | None, uniform: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row from ``logits [B, V]``; returns ``(tokens [B], log_prob [B])``.
-
-    The log-prob is that of ``log_softmax(logits / temperature)`` (greedy: temperature 1), before
-    top-k / top-p truncation (``rlkit.rollout.base``). ``uniform [B, 1]`` (float64): the rows' random draws
-    when the caller made them (``rlkit.rollout.decode`` draws for the full batch); else drawn here.
-    Nothing of size ``[B, V]`` is copied unless truncation needs it; top-k works on its ``k`` candidates.
-    """
-    logits = logits.float()
-    greedy = not do_sample or temperature == 0
-    scaled = logits if greedy or temperature == 1 else logits / temperature  # [B, V]
-    logp = torch.log_softmax(scaled, dim=-1)
-    if greedy:
-        tokens = logp.argmax(dim=-1)
-    else:
-        tokens = _sample_top_k(scaled, top_k, top_p, generator, uniform) if 0 < top_k < scaled.shape[-1] else None
-        if tokens is None:
-            tokens = _inverse_cdf_sample(_truncated_probs(scaled, top_k, top_p), generator, uniform)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def _truncated_probs(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``softmax`` of ``scaled [B, V]`` after top-k (ties with the k-th kept) and top-p, over the whole
-    vocabulary: the reference form (a sort of ``[B, V]`` for top-p)."""
-    filtered = scaled
-    if 0 < top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]  # [B, 1]
-        filtered = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(filtered, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # mass before this token already >= p
-        sorted_logits[drop] = float("-inf")
-        filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.softmax(filtered, dim=-1)
-
-
-def _sample_top_k(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator | None,
-                  uniform: torch.Tensor | None) -> torch.Tensor | None:
-    """Top-k (then top-p) sampling on the ``k`` candidates ``[B, k]`` in vocabulary order, the order the
-    full-vocabulary inverse CDF walks: the same draw picks the same token. None where a row has ties with
-    its k-th logit (the reference keeps them all): the caller takes the full path."""
-    values, index = torch.topk(scaled, top_k, dim=-1)  # [B, k], descending
-    if bool(((scaled >= values[:, -1:]).sum(-1) > top_k).any()):
-        return None
-    if top_p < 1.0:
-        probs = torch.softmax(values, dim=-1)
-        values = values.masked_fill(probs.cumsum(-1) - probs >= top_p, float("-inf"))
-    index, order = index.sort(dim=-1)  # vocabulary order
-    pick = _inverse_cdf_sample(torch.softmax(values.gather(-1, order), dim=-1), generator, uniform)  # [B]
-    return index.gather(-1, pick[:, None]).squeeze(-1)
-
-
-def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None,
-                        uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """One draw per row of ``probs [B, V]`` → ``[B]``: the first token whose cumulative probability exceeds
-    a uniform draw (``uniform [B, 1]`` float64, or drawn here). One random number per row, where
-    ``torch.multinomial`` draws one per vocabulary entry (measured 16 ms vs 1 ms for 16 × 49k on one
-    thread); float64 keeps the tail's mass exact enough."""
-    cdf = torch.cumsum(probs, -1, dtype=torch.float64)  # [B, V]
-    u = uniform if uniform is not None else torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64,
-                                                       device=probs.device)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+__all__ = ["HFRollout"]
 
 
 class HFRollout:
     """Sampling from a transformers causal LM (plain or FSDP2-sharded) with a KV cache."""
 
-    _share_prefill = True  # one prefill per distinct prompt (tests turn it off to compare with the plain path)
-
     def __init__(self, *, module: nn.Module, tokenizer, rollout_config: RolloutConfig, max_response_length: int,
                  device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None,
-                 params: Any = None):
-        """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults."""
+                 params: Any = None, decode_plan: DecodePlan = DecodePlan()):
+        """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults.
+        ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast one)."""
+        self.decode_plan = decode_plan
         self.module = module
         self.tokenizer = tokenizer
         self.config = rollout_config
@@ -206,42 +137,11 @@ class HFRollout:
                 m.reshard()
         return modules or []
 
-    def _all_done(self, finished: torch.Tensor) -> bool:
-        done = torch.tensor([int(bool(finished.all()))], device=self.device)
-        if self._collective():
-            dist.all_reduce(done, op=dist.ReduceOp.MIN)
-        return bool(done.item())
-
-    def _hits_stop(self, responses: torch.Tensor, step: int, rows: torch.Tensor, stop: list[str]) -> torch.Tensor:
-        """Rows (among ``rows``) whose response text now contains a stop string."""
-        hit = torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
-        window = 4 * max(len(s) for s in stop) + 4  # tokens enough to hold any stop string
-        lo = max(0, step + 1 - window)
-        for r in rows.nonzero().flatten().tolist():
-            text = self.tokenizer.decode(responses[r, lo:step + 1].tolist(), skip_special_tokens=False)
-            hit[r] = any(s in text for s in stop)
-        return hit
-
-    def _prefill(self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None):
-        """Forward the prompts once each: a group's n identical rows share one prefill whose KV cache is then
-        copied to every row (HF's ``batch_select_indices``); the head runs on the last position only.
-        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``).
-        Returns the model output (its cache covers all B rows) and the next-token logits [B, V]."""
-        rows = torch.cat([ids, mask], dim=1)  # identical prompt = identical ids and mask
-        unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
-        share = self._share_prefill and len(unique) < len(rows)
-        if share:
-            first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce_(
-                0, inverse, torch.arange(len(rows)), reduce="amin")  # one representative row per prompt
-            ids, mask, pos = ids[first], mask[first], pos[first]
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(module).forward).parameters else {}
-        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache,
-                     **keep)
-        logits = out.logits[:, -1]
-        if share:
-            out.past_key_values.batch_select_indices(inverse)
-            logits = logits[inverse]
-        return out, logits
+    def _decoding(self, stop: list[str], sampling: dict) -> Decoding:
+        """What this ``generate`` call decodes with (``rlkit.rollout.decode``)."""
+        return Decoding(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                        generator=self.generator, sampling=sampling, stop=stop, ignore_eos=self.config.ignore_eos,
+                        collective=self._collective(), plan=self.decode_plan)
 
     @torch.no_grad()
     def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
@@ -270,15 +170,10 @@ class HFRollout:
         sharded = self._keep_unsharded(True)
         module = self._decoder()
         module.eval()
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
+        run = self._decoding(stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample})
         try:
-            layers = slab_layers(module) if _fast_decode else None
-            if layers is not None:
-                decode(self, module, prompt_ids, prompt_mask, responses=responses, log_probs=log_probs,
-                       response_mask=response_mask, num_layers=layers, sampling=sampling, stop=stop,
-                       ignore_eos=cfg.ignore_eos)
-            else:
-                self._decode_plain(module, prompt_ids, prompt_mask, responses, log_probs, response_mask, sampling, stop)
+            decode(run, module, prompt_ids, prompt_mask, responses=responses, log_probs=log_probs,
+                   response_mask=response_mask)
         finally:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
@@ -286,33 +181,3 @@ class HFRollout:
         if self._fp16_copy is not None and module is self._fp16_copy.module:
             meta["metrics"] = {"rollout/fp16_repacked_linears": float(self._fp16_copy.repacked)}
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
-
-    def _decode_plain(self, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor, sampling: dict,
-                      stop: list[str]) -> None:
-        """The reference loop (``_fast_decode`` off, or a model whose cache the slab does not fit): the model's
-        ``DynamicCache``, every row forwarded until all are done. Fills ``responses``, ``log_probs`` and
-        ``response_mask [B, T]`` in place."""
-        b, max_new = responses.shape
-        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        mask = prompt_mask
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out, logits = self._prefill(module, prompt_ids, mask, pos)  # logits [B, V]
-        last_pos = pos[:, -1]
-        for step in range(max_new):
-            tokens, lp = sample_next(logits, generator=self.generator, **sampling)
-            live = ~finished
-            responses[:, step] = torch.where(live, tokens, self.pad_token_id)
-            log_probs[:, step] = torch.where(live, lp, 0.0)
-            response_mask[:, step] = live.long()
-            ended = live & torch.isin(tokens, self.eos_token_ids) if not self.config.ignore_eos else torch.zeros_like(live)
-            if stop:
-                ended |= self._hits_stop(responses, step, live & ~ended, stop)
-            finished |= ended
-            if step + 1 == max_new or self._all_done(finished):
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            last_pos = last_pos + 1
-            out = module(input_ids=responses[:, step:step + 1], attention_mask=mask,
-                         position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
-            logits = out.logits[:, -1]

@@ -24,238 +24,24 @@ Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width, ``
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from rlkit.algos.aggregation import agg_loss, global_counts
-from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
-from rlkit.algos.fused_head import head_outputs
 from rlkit.algos.kl import kl_penalty
-from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
+from rlkit.models.forward import ForwardPlan, compute_log_probs, forward_response
 from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
 from rlkit.workers import fsdp
-from rlkit.workers.lm_head import head_replaced, plain_head
 from rlkit.workers.loss_inputs import UpdateMismatch, mini_batch_selection
-from rlkit.workers.packing import pack_groups, plan
 
-__all__ = ["FSDPActor", "forward_response", "compute_log_probs"]
-
-
-def autocast(device: torch.device, mixed_precision: str):
-    """bf16 autocast for ``bf16``; ``auto`` is this device's decision (``rlkit.hardware``; a run passes it resolved)."""
-    if concrete_mixed_precision(mixed_precision, device) == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
-
-    Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
-    row are cut before the forward and the outputs padded back to ``T`` with zeros.
-    """
-    out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
-                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device)
-    return out["log_prob"], out.get("entropy")
-
-
-def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
-    [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
-    OTB's input), each 0 where masked.
-
-    A model whose head is a plain linear map (``rlkit.workers.lm_head.plain_head``) never materialises logits:
-    the outputs come from the final hidden states of the response tokens (``response_mask``) alone, in
-    vocabulary slices (``rlkit.algos.fused_head``), and the micro-batch runs in its cheapest layout (shared
-    prompt pass, packed rows or padded rows; ``_layout``). Other models: logits, then the chunked functions of
-    ``rlkit.algos.entropy``.
-    """
-    device = device or next(module.parameters()).device
-    ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
-    width = micro["responses"].shape[1]
-    keep_mask = micro["response_mask"].to(device)  # [b, T], zeros past each response's end
-    labels = micro["responses"][:, :t].to(device)  # [b, t]
-    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-    # Only the last t + 1 positions predict response tokens: the head is applied to those alone when the model
-    # supports it (HF's ``logits_to_keep``).
-    keeps = _accepts_logits_to_keep(type(module))
-    head = plain_head(module) if keeps and _fused_head else None
-    want = {"temperature": temperature, "with_entropy": with_entropy, "entropy_grad": entropy_grad,
-            "with_sum_pi_squared": with_sum_pi_squared}
-    with autocast(device, mixed_precision):
-        if head is not None:
-            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, keep_mask[:, :t].bool(), want)
-        else:
-            outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want)
-    pad = (0, width - t)
-    return {name: torch.nn.functional.pad(value, pad) * keep_mask for name, value in outs.items()}
-
-
-def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
-                   rows: torch.Tensor, want: dict) -> dict[str, torch.Tensor]:
-    """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
-    head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
-    states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
-    latter two the swapped head computes the outputs inside the model's forward (FSDP: gathered weight, hooked
-    output) and returns them stacked as the ``logits`` [b, t, k]."""
-    names = ["log_prob"] + (["entropy"] if want["with_entropy"] else []) + (
-        ["sum_pi_squared"] if want["with_sum_pi_squared"] else [])
-
-    def outputs(hidden: torch.Tensor) -> torch.Tensor:  # [b, t, H] -> [b, t, k]
-        got = head_outputs(hidden[rows], head.weight, labels[rows], **want)  # each [N]
-        zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
-        return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
-
-    layout = _layout(module, ids, mask, p_keep, t)
-    if layout == "shared":
-        with head_replaced(head, lambda hidden: hidden):
-            hidden = _shared_prefix_logits(module, ids, mask, pos, p_keep, t)  # [b, t, H], None: no group
-        if hidden is not None:
-            return dict(zip(names, outputs(hidden).unbind(-1), strict=True))
-    packed = None
-    if layout == "packed":
-        eager = module.config._attn_implementation == "eager"
-        packed = pack_groups(ids, mask, pos, p_keep, t, additive=torch.float32 if eager else None)
-    if packed is not None and bool((packed.source[rows] >= 0).all()):
-        src = packed.source[rows]  # [N] flat index into the packed [G * L] hidden states
-
-        def packed_outputs(hidden: torch.Tensor) -> torch.Tensor:  # [G, L, H] -> [b, t, k]
-            got = head_outputs(hidden.reshape(-1, hidden.shape[-1])[src], head.weight, labels[rows], **want)
-            zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
-            return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
-
-        with head_replaced(head, packed_outputs):
-            stacked = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
-                             position_ids=packed.position_ids, use_cache=False, logits_to_keep=0).logits
-        return dict(zip(names, stacked.unbind(-1), strict=True))
-    with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
-        stacked = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                         logits_to_keep=t + 1).logits
-    return dict(zip(names, stacked.unbind(-1), strict=True))
-
-
-def _layout(module: nn.Module, ids, mask, p_keep: int, t: int) -> str:
-    """``packing.plan``'s choice for this micro-batch on this model: "packed", "shared" or "padded"."""
-    config = module.config
-    if not _pack or config._attn_implementation not in ("sdpa", "eager"):
-        return "shared" if _can_share(module) and _share_prefix else "padded"
-    body = sum(p.numel() for p in module.parameters()) - module.get_input_embeddings().weight.numel()
-    pair = 4.0 * config.hidden_size * config.num_hidden_layers
-    return plan(ids, mask, p_keep, t, body_params=body, pair_flops=pair, shared_ok=_share_prefix and _can_share(module))
-
-
-def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor, keeps: bool,
-                    want: dict) -> dict[str, torch.Tensor]:
-    """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear map)."""
-    logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keeps and _share_prefix else None
-    if logits is None:
-        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                     **({"logits_to_keep": t + 1} if keeps else {}))
-        first = 0 if keeps else p_keep - 1
-        logits = out.logits[:, first : first + t]
-    logits = logits.float()  # [b, t, V]
-    if want["temperature"] != 1.0:
-        logits = logits / want["temperature"]
-    outs = {"log_prob": log_probs_from_logits(logits, labels)}  # [b, t]
-    if want["with_entropy"]:
-        outs["entropy"] = entropy_from_logits(logits if want["entropy_grad"] else logits.detach())
-    if want["with_sum_pi_squared"]:
-        outs["sum_pi_squared"] = sum_pi_squared_from_logits(logits.detach())
-    return outs
-
-
-# The LM head computes log-probs / entropies from hidden states in chunks, without [b, t, V] logits
-# (benchmarks/ab.py's ``fusedhead`` turns it off to compare).
-_fused_head = True
-# Rows with the same prompt (a GRPO group) run the prompt once (tests turn it off to compare with the plain path).
-_share_prefix = True
-# With the fused head, a micro-batch may run as one padding-free packed row per group (``rlkit.workers.packing``)
-# when that executes fewer FLOPs (benchmarks/ab.py's ``pack`` turns it off to compare).
-_pack = True
-
-
-def _can_share(module: nn.Module) -> bool:
-    """The shared-prefix path applies: not FSDP-sharded (every rank must run the same number of forwards) and
-    no gradient checkpointing (no KV cache)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    checkpointing = getattr(module, "is_activation_checkpointing", None)  # transformers 5 name, then the old one
-    if checkpointing is None:
-        checkpointing = getattr(module, "is_gradient_checkpointing", False)
-    return not (isinstance(module, FSDPModule) or checkpointing)
-
-
-def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                          p_keep: int, t: int) -> torch.Tensor | None:
-    """Response logits [b, t, V] with each distinct prompt forwarded (and back-propagated) once.
-
-    The prompt part (``p_keep`` columns) of each group runs once with a KV cache; the cache is indexed out
-    to the group's rows (differentiable, so gradients of every row flow into the one prompt pass) and the
-    responses run on top of it. None when nothing is shared, or where it does not apply: FSDP-sharded
-    modules (every rank must run the same number of forwards) and gradient checkpointing (no cache).
-    """
-    if not _can_share(module):
-        return None
-    prompt_rows = torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1)
-    unique, inverse = torch.unique(prompt_rows, dim=0, return_inverse=True)
-    if len(unique) == len(prompt_rows):
-        return None
-    first = torch.full((len(unique),), len(ids), dtype=torch.long, device=ids.device).scatter_reduce_(
-        0, inverse, torch.arange(len(ids), device=ids.device), reduce="amin")  # one row per prompt
-    head = module(input_ids=ids[first, :p_keep], attention_mask=mask[first, :p_keep],
-                  position_ids=pos[first, :p_keep], use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values
-    cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...], an indexing op autograd follows
-    tail = module(input_ids=ids[:, p_keep:], attention_mask=mask, position_ids=pos[:, p_keep:],
-                  past_key_values=cache, use_cache=True, logits_to_keep=t)
-    # the last prompt position predicts response token 0; response position j predicts token j + 1
-    return torch.cat([head.logits[inverse, -1:], tail.logits[:, : t - 1]], dim=1)
-
-
-@functools.cache
-def _accepts_logits_to_keep(cls: type) -> bool:
-    return "logits_to_keep" in inspect.signature(cls.forward).parameters
-
-
-@torch.no_grad()
-def compute_log_probs(module: nn.Module, batch: Batch, *, temperature: float, micro_batch_size: int,
-                      with_entropy: bool, mixed_precision: str, device: torch.device,
-                      max_token_len: int | None = None, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-    """``response_outputs`` of a whole local batch [B, T] by name (``log_prob``, ``entropy``, ``sum_pi_squared``),
-    micro-batch by micro-batch, in the input order."""
-    pieces = fsdp.micro_batch_indices(batch, size=micro_batch_size, max_tokens=max_token_len)
-    n_all = fsdp.num_chunks_everywhere(len(pieces))
-    names = ["log_prob"] + (["entropy"] if with_entropy else []) + (["sum_pi_squared"] if with_sum_pi_squared else [])
-    outs = {name: torch.zeros(batch["responses"].shape, dtype=torch.float32) for name in names}
-    was_training = module.training
-    module.eval()
-    try:
-        for i in range(n_all):
-            idx = pieces[i] if i < len(pieces) else torch.tensor([0])  # extra forwards keep FSDP ranks in step
-            got = response_outputs(module, batch[idx], temperature=temperature, with_entropy=with_entropy,
-                                   with_sum_pi_squared=with_sum_pi_squared, mixed_precision=mixed_precision,
-                                   device=device)
-            if i < len(pieces):
-                for name in names:
-                    outs[name][idx] = got[name].cpu()
-    finally:
-        module.train(was_training)
-    return outs
+__all__ = ["FSDPActor"]
 
 
 class FSDPActor:
@@ -264,8 +50,12 @@ class FSDPActor:
     def __init__(self, model_config: ModelConfig, actor_config: ActorConfig, policy_loss: Resolved, *,
                  rollout_n: int, total_steps: int,
                  device: torch.device | str = "cpu", temperature: float = 1.0, log_prob_micro_batch_size: int = 8,
-                 tokenizer=None, seed: int = 0):
+                 tokenizer=None, seed: int = 0, forward_plan: ForwardPlan = ForwardPlan()):
+        """``forward_plan``: which forward computes response log-probs (``rlkit.models.forward``; the default is
+        the cheapest path, tests and benchmarks pass the alternatives)."""
         from rlkit.models.load import load_model, load_tokenizer
+
+        self.forward_plan = forward_plan
 
         self.model_config = model_config
         self.cfg = actor_config
@@ -310,7 +100,7 @@ class FSDPActor:
             micro_batch_size=self.log_prob_micro_batch_size, with_entropy=with_entropy,
             mixed_precision=self.cfg.mixed_precision, device=self.device,
             max_token_len=self.cfg.ppo_max_token_len_per_rank if self.cfg.use_dynamic_bsz else None,
-            with_sum_pi_squared=with_sum_pi_squared)
+            with_sum_pi_squared=with_sum_pi_squared, plan=self.forward_plan)
         return Batch({"old_log_prob": outs.pop("log_prob")} | outs)
 
     # ----- update -------------------------------------------------------------------------------
@@ -401,7 +191,8 @@ class FSDPActor:
         width = mask.shape[1]
         log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
                                              entropy_grad=cfg.entropy_coeff != 0,
-                                             mixed_precision=cfg.mixed_precision, device=self.device)
+                                             mixed_precision=cfg.mixed_precision, device=self.device,
+                                             plan=self.forward_plan)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,

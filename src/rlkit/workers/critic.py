@@ -30,7 +30,7 @@ from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.recipe.schema import CriticConfig, ModelConfig
 from rlkit.workers import fsdp
-from rlkit.workers.actor import autocast
+from rlkit.models.forward import autocast
 
 __all__ = ["FSDPCritic", "forward_values"]
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
+from rlkit.models.forward import compute_log_probs
 from rlkit.recipe.schema import LoraConfig, RefConfig
 
 __all__ = ["ADAPTER_CONFIG", "apply_lora", "adapter_state_dict", "is_adapter_key", "trainable_numel", "LoraRef",
@@ -182,12 +183,10 @@ class LoraRef:
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]`` of the base model (adapter disabled for the call)."""
-        from rlkit.workers.actor import compute_log_probs
-
         actor = self.actor
         with actor.peft_model.disable_adapter():
             log_prob = compute_log_probs(
                 actor.module, batch, temperature=batch.meta.get("temperature", self.temperature),
                 micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank, with_entropy=False,
-                mixed_precision=actor.cfg.mixed_precision, device=actor.device)["log_prob"]
+                mixed_precision=actor.cfg.mixed_precision, device=actor.device, plan=actor.forward_plan)["log_prob"]
         return Batch({"ref_log_prob": log_prob})

@@ -25,6 +25,7 @@ import torch
 
 from rlkit.algos.rollout_correction import mismatch_from_stats, mismatch_stats
 from rlkit.batch import Batch
+from rlkit.models.forward import compute_log_probs
 from rlkit.workers import fsdp
 
 __all__ = ["mini_batch_selection", "UpdateMismatch"]
@@ -43,8 +44,6 @@ def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int)
     """This rank's rows [b, T] (bool) of the policy loss's selection over the global mini-batch, or None when
     the loss declares no ``mini_batch_selection``. ``seed`` must be the same on every rank."""
     from rlkit.registry import load_object
-    from rlkit.workers.actor import compute_log_probs
-
     select = actor.policy_loss.spec.mini_batch_selection
     if select is None:
         return None
@@ -52,7 +51,8 @@ def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int)
     log_prob = compute_log_probs(
         actor.module, mini, temperature=temperature, micro_batch_size=cfg.ppo_micro_batch_size_per_rank,
         with_entropy=False, mixed_precision=cfg.mixed_precision, device=actor.device,
-        max_token_len=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None)["log_prob"]  # [b, T]
+        max_token_len=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None,
+        plan=actor.forward_plan)["log_prob"]  # [b, T]
     old = mini["old_log_prob"] if "old_log_prob" in mini else log_prob
     mask = mini["response_mask"].to(log_prob.dtype)
     whole = [_gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)]  # [world * b, T] each

@@ -11,7 +11,7 @@ import torch
 from rlkit.batch import Batch
 from rlkit.recipe.schema import ModelConfig, RefConfig
 from rlkit.workers import fsdp
-from rlkit.workers.actor import compute_log_probs
+from rlkit.models.forward import compute_log_probs
 
 __all__ = ["FSDPRef"]
 

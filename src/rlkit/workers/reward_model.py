@@ -14,7 +14,7 @@ import torch
 from rlkit.batch import Batch
 from rlkit.recipe.schema import ModelConfig
 from rlkit.workers import fsdp
-from rlkit.workers.actor import autocast
+from rlkit.models.forward import autocast
 
 __all__ = ["FSDPRewardModel"]
 

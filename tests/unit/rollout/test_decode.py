@@ -9,9 +9,9 @@ import torch
 from rlkit.batch import Batch
 from rlkit.models.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig, RolloutConfig
-from rlkit.rollout import hf
-from rlkit.rollout.decode import SlabCache, slab_layers
-from rlkit.rollout.hf import HFRollout, _inverse_cdf_sample, _truncated_probs, sample_next
+from rlkit.rollout.decode import DecodePlan, Decoding, SlabCache, slab_layers
+from rlkit.rollout.hf import HFRollout
+from rlkit.rollout.sampling import _inverse_cdf_sample, _truncated_probs, sample_next
 
 T = 12  # response width
 
@@ -48,14 +48,11 @@ class Recorder:
 def generate(tok, model, *, fast: bool, share: bool = True, eos=None, cls=HFRollout, **kw) -> tuple[Batch, list[int]]:
     cfg = {k: kw.pop(k) for k in ("n", "temperature", "top_k", "top_p", "stop") if k in kw}
     ro = cls(module=model, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=T, seed=5,
-             eos_token_ids=eos)
-    ro._share_prefill = share
+             eos_token_ids=eos, decode_plan=DecodePlan(slab_cache=fast, share_prefill=share))
     rec = Recorder(model)
-    saved, hf._fast_decode = hf._fast_decode, fast
     try:
         return ro.generate(prompts(tok), **kw), rec.rows
     finally:
-        hf._fast_decode = saved
         rec.handle.remove()
 
 
@@ -108,11 +105,16 @@ def test_stop_strings_end_rows_in_the_fast_loop_as_in_the_plain_loop(tok_and_mod
     assert plain["response_mask"].sum() < plain["response_mask"].numel() and min(fast_rows[1:]) < len(fast)
 
 
+class NeverAllDone(Decoding):
+    def all_done(self, finished: torch.Tensor) -> bool:
+        return False
+
+
 class OtherRankStillRunning(HFRollout):
     """As on an FSDP rank whose rows are all done while another rank's are not: never all done here."""
 
-    def _all_done(self, finished: torch.Tensor) -> bool:
-        return False
+    def _decoding(self, stop: list[str], sampling: dict) -> Decoding:
+        return NeverAllDone(**vars(super()._decoding(stop, sampling)))
 
 
 def test_a_rank_with_every_row_done_keeps_forwarding_one_row(tok_and_model):

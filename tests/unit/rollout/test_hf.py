@@ -9,7 +9,9 @@ from rlkit.batch import Batch
 from rlkit.models.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.base import RolloutBackend
-from rlkit.rollout.hf import HFRollout, sample_next
+from rlkit.rollout.decode import DecodePlan
+from rlkit.rollout.hf import HFRollout
+from rlkit.rollout.sampling import sample_next
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,9 @@ def resolved(key: str, kind: str, component):
     return out
 
 
-def rollout(tok, module, **cfg) -> HFRollout:
-    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=12, seed=1)
+def rollout(tok, module, decode_plan: DecodePlan = DecodePlan(), **cfg) -> HFRollout:
+    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=12, seed=1,
+                     decode_plan=decode_plan)
 
 
 def test_layout_and_n_samples(tok_and_model):
@@ -223,8 +226,7 @@ def test_shared_prefill_matches_one_prefill_per_row(tok_and_model, do_sample):
     p = prompts(tok, 2)
     out = {}
     for share in (True, False):
-        ro = rollout(tok, model, n=4, temperature=1.0)
-        ro._share_prefill = share
+        ro = rollout(tok, model, n=4, temperature=1.0, decode_plan=DecodePlan(share_prefill=share))
         out[share] = ro.generate(p, do_sample=do_sample)
     assert torch.equal(out[True]["responses"], out[False]["responses"])
     torch.testing.assert_close(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"], atol=1e-5, rtol=1e-5)

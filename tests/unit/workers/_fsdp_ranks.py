@@ -66,17 +66,9 @@ def update_once(model_dir: str, mode: str) -> dict:
     """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs.
     Padded micro-batches on every rank and world size: a packed row (rlkit.workers.packing, tested against the
     padded rows in test_fast_paths.py) sums its prompt's gradient in another order, and Adam at lr 1e-2 turns
-    that float noise into steps above this comparison's 1e-4."""
-    from rlkit.workers import actor as actor_mod
-
-    saved, actor_mod._pack = actor_mod._pack, False
-    try:
-        return _update_once(model_dir, mode)
-    finally:
-        actor_mod._pack = saved
-
-
-def _update_once(model_dir: str, mode: str) -> dict:
+    that float noise into steps above this comparison's 1e-4. One prompt pass per row too (FSDP ranks never share
+    it; world size 1 would)."""
+    from rlkit.models.forward import ForwardPlan
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
 
@@ -87,7 +79,7 @@ def _update_once(model_dir: str, mode: str) -> dict:
                       optim=OptimConfig(lr=1e-2, weight_decay=0.0),
                       **({"policy_loss": CLIP_COV} if mode == "clip_cov" else {}))
     actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
-                      log_prob_micro_batch_size=3)
+                      log_prob_micro_batch_size=3, forward_plan=ForwardPlan(share_prefix=False, pack=False))
     batch = global_batch(actor.tokenizer)
     local = batch.chunk(world_size)[rank]
     old = actor.compute_log_prob(local)["old_log_prob"]

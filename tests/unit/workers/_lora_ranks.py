@@ -20,17 +20,9 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 def lora_update_once(model_dir: str) -> dict:
     """Old log-probs, reference log-probs (adapter off), one update (2 epochs, KL loss); returns metrics and
-    the adapter's tensors after it, gathered on rank 0."""
-    from rlkit.workers import actor as actor_mod
-
-    saved, actor_mod._pack = actor_mod._pack, False  # padded on both sides, as in _fsdp_ranks.update_once
-    try:
-        return _lora_update_once(model_dir)
-    finally:
-        actor_mod._pack = saved
-
-
-def _lora_update_once(model_dir: str) -> dict:
+    the adapter's tensors after it, gathered on rank 0. Padded rows, one prompt pass per row, on every world size
+    (as in _fsdp_ranks.update_once)."""
+    from rlkit.models.forward import ForwardPlan
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.lora import LoraRef
@@ -40,7 +32,7 @@ def _lora_update_once(model_dir: str) -> dict:
                       kl_loss_coef=0.1, entropy_coeff=0.01, loss_agg_mode="token-mean",
                       lora=LoraConfig(rank=4, alpha=8), optim=OptimConfig(lr=1e-2, weight_decay=0.0))
     actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
-                      log_prob_micro_batch_size=3)
+                      log_prob_micro_batch_size=3, forward_plan=ForwardPlan(share_prefix=False, pack=False))
     local = global_batch(actor.tokenizer).chunk(world_size)[rank]
     old = actor.compute_log_prob(local)["old_log_prob"]
     local["ref_log_prob"] = LoraRef(actor, RefConfig()).compute_ref_log_prob(local)["ref_log_prob"]

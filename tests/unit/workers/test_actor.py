@@ -14,6 +14,7 @@ import torch
 from rlkit.errors import WorkerError
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
 from rlkit.workers import fsdp
+from rlkit.models.forward import ForwardPlan
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -22,10 +23,11 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 sys.path.pop(0)
 
 
-def make_actor(model_dir, **overrides) -> FSDPActor:
+def make_actor(model_dir, forward_plan: ForwardPlan = ForwardPlan(), **overrides) -> FSDPActor:
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, **overrides.pop("optim", {}))
     cfg = ActorConfig(**({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 8, "optim": optim} | overrides))
-    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10)
+    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10,
+                     forward_plan=forward_plan)
 
 
 def prepared(actor: FSDPActor):
@@ -35,17 +37,16 @@ def prepared(actor: FSDPActor):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world1, mode, monkeypatch):
+def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world1, mode):
     """8 samples in one micro-batch vs micro-batches of 3 (3+3+2): same loss, grad norm, weights."""
     # One prompt pass per row in both splits: the shared prompt pass (tested against this one in
     # test_fast_paths.py) sums in another order, and Adam at lr 1e-2 turns that float noise in near-zero
     # gradients into steps of up to 2e-4, above this test's 1e-4.
-    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)
-    monkeypatch.setattr("rlkit.workers.actor._pack", False)  # likewise padded rows, not packed ones
+    # Likewise padded rows, not packed ones.
     results = []
     for micro in (8, 3):
         actor = make_actor(tiny_model_dir, loss_agg_mode=mode, ppo_micro_batch_size_per_rank=micro,
-                           entropy_coeff=0.01)
+                           entropy_coeff=0.01, forward_plan=ForwardPlan(share_prefix=False, pack=False))
         metrics = actor.update(prepared(actor))
         results.append((metrics, actor.full_state_dict()))
     (m1, s1), (m2, s2) = results

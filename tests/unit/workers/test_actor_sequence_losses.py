@@ -15,6 +15,7 @@ from rlkit.pipeline import resolve
 from rlkit.plugins import make_plugin_manager
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
 from rlkit.registry import build_registries
+from rlkit.models.forward import ForwardPlan
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,11 +53,10 @@ def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, m
     {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
     {"name": "kl_cov", "kl_cov_ratio": 0.2, "ppo_kl_coef": 5.0},
 ], ids=["clip_cov", "kl_cov"])
-def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_world1, component, monkeypatch):
+def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_world1, component):
     """The selection is made over the mini-batch (a pre-pass), not per micro-batch: 8 samples in one
     micro-batch and in micro-batches of 3 (3+3+2) give the same loss, metrics and weights."""
-    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # one prompt pass per row in both splits
-    monkeypatch.setattr("rlkit.workers.actor._pack", False)  # and padded rows (packing: test_fast_paths.py)
+    padded = ForwardPlan(share_prefix=False, pack=False)  # one prompt pass per row, padded rows, in both splits
     registries = build_registries(make_plugin_manager(entry_points=False))
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
     assert not problems
@@ -64,7 +64,8 @@ def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_
     for micro in (8, 3):
         cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=micro,
                           optim=OptimConfig(lr=1e-2, weight_decay=0.0))
-        actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), cfg, policy_loss, rollout_n=2, total_steps=10)
+        actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), cfg, policy_loss, rollout_n=2, total_steps=10,
+                          forward_plan=padded)
         batch = global_batch(actor.tokenizer)
         batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"] - 0.3 * batch["response_mask"]
         results.append((actor.update(batch), actor.full_state_dict()))

@@ -12,7 +12,7 @@ from rlkit.algos.entropy import log_probs_from_logits
 from rlkit.models.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig
 from rlkit.workers import fsdp
-from rlkit.workers.actor import forward_response
+from rlkit.models.forward import ForwardPlan, forward_response
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_ranks import global_batch  # noqa: E402
@@ -49,13 +49,12 @@ def test_head_on_response_positions_only_matches_the_full_forward(tiny_model_dir
 
 
 @pytest.mark.parametrize("mixed_precision", ["fp32", "bf16"])
-def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, monkeypatch, mixed_precision):
+def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, mixed_precision):
     """A group's rows share one prompt forward/backward: the same log-probs, entropies and gradients as
     running every row's prompt (2 prompts of different lengths × 3 sampled responses of varying length)."""
     from rlkit.batch import Batch
     from rlkit.recipe.schema import RolloutConfig
     from rlkit.rollout.hf import HFRollout
-    from rlkit.workers import actor as actor_mod
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
@@ -69,10 +68,10 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, monkeypatch
                       eos_token_ids=[eos], seed=2).generate(Batch(dict(enc)))
     results = {}
     for share in (True, False):
-        monkeypatch.setattr(actor_mod, "_share_prefix", share)
         module.zero_grad(set_to_none=True)
         lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
-                                   mixed_precision=mixed_precision, device=torch.device("cpu"))
+                                   mixed_precision=mixed_precision, device=torch.device("cpu"),
+                                   plan=ForwardPlan(share_prefix=share))
         (lp.sum() + 0.1 * ent.sum()).backward()
         results[share] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
@@ -83,11 +82,10 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, monkeypatch
 
 
 @pytest.mark.parametrize(("mixed_precision", "share"), [("fp32", True), ("fp32", False), ("bf16", False)])
-def test_fused_head_matches_the_logits_path(tiny_model_dir, monkeypatch, mixed_precision, share):
+def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, share):
     """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits) equal
     the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its head)."""
-    from rlkit.workers import actor as actor_mod
-    from rlkit.workers.actor import response_outputs
+    from rlkit.models.forward import response_outputs
     from rlkit.workers.lm_head import plain_head
 
     cfg = ModelConfig(path=str(tiny_model_dir))
@@ -96,13 +94,12 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, monkeypatch, mixed_p
     module = load_model(cfg, tokenizer=tok)
     assert plain_head(module) is not None and plain_head(module).weight is module.get_input_embeddings().weight
     batch = global_batch(tok)  # 4 prompts × 2, left-padded prompts, response lengths 1..8
-    monkeypatch.setattr(actor_mod, "_share_prefix", share)
     results = {}
     for fused in (True, False):
-        monkeypatch.setattr(actor_mod, "_fused_head", fused)
         module.zero_grad(set_to_none=True)
         out = response_outputs(module, batch, temperature=0.8, with_entropy=True, entropy_grad=True,
-                               with_sum_pi_squared=True, mixed_precision=mixed_precision, device=torch.device("cpu"))
+                               with_sum_pi_squared=True, mixed_precision=mixed_precision, device=torch.device("cpu"),
+                               plan=ForwardPlan(fused_head=fused, share_prefix=share))
         (out["log_prob"] * batch["advantages"]).sum().add(0.1 * out["entropy"].sum()).backward()
         results[fused] = ({k: v.detach() for k, v in out.items()}, [p.grad.clone() for p in module.parameters()])
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
@@ -119,7 +116,7 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, monkeypatch, mixed_p
 def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     """One padding-free packed row per group (prompt once, responses after it, a 4-D mask) gives the padded
     rows' log-probs, entropies and gradients."""
-    from rlkit.workers import actor as actor_mod
+    from rlkit.models import forward
     from rlkit.workers import packing
 
     cfg = ModelConfig(path=str(tiny_model_dir))
@@ -128,14 +125,13 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     module = load_model(cfg, tokenizer=tok)
     module.set_attn_implementation(attn)
     batch = global_batch(tok)  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
-    monkeypatch.setattr(actor_mod, "_share_prefix", False)
     chosen = []
-    monkeypatch.setattr(actor_mod, "plan", lambda *a, **k: chosen.append(forced) or forced)
+    monkeypatch.setattr(forward, "packing_plan", lambda *a, **k: chosen.append(forced) or forced)
     results = {}
     for forced in ("packed", "padded"):
         module.zero_grad(set_to_none=True)
         lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
-                                   device=torch.device("cpu"))
+                                   device=torch.device("cpu"), plan=ForwardPlan(share_prefix=False))
         (lp * batch["advantages"]).sum().add(0.1 * ent.sum()).backward()
         results[forced] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
     assert chosen == ["packed", "padded"]
@@ -175,21 +171,21 @@ def test_plan_packs_short_unequal_responses_and_shares_long_ones():
 def test_packed_micro_batch_splits_give_the_same_gradient(tiny_model_dir, monkeypatch):
     """Packed, the gradient of a per-token loss summed over micro-batches of 3 + 3 + 2 samples equals the
     gradient of the whole batch in one micro-batch (groups cut across micro-batches included)."""
-    from rlkit.workers import actor as actor_mod
+    from rlkit.models import forward
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     batch = global_batch(tok)  # 4 prompts × 2 samples, response lengths 1..8
-    monkeypatch.setattr(actor_mod, "_share_prefix", False)
-    monkeypatch.setattr(actor_mod, "plan", lambda *a, **k: "packed")
+    monkeypatch.setattr(forward, "packing_plan", lambda *a, **k: "packed")
     grads = []
     for pieces in ([torch.arange(8)], [torch.arange(0, 3), torch.arange(3, 6), torch.arange(6, 8)]):
         module.zero_grad(set_to_none=True)
         for idx in pieces:
             micro = batch[idx]
-            lp, _ = forward_response(module, micro, temperature=0.9, with_entropy=False, device=torch.device("cpu"))
+            lp, _ = forward_response(module, micro, temperature=0.9, with_entropy=False, device=torch.device("cpu"),
+                                     plan=ForwardPlan(share_prefix=False))
             (lp * micro["advantages"]).sum().backward()
         grads.append([p.grad.clone() for p in module.parameters()])
     for got, want in zip(*grads, strict=True):

@@ -32,10 +32,10 @@ def two_ranks(tiny_model_dir, tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["fixed", "dynamic", "clip_cov"])
-def test_world_size_1_and_2_agree(tiny_model_dir, gloo_world1, two_ranks, mode, monkeypatch):
-    # FSDP ranks run one prompt pass per row; so does world size 1 here (the shared prompt pass is tested
-    # against it in test_fast_paths.py; its float reassociation, through Adam, exceeds this test's 1e-4).
-    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)
+def test_world_size_1_and_2_agree(tiny_model_dir, gloo_world1, two_ranks, mode):
+    # FSDP ranks run one prompt pass per row; so does world size 1 here (update_once's ForwardPlan; the shared
+    # prompt pass is tested against it in test_fast_paths.py; its float reassociation, through Adam, exceeds
+    # this test's 1e-4).
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         from _fsdp_ranks import assert_same_update, update_once

@@ -125,7 +125,7 @@ def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir,
         merge_checkpoint(tmp_path / "ckpt", tmp_path / "out", merge_lora=True)
 
 
-def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_world1, tmp_path, monkeypatch):
+def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_world1, tmp_path):
     """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and the
     same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight version)."""
     import os
@@ -138,7 +138,6 @@ def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_wo
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = torch.load(out, weights_only=False)
-    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # FSDP ranks run one prompt pass per row
     sys.path.insert(0, str(script.parent))
     try:
         from _lora_ranks import lora_update_once

@@ -52,8 +52,7 @@ def test_node_groups_of_a_pool_use_distinct_nodes_even_when_ray_would_pack_them(
     assert len(set(spread["pool_nodes"])) == 2 and spread["busy_node"] in spread["pool_nodes"]
 
 
-def test_two_node_update_equals_world_size_1(two_nodes, tiny_model_dir, gloo_world1, monkeypatch):
-    monkeypatch.setattr("rlkit.workers.actor._share_prefix", False)  # as FSDP ranks run (see test_fsdp_world_size)
+def test_two_node_update_equals_world_size_1(two_nodes, tiny_model_dir, gloo_world1):
     sys.path.insert(0, str(HERE))
     try:
         from _fsdp_ranks import assert_same_update, update_once
