@@ -31,7 +31,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
-__all__ = ["RunInterrupted", "StopHandler", "kill_processes", "SIGNALS"]
+from rlkit.workers.reaper import kill_processes
+
+__all__ = ["RunInterrupted", "StopHandler", "SIGNALS"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -43,36 +45,6 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.exit_code = 128 + signum
-
-
-def kill_processes(processes: Iterable[Any], grace_s: float = 2.0) -> list[int]:
-    """SIGTERM each ``psutil.Process`` still running (same pid *and* start time), wait up to ``grace_s``,
-    then SIGKILL what is left; returns the pids that had to be SIGKILLed. ``grace_s=0``: SIGKILL at once."""
-    import psutil
-
-    alive, seen = [], set()
-    for proc in processes:
-        if proc.pid in seen:
-            continue
-        seen.add(proc.pid)
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.Error:
-            continue
-    if grace_s > 0:
-        for proc in alive:
-            try:
-                proc.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    return [p.pid for p in alive]
 
 
 class StopHandler:

@@ -10,7 +10,8 @@ import sys
 
 import psutil
 
-from rlkit.stop import RunInterrupted, StopHandler, kill_processes
+from rlkit.stop import RunInterrupted, StopHandler
+from rlkit.workers.reaper import kill_processes
 from rlkit.workers.reaper import Reaper
 
 SLEEPER = "import time; time.sleep(120)"

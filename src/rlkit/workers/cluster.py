@@ -160,7 +160,7 @@ class RayCluster:
         """
         import ray
 
-        from rlkit.stop import kill_processes
+        from rlkit.workers.reaper import kill_processes
 
         if self.connected:
             owned = self.owned_processes()

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Reaper"]
+__all__ = ["Reaper", "kill_processes"]
 
 _PROGRAM = r"""
 import os, signal, sys, time
@@ -97,3 +97,33 @@ class Reaper:
                 self.process.wait(2)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+def kill_processes(processes: Iterable[Any], grace_s: float = 2.0) -> list[int]:
+    """SIGTERM each ``psutil.Process`` still running (same pid *and* start time), wait up to ``grace_s``,
+    then SIGKILL what is left; returns the pids that had to be SIGKILLed. ``grace_s=0``: SIGKILL at once."""
+    import psutil
+
+    alive, seen = [], set()
+    for proc in processes:
+        if proc.pid in seen:
+            continue
+        seen.add(proc.pid)
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    if grace_s > 0:
+        for proc in alive:
+            try:
+                proc.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return [p.pid for p in alive]
