@@ -13,7 +13,7 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
-  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.workers.packing) vs shared/padded
+  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.model.packing) vs shared/padded
   fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V] logits
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
@@ -47,9 +47,9 @@ def executed_flops(module, batch, micro: int) -> tuple[float, int]:
     import torch
 
     from rlkit.workers import actor as actor_mod
-    from rlkit.workers import fsdp
-    from rlkit.workers.lm_head import plain_head
-    from rlkit.workers.packing import pack_groups
+    from rlkit.model import fsdp
+    from rlkit.model.lm_head import plain_head
+    from rlkit.model.packing import pack_groups
 
     embed = module.get_input_embeddings().weight
     head = module.get_output_embeddings().weight
@@ -83,7 +83,7 @@ def executed_flops(module, batch, micro: int) -> tuple[float, int]:
 @contextmanager
 def variant(change: str, on: bool):
     from rlkit.workers import actor as actor_mod
-    from rlkit.workers import fsdp
+    from rlkit.model import fsdp
 
     saved = []
     if change == "fused" and not on:
@@ -143,9 +143,9 @@ def main() -> None:
     import torch.distributed as dist
 
     from rlkit.batch import Batch
-    from rlkit.pipeline import resolve
+    from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
 
@@ -161,7 +161,7 @@ def main() -> None:
                               ppo_micro_batch_size_per_rank=args.samples if (args.change == "micro" and on)
                               else (args.micro or args.samples), ppo_mini_batch_size=1)
             backend = {"name": "hf", "dtype": decode}
-            # components resolved as the driver resolves them (rlkit.pipeline), built as the worker builds them
+            # components resolved as the driver resolves them (rlkit.recipe.compose), built as the worker builds them
             (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
                                         resolve("rollout.backend", "rollout_backends", backend, registries))
             assert not p1 and not p2, p1 + p2

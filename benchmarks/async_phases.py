@@ -36,9 +36,9 @@ def build(model: str, samples: int, micro: int):
     """One actor (world size 1) and its policy loss, as the worker builds them."""
     import torch.distributed as dist
 
-    from rlkit.pipeline import resolve
+    from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
 
@@ -51,7 +51,7 @@ def build(model: str, samples: int, micro: int):
 
 
 def rollout_for(actor, registries, tokens: int):
-    from rlkit.pipeline import resolve
+    from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import RolloutConfig
 
     backend = {"name": "hf", "dtype": "float32"}

@@ -49,7 +49,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from rlkit.batch import Batch
     from rlkit.builtin.params import HFRolloutParams
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
     from rlkit.rollout import hf
 
@@ -57,9 +57,9 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
-    if args.lora:  # the actor's adapter (rlkit.workers.lora): its base is frozen, so the fp16 copy packs it once
+    if args.lora:  # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
         from rlkit.recipe.schema import LoraConfig
-        from rlkit.workers.lora import apply_lora
+        from rlkit.model.lora import apply_lora
 
         model, _ = apply_lora(model, LoraConfig(rank=args.lora, target_modules="all-linear"))
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once

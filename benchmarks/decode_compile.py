@@ -33,7 +33,7 @@ def main() -> None:
     import torch
     from transformers.cache_utils import StaticCache
 
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.decode import SlabCache, slab_layers
 

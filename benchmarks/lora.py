@@ -95,10 +95,10 @@ def sync_bytes() -> dict:
     """Bytes of the full state dict vs the adapter's tensors, SmolLM2-135M (all-linear adapters) and tiny Qwen2."""
     import torch
 
-    from rlkit.models.load import load_model
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.load import load_model
+    from rlkit.model.tiny import build_tiny_model
     from rlkit.recipe.schema import LoraConfig, ModelConfig
-    from rlkit.workers.lora import adapter_state_dict, apply_lora
+    from rlkit.model.lora import adapter_state_dict, apply_lora
 
     tiny = build_tiny_model(WORK / "tiny-model") if not (WORK / "tiny-model" / "config.json").is_file() else WORK / "tiny-model"
     out = {}
@@ -124,13 +124,13 @@ def memory_probe(name: str) -> dict:
     import torch.distributed as dist
 
     from rlkit.batch import Batch
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import make_plugin_manager
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import make_plugin_manager
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
-    from rlkit.workers.lora import LoraRef
+    from rlkit.model.lora import LoraRef
     from rlkit.workers.ref import FSDPRef
 
     def peak() -> float:

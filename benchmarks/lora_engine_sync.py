@@ -54,10 +54,10 @@ def stop(engine: str, backend) -> None:
 
 
 def measure(engine: str, mode: str, args) -> dict:
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import LoraConfig, ModelConfig
     from rlkit.testing.rollout import chat_prompts
-    from rlkit.workers.lora import apply_lora
+    from rlkit.model.lora import apply_lora
 
     cfg = ModelConfig(path=args.model)
     tokenizer = load_tokenizer(cfg)

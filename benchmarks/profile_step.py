@@ -34,9 +34,9 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from rlkit.batch import Batch
-    from rlkit.pipeline import resolve
+    from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
     from rlkit.rollout.hf import HFRollout
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port

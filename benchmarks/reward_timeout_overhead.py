@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
 
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
     from rlkit.rewards.dispatch import ScoreDispatcher, batched
     from rlkit.rewards.managers import BatchRewardManager, NaiveRewardManager
     from rlkit.rewards.parallel import ParallelRewardManager

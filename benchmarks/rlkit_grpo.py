@@ -61,9 +61,9 @@ def main() -> None:
     import yaml
 
     from rlkit.recipe import load_recipe
-    from rlkit.registry import build_registries
-    from rlkit.runtime import Runtime
-    from rlkit.trainer import Trainer
+    from rlkit.plugin.registry import build_registries
+    from rlkit.runtime.build import Runtime
+    from rlkit.step.trainer import Trainer
 
     peak = matmul_peak_flops(w.dtype)
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:

@@ -69,12 +69,12 @@ def prepare(models: list[str]) -> tuple[dict[str, str], str]:
     if "tiny" in models:
         tiny = WORK / "tiny-qwen2"
         if not (tiny / "config.json").exists():
-            from rlkit.models.tiny import build_tiny_model
+            from rlkit.model.tiny import build_tiny_model
 
             build_tiny_model(tiny, "qwen2")
         paths["tiny"] = str(tiny)
     if "smollm2" in models:
-        from rlkit.models.smollm2 import smollm2_dir
+        from rlkit.model.smollm2 import smollm2_dir
 
         paths["smollm2"] = str(smollm2_dir())
     data = WORK / "arithmetic"

@@ -39,7 +39,7 @@ def main() -> None:
     from rlkit_sglang.params import SglangParams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.models.smollm2 import smollm2_dir
+    from rlkit.model.smollm2 import smollm2_dir
     from rlkit.recipe.schema import RolloutConfig
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts

@@ -37,7 +37,7 @@ def main() -> None:
     from rlkit_vllm import VllmParams
     from rlkit_vllm.backend import VllmRollout
 
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts

@@ -151,8 +151,8 @@ def check_checkpoints(out: Path) -> list[int]:
     """
     import torch
 
-    from rlkit.checkpoint import COMPLETE
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.checkpoint import COMPLETE
+    from rlkit.runtime.merge import load_actor_state_dict
 
     steps = []
     root = out / "checkpoints"
@@ -172,7 +172,7 @@ def check_checkpoints(out: Path) -> list[int]:
 def same_weights(a: Path, b: Path) -> bool:
     import torch
 
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     wa, wb = load_actor_state_dict(a), load_actor_state_dict(b)
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -1,9 +1,9 @@
 """rlkit: reinforcement-learning post-training of language models.
 
-Plugin authors need only ``hookimpl`` (and the spec classes in ``rlkit.specs``)::
+Plugin authors need only ``hookimpl`` (and the spec classes in ``rlkit.plugin.specs``)::
 
     import rlkit
-    from rlkit.specs import EstimatorSpec
+    from rlkit.plugin.specs import EstimatorSpec
 
     @rlkit.hookimpl
     def rlkit_register_estimators():
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.errors import RlkitError
-from rlkit.hookspecs import hookimpl, hookspec
+from rlkit.plugin.hookspecs import hookimpl, hookspec
 
 __all__ = ["hookimpl", "hookspec", "RlkitError", "compute_score", "__version__"]
 __version__ = "0.1.0"

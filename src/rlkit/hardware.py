@@ -1,7 +1,7 @@
 """What this machine computes fast: CPU model and flags, whether bf16 pays off, threads per worker.
 
 ``auto`` precision (``actor.mixed_precision``, ``rollout.backend.dtype``) is decided here, once per
-run on the driver (``rlkit.runtime``), and the concrete value goes to the workers:
+run on the driver (``rlkit.runtime.build``), and the concrete value goes to the workers:
 
 * CUDA: bf16 when ``torch.cuda.is_bf16_supported()``, else fp32.
 * CPU: a timed probe multiplies two 256² matrices on one thread in fp32 and in bf16 (≈ 0.2 s) and bf16 is
@@ -377,7 +377,7 @@ def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
 # ----- one run ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunHardware:
-    """What a run's ``auto`` settings became on this machine (``rlkit.runtime`` builds it once, on the driver)."""
+    """What a run's ``auto`` settings became on this machine (``rlkit.runtime.build`` builds it once, on the driver)."""
 
     precision: ResolvedPrecision
     threads: dict[str, int]  # role -> torch threads per worker process
@@ -401,7 +401,7 @@ def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtyp
     """Resolve ``recipe``'s ``auto`` precision and threads for ``device``.
 
     ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
-    share its bundles equally, as ``rlkit.runtime`` places them. ``decode_dtype``: the rollout backend's
+    share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's
     requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such option."""
     res = recipe.resources
     per_pool: dict[str, int] = {}

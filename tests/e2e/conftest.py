@@ -30,7 +30,7 @@ tracking: {{backends: [console, mlflow, jsonl]}}
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
     from rlkit.data import generate_arithmetic
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("e2e-assets")
     model = build_tiny_model(root / "model")

@@ -56,7 +56,7 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in records(resumed) if "training/global_step" in r] == [2, 3]
     assert records(resumed)[-1] == records(straight)[-1]
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     a = load_actor_state_dict(straight / "checkpoints" / "global_step_3")
     b = load_actor_state_dict(resumed / "checkpoints" / "global_step_3")

@@ -61,7 +61,7 @@ resources: {object_store_memory_mb: 128, pools: {global: {nodes: 1, bundles_per_
 
 
 def test_reward_model_and_separate_ref_on_their_own_pool(tmp_path, tiny_assets):
-    from rlkit.models.tiny import build_tiny_reward_model
+    from rlkit.model.tiny import build_tiny_reward_model
 
     rm = build_tiny_reward_model(tmp_path / "rm")
     # A data_source no compute_score covers: the reward model's score is the whole reward (fallback).

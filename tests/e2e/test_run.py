@@ -33,7 +33,7 @@ def _weights_digest(checkpoint: Path) -> str:
     """sha256 over the actor's full state dict (sorted names, fp32 bytes)."""
     import hashlib
 
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     state, digest = load_actor_state_dict(checkpoint), hashlib.sha256()
     for name in sorted(state):
@@ -109,7 +109,7 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     model = AutoModelForCausalLM.from_pretrained(merged)
     trained = load_actor_state_dict(out / "checkpoints" / "global_step_4")
@@ -149,7 +149,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recip
     assert not any(k.startswith("async/") for r in records(straight) for k in r)  # sync: no rollout pool
     assert json.loads((killed / "run_info.json").read_text())["run_ids"]["mlflow"] == run_id_before
 
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     a = load_actor_state_dict(straight / "checkpoints" / "global_step_4")
     b = load_actor_state_dict(killed / "checkpoints" / "global_step_4")
@@ -195,7 +195,7 @@ def test_lora_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_pa
     assert records(killed)[-1] == records(straight)[-1]
     assert records(straight)[-1]["actor/lora_trainable_params"] > 0
 
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     a = load_actor_state_dict(straight / "checkpoints" / "global_step_4")
     b = load_actor_state_dict(killed / "checkpoints" / "global_step_4")

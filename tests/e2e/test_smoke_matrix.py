@@ -137,7 +137,7 @@ EXTRA_RUNS = {
 @pytest.fixture(scope="session")
 def smoke_cache(tmp_path_factory) -> Path:
     """One smoke model for the whole session (RLKIT_CACHE of every run)."""
-    from rlkit.recipe.smoke import TINY_MODEL, _build_tiny
+    from rlkit.cli.smoke import TINY_MODEL, _build_tiny
 
     cache = tmp_path_factory.mktemp("rlkit-cache")
     _build_tiny(cache / "models" / TINY_MODEL)
@@ -186,7 +186,7 @@ def test_every_recipe_has_an_entry():
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_smoke_run(name, smoke_runs):
     from rlkit.recipe import load_recipe
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
 
     result, out = smoke_runs[name].result()
     assert result.returncode == 0, result.stderr[-4000:]

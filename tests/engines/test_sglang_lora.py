@@ -41,7 +41,7 @@ def sglang_python() -> str:
 @pytest.fixture(scope="module")
 def model_dir() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.smollm2 import smollm2_dir
+    from rlkit.model.smollm2 import smollm2_dir
 
     return str(smollm2_dir())
 
@@ -58,11 +58,11 @@ def set_adapter(module, seed: int, scale: float = 0.05) -> None:
 def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(sglang_python, model_dir, tmp_path, caplog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.pipeline import resolve
+    from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import LoraConfig, RolloutConfig
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
     from rlkit.testing.rollout import chat_prompts
-    from rlkit.workers.lora import adapter_state_dict, apply_lora, base_state_dict, state_bytes
+    from rlkit.model.lora import adapter_state_dict, apply_lora, base_state_dict, state_bytes
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_dir)

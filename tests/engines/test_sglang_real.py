@@ -48,7 +48,7 @@ def sglang_python() -> str:
 @pytest.fixture(scope="module")
 def model_dir() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.smollm2 import smollm2_dir
+    from rlkit.model.smollm2 import smollm2_dir
 
     return str(smollm2_dir())
 
@@ -64,8 +64,8 @@ def hf(model_dir):
 
 
 def _resolve(component):
-    from rlkit.pipeline import resolve
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.registry import build_registries
 
     built, problems = resolve("rollout.backend", "rollout_backends", component, build_registries())
     assert not problems, problems

@@ -30,7 +30,7 @@ def vllm_installed():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm_lora_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0)
 
@@ -38,9 +38,9 @@ def model_dir(tmp_path_factory):
 def lora_module(model_dir, seed: int):
     """The tiny model with a rank-8 PEFT adapter on every linear layer, ``lora_B`` drawn at random (seeded) so the
     adapter changes the outputs (a fresh adapter is the identity)."""
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import LoraConfig, ModelConfig
-    from rlkit.workers.lora import apply_lora
+    from rlkit.model.lora import apply_lora
 
     tokenizer = load_tokenizer(ModelConfig(path=str(model_dir)))
     torch.manual_seed(0)
@@ -68,7 +68,7 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
     from rlkit_vllm.backend import VllmRollout
 
     from rlkit.recipe.schema import RolloutConfig
-    from rlkit.workers.lora import adapter_state_dict, state_bytes
+    from rlkit.model.lora import adapter_state_dict, state_bytes
 
     module, tokenizer = lora_module(model_dir, seed=1)
     prompts = prompts_of(tokenizer)
@@ -109,9 +109,9 @@ def test_rlkit_run_lora_with_rollout_backend_vllm(model_dir, tmp_path):
     from rlkit_harness import run as run_rlkit
 
     from rlkit.data import generate_arithmetic
-    from rlkit.models.load import load_model
+    from rlkit.model.load import load_model
     from rlkit.recipe.schema import ModelConfig
-    from rlkit.workers.lora import state_bytes
+    from rlkit.model.lora import state_bytes
 
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out = tmp_path / "out"

@@ -16,8 +16,8 @@ except metadata.PackageNotFoundError:
 
 @pytest.fixture(scope="module")
 def registries():
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     return build_registries(make_plugin_manager())
 

@@ -39,7 +39,7 @@ def vllm_installed():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0)
 
@@ -47,7 +47,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny(model_dir):
     """``(model, tokenizer)``: the tiny model in float32, eval mode."""
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig
 
     tokenizer = load_tokenizer(ModelConfig(path=str(model_dir)))
@@ -88,8 +88,8 @@ def recomputed_log_probs(model, out) -> torch.Tensor:
 def test_vllm_backend_passes_the_rollout_kit(tiny):
     """rlkit.testing's conformance kit, through the registry as `rlkit run` resolves it: layout, n ordering,
     eos ends, one log-prob per token equal to the actor's recomputation (sampled at 0.8 and greedy)."""
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
     from rlkit.testing import check_rollout_backend
 
     registries = build_registries(make_plugin_manager())
@@ -178,7 +178,7 @@ def test_greedy_parity_with_the_hf_backend(backend, tiny):
 def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_dir, tiny):
     """After update_weights the engine samples from the new weights (log-probs equal the updated model's
     recomputation), and handing the old weights back gives the old outputs exactly."""
-    from rlkit.models.load import load_model
+    from rlkit.model.load import load_model
     from rlkit.recipe.schema import ModelConfig
     from rlkit.testing.rollout import chat_prompts
 

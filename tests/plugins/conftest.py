@@ -12,7 +12,7 @@ import pytest
 def plugin_tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 causal LM (hidden 64, 2 layers) + local BPE tokenizer, built once per session."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("plugin_tiny_qwen2"), arch="qwen2", seed=0)
 
@@ -22,7 +22,7 @@ def serve_thread(plugin_tiny_model_dir):
     """`rlkit serve` (its ProtocolModel and HTTP server) on a free localhost port, in this process."""
     import torch
 
-    from rlkit.serve import ProtocolModel, make_server
+    from rlkit.cli.server import ProtocolModel, make_server
 
     torch.set_num_threads(1)
     model = ProtocolModel(str(plugin_tiny_model_dir), seed=0)

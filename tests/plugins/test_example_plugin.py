@@ -9,8 +9,8 @@ import sys
 import torch
 
 import rlkit
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
 
 
 def test_rlkit_plugins_lists_the_example_entries():

@@ -19,8 +19,8 @@ from rlkit_sglang.backend import SglangRollout  # noqa: E402
 
 def resolved(key: str, kind: str, component):
     """A recipe component as the driver resolves it, from the installed plugins (rlkit-sglang included)."""
-    from rlkit.pipeline import resolve
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.registry import build_registries
 
     out, problems = resolve(key, kind, component, build_registries())
     assert not problems, problems
@@ -141,7 +141,7 @@ def test_backend_returns_the_rollout_batch_layout(serve_thread):
 
 def test_server_killed_mid_request_is_a_clear_error_naming_the_url(plugin_tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit.serve", str(plugin_tiny_model_dir), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "serve", str(plugin_tiny_model_dir), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         line = ""

@@ -9,8 +9,8 @@ pytest.importorskip("rlkit_sglang", reason="pip install -e plugins/rlkit-sglang"
 
 
 def test_sglang_backend_passes_the_rollout_kit(serve_thread, tmp_path):
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
     from rlkit.testing import check_rollout_backend
 
     url, model = serve_thread

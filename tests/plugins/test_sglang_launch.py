@@ -22,8 +22,8 @@ from rlkit_sglang.params import SglangLaunchParams, SglangParams  # noqa: E402
 
 
 def _resolve(component):
-    from rlkit.pipeline import resolve
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.registry import build_registries
 
     return resolve("rollout.backend", "rollout_backends", component, build_registries())
 

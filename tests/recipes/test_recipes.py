@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.pipeline import compose
+from rlkit.recipe.compose import compose
 from rlkit.recipe import load_recipe, uses_critic, uses_ref
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 

@@ -11,7 +11,7 @@ from rlkit_harness import write_recipe
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> tuple[Path, Path]:
     from rlkit.data import generate_arithmetic
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("reliability-assets")
     model = build_tiny_model(root / "model")

@@ -239,7 +239,7 @@ PLUGIN_CASES = {
         "[rlkit]\ndup = dup_hooks\n",
         {"dup_hooks": """\
             import rlkit
-            from rlkit.specs import EstimatorSpec
+            from rlkit.plugin.specs import EstimatorSpec
             from rlkit.algos import estimators
             @rlkit.hookimpl
             def rlkit_register_estimators():
@@ -281,7 +281,7 @@ def test_misbehaving_score_gets_default_and_is_counted(assets, case, caplog):
     import torch
 
     from rlkit.batch import Batch
-    from rlkit.models.load import load_tokenizer
+    from rlkit.model.load import load_tokenizer
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rewards.managers import NaiveRewardManager
 

@@ -4,7 +4,7 @@ What must hold after every kill: no checkpoint folder without COMPLETE, every ch
 of the killed run's Ray session survives; and the resumed run reports, for every step, exactly what an
 uninterrupted run with the same seed reported, and ends with bit-identical weights.
 
-Kill points come from ``RLKIT_FAULT=<phase>:<step>`` (src/rlkit/faults.py; the driver SIGKILLs itself
+Kill points come from ``RLKIT_FAULT=<phase>:<step>`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
 there) and, in the slow test, also from a timer in this process at a random moment of the run.
 """
 
@@ -33,7 +33,7 @@ from rlkit_harness import (
     write_recipe,
 )
 
-from rlkit.faults import KILL_PHASES
+from rlkit.testing.faults import KILL_PHASES
 
 STEPS = 4
 REAP_TIMEOUT_S = 30.0

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.async_rollout import Generation, RolloutPipeline, StalenessQueue, pipeline_depth, staleness_bound
+from rlkit.step.ahead import Generation, RolloutPipeline, StalenessQueue, pipeline_depth, staleness_bound
 from rlkit.errors import RecipeError
-from rlkit.plugins import make_plugin_manager
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe import load_recipe
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 
 
 def gen(version: int, serial: int = 0) -> Generation:
@@ -139,7 +139,7 @@ def recipe(tmp_path: Path):
 
 
 def test_async_recipe_plans_a_rollout_pool(recipe, registries):
-    from rlkit.pipeline import compose
+    from rlkit.recipe.compose import compose
 
     r = load_recipe(recipe, registries=registries)
     roles = compose(r, registries).roles

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from rlkit.checkpoint import COMPLETE, CheckpointError, CheckpointManager
+from rlkit.runtime.checkpoint import COMPLETE, CheckpointError, CheckpointManager
 
 
 def writer(payload: bytes):
@@ -46,11 +46,11 @@ def test_failed_write_leaves_previous_intact_and_no_partial(tmp_path):
 
 
 def test_a_stop_signal_during_the_write_publishes_nothing_and_passes_through(tmp_path):
-    """Ctrl-C / SIGTERM while the workers write (rlkit.stop raises RunInterrupted there): no global_step_2,
+    """Ctrl-C / SIGTERM while the workers write (rlkit.runtime.stop raises RunInterrupted there): no global_step_2,
     no temporary folder, and the interrupt is not turned into a CheckpointError."""
     import signal
 
-    from rlkit.stop import RunInterrupted
+    from rlkit.runtime.stop import RunInterrupted
 
     manager = CheckpointManager(tmp_path, keep=3)
     manager.save(1, writer(b"one"))
@@ -91,7 +91,7 @@ def test_disk_full_during_write_keeps_previous_and_says_so(tmp_path):
         f"""
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
-        from rlkit.checkpoint import CheckpointManager, CheckpointError
+        from rlkit.runtime.checkpoint import CheckpointManager, CheckpointError
         m = CheckpointManager({str(tmp_path)!r})
         def write(payload):
             def w(tmp):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
 from rlkit.testing import (
     check_agent_loop,
     check_compute_score,
@@ -45,7 +45,7 @@ TOOL_CALLS = {"calculator": ({"expression": "2 + 3 * 4"}, "14"), "python": ({"co
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig
 
     torch.set_num_threads(1)

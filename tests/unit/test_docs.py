@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from rlkit.hookspecs import REGISTRY_KINDS
+from rlkit.plugin.hookspecs import REGISTRY_KINDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

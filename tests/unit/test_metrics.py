@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
+from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
 
 
 def make_batch() -> Batch:
@@ -61,7 +61,7 @@ def test_timer_accumulates():
 
 def test_mfu_counts_each_distinct_prompt_once_and_every_response_token():
     """perf/mfu/actor's token count: a GRPO group's shared prompt is run once by the actor, so it counts once."""
-    from rlkit.runtime import update_tokens
+    from rlkit.runtime.build import update_tokens
 
     # two prompts (3 and 2 real tokens, left-padded to 3), each with two responses of 2 and 1 tokens
     prompts = torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9], [0, 8, 9]])

@@ -1,4 +1,4 @@
-"""The copied MLflow store template (rlkit.mlflow_store): the same schema MLflow makes, never over an existing store."""
+"""The copied MLflow store template (rlkit.runtime.mlflow_store): the same schema MLflow makes, never over an existing store."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.mlflow_store import prepare_sqlite_store, template_path
-from rlkit.tracking import MlflowTracker, TrackerConfig
+from rlkit.runtime.mlflow_store import prepare_sqlite_store, template_path
+from rlkit.runtime.tracking import MlflowTracker, TrackerConfig
 
 
 @pytest.fixture(scope="module")

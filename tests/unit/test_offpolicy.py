@@ -1,5 +1,5 @@
 """The rollout-correction door and phase: recipe key → registry → pipeline; the driver-side phase
-(``rlkit.offpolicy``) and its mismatch metrics; validation refuses a correction a backend cannot feed."""
+(``rlkit.step.correction``) and its mismatch metrics; validation refuses a correction a backend cannot feed."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import rlkit
 from rlkit.algos import rollout_correction as R
 from rlkit.batch import Batch
 from rlkit.errors import RecipeError
-from rlkit.offpolicy import correct_rollout, loss_batch
-from rlkit.pipeline import compose
-from rlkit.plugins import make_plugin_manager
+from rlkit.step.correction import correct_rollout, loss_batch
+from rlkit.recipe.compose import compose
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe import recipe_to_dict, validate_recipe
-from rlkit.registry import build_registries
-from rlkit.specs import RolloutBackendSpec
+from rlkit.plugin.registry import build_registries
+from rlkit.plugin.specs import RolloutBackendSpec
 
 RAW = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
 
@@ -164,7 +164,7 @@ def test_decoupled_correction_with_ppo_clip_is_decoupled_ppo(registries):
 
 # ---------------------------------------------------------------- bypass mode
 def test_bypass_is_a_decoupled_parameter(registries):
-    from rlkit.offpolicy import bypass_on
+    from rlkit.step.correction import bypass_on
 
     recipe = validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}")
     assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "decoupled", "cap": None, "bypass": True}
@@ -210,7 +210,7 @@ def test_bypass_is_refused_where_it_would_do_nothing_or_starve_a_component(regis
 class _BypassWithoutField:
     @rlkit.hookimpl
     def rlkit_register_rollout_corrections(self):
-        from rlkit.specs import RolloutCorrectionSpec
+        from rlkit.plugin.specs import RolloutCorrectionSpec
 
         return [RolloutCorrectionSpec(name="half_bypass", fn="rlkit.algos.rollout_correction:token_tis",
                                       params="rlkit.builtin.algo_params:TokenTISParams", bypass=True)]

@@ -7,10 +7,10 @@ import pickle
 import pytest
 
 from rlkit.errors import RecipeError
-from rlkit.pipeline import compose, resolve
-from rlkit.plugins import make_plugin_manager
+from rlkit.recipe.compose import compose, resolve
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe import recipe_to_dict, validate_recipe
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 
 RAW = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
 

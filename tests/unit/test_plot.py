@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlkit.errors import RlkitError
-from rlkit.plot import plot_runs, read_history
+from rlkit.cli.plot import plot_runs, read_history
 
 
 def write_run(path, offset):

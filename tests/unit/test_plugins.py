@@ -9,10 +9,10 @@ import pytest
 
 import rlkit
 from rlkit.errors import PluginError, UnknownNameError
-from rlkit.hookspecs import REGISTRY_KINDS
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
-from rlkit.specs import ComputeScoreSpec, EstimatorSpec, PolicyLossSpec
+from rlkit.plugin.hookspecs import REGISTRY_KINDS
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
+from rlkit.plugin.specs import ComputeScoreSpec, EstimatorSpec, PolicyLossSpec
 
 
 def _fn(*args, **kwargs):
@@ -119,7 +119,7 @@ def test_entry_points_are_loaded_with_their_package(tmp_path, monkeypatch):
         {
             "fake_hooks": """
                 import rlkit
-                from rlkit.specs import EstimatorSpec
+                from rlkit.plugin.specs import EstimatorSpec
                 @rlkit.hookimpl
                 def rlkit_register_estimators():
                     return [EstimatorSpec(name="fake_est", fn=print)]
@@ -161,7 +161,7 @@ def test_fresh_managers_do_not_share_state():
     class Plugin:
         @rlkit.hookimpl
         def rlkit_register_tools(self):
-            from rlkit.specs import ToolSpec
+            from rlkit.plugin.specs import ToolSpec
 
             return [ToolSpec(name="only_here", cls=object)]
 

@@ -1,4 +1,4 @@
-"""rlkit.protocols: every built-in class satisfies the contract of its registry kind, declared capabilities
+"""rlkit.plugin.protocols: every built-in class satisfies the contract of its registry kind, declared capabilities
 match the protocols, and the role keywords the runtime passes are the ones the protocols document."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit import protocols as P
-from rlkit.pipeline import SLOTS, PlacedRole, compose
-from rlkit.plugins import make_plugin_manager
+from rlkit.plugin import protocols as P
+from rlkit.recipe.compose import SLOTS, PlacedRole, compose
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe.schema import Recipe
-from rlkit.registry import build_registries, load_object
-from rlkit.specs import RolloutBackendSpec
+from rlkit.plugin.registry import build_registries, load_object
+from rlkit.plugin.specs import RolloutBackendSpec
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_roles_fill_slots_with_the_slot_protocol(registries):
 @pytest.mark.parametrize("estimator", ["grpo", "ppo"])
 def test_role_kwargs_are_what_the_runtime_passes(registries, estimator):
     """``ROLE_KWARGS[slot]`` documents exactly the keywords ``Runtime._role_kwargs`` builds."""
-    from rlkit.runtime import Runtime
+    from rlkit.runtime.build import Runtime
 
     recipe = Recipe(model={"path": "tiny"}, data={"train_files": ["train.parquet"]}, algorithm={"estimator": estimator},
                     rollout={"n": 2}, reward={"reward_model": {"enable": True, "path": "rm"}})
@@ -97,7 +97,7 @@ def test_role_kwargs_are_what_the_runtime_passes(registries, estimator):
 
 
 def test_trackers_agent_loops_and_tools(registries, tmp_path):
-    from rlkit.tracking import TrackerConfig
+    from rlkit.runtime.tracking import TrackerConfig
 
     config = TrackerConfig(project="p", experiment="e", output_dir=tmp_path / "p" / "e", total_steps=1)
     for spec, cls in classes(registries, "trackers"):
@@ -115,7 +115,7 @@ def test_every_protocol_is_documented_and_the_module_imports_no_torch():
     for name in P.__all__:
         obj = getattr(P, name)
         if isinstance(obj, type):
-            assert inspect.getdoc(obj), f"rlkit.protocols.{name} has no docstring"
-    code = "import sys, rlkit.protocols, rlkit.specs; print('torch' in sys.modules)"
+            assert inspect.getdoc(obj), f"rlkit.plugin.protocols.{name} has no docstring"
+    code = "import sys, rlkit.plugin.protocols, rlkit.plugin.specs; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,7 +10,7 @@ import sys
 
 import psutil
 
-from rlkit.stop import RunInterrupted, StopHandler
+from rlkit.runtime.stop import RunInterrupted, StopHandler
 from rlkit.workers.reaper import kill_processes
 from rlkit.workers.reaper import Reaper
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlkit.tracking import JsonlTracker, MlflowTracker, TrackerConfig, Tracking, flatten
+from rlkit.runtime.tracking import JsonlTracker, MlflowTracker, TrackerConfig, Tracking, flatten
 
 
 @pytest.fixture

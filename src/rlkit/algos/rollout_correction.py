@@ -245,7 +245,7 @@ def decoupled(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Te
     ``bypass`` (veRL's bypass mode): the proximal policy is the behaviour policy, ``old_log_prob`` is not
     used, and every valid token's weight is exactly 1 (the policy loss's ratio is then pi_theta / pi_behav:
     plain PPO on the behaviour policy). The trainer knows this result, so in bypass mode it neither runs
-    the old-log-prob pass nor calls this function (``rlkit.offpolicy``). A cap has nothing to act on there.
+    the old-log-prob pass nor calls this function (``rlkit.step.correction``). A cap has nothing to act on there.
 
     Returns (weights [B, T], metrics).
     """

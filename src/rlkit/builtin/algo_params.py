@@ -117,7 +117,7 @@ class IcePopParams(_Bounds):
 class DecoupledParams(Params):
     cap: PositiveFloat | None = Field(
         None, description="a token whose behaviour weight pi_prox / pi_behav exceeds this gets 0; None = no cap")
-    # the trainer reads it (rlkit.offpolicy.bypass_on): set, it skips the pass and this function, whose result is known
+    # the trainer reads it (rlkit.step.correction.bypass_on): set, it skips the pass and this function, whose result is known
     bypass: bool = Field(
         False,
         description="veRL's bypass mode: pi_prox := pi_rollout, so the actor's old-log-prob pass is skipped, the weight "

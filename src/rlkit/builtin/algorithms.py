@@ -35,8 +35,8 @@ from rlkit.builtin.params import (
     PPOClipParams,
     SapoParams,
 )
-from rlkit.hookspecs import hookimpl
-from rlkit.specs import EstimatorSpec, PolicyLossSpec, RolloutCorrectionSpec
+from rlkit.plugin.hookspecs import hookimpl
+from rlkit.plugin.specs import EstimatorSpec, PolicyLossSpec, RolloutCorrectionSpec
 
 __all__ = ["LazyFunction", "rlkit_register_estimators", "rlkit_register_policy_losses",
            "rlkit_register_rollout_corrections"]

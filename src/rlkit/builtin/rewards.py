@@ -2,15 +2,15 @@
 
 Score functions import only the standard library, so they are referenced directly; reward managers
 (which import torch) are referenced as ``"module:attr"`` strings, resolved by
-``rlkit.registry.load_object`` when a run builds one.
+``rlkit.plugin.registry.load_object`` when a run builds one.
 """
 
 from __future__ import annotations
 
 from rlkit.builtin.params import ParallelManagerParams
-from rlkit.hookspecs import hookimpl
+from rlkit.plugin.hookspecs import hookimpl
 from rlkit.rewards.scores import gsm8k, math, synthetic
-from rlkit.specs import ComputeScoreSpec, RewardManagerSpec
+from rlkit.plugin.specs import ComputeScoreSpec, RewardManagerSpec
 
 
 @hookimpl

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlkit.builtin.params import HFRolloutParams, ToolAgentParams
-from rlkit.hookspecs import hookimpl
-from rlkit.specs import AgentLoopSpec, RolloutBackendSpec
+from rlkit.plugin.hookspecs import hookimpl
+from rlkit.plugin.specs import AgentLoopSpec, RolloutBackendSpec
 
 
 @hookimpl

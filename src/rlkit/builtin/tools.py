@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlkit.builtin.params import PythonToolParams
-from rlkit.hookspecs import hookimpl
-from rlkit.specs import ToolSpec
+from rlkit.plugin.hookspecs import hookimpl
+from rlkit.plugin.specs import ToolSpec
 
 
 @hookimpl

@@ -6,8 +6,8 @@ own for ``trainer.mode`` one_step_off / async (docs/async.md); the hybrid role s
 
 from __future__ import annotations
 
-from rlkit.hookspecs import hookimpl
-from rlkit.specs import RoleSpec
+from rlkit.plugin.hookspecs import hookimpl
+from rlkit.plugin.specs import RoleSpec
 
 _ROLES = "rlkit.workers.roles"
 

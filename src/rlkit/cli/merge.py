@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from rlkit.merge import merge_checkpoint
+    from rlkit.runtime.merge import merge_checkpoint
 
     out = merge_checkpoint(args.checkpoint, args.out, args.dtype, merge_lora=args.merge_lora)
     if (out / "adapter_config.json").is_file():
@@ -35,7 +35,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from rlkit.plot import DEFAULT_KEYS, plot_runs
+    from rlkit.cli.plot import DEFAULT_KEYS, plot_runs
 
     out = plot_runs(args.runs, args.out, tuple(args.keys) if args.keys else DEFAULT_KEYS, args.labels)
     print(f"wrote {out}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def collect() -> dict:
 
 def _params(spec) -> dict[str, dict]:
     """``{field: {default, description}}`` of the entry's params model (what a recipe may set beside its name)."""
-    from rlkit.pipeline import params_model
+    from rlkit.recipe.compose import params_model
 
     try:
         model = params_model(spec)

@@ -9,7 +9,7 @@ import yaml
 
 from rlkit.errors import RecipeError
 from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_ref
-from rlkit.registry import Registries, build_registries
+from rlkit.plugin.registry import Registries, build_registries
 
 
 def add_smoke_args(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def load_from_args(args: argparse.Namespace, registries: Registries, check_files
         raise RecipeError([("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe)
     if not args.smoke:
         return load_recipe(args.recipe, args.overrides, registries=registries, check_files=check_files)
-    from rlkit.recipe.smoke import load_smoke_recipe
+    from rlkit.cli.smoke import load_smoke_recipe
 
     recipe, table = load_smoke_recipe(args.recipe, args.overrides, registries=registries,
                                       model=args.smoke_model or "tiny", check_files=check_files)
@@ -55,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     registries = build_registries()
     recipe = load_from_args(args, registries, check_files=not args.no_check_files)
-    from rlkit.pipeline import compose
+    from rlkit.recipe.compose import compose
 
     placed = compose(recipe, registries).roles  # what a run would build: the same resolver
     roles = [f"{slot}={r.role.name}@{r.pool}" for slot, r in placed.items()]

@@ -1,6 +1,6 @@
 """``rlkit run RECIPE [overrides]``: validate first (nothing starts before the recipe is valid), then train.
 
-SIGINT (Ctrl-C) and SIGTERM stop the run within seconds (``rlkit.stop``): no partial checkpoint, a
+SIGINT (Ctrl-C) and SIGTERM stop the run within seconds (``rlkit.runtime.stop``): no partial checkpoint, a
 message naming the checkpoint a resume will use, the tracking run marked KILLED, every Ray process of
 the run gone; exit code 130 (SIGINT) or 143 (SIGTERM). A second signal kills at once.
 """
@@ -12,12 +12,12 @@ import logging
 import os
 import sys
 
-from rlkit.checkpoint import CheckpointManager
+from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
 from rlkit.recipe import Recipe
-from rlkit.registry import Registries, build_registries
-from rlkit.stop import StopHandler
+from rlkit.plugin.registry import Registries, build_registries
+from rlkit.runtime.stop import StopHandler
 
 log = logging.getLogger("rlkit")
 
@@ -75,7 +75,7 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
     """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies."""
     import torch
 
-    from rlkit.runtime import output_dir_of
+    from rlkit.runtime.build import output_dir_of
 
     torch.manual_seed(recipe.trainer.seed)
     checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
@@ -103,8 +103,8 @@ def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointM
                 stopper: StopHandler) -> dict[str, float]:
     import torch
 
-    from rlkit.runtime import Runtime
-    from rlkit.trainer import Trainer
+    from rlkit.runtime.build import Runtime
+    from rlkit.step.trainer import Trainer
 
     resume_from = checkpoints.resolve_resume(recipe.trainer.resume)
     run_ids = {}

@@ -1,4 +1,4 @@
-"""``rlkit serve MODEL``: serve a model over SGLang's native HTTP API subset, on CPU (``rlkit.serve``).
+"""``rlkit serve MODEL``: serve a model over SGLang's native HTTP API subset, on CPU (``rlkit.cli.server``).
 
     rlkit serve path/to/hf_model --port 30000
     curl -s localhost:30000/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}}'
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,16 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlkit.serve import serve
+    from rlkit.cli.server import serve
 
     serve(args.model, args.host, args.port, dtype=args.dtype, seed=args.seed, eos_token=args.eos_token,
           verbose=args.verbose)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``serve`` alone (``python -m rlkit.serve``) while it is not yet in ``rlkit``'s command list."""
-    parser = argparse.ArgumentParser(prog="rlkit")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["serve", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return args.func(args)

@@ -271,7 +271,7 @@ class ResourcesConfig(Section):
 
 
 class WatchdogConfig(Section):
-    """When a slow phase or a silent worker is reported (``rlkit.watchdog``; it reports, never stops)."""
+    """When a slow phase or a silent worker is reported (``rlkit.runtime.watchdog``; it reports, never stops)."""
 
     slow_factor: PositiveFloat = Field(5.0, description="a phase is slow past this many times its recent median ...")
     slow_min_s: PositiveFloat = Field(60.0, description="... and past this many seconds")

@@ -2,7 +2,7 @@
 
 Order: load YAML → component short forms become ``{name: ...}`` → apply overrides → apply the
 estimator's recipe defaults (only to keys the user did not set) → every component's name and
-parameters through ``rlkit.pipeline.resolve`` (the resolver composition uses, so what validates is
+parameters through ``rlkit.recipe.compose.resolve`` (the resolver composition uses, so what validates is
 what runs) → schema validation → cross-field rules (including the role plan) → files. Every
 problem found is collected; ``RecipeError`` lists them all at once.
 Relative paths in a recipe are relative to the working directory, as in veRL.
@@ -17,10 +17,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlkit.errors import RecipeError
-from rlkit.pipeline import COMPONENT_KEYS, COMPONENT_LISTS, Resolved, params_model, plan_roles, resolve
+from rlkit.recipe.compose import COMPONENT_KEYS, COMPONENT_LISTS, Resolved, params_model, plan_roles, resolve
 from rlkit.recipe.load import apply_overrides, get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import CriticConfig, Recipe
-from rlkit.registry import Registries, build_registries, suggest
+from rlkit.plugin.registry import Registries, build_registries, suggest
 
 __all__ = ["load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import RlkitError, UnknownNameError
-from rlkit.registry import Registries, build_registries, load_object, suggest
+from rlkit.plugin.registry import Registries, build_registries, load_object, suggest
 
 __all__ = [
     "UnknownDataSourceError",

@@ -1,6 +1,6 @@
 """Reward managers: turn a batch of responses into token-level scores.
 
-Contract (every manager, built-in or plugin; ``rlkit.protocols.RewardManager``)::
+Contract (every manager, built-in or plugin; ``rlkit.plugin.protocols.RewardManager``)::
 
     manager = cls(tokenizer, score_fn, num_examine=0, default_score=0.0, timeout_s=10.0[, params=...])
     result = manager(batch)        # -> RewardResult

@@ -41,7 +41,7 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
-from rlkit.protocols import GeneratesIds
+from rlkit.plugin.protocols import GeneratesIds
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.tools.base import Tool, ToolResult, call_tool, truncate
 
@@ -49,7 +49,7 @@ __all__ = ["TurnGenerator", "HFTurnGenerator", "ToolCall", "parse_hermes_tool_ca
            "Trajectory", "ToolAgentLoop", "AgentLoopRollout", "agent_metrics"]
 
 
-# What the loop needs from a backend: ``rlkit.protocols.GeneratesIds`` (a backend declaring the
+# What the loop needs from a backend: ``rlkit.plugin.protocols.GeneratesIds`` (a backend declaring the
 # ``generate_ids`` capability implements it; ``HFTurnGenerator`` adapts one that does not).
 TurnGenerator = GeneratesIds
 
@@ -303,7 +303,7 @@ class AgentLoopRollout:
 
     def __init__(self, backend, tokenizer, *, rollout_config, max_response_length: int, loops: dict[str, Any],
                  default_agent: str, tools: tuple[Any, ...] | dict[str, Tool] = (), generate_ids: bool = False):
-        """``loops``: agent-loop name → resolved component (``rlkit.pipeline.Resolved``); ``tools``: resolved
+        """``loops``: agent-loop name → resolved component (``rlkit.recipe.compose.Resolved``); ``tools``: resolved
         tool components (or built ``Tool`` objects by name); ``generate_ids``: the backend's declared
         capability (``RolloutBackendSpec.generate_ids``), else turns go through ``HFTurnGenerator``."""
         self.backend = backend

@@ -1,7 +1,7 @@
 """The rollout backend contract and the batch layout every backend returns (veRL's).
 
 A backend is registered in ``rollout_backends`` (``RolloutBackendSpec.cls``); its contract is
-``rlkit.protocols.RolloutBackend`` (optional capabilities: ``rlkit.protocols.CAPABILITIES``, declared on
+``rlkit.plugin.protocols.RolloutBackend`` (optional capabilities: ``rlkit.plugin.protocols.CAPABILITIES``, declared on
 the spec). It is constructed as::
 
     cls(module=..., tokenizer=..., rollout_config=RolloutConfig, max_response_length=int,
@@ -46,7 +46,7 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import BatchError
-from rlkit.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
+from rlkit.plugin.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 
 __all__ = ["RolloutBackend", "assemble_rollout", "concat_rollouts", "pad_rollout", "ROLLOUT_PADDING"]
 

@@ -100,7 +100,7 @@ class HFRollout:
             return
         from torch.distributed.fsdp import FSDPModule
 
-        from rlkit.workers.lora import is_adapter_key
+        from rlkit.model.lora import is_adapter_key
 
         # A module with a LoRA adapter takes adapter tensors alone (its frozen base never changes).
         adapter_only = any(is_adapter_key(name) for name, _ in self.module.named_parameters())

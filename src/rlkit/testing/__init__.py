@@ -29,7 +29,7 @@ component, the problem and the contract; usable from pytest, unittest or a scrip
 ``check_tool``                ``schema()``, a call through ``call_tool``, bad arguments as failed results
 ============================  ===================================================================
 
-The protocols the checks enforce are in ``rlkit.protocols``. With pytest, add
+The protocols the checks enforce are in ``rlkit.plugin.protocols``. With pytest, add
 ``pytest_plugins = ["rlkit.testing.pytest_plugin"]`` to your ``conftest.py`` for the fixtures
 ``rlkit_registries``, ``rlkit_tiny_model_dir``, ``rlkit_tokenizer`` and ``rlkit_tiny_model``.
 docs/writing-plugins.md shows each check beside the kind of plugin it tests.

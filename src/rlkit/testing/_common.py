@@ -21,22 +21,22 @@ def who(resolved: Any) -> str:
 
 
 def resolve_component(kind: str, component: Any, params: Mapping[str, Any], registries: Any = None) -> Any:
-    """``component`` → ``rlkit.pipeline.Resolved`` with ``params`` validated against its params model.
+    """``component`` → ``rlkit.recipe.compose.Resolved`` with ``params`` validated against its params model.
 
     ``component`` is a registered name (looked up in ``registries``, default: a fresh
     ``build_registries(make_plugin_manager())``, so installed plugins count), a spec of the registry's
     type (no installation needed), or, for class-carrying registries, the class itself.
     """
-    from rlkit.hookspecs import REGISTRY_KINDS
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import PluginSource
-    from rlkit.registry import Registry
+    from rlkit.plugin.hookspecs import REGISTRY_KINDS
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import PluginSource
+    from rlkit.plugin.registry import Registry
 
     spec_type = REGISTRY_KINDS[kind][1]
     if isinstance(component, str):
         if registries is None:
-            from rlkit.plugins import make_plugin_manager
-            from rlkit.registry import build_registries
+            from rlkit.plugin.manager import make_plugin_manager
+            from rlkit.plugin.registry import build_registries
 
             registries = build_registries(make_plugin_manager())
         name = component

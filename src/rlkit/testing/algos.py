@@ -1,6 +1,6 @@
 """Conformance checks for the function registries: advantage estimators, policy losses, rollout corrections.
 
-Both call the function exactly as rlkit does (``rlkit.trainer.Trainer.compute_advantage``,
+Both call the function exactly as rlkit does (``rlkit.step.trainer.Trainer.compute_advantage``,
 ``rlkit.workers.actor.FSDPActor._micro_loss``) on small random batches built here, with the
 component's validated parameters as keywords. Shapes: ``B`` samples (``G`` groups of ``n``), ``T``
 response tokens.
@@ -19,11 +19,11 @@ from rlkit.testing._common import ContractError, resolve_component, who
 __all__ = ["check_estimator", "check_policy_loss", "check_rollout_correction"]
 
 _ESTIMATOR_CONTRACT = ("fn(token_level_rewards [B, T], response_mask [B, T], index [B], *, values, reward_baselines, "
-                       "**params) -> (advantages [B, T], returns [B, T])  (rlkit.specs)")
+                       "**params) -> (advantages [B, T], returns [B, T])  (rlkit.plugin.specs)")
 _LOSS_CONTRACT = ("fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (per_token_loss [B, T], "
-                  "metrics: dict[str, float])  (rlkit.specs)")
+                  "metrics: dict[str, float])  (rlkit.plugin.specs)")
 _CORRECTION_CONTRACT = ("fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
-                        "metrics: dict[str, float])  (rlkit.specs.RolloutCorrectionSpec)")
+                        "metrics: dict[str, float])  (rlkit.plugin.specs.RolloutCorrectionSpec)")
 
 
 def _fail(name: str, problem: str, contract: str) -> ContractError:
@@ -172,7 +172,7 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
 
 def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per mini-batch)."""
-    from rlkit.registry import load_object
+    from rlkit.plugin.registry import load_object
 
     select = loss.spec.mini_batch_selection
     if select is None:

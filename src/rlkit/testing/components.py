@@ -1,4 +1,4 @@
-"""Conformance checks for trackers and worker roles (``rlkit.protocols``).
+"""Conformance checks for trackers and worker roles (``rlkit.plugin.protocols``).
 
 ``check_tracker`` runs a tracker for real in a folder of your choice. ``check_role`` is static: a
 role's constructor joins a process group and loads a model, so it is checked by its signatures
@@ -18,11 +18,11 @@ from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_tracker", "check_role", "check_tool"]
 
-_TRACKER = "cls(config: TrackerConfig); log_params, log, log_artifact, log_text, finish; name, run_id  (rlkit.protocols.Tracker)"
+_TRACKER = "cls(config: TrackerConfig); log_params, log, log_artifact, log_text, finish; name, run_id  (rlkit.plugin.protocols.Tracker)"
 
 
 def check_tracker(cls_or_spec: Any, directory: str | Path, *, registries: Any = None, **params: Any) -> None:
-    """Check a tracker against ``rlkit.protocols.Tracker``, writing under ``directory``; raise ``ContractError``.
+    """Check a tracker against ``rlkit.plugin.protocols.Tracker``, writing under ``directory``; raise ``ContractError``.
 
     Built as the runtime builds it, from a ``TrackerConfig`` whose ``output_dir`` is in ``directory``
     (``mlflow_uri``/``jsonl_path`` unset: the tracker's defaults must land there too). Checked: ``name``
@@ -30,8 +30,8 @@ def check_tracker(cls_or_spec: Any, directory: str | Path, *, registries: Any = 
     ``log_text`` (a name with ``/``), ``log_artifact`` and ``finish`` return without raising; a tracker
     built again with ``run_ids={name: run_id}`` (a resumed run) reports the same ``run_id``.
     """
-    from rlkit.protocols import Tracker
-    from rlkit.tracking import TrackerConfig
+    from rlkit.plugin.protocols import Tracker
+    from rlkit.runtime.tracking import TrackerConfig
 
     tracker_c = resolve_component("trackers", cls_or_spec, params, registries)
     name = who(tracker_c)
@@ -67,12 +67,12 @@ def check_tracker(cls_or_spec: Any, directory: str | Path, *, registries: Any = 
 def check_role(cls_or_spec: Any, *, registries: Any = None) -> None:
     """Check a role class against the slot it fills (``RoleSpec.fills``); raise ``ContractError``.
 
-    Static (nothing is constructed): the constructor takes ``rlkit.protocols.ROLE_ARGS`` positionally
+    Static (nothing is constructed): the constructor takes ``rlkit.plugin.protocols.ROLE_ARGS`` positionally
     and every keyword of ``ROLE_KWARGS[slot]``; the class has every method of
     ``SLOT_PROTOCOLS[slot]``, and each accepts the arguments the trainer passes.
     """
-    from rlkit.pipeline import SLOTS
-    from rlkit.protocols import ROLE_ARGS, ROLE_KWARGS, SLOT_PROTOCOLS
+    from rlkit.recipe.compose import SLOTS
+    from rlkit.plugin.protocols import ROLE_ARGS, ROLE_KWARGS, SLOT_PROTOCOLS
 
     role_c = resolve_component("roles", cls_or_spec, {}, registries)
     name = who(role_c)
@@ -80,7 +80,7 @@ def check_role(cls_or_spec: Any, *, registries: Any = None) -> None:
     if slot not in SLOTS:
         raise ContractError(f"{name}: fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)} "
                             "(RoleSpec.slot).")
-    from rlkit.registry import load_object
+    from rlkit.plugin.registry import load_object
 
     cls = load_object(role_c.spec.cls)
     sig = inspect.signature(cls.__init__)
@@ -89,17 +89,17 @@ def check_role(cls_or_spec: Any, *, registries: Any = None) -> None:
     except TypeError as exc:
         raise ContractError(f"{name}: {cls.__name__}(rank, world_size, master_addr, master_port, device, threads, *, "
                             f"{', '.join(sorted(ROLE_KWARGS[slot]))}) does not bind: {exc}. The runtime passes exactly "
-                            f"these for slot '{slot}' (rlkit.protocols.ROLE_KWARGS).") from exc
+                            f"these for slot '{slot}' (rlkit.plugin.protocols.ROLE_KWARGS).") from exc
     protocol = SLOT_PROTOCOLS[slot]
     for method, call in _slot_calls(slot).items():
         fn = getattr(cls, method, None)
         if fn is None:
-            raise ContractError(f"{name}: slot '{slot}' needs method {method}() (rlkit.protocols.{protocol.__name__}).")
+            raise ContractError(f"{name}: slot '{slot}' needs method {method}() (rlkit.plugin.protocols.{protocol.__name__}).")
         try:
             inspect.signature(fn).bind(None, *call[0], **call[1])
         except TypeError as exc:
             raise ContractError(f"{name}: {cls.__name__}.{method} cannot take the trainer's call {method}(*{call[0]}, "
-                                f"**{call[1]}): {exc} (rlkit.protocols.{protocol.__name__}).") from exc
+                                f"**{call[1]}): {exc} (rlkit.plugin.protocols.{protocol.__name__}).") from exc
 
 
 def _slot_calls(slot: str) -> dict[str, tuple[tuple, dict]]:
@@ -121,7 +121,7 @@ def _slot_calls(slot: str) -> dict[str, tuple[tuple, dict]]:
 
 def check_tool(cls_or_spec: Any, arguments: dict[str, Any], *, expect_ok: bool = True, contains: str | None = None,
                tools_kwargs: dict[str, Any] | None = None, registries: Any = None, **params: Any) -> None:
-    """Check a tool against ``rlkit.protocols.Tool``; raise ``ContractError``.
+    """Check a tool against ``rlkit.plugin.protocols.Tool``; raise ``ContractError``.
 
     Built as the rollout builds it (``cls()``, plus ``params=`` when its spec declares a model) and
     called through ``rlkit.rollout.tools.call_tool`` as the agent loop calls it. Checked: ``schema()``
@@ -132,12 +132,12 @@ def check_tool(cls_or_spec: Any, arguments: dict[str, Any], *, expect_ok: bool =
     """
     import asyncio
 
-    from rlkit.protocols import Tool
+    from rlkit.plugin.protocols import Tool
     from rlkit.rollout.tools.base import ToolResult, call_tool
 
     tool_c = resolve_component("tools", cls_or_spec, params, registries)
     name = who(tool_c)
-    contract = "name, description, parameters, schema(), async execute(arguments, **tools_kwargs) -> ToolResult  (rlkit.protocols.Tool)"
+    contract = "name, description, parameters, schema(), async execute(arguments, **tools_kwargs) -> ToolResult  (rlkit.plugin.protocols.Tool)"
     tool = tool_c.build()
     if not isinstance(tool, Tool) or not inspect.iscoroutinefunction(tool.execute):
         raise ContractError(f"{name}: {type(tool).__name__} needs name, description, parameters, schema() and an async "

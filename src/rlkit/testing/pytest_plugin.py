@@ -11,7 +11,7 @@ or by importing the fixtures you need (works in any conftest)::
 - ``rlkit_registries``: fresh registries with every installed plugin (yours included), built once
   per test module; nothing global is touched.
 - ``rlkit_tiny_model_dir``: a tiny random Qwen2 causal LM and its tokenizer, written once per session
-  (``rlkit.models.tiny.build_tiny_model``; nothing is downloaded).
+  (``rlkit.model.tiny.build_tiny_model``; nothing is downloaded).
 - ``rlkit_tokenizer``, ``rlkit_tiny_model``: that tokenizer, and ``(model, tokenizer)`` loaded in
   float32 on the CPU.
 """
@@ -28,8 +28,8 @@ __all__ = ["rlkit_registries", "rlkit_tiny_model_dir", "rlkit_tokenizer", "rlkit
 @pytest.fixture(scope="module")
 def rlkit_registries():
     """``build_registries(make_plugin_manager())``: built-ins plus every installed plugin."""
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     return build_registries(make_plugin_manager())
 
@@ -38,14 +38,14 @@ def rlkit_registries():
 def rlkit_tiny_model_dir(tmp_path_factory):
     """A folder with a tiny Qwen2 causal LM (hidden 64, 2 layers) and its local BPE tokenizer."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlkit.models.tiny import build_tiny_model
+    from rlkit.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("rlkit_tiny_model"), arch="qwen2", seed=0)
 
 
 @pytest.fixture(scope="session")
 def rlkit_tokenizer(rlkit_tiny_model_dir):
-    from rlkit.models.load import load_tokenizer
+    from rlkit.model.load import load_tokenizer
     from rlkit.recipe.schema import ModelConfig
 
     return load_tokenizer(ModelConfig(path=str(rlkit_tiny_model_dir)))
@@ -54,7 +54,7 @@ def rlkit_tokenizer(rlkit_tiny_model_dir):
 @pytest.fixture(scope="session")
 def rlkit_tiny_model(rlkit_tiny_model_dir, rlkit_tokenizer):
     """``(model, tokenizer)``: the tiny causal LM in float32 on the CPU, in eval mode."""
-    from rlkit.models.load import load_model
+    from rlkit.model.load import load_model
     from rlkit.recipe.schema import ModelConfig
 
     model = load_model(ModelConfig(path=str(rlkit_tiny_model_dir)), tokenizer=rlkit_tokenizer)

@@ -1,4 +1,4 @@
-"""Conformance check for reward managers (``rlkit.protocols.RewardManager``).
+"""Conformance check for reward managers (``rlkit.plugin.protocols.RewardManager``).
 
 The check builds a batch of responses with planted scores and hands the manager
 ``conformance_score``, a score function that returns the planted score of each sample (its
@@ -19,7 +19,7 @@ from rlkit.testing._common import ContractError, resolve_component, who
 __all__ = ["check_reward_manager", "check_compute_score", "conformance_score", "conformance_score_batch"]
 
 _CONTRACT = ("cls(tokenizer, score_fn, *, num_examine, default_score, timeout_s[, params]); "
-             "manager(batch) -> RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.protocols.RewardManager)")
+             "manager(batch) -> RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.plugin.protocols.RewardManager)")
 
 DEFAULT_SCORE = -1.0
 # (planted ground truth, valid response tokens, mask holes): "raise" / "nan" misbehave, "dict:x" returns
@@ -83,7 +83,7 @@ def _batch(tokenizer: Any) -> tuple[Any, torch.Tensor, list[float]]:
 
 def check_reward_manager(cls_or_spec: Any, tokenizer: Any, *, registries: Any = None, uses_score_fn: bool = True,
                          **params: Any) -> None:
-    """Check a reward manager against ``rlkit.protocols.RewardManager``; raise ``ContractError``.
+    """Check a reward manager against ``rlkit.plugin.protocols.RewardManager``; raise ``ContractError``.
 
     ``cls_or_spec``: the class, a ``RewardManagerSpec`` (its ``batched_scores`` decides how the score
     function is handed over) or a registered name; ``tokenizer``: any HF tokenizer; ``params``: the

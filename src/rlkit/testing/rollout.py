@@ -1,10 +1,10 @@
-"""Conformance checks for rollout backends and agent loops (``rlkit.protocols``).
+"""Conformance checks for rollout backends and agent loops (``rlkit.plugin.protocols``).
 
 ``check_rollout_backend`` builds the backend exactly as ``ActorRolloutRefWorker`` does and runs
 ``generate`` on a few left-padded chat prompts: sampled with ``n`` samples, greedy, and with a
 shorter ``max_new_tokens``. With a model it also recomputes every response token's log-prob with a
 forward pass (what the actor does) and compares. A tiny model is enough
-(``rlkit.models.tiny.build_tiny_model``, or the ``rlkit_tiny_model`` fixture).
+(``rlkit.model.tiny.build_tiny_model``, or the ``rlkit_tiny_model`` fixture).
 Shapes: ``B`` prompts, ``n`` samples per prompt, ``P`` prompt width, ``T`` response width.
 """
 
@@ -21,8 +21,8 @@ from rlkit.testing._common import ContractError, resolve_component, who
 __all__ = ["check_rollout_backend", "check_agent_loop", "chat_prompts", "hf_greedy", "assert_same_greedy"]
 
 _BACKEND = ("generate(prompts, *, n, temperature, top_p, top_k, max_new_tokens, do_sample, stop) -> Batch in the "
-            "layout of rlkit.rollout.base  (rlkit.protocols.RolloutBackend)")
-_LOOP = "cls(generator, tokenizer, tools, *, max_response_length, sampling[, params]); await run(...) -> Trajectory  (rlkit.protocols.AgentLoop)"
+            "layout of rlkit.rollout.base  (rlkit.plugin.protocols.RolloutBackend)")
+_LOOP = "cls(generator, tokenizer, tools, *, max_response_length, sampling[, params]); await run(...) -> Trajectory  (rlkit.plugin.protocols.AgentLoop)"
 _KEYS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 QUESTIONS = ("What is 2 + 3?", "Solve: what is the sum of four and five times two?", "Compute 7 * 8.")
 
@@ -67,7 +67,7 @@ def check_rollout_backend(cls_or_spec: Any, module: Any, tokenizer: Any, *, regi
                           max_response_length: int = 8, temperature: float = 0.8, top_k: int = 20,
                           compare_log_probs: bool = True, atol: float = 2e-3, device: str = "cpu", seed: int = 0,
                           **params: Any) -> Any:
-    """Check a rollout backend against ``rlkit.protocols.RolloutBackend``; raise ``ContractError``.
+    """Check a rollout backend against ``rlkit.plugin.protocols.RolloutBackend``; raise ``ContractError``.
 
     ``cls_or_spec``: the class, a ``RolloutBackendSpec`` (its declared capabilities are checked too)
     or a registered name; ``module``: the causal LM it samples from (the actor's, as in the hybrid
@@ -88,7 +88,7 @@ def check_rollout_backend(cls_or_spec: Any, module: Any, tokenizer: Any, *, regi
     - declared capabilities: ``generate_ids`` returns ``(ids, logprobs, "stop" | "length")`` within
       its budget; ``memory_release``: ``release_memory`` then ``resume_memory``, then generation works.
     """
-    from rlkit.protocols import CAPABILITIES, RolloutBackend
+    from rlkit.plugin.protocols import CAPABILITIES, RolloutBackend
     from rlkit.recipe.schema import RolloutConfig
 
     backend_c = resolve_component("rollout_backends", cls_or_spec, params, registries)
@@ -226,7 +226,7 @@ def _check_capabilities(name: str, backend: Any, spec: Any, capabilities: dict, 
         if getattr(spec, flag, False) and not isinstance(backend, protocol):
             methods = [m for m in vars(protocol) if not m.startswith("_")]
             raise _fail(name, f"the spec declares {flag}=True but {type(backend).__name__} lacks {methods} "
-                              f"(rlkit.protocols.{protocol.__name__}).")
+                              f"(rlkit.plugin.protocols.{protocol.__name__}).")
     if getattr(spec, "generate_ids", False):
         if not inspect.iscoroutinefunction(backend.generate_ids):
             raise _fail(name, "generate_ids must be an async method (agent loops await it).")
@@ -244,9 +244,9 @@ def _check_capabilities(name: str, backend: Any, spec: Any, capabilities: dict, 
 
 def check_agent_loop(spec_or_name: Any, generator: Any, tokenizer: Any, *, tools: dict | None = None,
                      registries: Any = None, max_response_length: int = 12, **params: Any) -> None:
-    """Check an agent loop against ``rlkit.protocols.AgentLoop``; raise ``ContractError``.
+    """Check an agent loop against ``rlkit.plugin.protocols.AgentLoop``; raise ``ContractError``.
 
-    ``generator``: a ``rlkit.protocols.GeneratesIds`` (``HFTurnGenerator(HFRollout(...))`` on a tiny
+    ``generator``: a ``rlkit.plugin.protocols.GeneratesIds`` (``HFTurnGenerator(HFRollout(...))`` on a tiny
     model, or a backend declaring ``generate_ids``); ``tools``: name → tool, offered when the spec
     declares ``uses_tools``. Built as ``AgentLoopRollout`` builds it; ``run`` is awaited with and
     without given ``prompt_ids``. Checked: the constructor, ``schemas``, ``prompt_ids(messages)`` →
@@ -255,7 +255,7 @@ def check_agent_loop(spec_or_name: Any, generator: Any, tokenizer: Any, *, tools
     masked) have one length <= ``max_response_length``, with ``num_turns >= 1`` and
     ``finish_reason`` in stop / length / max_turns.
     """
-    from rlkit.protocols import AgentLoop
+    from rlkit.plugin.protocols import AgentLoop
 
     loop_c = resolve_component("agent_loops", spec_or_name, params, registries)
     name = who(loop_c)

@@ -9,7 +9,7 @@ Update, for each of ``ppo_epochs`` passes over the rank's samples:
   loss        = policy loss − entropy_coeff · entropy (+ kl_loss_coef · KL to the reference), each
                 aggregated by ``agg_loss`` with the mini-batch's token / sequence counts summed over
                 all micro-batches and ranks, so every micro-batch's loss is its exact share and the
-                SUM-reduced gradient (``rlkit.workers.fsdp``) does not depend on the split.
+                SUM-reduced gradient (``rlkit.model.fsdp``) does not depend on the split.
 One optimizer step per mini-batch (gradients clipped; a non-finite norm skips the step); the LR
 scheduler steps once per ``update`` call (= per training step).
 
@@ -35,11 +35,11 @@ from rlkit.algos.kl import kl_penalty
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
-from rlkit.models.forward import ForwardPlan, compute_log_probs, forward_response
-from rlkit.pipeline import Resolved
+from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
+from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
-from rlkit.workers import fsdp
-from rlkit.workers.loss_inputs import UpdateMismatch, mini_batch_selection
+from rlkit.model import fsdp
+from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 
 __all__ = ["FSDPActor"]
 
@@ -51,9 +51,9 @@ class FSDPActor:
                  rollout_n: int, total_steps: int,
                  device: torch.device | str = "cpu", temperature: float = 1.0, log_prob_micro_batch_size: int = 8,
                  tokenizer=None, seed: int = 0, forward_plan: ForwardPlan = ForwardPlan()):
-        """``forward_plan``: which forward computes response log-probs (``rlkit.models.forward``; the default is
+        """``forward_plan``: which forward computes response log-probs (``rlkit.model.forward``; the default is
         the cheapest path, tests and benchmarks pass the alternatives)."""
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
 
         self.forward_plan = forward_plan
 
@@ -70,7 +70,7 @@ class FSDPActor:
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer)
         self.peft_model = None  # actor.lora: the PeftModel around ``module`` (adapter on/off); docs/lora.md
         if actor_config.lora is not None:
-            from rlkit.workers.lora import apply_lora, trainable_numel
+            from rlkit.model.lora import apply_lora, trainable_numel
 
             module, self.peft_model = apply_lora(module, actor_config.lora)
             self.lora_trainable = trainable_numel(module)[0]
@@ -185,7 +185,7 @@ class FSDPActor:
                     selected: torch.Tensor | None = None,
                     mismatch: UpdateMismatch | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
-        the rows of the loss's mini-batch selection (``rlkit.workers.loss_inputs``)."""
+        the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
         cfg = self.cfg
         mask = micro["response_mask"].to(self.device)  # [b, T]
         width = mask.shape[1]
@@ -197,7 +197,7 @@ class FSDPActor:
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
                                                  **self.policy_loss.kwargs, **extra)
-        if "rollout_is_weights" in micro:  # rollout correction (rlkit.offpolicy): per-token weights, no gradient
+        if "rollout_is_weights" in micro:  # rollout correction (rlkit.step.correction): per-token weights, no gradient
             pg_mat = pg_mat * micro["rollout_is_weights"].to(self.device)
         if mismatch is not None:
             mismatch.add(log_prob, micro["rollout_log_probs"], mask)
@@ -230,7 +230,7 @@ class FSDPActor:
         tensors alone with ``actor.lora``, else the full state dict. Collective."""
         if self.peft_model is None:
             return self.full_state_dict()
-        from rlkit.workers.lora import adapter_state_dict
+        from rlkit.model.lora import adapter_state_dict
 
         return adapter_state_dict(self.module)
 
@@ -242,7 +242,7 @@ class FSDPActor:
         lora = self.peft_model is not None
         fsdp.save_checkpoint(directory, self.module, self.optimizer, extra, trainable_only=lora)
         if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
-            from rlkit.workers.lora import save_adapter_config
+            from rlkit.model.lora import save_adapter_config
 
             save_adapter_config(self.peft_model, Path(directory))
 

@@ -268,6 +268,6 @@ def _raylet_agents(raylet_pids: list[int]) -> dict[str, list[int]]:
 
 def _keep_sigterm_handler(before: Any) -> None:
     """``ray.init`` replaces the driver's SIGTERM handler with one that prints a stack trace and ends the
-    process with no clean-up; put back a Python handler that was there before (``rlkit.stop``)."""
+    process with no clean-up; put back a Python handler that was there before (``rlkit.runtime.stop``)."""
     if callable(before) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, before)

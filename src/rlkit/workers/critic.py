@@ -10,7 +10,7 @@ response_mask [B, T]``; ``update`` also ``values`` (at rollout time) and ``retur
 Mini-batches are ``critic.ppo_mini_batch_size`` (default ``actor.ppo_mini_batch_size``) prompts ×
 ``rollout_n``, split evenly over ranks; the loss uses the global token count (see ``actor``).
 ``critic.lora`` (docs/lora.md): a PEFT LoRA adapter on the frozen backbone, the value head trained in
-full beside it (``rlkit.workers.lora.apply_lora(..., trainable_head="score")``); checkpoints hold the
+full beside it (``rlkit.model.lora.apply_lora(..., trainable_head="score")``); checkpoints hold the
 adapter, the head and their optimizer state only.
 Shapes: ``B`` samples on this rank, ``P`` prompt width, ``T`` response width.
 """
@@ -29,8 +29,8 @@ from rlkit.algos.value import compute_value_loss
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.recipe.schema import CriticConfig, ModelConfig
-from rlkit.workers import fsdp
-from rlkit.models.forward import autocast
+from rlkit.model import fsdp
+from rlkit.model.forward import autocast
 
 __all__ = ["FSDPCritic", "forward_values"]
 
@@ -55,7 +55,7 @@ class FSDPCritic:
                  ppo_mini_batch_size: int, device: torch.device | str = "cpu", mixed_precision: str = "fp32",
                  tokenizer=None, seed: int = 0):
         """``ppo_mini_batch_size``: prompts per optimizer step (``critic.ppo_mini_batch_size`` or the actor's)."""
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
 
         self.cfg = critic_config
         self.rollout_n = rollout_n
@@ -68,7 +68,7 @@ class FSDPCritic:
         module = load_model(model_config, "value", path=critic_config.model_path, tokenizer=self.tokenizer)
         self.peft_model = None  # critic.lora: the PeftModel around ``module``; docs/lora.md
         if critic_config.lora is not None:
-            from rlkit.workers.lora import apply_lora, trainable_numel
+            from rlkit.model.lora import apply_lora, trainable_numel
 
             head = "score" if hasattr(module, "score") else "classifier"  # the value head (token classification)
             module, self.peft_model = apply_lora(module, critic_config.lora, where="critic.lora", trainable_head=head)
@@ -158,7 +158,7 @@ class FSDPCritic:
                              {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips},
                              trainable_only=lora)
         if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
-            from rlkit.workers.lora import save_adapter_config
+            from rlkit.model.lora import save_adapter_config
 
             save_adapter_config(self.peft_model, Path(directory))
 

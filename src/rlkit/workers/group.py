@@ -27,7 +27,7 @@ method, with the remote traceback (``err.remote_traceback``). A rank whose proce
 fit beside the groups already on its pool is refused at once (``ResourcePool.claim``); a rank that Ray
 leaves unscheduled for want of its share fails after ``schedule_timeout_s`` (docs/placement.md).
 
-Waiting: the driver waits in slices of ``WAIT_SLICE_S`` so a stop signal (``rlkit.stop``) is seen
+Waiting: the driver waits in slices of ``WAIT_SLICE_S`` so a stop signal (``rlkit.runtime.stop``) is seen
 within that time. ``in_flight()`` lists the calls being waited on and the ranks that have not
 answered; ``probe(ranks)`` asks those ranks a liveness question that runs beside the busy method
 (each actor has a ``liveness`` concurrency group, so its methods run on a worker thread, one at a

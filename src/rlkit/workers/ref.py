@@ -10,8 +10,8 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.recipe.schema import ModelConfig, RefConfig
-from rlkit.workers import fsdp
-from rlkit.models.forward import compute_log_probs
+from rlkit.model import fsdp
+from rlkit.model.forward import compute_log_probs
 
 __all__ = ["FSDPRef"]
 
@@ -21,7 +21,7 @@ class FSDPRef:
 
     def __init__(self, model_config: ModelConfig, ref_config: RefConfig, *, device: torch.device | str = "cpu",
                  temperature: float = 1.0, mixed_precision: str = "fp32", tokenizer=None):
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
 
         self.cfg = ref_config
         self.device = torch.device(device)

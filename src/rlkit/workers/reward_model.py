@@ -13,8 +13,8 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.recipe.schema import ModelConfig
-from rlkit.workers import fsdp
-from rlkit.models.forward import autocast
+from rlkit.model import fsdp
+from rlkit.model.forward import autocast
 
 __all__ = ["FSDPRewardModel"]
 
@@ -26,7 +26,7 @@ class FSDPRewardModel:
                  micro_batch_size: int = 8, mixed_precision: str = "fp32", tokenizer=None):
         """``path``: the reward model folder (``reward.reward_model.path``); ``model_config`` gives dtype
         and tokenizer (the reward model must share the policy's tokenizer)."""
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
 
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size

@@ -27,7 +27,7 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
-from rlkit.pipeline import Resolved
+from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
 from rlkit.workers.base import Worker
 
@@ -46,11 +46,11 @@ class ActorRolloutRefWorker(Worker):
                  tools: tuple[Resolved, ...] = ()):
         """``max_response_length``: ``data.max_response_length``; ``total_steps``: LR-schedule length;
         ``seed``: ``trainer.seed`` (model init is the same on every rank; sampling is seeded by rank).
-        The resolved components (``rlkit.pipeline``) come from the driver: ``policy_loss`` (with an
+        The resolved components (``rlkit.recipe.compose``) come from the driver: ``policy_loss`` (with an
         actor), ``rollout_backend``, ``agent_loops``/``default_agent``/``tools`` (with a rollout)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
-        from rlkit.models.load import load_model, load_tokenizer
-        from rlkit.workers import fsdp
+        from rlkit.model.load import load_model, load_tokenizer
+        from rlkit.model import fsdp
 
         if actor_config is None and rollout_config is None and ref_config is None:
             raise WorkerError("ActorRolloutRefWorker needs at least one of actor_config, rollout_config, ref_config.")
@@ -87,7 +87,7 @@ class ActorRolloutRefWorker(Worker):
                                                 default_agent=default_agent, tools=tools,
                                                 generate_ids=self.backend_spec.generate_ids)
         if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
-            from rlkit.workers.lora import LoraRef
+            from rlkit.model.lora import LoraRef
 
             self.ref = LoraRef(self.actor, ref_config, temperature=temperature)  # the base: adapter off, no copy
         elif ref_config is not None:
@@ -155,7 +155,7 @@ class ActorRolloutRefWorker(Worker):
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
-        from rlkit.workers import fsdp
+        from rlkit.model import fsdp
 
         start = time.perf_counter()
         metrics = self._need("actor").update(batch)

@@ -6,7 +6,7 @@ recipe's rollout backend on top of it. The driver sends it the actor's weights a
 a full state dict with a version number (``update_weights``; with ``actor.lora`` the module carries the same
 adapter and only the adapter's tensors travel); generation calls and weight pushes run
 in the order the driver submitted them (one Ray actor runs its calls one at a time), so a generation
-always finishes under the weights it started with. ``rlkit.async_rollout`` drives it.
+always finishes under the weights it started with. ``rlkit.step.ahead`` drives it.
 
 Checkpoints: ``save_checkpoint(dir)`` writes ``rollout_worker/rank<r>.pt`` (the sampling RNG and the
 weights version); the weights themselves are the actor's, pushed again on resume.
@@ -21,7 +21,7 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
-from rlkit.pipeline import Resolved
+from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
 from rlkit.workers.base import Worker
 
@@ -40,7 +40,7 @@ class RolloutWorker(Worker):
         seeded ``seed * 1000 + 500 + rank``, apart from the actor's own engine); ``lora``: ``actor.lora`` (the
         module gets the same adapter, its values come with the first weight push)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
 
         if rollout_backend is None:
             raise WorkerError("RolloutWorker needs rollout_backend (a resolved component).")
@@ -48,7 +48,7 @@ class RolloutWorker(Worker):
         torch.manual_seed(seed)
         module = load_model(model_config, "causal_lm", tokenizer=self.tokenizer).to(self.device)
         if lora is not None:
-            from rlkit.workers.lora import apply_lora
+            from rlkit.model.lora import apply_lora
 
             module, _ = apply_lora(module, lora)
         module.requires_grad_(False)

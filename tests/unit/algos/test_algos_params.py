@@ -66,10 +66,10 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
     """The recipe door: `actor.policy_loss: {name, **params}` validates against the params model and the
     resolved component calls the function with the validated keywords."""
     from rlkit.errors import RecipeError
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import make_plugin_manager
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import make_plugin_manager
     from rlkit.recipe import validate_recipe
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
 
     registries = build_registries(make_plugin_manager(entry_points=False))
     raw = {**RECIPE, "actor": {**RECIPE["actor"], "policy_loss": {"name": name, **param}}}
@@ -93,8 +93,8 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
                                                (P.kl_cov, P.kl_cov_mini_batch_selection)])
 def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_their_parameters(loss, select):
     """The actor calls the spec's selection with the loss's validated parameters: same keywords, same defaults."""
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     spec = build_registries(make_plugin_manager(entry_points=False)).policy_losses.get(loss.__name__)
     assert spec.mini_batch_selection.target.endswith(select.__name__)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import rlkit.algos
-from rlkit.pipeline import params_model, resolve
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
+from rlkit.recipe.compose import params_model, resolve
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
 
 ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk",

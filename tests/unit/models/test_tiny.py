@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.models.load import ModelLoadError, load_model, load_tokenizer, resolve_model_path
-from rlkit.models.tiny import build_tiny_model
+from rlkit.model.load import ModelLoadError, load_model, load_tokenizer, resolve_model_path
+from rlkit.model.tiny import build_tiny_model
 from rlkit.recipe.schema import ModelConfig
 
 

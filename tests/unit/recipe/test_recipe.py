@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from rlkit.errors import RecipeError
-from rlkit.plugins import make_plugin_manager
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe import load_recipe, recipe_to_dict, validate_recipe
 from rlkit.recipe.load import parse_override
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 
 GOOD = """\
 model: {path: some/model}
@@ -191,7 +191,7 @@ def test_yaml_error_names_the_line(tmp_path, registries):
 
 def test_lora_section_and_its_errors(recipe_file, registries):
     import rlkit
-    from rlkit.specs import RolloutBackendSpec
+    from rlkit.plugin.specs import RolloutBackendSpec
 
     recipe = load_recipe(recipe_file(), ["actor.lora={rank: 4, target_modules: [q_proj, v_proj]}"], registries=registries)
     assert recipe.actor.lora.rank == 4 and recipe.actor.lora.alpha == 16.0 and recipe.actor.lora.target_modules == ["q_proj", "v_proj"]

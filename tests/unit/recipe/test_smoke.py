@@ -13,7 +13,7 @@ import yaml
 
 from rlkit.recipe import validate_recipe
 from rlkit.recipe.load import load_yaml
-from rlkit.recipe.smoke import (
+from rlkit.cli.smoke import (
     SMOKE_RULES,
     SYNTHETIC_STYLES,
     TINY_MODEL,
@@ -25,7 +25,7 @@ from rlkit.recipe.smoke import (
     smoke_recipe,
 )
 from rlkit.recipe.validate import _check_batch_sizes
-from rlkit.registry import build_registries, load_object
+from rlkit.plugin.registry import build_registries, load_object
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -123,7 +123,7 @@ def test_synthetic_rows_score_with_their_data_sources_scorer(source, registries,
     plan = plan_smoke({"data": {"train_files": ["nope.parquet"], "val_files": ["nope2.parquet"]}}, "t",
                       score_names(registries))
     plan = type(plan)(**{**plan.__dict__, "data_source": source})
-    from rlkit.recipe.smoke import prepare_smoke
+    from rlkit.cli.smoke import prepare_smoke
 
     prepare_smoke(plan)
     rows = pq.read_table(plan.train_files[0]).to_pylist()

@@ -6,8 +6,8 @@ import pytest
 
 import rlkit
 from rlkit.errors import RlkitError
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries
 from rlkit.rewards.dispatch import (
     ScoreDispatcher,
     ScoreLoadError,
@@ -17,7 +17,7 @@ from rlkit.rewards.dispatch import (
     get_score_fn,
     load_custom_score,
 )
-from rlkit.specs import ComputeScoreSpec
+from rlkit.plugin.specs import ComputeScoreSpec
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rlkit.errors import RlkitError
-from rlkit.pipeline import resolve
-from rlkit.plugins import make_plugin_manager
-from rlkit.registry import build_registries, load_object
+from rlkit.recipe.compose import resolve
+from rlkit.plugin.manager import make_plugin_manager
+from rlkit.plugin.registry import build_registries, load_object
 from rlkit.rewards.dispatch import ScoreDispatcher, batched
 from rlkit.rewards.managers import BatchRewardManager, NaiveRewardManager, RewardManager, normalize_score
 from rlkit.rewards.parallel import ParallelRewardManager

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.pipeline import resolve
-from rlkit.plugins import make_plugin_manager
+from rlkit.recipe.compose import resolve
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe.schema import RolloutConfig
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 from rlkit.rollout.agent import (
     AgentLoopRollout,
     AgentState,
@@ -26,7 +26,7 @@ from rlkit.rollout.tools.calculator import CalculatorTool
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    from rlkit.models.load import load_tokenizer
+    from rlkit.model.load import load_tokenizer
     from rlkit.recipe.schema import ModelConfig
 
     return load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
@@ -38,7 +38,7 @@ def registries():
 
 
 def resolved_loops(registries, agent):
-    """Agent loops as the driver resolves them (``rlkit.pipeline.compose``): every registered loop with
+    """Agent loops as the driver resolves them (``rlkit.recipe.compose.compose``): every registered loop with
     its default parameters, the recipe's ``rollout.agent`` with its own; returns ``(loops, default name)``."""
     loops = {}
     for entry in registries.agent_loops:
@@ -179,7 +179,7 @@ def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer,
 
 
 def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_dir, tokenizer, registries):
-    from rlkit.models.load import load_model
+    from rlkit.model.load import load_model
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.hf import HFRollout
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.models.load import load_model, load_tokenizer
+from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig, RolloutConfig
 from rlkit.rollout.decode import DecodePlan, Decoding, SlabCache, slab_layers
 from rlkit.rollout.hf import HFRollout

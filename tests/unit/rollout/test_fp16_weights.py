@@ -13,7 +13,7 @@ from torch import nn
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.hardware import fp16_weights_unavailable
-from rlkit.models.load import load_model, load_tokenizer
+from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy, Fp16Linear
 from rlkit.rollout.hf import HFRollout
@@ -64,9 +64,9 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
     """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over the
     fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the actor's
     weights (which writes them without bumping their version counter); the actor's fp32 weights stay untouched."""
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     model = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()
@@ -101,7 +101,7 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
 def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir):
     """With a PEFT adapter the base linears are packed when the copy is made and never again; the adapter's own
     layers stay fp32 and are copied at every refresh; the output is the rounded base plus the current adapter."""
-    from rlkit.workers.lora import apply_lora
+    from rlkit.model.lora import apply_lora
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     torch.manual_seed(0)

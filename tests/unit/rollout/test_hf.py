@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.models.load import load_model, load_tokenizer
+from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.base import RolloutBackend
 from rlkit.rollout.decode import DecodePlan
@@ -29,10 +29,10 @@ def prompts(tok, k: int = 3) -> Batch:
 
 
 def resolved(key: str, kind: str, component):
-    """A recipe component as the driver resolves it (``rlkit.pipeline.resolve``)."""
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    """A recipe component as the driver resolves it (``rlkit.recipe.compose.resolve``)."""
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     out, problems = resolve(key, kind, component, build_registries(make_plugin_manager(entry_points=False)))
     assert not problems, problems

@@ -86,8 +86,8 @@ def test_tool_schema_is_openai_function_format():
 
 
 def test_builtin_tools_come_from_the_registry():
-    from rlkit.pipeline import resolve
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.registry import build_registries
     from rlkit.rollout.tools.python import PythonTool
     from rlkit.rollout.tools.sandbox import SandboxLimits
 

@@ -10,7 +10,7 @@ def tiny(tiny_model_dir):
     """``(model, tokenizer)``: the session's tiny Qwen2 in float32, eval mode, one torch thread."""
     import torch
 
-    from rlkit.models.load import load_model, load_tokenizer
+    from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig
 
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ from rlkit.algos.policy_losses import ppo_clip
 from rlkit.errors import RlkitError
 from rlkit.rewards.managers import NaiveRewardManager, RewardManager
 from rlkit.rollout.hf import HFRollout
-from rlkit.specs import (
+from rlkit.plugin.specs import (
     AgentLoopSpec,
     ComputeScoreSpec,
     EstimatorSpec,
@@ -202,7 +202,7 @@ class NoTimeoutManager(NaiveRewardManager):
     (NoTimeoutManager, "the constructor refused rlkit's arguments"),
 ])
 def test_reward_manager_bugs_are_caught(cls, message):
-    from rlkit.models.tiny import build_tiny_tokenizer
+    from rlkit.model.tiny import build_tiny_tokenizer
 
     with pytest.raises(ContractError, match=f"reward_managers entry '{cls.__name__}'") as err:
         check_reward_manager(RewardManagerSpec(name=cls.__name__, cls=cls), build_tiny_tokenizer())

@@ -9,7 +9,7 @@ import sys
 CONFTEST = 'pytest_plugins = ["rlkit.testing.pytest_plugin"]\n'
 TESTS = '''
 import pytest
-from rlkit.specs import EstimatorSpec
+from rlkit.plugin.specs import EstimatorSpec
 from rlkit.testing import check_estimator
 
 

@@ -17,12 +17,12 @@ import torch.multiprocessing as mp
 
 
 def resolved_policy_loss(actor_config):
-    """The actor config's policy loss as the driver resolves it (``rlkit.pipeline.resolve``): the
+    """The actor config's policy loss as the driver resolves it (``rlkit.recipe.compose.resolve``): the
     function and its validated parameters, what ``FSDPActor`` receives."""
     from rlkit.errors import RecipeError
-    from rlkit.pipeline import resolve
-    from rlkit.plugins import make_plugin_manager
-    from rlkit.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.plugin.manager import make_plugin_manager
+    from rlkit.plugin.registry import build_registries
 
     registries = build_registries(make_plugin_manager(entry_points=False))
     loss, problems = resolve("actor.policy_loss", "policy_losses", actor_config.policy_loss, registries)
@@ -64,11 +64,11 @@ CLIP_COV = {"name": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "cl
 
 def update_once(model_dir: str, mode: str) -> dict:
     """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs.
-    Padded micro-batches on every rank and world size: a packed row (rlkit.workers.packing, tested against the
+    Padded micro-batches on every rank and world size: a packed row (rlkit.model.packing, tested against the
     padded rows in test_fast_paths.py) sums its prompt's gradient in another order, and Adam at lr 1e-2 turns
     that float noise into steps above this comparison's 1e-4. One prompt pass per row too (FSDP ranks never share
     it; world size 1 would)."""
-    from rlkit.models.forward import ForwardPlan
+    from rlkit.model.forward import ForwardPlan
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
 
@@ -87,7 +87,7 @@ def update_once(model_dir: str, mode: str) -> dict:
     metrics = actor.update(local)
     olds = [torch.zeros_like(old) for _ in range(world_size)]
     dist.all_gather(olds, old)
-    from rlkit.workers.lm_head import plain_head
+    from rlkit.model.lm_head import plain_head
 
     return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds),
             "fused_head": plain_head(actor.module) is not None}  # log-probs from hidden states, inside FSDP's forward

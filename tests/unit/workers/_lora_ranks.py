@@ -22,10 +22,10 @@ def lora_update_once(model_dir: str) -> dict:
     """Old log-probs, reference log-probs (adapter off), one update (2 epochs, KL loss); returns metrics and
     the adapter's tensors after it, gathered on rank 0. Padded rows, one prompt pass per row, on every world size
     (as in _fsdp_ranks.update_once)."""
-    from rlkit.models.forward import ForwardPlan
+    from rlkit.model.forward import ForwardPlan
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.workers.actor import FSDPActor
-    from rlkit.workers.lora import LoraRef
+    from rlkit.model.lora import LoraRef
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,

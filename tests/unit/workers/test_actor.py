@@ -13,8 +13,8 @@ import torch
 
 from rlkit.errors import WorkerError
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
-from rlkit.workers import fsdp
-from rlkit.models.forward import ForwardPlan
+from rlkit.model import fsdp
+from rlkit.model.forward import ForwardPlan
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -12,7 +12,7 @@ import torch
 
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
-from rlkit.offpolicy import correct_rollout
+from rlkit.step.correction import correct_rollout
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
 from rlkit.workers.actor import FSDPActor
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.pipeline import resolve
-from rlkit.plugins import make_plugin_manager
+from rlkit.recipe.compose import resolve
+from rlkit.plugin.manager import make_plugin_manager
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
-from rlkit.registry import build_registries
-from rlkit.models.forward import ForwardPlan
+from rlkit.plugin.registry import build_registries
+from rlkit.model.forward import ForwardPlan
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlkit.batch import Batch
-from rlkit.specs import RolloutBackendSpec
+from rlkit.plugin.specs import RolloutBackendSpec
 from rlkit.workers.roles import ActorRolloutRefWorker
 
 

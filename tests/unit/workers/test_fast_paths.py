@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.algos.entropy import log_probs_from_logits
-from rlkit.models.load import load_model, load_tokenizer
+from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig
-from rlkit.workers import fsdp
-from rlkit.models.forward import ForwardPlan, forward_response
+from rlkit.model import fsdp
+from rlkit.model.forward import ForwardPlan, forward_response
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_ranks import global_batch  # noqa: E402
@@ -85,8 +85,8 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, mixed_preci
 def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, share):
     """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits) equal
     the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its head)."""
-    from rlkit.models.forward import response_outputs
-    from rlkit.workers.lm_head import plain_head
+    from rlkit.model.forward import response_outputs
+    from rlkit.model.lm_head import plain_head
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
@@ -116,8 +116,8 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
 def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     """One padding-free packed row per group (prompt once, responses after it, a 4-D mask) gives the padded
     rows' log-probs, entropies and gradients."""
-    from rlkit.models import forward
-    from rlkit.workers import packing
+    from rlkit.model import forward
+    from rlkit.model import packing
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
@@ -148,7 +148,7 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
 def test_plan_packs_short_unequal_responses_and_shares_long_ones():
     """The FLOP estimate: groups with short, unequal responses pack (no padding); 8 full 256-token responses
     per prompt share the prompt through the KV cache (a packed row's dense attention grows with its square)."""
-    from rlkit.workers.packing import plan
+    from rlkit.model.packing import plan
 
     def micro(prompt_lens, resp_lens, width_t):
         width_p = max(prompt_lens)
@@ -171,7 +171,7 @@ def test_plan_packs_short_unequal_responses_and_shares_long_ones():
 def test_packed_micro_batch_splits_give_the_same_gradient(tiny_model_dir, monkeypatch):
     """Packed, the gradient of a per-token loss summed over micro-batches of 3 + 3 + 2 samples equals the
     gradient of the whole batch in one micro-batch (groups cut across micro-batches included)."""
-    from rlkit.models import forward
+    from rlkit.model import forward
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)

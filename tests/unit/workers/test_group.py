@@ -173,7 +173,7 @@ def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_pat
     import threading
     from types import SimpleNamespace
 
-    from rlkit.watchdog import PhaseWatch
+    from rlkit.runtime.watchdog import PhaseWatch
 
     release = tmp_path / "release"
     results: list = []
@@ -193,7 +193,7 @@ def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_pat
         watch = PhaseWatch(lambda: [group], config)
         watch.enter("gen")
         time.sleep(0.1)
-        with caplog.at_level(logging.WARNING, logger="rlkit.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="rlkit.runtime.watchdog"):
             watch.check()
         assert "phase 'gen' of step 0 has run" in caplog.text and "first-run limit of 0.05 s" in caplog.text
         assert "role 'actor', method 'hold'" in caplog.text and "rank(s) [1] still working, rank(s) [0] answered" in caplog.text
@@ -213,7 +213,7 @@ def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_pat
 
 
 def test_slow_limit_worked_examples():
-    from rlkit.watchdog import slow_limit
+    from rlkit.runtime.watchdog import slow_limit
 
     # fewer than 3 finished runs: the first-run limit
     assert slow_limit([4.0, 4.0], factor=5, min_s=60, first_s=600)[0] == 600

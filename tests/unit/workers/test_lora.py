@@ -11,7 +11,7 @@ import torch
 
 from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
 from rlkit.workers.actor import FSDPActor
-from rlkit.workers.lora import LoraRef, is_adapter_key
+from rlkit.model.lora import LoraRef, is_adapter_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
@@ -117,7 +117,7 @@ def test_bad_target_modules_is_a_clear_error(tiny_model_dir, gloo_world1):
 def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir, tmp_path):
     import shutil
 
-    from rlkit.merge import MergeError, merge_checkpoint
+    from rlkit.runtime.merge import MergeError, merge_checkpoint
 
     (tmp_path / "ckpt" / "hf_config").mkdir(parents=True)
     shutil.copy(Path(tiny_model_dir) / "config.json", tmp_path / "ckpt" / "hf_config" / "config.json")
@@ -160,7 +160,7 @@ def test_engine_helpers_adapter_folder_base_and_merged_weights(tiny_model_dir, g
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from rlkit.workers.lora import (
+    from rlkit.model.lora import (
         base_state_dict,
         lora_config_of,
         merged_state_dict,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.pipeline import resolve
+from rlkit.recipe.compose import resolve
 from rlkit.recipe.schema import (
     ActorConfig,
     CriticConfig,
@@ -20,7 +20,7 @@ from rlkit.recipe.schema import (
     ResourcesConfig,
     RolloutConfig,
 )
-from rlkit.registry import build_registries, load_object
+from rlkit.plugin.registry import build_registries, load_object
 from rlkit.workers import ResourcePoolManager, WorkerGroup
 
 
@@ -39,14 +39,14 @@ def prompts(tok, k: int = 4) -> Batch:
 
 
 def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
-    from rlkit.models.load import load_tokenizer
+    from rlkit.model.load import load_tokenizer
 
     model = ModelConfig(path=str(tiny_model_dir))
     n = 2
     registries = build_registries()
     rollout = RolloutConfig(n=n, temperature=0.8)
     actor = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, use_kl_loss=True, optim=OptimConfig(lr=1e-2))
-    # the components the driver resolves once (rlkit.pipeline) and hands to the role, as Runtime does
+    # the components the driver resolves once (rlkit.recipe.compose) and hands to the role, as Runtime does
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", actor.policy_loss, registries)
     backend, more = resolve("rollout.backend", "rollout_backends", rollout.backend, registries)
     assert not problems and not more, problems + more
@@ -107,7 +107,7 @@ def test_critic_group(tiny_model_dir, pools):
         from _fsdp_ranks import global_batch
 
         sys.path.pop(0)
-        from rlkit.models.load import load_tokenizer
+        from rlkit.model.load import load_tokenizer
 
         batch = global_batch(load_tokenizer(kwargs["model_config"]))
         values = group.call("compute_values", batch, balance=True)["values"]

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import rlkit
-from rlkit.specs import EstimatorSpec
+from rlkit.plugin.specs import EstimatorSpec
 
 
 def group_median_advantage(

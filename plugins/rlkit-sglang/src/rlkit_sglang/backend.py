@@ -27,7 +27,7 @@ LoRA (``actor.lora``; the module carries a PEFT adapter), ``lora_mode``:
   ``/generate`` names (``lora_path``). Only the adapter's tensors travel. Not verified here (no GPU).
 - ``merged`` (servers on CPU, or attached ones without LoRA): SGLang 0.5.15's LoRA layers allocate
   pinned memory, which needs a CUDA driver (the server dies at start: docs/sglang.md), so the actor
-  merges (``W + scale · B A``, ``rlkit.workers.lora.merged_state_dict``) and pushes full weights through
+  merges (``W + scale · B A``, ``rlkit.model.lora.merged_state_dict``) and pushes full weights through
   ``/update_weights_from_disk``, at start and after each update; said once in the log.
 
 ``rollout/weight_sync_bytes``: the tensor bytes the last sync moved (either mode, and without LoRA).
@@ -58,7 +58,7 @@ from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
-from rlkit.workers.lora import (
+from rlkit.model.lora import (
     adapter_state_dict,
     lora_config_of,
     merged_state_dict,

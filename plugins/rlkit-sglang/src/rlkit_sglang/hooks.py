@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import rlkit
-from rlkit.specs import RolloutBackendSpec
+from rlkit.plugin.specs import RolloutBackendSpec
 
 
 @rlkit.hookimpl

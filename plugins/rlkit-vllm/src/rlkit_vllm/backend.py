@@ -51,7 +51,7 @@ from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
-from rlkit.workers.lora import (
+from rlkit.model.lora import (
     adapter_state_dict,
     base_state_dict,
     lora_config_of,

@@ -12,7 +12,7 @@ __all__ = ["Tool", "ToolResult", "call_tool", "truncate", "build_tools"]
 
 
 def build_tools(resolved) -> dict[str, Tool]:
-    """Instantiate resolved tool components (``rlkit.pipeline.Resolved``, from the driver's pipeline),
+    """Instantiate resolved tool components (``rlkit.recipe.compose.Resolved``, from the driver's pipeline),
     by the name the model calls them with."""
     tools: dict[str, Tool] = {}
     for component in resolved:

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlkit.errors import RecipeError
-from rlkit.registry import Registries, load_object, suggest
+from rlkit.plugin.registry import Registries, load_object, suggest
 
 __all__ = ["Resolved", "PlacedRole", "Pipeline", "resolve", "params_model", "compose", "plan_roles", "SLOTS",
            "COMPONENT_KEYS", "COMPONENT_LISTS"]

@@ -24,10 +24,10 @@ from rlkit.algos.fused_head import head_outputs
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.hardware import concrete_mixed_precision
-from rlkit.workers import fsdp
-from rlkit.workers.lm_head import head_replaced, plain_head
-from rlkit.workers.packing import pack_groups
-from rlkit.workers.packing import plan as packing_plan
+from rlkit.model import fsdp
+from rlkit.model.lm_head import head_replaced, plain_head
+from rlkit.model.packing import pack_groups
+from rlkit.model.packing import plan as packing_plan
 
 __all__ = ["ForwardPlan", "autocast", "compute_log_probs", "forward_response", "layout_of", "response_outputs"]
 
@@ -68,7 +68,7 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
     [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
     OTB's input), each 0 where masked.
 
-    A model whose head is a plain linear map (``rlkit.workers.lm_head.plain_head``) never materialises logits:
+    A model whose head is a plain linear map (``rlkit.model.lm_head.plain_head``) never materialises logits:
     the outputs come from the final hidden states of the response tokens (``response_mask``) alone, in
     vocabulary slices (``rlkit.algos.fused_head``), and the micro-batch runs in its cheapest layout (shared
     prompt pass, packed rows or padded rows; ``_layout``), as far as ``plan`` allows. Other models: logits, then the chunked functions of

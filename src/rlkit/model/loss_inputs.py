@@ -25,8 +25,8 @@ import torch
 
 from rlkit.algos.rollout_correction import mismatch_from_stats, mismatch_stats
 from rlkit.batch import Batch
-from rlkit.models.forward import compute_log_probs
-from rlkit.workers import fsdp
+from rlkit.model.forward import compute_log_probs
+from rlkit.model import fsdp
 
 __all__ = ["mini_batch_selection", "UpdateMismatch"]
 
@@ -43,7 +43,7 @@ def _gather_rows(x: torch.Tensor) -> torch.Tensor:
 def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int) -> torch.Tensor | None:
     """This rank's rows [b, T] (bool) of the policy loss's selection over the global mini-batch, or None when
     the loss declares no ``mini_batch_selection``. ``seed`` must be the same on every rank."""
-    from rlkit.registry import load_object
+    from rlkit.plugin.registry import load_object
     select = actor.policy_loss.spec.mini_batch_selection
     if select is None:
         return None

@@ -4,7 +4,7 @@ the trainer's recomputed ``old_log_prob`` and apply the recipe's correction.
 ``correct_rollout(batch, correction)`` runs after ``old_log_prob`` (the trainer forces that pass when a
 correction is set). It always logs the mismatch under veRL's names (``training/rollout_probs_diff_*``,
 ``rollout_corr/kl``, ``rollout_corr/k3_kl``; ``rlkit.algos.rollout_correction.mismatch_from_stats``), and
-with a correction (``rlkit.specs.RolloutCorrectionSpec``) adds
+with a correction (``rlkit.plugin.specs.RolloutCorrectionSpec``) adds
 
 - ``rollout_is_weights [B, T]`` (``output="weights"``): the actor multiplies its per-token policy loss
   by them (no gradient), and OTB estimators scale their path variance by their square;
@@ -20,7 +20,7 @@ row-local, so computing it over the whole batch here equals computing it per ran
 ``old_log_prob := rollout_log_probs`` and ``meta["old_log_prob_is_rollout"]`` is set, and nothing else: the
 behaviour weight pi_old / pi_rollout is exactly 1, so no weights are added and no function is called, and the
 actor's PPO ratio is pi_theta / pi_rollout. The mismatch metrics then come from the actor's update (its first
-mini-batch's log-probs are the current policy's, before any step: ``rlkit.workers.loss_inputs.UpdateMismatch``),
+mini-batch's log-probs are the current policy's, before any step: ``rlkit.model.loss_inputs.UpdateMismatch``),
 since comparing old_log_prob with itself here would report a mismatch of 0. Metric: ``rollout_corr/bypass`` = 1
 (and no ``timing_s/old_log_prob``).
 

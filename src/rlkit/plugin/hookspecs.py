@@ -1,6 +1,6 @@
 """The plugin contract: one ``rlkit_register_<kind>s()`` hook per registry.
 
-Each hook takes no arguments and returns a list of specs (``rlkit.specs``). Built-ins implement
+Each hook takes no arguments and returns a list of specs (``rlkit.plugin.specs``). Built-ins implement
 these hooks with the same ``@rlkit.hookimpl`` marker a third-party package uses. docs/plugins.md
 documents every hook (a test checks that).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from rlkit.specs import (
+from rlkit.plugin.specs import (
     AgentLoopSpec,
     ComputeScoreSpec,
     EstimatorSpec,

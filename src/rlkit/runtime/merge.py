@@ -32,7 +32,7 @@ def save_hf_config(model_config: Any, tokenizer: Any, directory: Path) -> None:
     """Write the model's config (and generation config) and the tokenizer, without weights."""
     from transformers import AutoConfig, GenerationConfig
 
-    from rlkit.models.load import resolve_model_path
+    from rlkit.model.load import resolve_model_path
 
     source = resolve_model_path(model_config.path)
     directory.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ the same; the ``PeftModel`` wrapper is kept only to switch the adapter off.
   the base model.
 - The reference policy colocated with the actor (``LoraRef``) is the same module with the adapter
   disabled: no second copy of the weights.
-- Checkpoints (``rlkit.workers.fsdp.save_checkpoint(..., trainable_only=True)``) hold the adapter and its
+- Checkpoints (``rlkit.model.fsdp.save_checkpoint(..., trainable_only=True)``) hold the adapter and its
   optimizer state only, plus ``adapter_config.json`` (PEFT's), from which ``rlkit merge`` rebuilds the
   adapter folder or the merged model.
 - A rollout that needs its weights sent (not the HF hybrid engine, which shares the module) gets
@@ -33,7 +33,7 @@ from torch import nn
 
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
-from rlkit.models.forward import compute_log_probs
+from rlkit.model.forward import compute_log_probs
 from rlkit.recipe.schema import LoraConfig, RefConfig
 
 __all__ = ["ADAPTER_CONFIG", "apply_lora", "adapter_state_dict", "is_adapter_key", "trainable_numel", "LoraRef",

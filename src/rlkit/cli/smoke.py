@@ -281,7 +281,7 @@ def _build_tiny(path: Path, reward: bool = False) -> None:
         return
     import tempfile
 
-    from rlkit.models.tiny import build_tiny_model, build_tiny_reward_model
+    from rlkit.model.tiny import build_tiny_model, build_tiny_reward_model
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from rlkit.errors import PluginError, UnknownNameError
-from rlkit.hookspecs import REGISTRY_KINDS
-from rlkit.plugins import PluginSet, PluginSource, make_plugin_manager
-from rlkit.specs import Spec
+from rlkit.plugin.hookspecs import REGISTRY_KINDS
+from rlkit.plugin.manager import PluginSet, PluginSource, make_plugin_manager
+from rlkit.plugin.specs import Spec
 
 __all__ = ["Entry", "Registry", "Registries", "build_registries", "load_object", "suggest"]
 
@@ -159,7 +159,7 @@ def build_registries(plugins: PluginSet | None = None, *, allow_broken: bool = F
                 if not isinstance(spec, spec_type):
                     raise PluginError(
                         f"{source}: hook {hook_name}() returned a {type(spec).__name__}; "
-                        f"it must return {spec_type.__name__} objects (from rlkit.specs)."
+                        f"it must return {spec_type.__name__} objects (from rlkit.plugin.specs)."
                     )
                 registries[kind].add(spec, source)
     return registries

@@ -28,7 +28,7 @@ functions receive the validated fields as keyword arguments, classes receive the
   -> float | dict`` (veRL's contract; a dict has a ``score`` key plus extra metrics).
 - ``RewardManagerSpec.cls``, ``RolloutBackendSpec.cls``, ``RoleSpec.cls``, ``TrackerSpec.cls``,
   ``ToolSpec.cls``: classes; their constructor contracts live beside their base classes
-  (``rlkit.rewards``, ``rlkit.rollout``, ``rlkit.workers``, ``rlkit.tracking``, ``rlkit.rollout.tools``).
+  (``rlkit.rewards``, ``rlkit.rollout``, ``rlkit.workers``, ``rlkit.runtime.tracking``, ``rlkit.rollout.tools``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class RolloutBackendSpec(Spec):
 @dataclass(frozen=True)
 class RoleSpec(Spec):
     """A worker class (``rlkit.workers.base.Worker``) and the step slot it fills: ``actor_rollout_ref``,
-    ``actor``, ``rollout``, ``ref``, ``critic`` or ``reward_model`` (``rlkit.protocols`` lists the
+    ``actor``, ``rollout``, ``ref``, ``critic`` or ``reward_model`` (``rlkit.plugin.protocols`` lists the
     methods each slot needs). A third-party role fills a slot by naming it in ``slot``."""
 
     cls: type | str | None = None
@@ -157,7 +157,7 @@ class ToolSpec(Spec):
 class AgentLoopSpec(Spec):
     """A multi-turn agent loop (``rollout.agent``, or a data row's ``agent_name``):
     ``cls(generator, tokenizer, tools, *, max_response_length, sampling[, params])`` with an async
-    ``run(messages, tools_kwargs, prompt_ids) -> Trajectory`` (contract: ``rlkit.protocols.AgentLoop``)."""
+    ``run(messages, tools_kwargs, prompt_ids) -> Trajectory`` (contract: ``rlkit.plugin.protocols.AgentLoop``)."""
 
     cls: type | str | None = None
     uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model
@@ -175,5 +175,5 @@ class RolloutCorrectionSpec(Spec):
     output: str = "weights"  # "weights" | "mask"
     paper: str = ""
     # True: its params model has a bool ``bypass`` (and its function a ``bypass`` keyword: pi_old := pi_rollout); set,
-    # the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and the call (rlkit.offpolicy)
+    # the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and the call (rlkit.step.correction)
     bypass: bool = False

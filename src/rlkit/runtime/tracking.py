@@ -147,7 +147,7 @@ class MlflowTracker:
         root = Path(config.output_dir).resolve().parent
         root.mkdir(parents=True, exist_ok=True)
         if config.mlflow_uri is None:
-            from rlkit.mlflow_store import prepare_sqlite_store
+            from rlkit.runtime.mlflow_store import prepare_sqlite_store
 
             prepare_sqlite_store(root / "mlflow.db")  # a migrated empty store, copied (MLflow would migrate anew)
         self.uri = config.mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"

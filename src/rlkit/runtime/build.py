@@ -1,6 +1,6 @@
 """Set-up and clean-up of one run: every component the trainer's step uses, built from the recipe.
 
-``Runtime.start(recipe, registries)`` builds, in order: the pipeline (``rlkit.pipeline.compose``:
+``Runtime.start(recipe, registries)`` builds, in order: the pipeline (``rlkit.recipe.compose.compose``:
 every name resolved once, here on the driver) → output folder → what ``auto`` precision and threads
 mean on this machine (``rlkit.hardware``; printed, logged as ``resolved.*``, passed to the workers as
 concrete values) → tokenizer → datasets and loaders →
@@ -25,17 +25,17 @@ from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
-from rlkit.merge import save_hf_config
-from rlkit.pipeline import Pipeline, PlacedRole, Resolved, compose
+from rlkit.runtime.merge import save_hf_config
+from rlkit.recipe.compose import Pipeline, PlacedRole, Resolved, compose
 from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
-from rlkit.registry import Registries, load_object
+from rlkit.plugin.registry import Registries, load_object
 from rlkit.rewards.dispatch import make_score_fn
 from rlkit.rewards.steps import OverlongShaping, RewardStep
-from rlkit.tracking import TrackerConfig, Tracking, start_tracker
+from rlkit.runtime.tracking import TrackerConfig, Tracking, start_tracker
 
 __all__ = ["Runtime", "output_dir_of"]
 
-log = logging.getLogger("rlkit.runtime")
+log = logging.getLogger("rlkit.runtime.build")
 
 
 def output_dir_of(recipe: Recipe) -> Path:
@@ -72,7 +72,7 @@ class Runtime:
     # ----- building -----------------------------------------------------------------------------
     @classmethod
     def start(cls, recipe: Recipe, registries: Registries, *, run_ids: dict[str, str] | None = None) -> Runtime:
-        from rlkit.models.load import load_tokenizer
+        from rlkit.model.load import load_tokenizer
 
         pipeline = compose(recipe, registries)
         out = output_dir_of(recipe)
@@ -143,7 +143,7 @@ class Runtime:
 
     def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
         """The keyword arguments of the role class filling ``placed.slot`` (the slot's contract,
-        ``rlkit.protocols``): recipe sections and the resolved components that slot uses."""
+        ``rlkit.plugin.protocols``): recipe sections and the resolved components that slot uses."""
         recipe, pipe = self.recipe, self.pipeline
         precision = self.hardware.precision.mixed_precision  # concrete: workers never see ``auto``
         if placed.slot == "actor_rollout_ref":

@@ -2,7 +2,7 @@
 
 ``build_tiny_model(out_dir)`` writes an ordinary Hugging Face folder (``config.json``,
 ``model.safetensors``, ``tokenizer.json`` + ``tokenizer_config.json`` with a ChatML chat template,
-``generation_config.json``) that ``rlkit.models.load`` and ``transformers`` load offline. Nothing is
+``generation_config.json``) that ``rlkit.model.load`` and ``transformers`` load offline. Nothing is
 downloaded: the tokenizer is a byte-level BPE trained by ``tokenizers`` on a small built-in corpus of
 digits, arithmetic words and chat markup, so every string (any UTF-8) round-trips through it.
 

@@ -1,6 +1,6 @@
 """The contracts a plugin writes against: one ``typing.Protocol`` per class-carrying registry kind.
 
-A spec (``rlkit.specs``) names a class; this module says what that class must look like: how rlkit
+A spec (``rlkit.plugin.specs``) names a class; this module says what that class must look like: how rlkit
 constructs it and which methods the trainer, the runtime and the workers call on it. Optional
 capabilities are **declared on the spec** and never probed with ``hasattr``; each declared flag has
 its own protocol here (``CAPABILITIES``). ``rlkit.testing`` runs a component against these
@@ -24,7 +24,7 @@ tools              ``Tool``             ``cls()`` (``[, params]``)
 
 ``[, params]``: passed (as ``params=``, the validated pydantic model) only when the spec declares a
 params model (``Spec.params``); a class whose spec declares none is never given ``params``.
-Functions (estimators, policy losses, compute_score) have their call contracts in ``rlkit.specs``.
+Functions (estimators, policy losses, compute_score) have their call contracts in ``rlkit.plugin.specs``.
 
 ``isinstance(obj, Proto)`` checks that the methods exist (``typing.runtime_checkable``), not their
 signatures; ``rlkit.testing`` calls them. Shapes: ``B`` samples, ``P`` prompt width, ``T`` response
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # keep this module free of torch: `rlkit plugins` imports the
     from rlkit.rewards.managers import RewardResult
     from rlkit.rollout.agent import Trajectory
     from rlkit.rollout.tools.base import ToolResult
-    from rlkit.tracking import TrackerConfig
+    from rlkit.runtime.tracking import TrackerConfig
 
 __all__ = [
     "RewardManager",
@@ -180,7 +180,7 @@ class Tracker(Protocol):
 
     ``name`` is the key of its run id in checkpoints; ``run_id`` ("" when it has none) comes back in
     ``config.run_ids[name]`` when a run resumes, and the tracker then continues that run. A call that
-    raises never stops training (``rlkit.tracking.Tracking`` reports it once and counts it).
+    raises never stops training (``rlkit.runtime.tracking.Tracking`` reports it once and counts it).
     """
 
     name: str
@@ -270,7 +270,7 @@ class ActorRolloutRefRole(Role, Protocol):
 @runtime_checkable
 class RolloutRole(Role, Protocol):
     """Slot ``rollout``: generation in a pool of its own (``trainer.mode`` one_step_off / async), on weights
-    the driver pushes by version (``rlkit.async_rollout``)."""
+    the driver pushes by version (``rlkit.step.ahead``)."""
 
     def generate_sequences(self, prompts: Batch, **sampling: Any) -> Batch:
         """As ``ActorRolloutRefRole.generate_sequences``, plus ``rollout_version [B]`` (long): the version of the
@@ -331,7 +331,7 @@ SLOT_PROTOCOLS: Mapping[str, type] = {
 }
 
 # Positional arguments of every role constructor (``WorkerGroup``), then the keywords the runtime
-# passes for each slot (``rlkit.runtime.Runtime._role_kwargs``; a test keeps the two in step).
+# passes for each slot (``rlkit.runtime.build.Runtime._role_kwargs``; a test keeps the two in step).
 ROLE_ARGS = ("rank", "world_size", "master_addr", "master_port", "device", "threads")
 ROLE_KWARGS: Mapping[str, frozenset[str]] = {
     "actor_rollout_ref": frozenset({

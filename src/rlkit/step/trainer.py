@@ -7,16 +7,16 @@ One step, top to bottom (DESIGN.md, "One step")::
     sampler  identity, or DAPO's group filter that refills the batch from new prompts
     old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch), unless a
                    rollout correction or an estimator needing sum_pi_squared (OTB) uses it; always skipped
-                   in bypass mode, where the rollout's log-probs are pi_old (``rlkit.offpolicy``)
-    correction     rollout/trainer mismatch metrics; the recipe's rollout correction (``rlkit.offpolicy``)
+                   in bypass mode, where the rollout's log-probs are pi_old (``rlkit.step.correction``)
+    correction     rollout/trainer mismatch metrics; the recipe's rollout correction (``rlkit.step.correction``)
     ref      reference log-probs, when a KL term needs them
     values   critic values, when the estimator needs a critic
     adv      KL-in-reward (optional), then the registered estimator
     update_critic, update_actor
 
 The only branches are "is this role present". Everything named by the recipe comes from the
-registries (``rlkit.runtime`` builds it). With a rollout pool (``trainer.mode`` one_step_off / async),
-``gen`` takes a batch the pool generated ahead (``rlkit.async_rollout``) and the step ends by pushing
+registries (``rlkit.runtime.build`` builds it). With a rollout pool (``trainer.mode`` one_step_off / async),
+``gen`` takes a batch the pool generated ahead (``rlkit.step.ahead``) and the step ends by pushing
 the updated weights to it (``push_weights``); docs/async.md.
 """
 
@@ -32,21 +32,21 @@ import numpy as np
 import torch
 import yaml
 
-from rlkit import faults
+from rlkit.testing import faults
 from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
-from rlkit.async_rollout import RolloutPipeline, pipeline_depth, staleness_bound
+from rlkit.step.ahead import RolloutPipeline, pipeline_depth, staleness_bound
 from rlkit.batch import Batch
-from rlkit.checkpoint import CheckpointManager
-from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
-from rlkit.offpolicy import bypass_on, correct_rollout, loss_batch
+from rlkit.runtime.checkpoint import CheckpointManager
+from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
+from rlkit.step.correction import bypass_on, correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.rollout.base import concat_rollouts
-from rlkit.runtime import Runtime
-from rlkit.watchdog import PhaseWatch
+from rlkit.runtime.build import Runtime
+from rlkit.runtime.watchdog import PhaseWatch
 
 __all__ = ["Trainer"]
 
-log = logging.getLogger("rlkit.trainer")
+log = logging.getLogger("rlkit.step.trainer")
 
 
 class Trainer:
@@ -126,7 +126,7 @@ class Trainer:
 
     def merge_final(self) -> Path:
         """The newest checkpoint's actor as an HF folder; its path is logged to the trackers."""
-        from rlkit.merge import merge_checkpoint
+        from rlkit.runtime.merge import merge_checkpoint
 
         out = merge_checkpoint(self.checkpoints.latest(), self.output_dir / "hf_model")
         self.rt.tracking.log_text(str(out.resolve()), "merged_model_path.txt")

@@ -42,7 +42,7 @@ class ProtocolModel:
     def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, eos_token: str | None = None):
         import torch
 
-        from rlkit.models.load import load_model, load_tokenizer
+        from rlkit.model.load import load_model, load_tokenizer
         from rlkit.recipe.schema import ModelConfig, RolloutConfig
         from rlkit.rollout.hf import HFRollout
 
@@ -148,7 +148,7 @@ class ProtocolModel:
 
     # ----- weights and memory -----------------------------------------------------------------
     def update_weights_from_disk(self, body: dict) -> dict:
-        from rlkit.models.load import load_model
+        from rlkit.model.load import load_model
 
         path = body.get("model_path")
         if not path:
@@ -252,11 +252,3 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 30000, *, dtype:
         server.serve_forever()
     finally:
         server.server_close()
-
-
-if __name__ == "__main__":  # python -m rlkit.serve MODEL [...]: the same as `rlkit serve`
-    import sys
-
-    from rlkit.cli.serve import main
-
-    sys.exit(main())

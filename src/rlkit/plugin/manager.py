@@ -24,10 +24,10 @@ from typing import Any
 
 import pluggy
 
-from rlkit import hookspecs
+from rlkit.plugin import hookspecs
 from rlkit.errors import PluginError
-from rlkit.hookspecs import hookimpl
-from rlkit.specs import ComputeScoreSpec
+from rlkit.plugin.hookspecs import hookimpl
+from rlkit.plugin.specs import ComputeScoreSpec
 
 __all__ = [
     "BUILTIN_MODULES",

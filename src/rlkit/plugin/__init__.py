@@ -1,0 +1,1 @@
+"""The plugin contract and its machinery: hookspecs, specs, protocols, manager, registry."""

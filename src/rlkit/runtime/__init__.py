@@ -1,0 +1,1 @@
+"""Set-up and clean-up of a run: build, stop, watchdog, checkpoints, tracking, merge."""

@@ -1,0 +1,1 @@
+"""The RL step: the trainer (fit, step) and one module per phase."""
