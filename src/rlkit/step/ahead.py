@@ -11,6 +11,9 @@ version ``k - 1``. A batch's *staleness* is ``actor version - version it was gen
     ... train ...
     pipe.push_weights(version=k)                   # queued behind the generations already submitted
 
+The step's generation phase in these modes is ``generated_ahead(more_prompts, ctx, pipe)``: the next batch the
+pool made (``async/*`` metrics: its staleness, the generations dropped as too stale).
+
 The rollout group's Ray actors run calls one at a time in submission order, so a generation submitted
 after ``push_weights(v)`` runs on version ``v`` and one in flight when a push is submitted finishes on
 its old weights (partial rollouts: *finish under the old version*; every row carries ``rollout_version``).
@@ -30,7 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Generation", "StalenessQueue", "RolloutPipeline", "staleness_bound", "pipeline_depth", "MODES"]
+from rlkit.batch import Batch
+from rlkit.step.generate import join_generation, repeat_prompts, rollout_inputs
+
+__all__ = ["Generation", "StalenessQueue", "RolloutPipeline", "generated_ahead", "staleness_bound", "pipeline_depth",
+           "MODES"]
 
 MODES = ("sync", "one_step_off", "async")
 DEFAULT_STALENESS = {"one_step_off": 1, "async": 2}
@@ -182,3 +189,23 @@ class RolloutPipeline:
             self.queue.put(Generation(request, result, version, serial))
         self.serial = state["serial"]
         self.queue.dropped = state["dropped"]
+
+
+def generated_ahead(more_prompts: Any, ctx: Any, pipe: RolloutPipeline) -> tuple[Any, dict[str, float]]:
+    """The generation phase with a rollout pool: the next batch it generated ahead (waiting for it if needed); it
+    draws new prompts from ``more_prompts`` to stay ``depth`` generations ahead. Metrics ``async/*``: the staleness
+    of the batch's rows (actor version - ``rollout_version``) and the generations dropped as too stale."""
+    def request(serial: int) -> tuple[Batch, Batch]:
+        prompts = next(more_prompts)
+        repeated = repeat_prompts(Batch(prompts.tensors, prompts.non_tensors, prompts.meta), f"g{serial}",
+                                  ctx.recipe.rollout.n)
+        return repeated, rollout_inputs(repeated)
+
+    actor_version = ctx.global_step - 1  # updates the actor has made before this step's
+    ahead = ctx.rt.total_steps - ctx.global_step  # nothing is generated for steps the run will not make
+    item, dropped = pipe.take(actor_version, request, ahead=ahead)
+    batch, metrics = join_generation(item.request, item.result)
+    staleness = (actor_version - batch["rollout_version"]).float()  # [B]
+    return batch, metrics | {"async/staleness_mean": float(staleness.mean()),
+                             "async/staleness_max": float(staleness.max()), "async/dropped_stale": float(dropped),
+                             "async/weights_version": float(actor_version), "async/queued": float(len(pipe.queue))}

@@ -1,48 +1,49 @@
-"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow.
+"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow as a list of phases.
 
-One step, top to bottom (DESIGN.md, "One step")::
+One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(batch, ctx)`` in its own module::
 
-    gen      rollout.n responses per prompt (hybrid engine: the actor's own weights)
-    reward   score → token_level_scores
-    sampler  identity, or DAPO's group filter that refills the batch from new prompts
-    old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch), unless a
-                   rollout correction or an estimator needing sum_pi_squared (OTB) uses it; always skipped
-                   in bypass mode, where the rollout's log-probs are pi_old (``rlkit.step.correction``)
-    correction     rollout/trainer mismatch metrics; the recipe's rollout correction (``rlkit.step.correction``)
-    ref      reference log-probs, when a KL term needs them
-    values   critic values, when the estimator needs a critic
-    adv      KL-in-reward (optional), then the registered estimator
-    update_critic, update_actor
+    gen            generate (rlkit.step.generate), or the rollout pool's batch made ahead (rlkit.step.ahead)
+                   + greedy_baseline (rlkit.step.baseline) when the estimator needs one (ReMax)
+    reward         score (rlkit.step.reward)
+    (sampling)     dynamic_sampling (rlkit.step.sampling): DAPO's group filter, refilled by gen + reward
+    old_log_prob   skipped when it must equal the current one (one epoch, one mini-batch), unless a rollout
+                   correction or an estimator needing sum_pi_squared (OTB) uses it; never in bypass mode
+    (correction)   correct_rollout (rlkit.step.correction): mismatch metrics and the recipe's correction
+    ref, values    the reference's log-probs, the critic's values (rlkit.step.compute), when those roles exist
+    adv            advantage (rlkit.step.advantage): KL-in-reward (optional), then the registered estimator
+    update_critic, update_actor, sync_weights (rlkit.step.compute); push_weights to a rollout pool
 
-The only branches are "is this role present". Everything named by the recipe comes from the
-registries (``rlkit.runtime.build`` builds it). With a rollout pool (``trainer.mode`` one_step_off / async),
-``gen`` takes a batch the pool generated ahead (``rlkit.step.ahead``) and the step ends by pushing
-the updated weights to it (``push_weights``); docs/async.md.
+The only branches are "is this role present" and "is this feature on". Everything named by the recipe comes from
+the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: returned by each phase.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import yaml
 
-from rlkit.testing import faults
-from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
-from rlkit.step.ahead import RolloutPipeline, pipeline_depth, staleness_bound
+from rlkit.algos import DynamicSamplingAccumulator
 from rlkit.batch import Batch
-from rlkit.runtime.checkpoint import CheckpointManager
-from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
-from rlkit.step.correction import bypass_on, correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
-from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime.build import Runtime
+from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.runtime.watchdog import PhaseWatch
+from rlkit.step import state
+from rlkit.step.ahead import RolloutPipeline, generated_ahead, pipeline_depth, staleness_bound
+from rlkit.step.advantage import advantage
+from rlkit.step.baseline import greedy_baseline
+from rlkit.step.compute import old_log_prob, ref_log_prob, sync_weights, update_actor, update_critic, values
+from rlkit.step.context import StepContext
+from rlkit.step.correction import bypass_on, correct_rollout
+from rlkit.step.generate import generate
+from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics
+from rlkit.step.reward import score
+from rlkit.step.sampling import dynamic_sampling
+from rlkit.step.validation import validate
+from rlkit.testing import faults
 
 __all__ = ["Trainer"]
 
@@ -58,22 +59,20 @@ class Trainer:
         self.global_step = 0
         self.output_dir = runtime.output_dir
         self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
-        est = runtime.estimator
-        self.dynamic_sampling = (
-            DynamicSamplingAccumulator(recipe.data.train_batch_size, recipe.algorithm.filter_groups.max_num_gen_batches,
-                                       recipe.algorithm.filter_groups.metric)
-            if recipe.algorithm.filter_groups.enable else None
-        )
-        self.needs_baseline = est.spec.needs_greedy_baseline
-        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update
-        # then logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
-        actor = recipe.actor
+        filter_groups = recipe.algorithm.filter_groups
+        self.sampling = (DynamicSamplingAccumulator(recipe.data.train_batch_size, filter_groups.max_num_gen_batches,
+                                                    filter_groups.metric) if filter_groups.enable else None)
+        spec = runtime.estimator.spec
+        self.needs_baseline = spec.needs_greedy_baseline
+        self.needs_sum_pi_squared = spec.needs_sum_pi_squared
         self.correction = runtime.pipeline.rollout_correction
-        self.needs_sum_pi_squared = est.spec.needs_sum_pi_squared
         self.bypass = bypass_on(self.correction)  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
+        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update then
+        # logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
+        actor = recipe.actor
+        one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
-            not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
-            or self.correction is not None or self.needs_sum_pi_squared)
+            not one_pass or self.correction is not None or self.needs_sum_pi_squared)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
         t = recipe.trainer
@@ -90,19 +89,72 @@ class Trainer:
         finally:
             self.watch.stop()
 
+    def step(self, prompts: Batch | None, more_prompts: Any = None) -> dict[str, float]:
+        """One RL step on ``prompts`` (``more_prompts``: the prompt iterator that refills the batch for dynamic
+        sampling and feeds a rollout pool)."""
+        ctx = self._context()
+        timer = Timer(on_enter=self._on_phase, on_exit=self.watch.exit)
+        metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
+
+        def run(name: str | None, phase, batch, *args) -> Batch:
+            with timer(name) if name else _nothing():
+                batch, more = phase(batch, ctx, *args)
+            metrics.update(more)
+            return batch
+
+        def generated(gen_batch: int, prompts: Batch) -> Batch:  # gen (+ ReMax's greedy baseline), then reward
+            with timer("gen"):
+                batch = run(None, generate, prompts, gen_batch)
+                if self.needs_baseline:
+                    batch = run(None, greedy_baseline, batch, prompts)
+            return run("reward", score, batch)
+
+        with timer("step"):
+            if self.pipe is None:
+                batch = generated(0, prompts)
+            else:
+                batch = run("reward", score, run("gen", generated_ahead, more_prompts, self.pipe))
+            if self.sampling is not None:
+                batch = run(None, dynamic_sampling, batch, self.sampling, lambda i: generated(i, next(more_prompts)))
+            if self.recompute_old_log_prob:
+                batch = run("old_log_prob", old_log_prob, batch, self.needs_sum_pi_squared)
+            if self.recompute_old_log_prob or self.bypass:
+                batch = run(None, correct_rollout, batch, self.correction)
+            if self.rt.ref is not None:
+                batch = run("ref", ref_log_prob, batch)
+            if self.rt.critic is not None:
+                batch = run("values", values, batch)
+            batch = faults.poison(run("adv", advantage, batch), self.global_step)  # no-op unless RLKIT_FAULT
+            if self.rt.critic is not None:
+                batch = run("update_critic", update_critic, batch)
+            batch = run("update_actor", update_actor, batch)
+            batch = run("sync_weights", sync_weights, batch)  # hybrid engine: the rollout samples the updated actor
+            if self.pipe is not None:
+                with timer("push_weights"):  # the rollout pool gets this version behind what it already generates
+                    self.pipe.push_weights(self.global_step)
+        data = self.recipe.data
+        metrics |= data_metrics(batch, max_prompt_length=data.max_prompt_length,
+                                max_response_length=data.max_response_length)
+        metrics |= timing_metrics(timer.times, batch)
+        metrics |= throughput_metrics(batch, timer.times["step"], self.rt.actor.world_size)
+        metrics |= self.rt.perf_metrics(batch, timer.times)
+        return metrics
+
+    # ----- around the steps ---------------------------------------------------------------------
     def _fit(self) -> dict[str, float]:
         cfg = self.recipe.trainer
         timer = Timer(on_enter=self.watch.enter, on_exit=self.watch.exit)  # validate / save: watched, not timed
-        resumed = self.resume()
+        resumed = state.resume(self.recipe, self.rt, self.checkpoints, self.pipe)
+        self.global_step = resumed or 0
         if self.pipe is not None:  # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
             self.pipe.push_weights(self.global_step)
-        self.write_run_info()
-        if not resumed:
+        state.write_run_info(self.rt, self.output_dir)
+        if resumed is None:
             self.rt.tracking.log_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml")
         last: dict[str, float] = {}
-        if cfg.val_before_train and self.rt.val_loader is not None and not resumed:
+        if cfg.val_before_train and self.rt.val_loader is not None and resumed is None:
             with timer("validate"):
-                last = self.validate()
+                last = validate(self._context())
             self.rt.tracking.log(last, self.global_step)
         batches = self.rt.train_batches()
         while self.global_step < self.rt.total_steps:
@@ -113,18 +165,26 @@ class Trainer:
             is_last = self.global_step == self.rt.total_steps
             if self.rt.val_loader is not None and (is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)):
                 with timer("validate"):
-                    metrics |= self.validate()
+                    metrics |= validate(self._context())
             self.rt.tracking.log(metrics, self.global_step)
             faults.maybe_fail("logged", self.global_step)
             last = metrics
             if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
                 with timer("save"):
-                    self.save()
+                    state.save(self._context(), self.checkpoints, self.pipe)
         if cfg.merge_at_end:
-            self.merge_final()
+            self._merge_final()
         return last
 
-    def merge_final(self) -> Path:
+    def _context(self) -> StepContext:
+        return StepContext(recipe=self.recipe, rt=self.rt, global_step=self.global_step)
+
+    def _on_phase(self, phase: str) -> None:
+        """As each phase of the step starts: the fault-injection point (no-op unless RLKIT_FAULT), the watchdog."""
+        faults.maybe_fail(phase, self.global_step)
+        self.watch.enter(phase)
+
+    def _merge_final(self) -> Path:
         """The newest checkpoint's actor as an HF folder; its path is logged to the trackers."""
         from rlkit.runtime.merge import merge_checkpoint
 
@@ -133,291 +193,10 @@ class Trainer:
         log.info("merged the final actor into %s", out)
         return out
 
-    def step(self, prompts: Batch, more_prompts: Any = None) -> dict[str, float]:
-        """One RL step on ``prompts`` (``more_prompts`` refills the batch for dynamic sampling)."""
-        rt = self.rt
-        timer = Timer(on_enter=self.on_phase, on_exit=self.watch.exit)
-        metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
-        with timer("step"):
-            with timer("gen"):
-                batch = self.rollout(prompts, metrics) if self.pipe is None else self.take_generated(more_prompts, metrics)
-            with timer("reward"):
-                batch = self.score(batch, metrics)
-            if self.dynamic_sampling is not None:
-                batch = self.fill_by_dynamic_sampling(batch, more_prompts, timer, metrics)
-            if self.recompute_old_log_prob:
-                with timer("old_log_prob"):
-                    spp = {"with_sum_pi_squared": True} if self.needs_sum_pi_squared else {}  # OTB's sum_pi_squared
-                    batch = batch.union(rt.actor.call("compute_log_prob", batch, balance=self.balance, **spp))
-            if self.recompute_old_log_prob or self.bypass:
-                batch, more = correct_rollout(batch, self.correction)
-                metrics |= more
-            if rt.ref is not None:
-                with timer("ref"):
-                    batch = batch.union(rt.ref_call("compute_ref_log_prob", batch))
-            if rt.critic is not None:
-                with timer("values"):
-                    batch = batch.union(rt.critic.call("compute_values", batch, balance=self.balance))
-            with timer("adv"):
-                batch = self.compute_advantage(batch, metrics)
-            if rt.critic is not None:
-                with timer("update_critic"):
-                    metrics |= rt.critic.call("update_critic", batch, balance=self.balance)[0]
-            with timer("update_actor"):
-                metrics |= rt.actor.call("update_actor", loss_batch(batch), balance=self.balance)[0]  # same on every rank
-                metrics |= rt.actor.last_metrics  # global_seqlen/*: tokens per rank before and after balancing
-            with timer("sync_weights"):  # hybrid engine: the rollout samples from the updated actor
-                rt.actor.call("sync_weights", dispatch="all")
-            if self.pipe is not None:
-                with timer("push_weights"):  # the rollout pool gets this version behind what it already generates
-                    self.pipe.push_weights(self.global_step)
-        metrics |= data_metrics(batch, max_prompt_length=self.recipe.data.max_prompt_length,
-                                max_response_length=self.recipe.data.max_response_length)
-        metrics |= timing_metrics(timer.times, batch)
-        metrics |= throughput_metrics(batch, timer.times["step"], rt.actor.world_size)
-        metrics |= rt.perf_metrics(batch, timer.times)
-        return metrics
 
-    def on_phase(self, phase: str) -> None:
-        """As each phase of the step starts: the fault-injection point (no-op unless RLKIT_FAULT), the watchdog."""
-        faults.maybe_fail(phase, self.global_step)
-        self.watch.enter(phase)
+class _nothing:
+    def __enter__(self) -> None:
+        return None
 
-    @property
-    def balance(self) -> bool:
-        return self.recipe.trainer.balance_batch
-
-    # ----- phases -------------------------------------------------------------------------------
-    def rollout(self, prompts: Batch, metrics: dict[str, float], gen_batch: int = 0) -> Batch:
-        """Repeat each prompt rollout.n times (interleaved), give each group a uid, generate.
-
-        The uid names step, generation batch (dynamic sampling's refills) and row, so groups from
-        different generation batches of one step never merge."""
-        n = self.recipe.rollout.n
-        prompts = Batch(prompts.tensors, prompts.non_tensors, prompts.meta)
-        repeated = self.repeat_prompts(prompts, f"{self.global_step}-{gen_batch}")
-        gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1)
-        batch = self.join_generation(repeated, gen, metrics)
-        if self.needs_baseline:  # ReMax: each prompt's greedy response score is its baseline
-            greedy = self.rt.actor.call("generate_sequences", self.rollout_inputs(prompts), balance=False, n=1,
-                                        do_sample=False)
-            greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
-            baseline = self.reward_of(greedy_batch).token_level_scores.sum(-1)  # [B/n]
-            batch["reward_baselines"] = baseline.repeat_interleave(n)
-        return batch
-
-    def repeat_prompts(self, prompts: Batch, tag: str) -> Batch:
-        """``prompts`` with ``uid`` ``<tag>-<row>`` (a group id), each row repeated rollout.n times (interleaved).
-        Sets ``uid`` on ``prompts`` too."""
-        prompts["uid"] = [f"{tag}-{i}" for i in range(len(prompts))]
-        return prompts.repeat(self.recipe.rollout.n, interleave=True)
-
-    @staticmethod
-    def join_generation(repeated: Batch, gen: Batch, metrics: dict[str, float]) -> Batch:
-        """The repeated prompts' per-row fields with the generation's tensors; the generation's metrics go to ``metrics``."""
-        metrics |= gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
-        return repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
-
-    def take_generated(self, more_prompts: Any, metrics: dict[str, float]) -> Batch:
-        """The next batch the rollout pool generated ahead (waiting for it if needed); it draws new prompts
-        from ``more_prompts`` to stay ``depth`` generations ahead. ``async/*`` metrics: the staleness of the
-        batch's rows (actor version - ``rollout_version``) and the generations dropped as too stale."""
-
-        def request(serial: int) -> tuple[Batch, Batch]:
-            prompts = next(more_prompts)
-            repeated = self.repeat_prompts(Batch(prompts.tensors, prompts.non_tensors, prompts.meta), f"g{serial}")
-            return repeated, self.rollout_inputs(repeated)
-
-        actor_version = self.global_step - 1  # updates the actor has made before this step's
-        ahead = self.rt.total_steps - self.global_step  # nothing is generated for steps the run will not make
-        item, dropped = self.pipe.take(actor_version, request, ahead=ahead)
-        batch = self.join_generation(item.request, item.result, metrics)
-        staleness = (actor_version - batch["rollout_version"]).float()  # [B]
-        metrics |= {"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
-                    "async/dropped_stale": float(dropped), "async/weights_version": float(actor_version),
-                    "async/queued": float(len(self.pipe.queue))}
-        return batch
-
-    @staticmethod
-    def rollout_inputs(prompts: Batch) -> Batch:
-        """What a backend reads: the prompt tensors, plus the per-row fields agent loops use."""
-        keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
-        return prompts.select(keys)
-
-    def reward_of(self, batch: Batch) -> Any:
-        """The reward step's result (``RewardResult``); the reward model scores the batch first when there is one."""
-        if self.rt.reward_model is not None:
-            batch = batch.union(self.rt.reward_model.call("compute_rm_score", batch, balance=self.balance))
-        return self.rt.reward(batch)
-
-    def score(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        result = self.reward_of(batch)
-        batch["token_level_scores"] = result.token_level_scores
-        for key, values in result.extra.items():
-            batch[f"reward_extra/{key}"] = list(values)
-        metrics |= result.metrics
-        return batch
-
-    def fill_by_dynamic_sampling(self, batch: Batch, more_prompts: Any, timer: Timer,
-                                 metrics: dict[str, float]) -> Batch:
-        """DAPO: keep groups whose metric varies; generate from new prompts until the batch is full.
-
-        Each generation batch is padded to its own longest prompt, so the kept pieces are re-padded to
-        one layout (``concat_rollouts``), then trimmed to the first ``train_batch_size`` whole groups."""
-        acc = self.dynamic_sampling
-        acc.reset()
-        kept: list[Batch] = []
-        while True:
-            try:
-                keep = acc.add(self.group_index(batch), self.filter_metric(batch))
-            except DynamicSamplingError as exc:
-                raise DynamicSamplingError(f"{exc} Metrics the scores carry: {self.score_metric_names(batch)}.") from None
-            kept.append(batch[keep])
-            if acc.full:
-                break
-            with timer("gen"):
-                batch = self.rollout(next(more_prompts), metrics, gen_batch=acc.num_gen_batches)
-            with timer("reward"):
-                batch = self.score(batch, metrics)
-        full = concat_rollouts(kept, self.rt.tokenizer.pad_token_id)
-        full = full[first_groups_mask(self.group_index(full), acc.target_groups)]
-        metrics |= acc.metrics()
-        return full
-
-    @staticmethod
-    def score_metric_names(batch: Batch) -> list[str]:
-        """Per-sample metrics a group filter can read: ``score`` plus the reward's extra values."""
-        return ["score"] + sorted(k.split("/", 1)[1] for k in batch.keys() if k.startswith("reward_extra/"))
-
-    def filter_metric(self, batch: Batch) -> torch.Tensor:
-        """[B] values of ``algorithm.filter_groups.metric``."""
-        name = self.recipe.algorithm.filter_groups.metric
-        if name in ("score", "seq_final_reward"):
-            return batch["token_level_scores"].sum(-1)
-        if f"reward_extra/{name}" in batch:
-            return torch.tensor([float(v) for v in batch[f"reward_extra/{name}"]])
-        raise DynamicSamplingError(
-            f"algorithm.filter_groups.metric={name!r}: the reward manager '{self.recipe.reward.manager}' gives no "
-            f"such per-sample metric; valid here: {self.score_metric_names(batch)}.")
-
-    @staticmethod
-    def group_index(batch: Batch) -> torch.Tensor:
-        """uid strings → dense group ids [B] (the estimators' ``index``)."""
-        _, inverse = np.unique(batch["uid"].astype(str), return_inverse=True)
-        return torch.as_tensor(inverse, dtype=torch.long)
-
-    def compute_advantage(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        algo = self.recipe.algorithm
-        scores = batch["token_level_scores"]
-        if algo.use_kl_in_reward:
-            old = batch["old_log_prob"] if "old_log_prob" in batch else batch["rollout_log_probs"]
-            rewards, kl_metrics = apply_kl_penalty(scores, old, batch["ref_log_prob"], batch["response_mask"],
-                                                   self.rt.kl_ctrl, algo.kl_penalty)
-            metrics |= kl_metrics
-        else:
-            rewards = scores
-        batch["token_level_rewards"] = rewards
-        est = self.rt.estimator
-        otb = {"old_log_prob": batch["old_log_prob"], "sum_pi_squared": batch["sum_pi_squared"],
-               "rollout_is_weights": batch["rollout_is_weights"] if "rollout_is_weights" in batch else None
-               } if est.spec.needs_sum_pi_squared else {}
-        advantages, returns = est.fn(
-            rewards, batch["response_mask"].to(rewards.dtype), self.group_index(batch),
-            values=batch["values"] if "values" in batch else None,
-            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
-            **otb, **est.kwargs,
-        )
-        for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
-            if faults.poisoned(kind, self.global_step):  # RLKIT_FAULT (tests): a numerical blow-up
-                advantages = torch.full_like(advantages, value)
-        batch["advantages"] = advantages
-        batch["returns"] = returns
-        return batch
-
-    # ----- validation ---------------------------------------------------------------------------
-    def validate(self) -> dict[str, float]:
-        """mean@n / best@n of the validation data per data_source; logs a table of generations."""
-        val = self.recipe.rollout.val
-        sources, uids, scores, rows = [], [], [], []
-        extra: dict[str, list[Any]] = {}
-        for prompts in self.rt.val_loader:
-            prompts["uid"] = [f"val-{len(uids) + i}" for i in range(len(prompts))]
-            repeated = prompts.repeat(val.n, interleave=True)
-            gen = self.rt.actor.call("generate_sequences", self.rollout_inputs(repeated), balance=False, n=1,
-                                     do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
-            gen.meta.pop("metrics", None)
-            batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
-            result = self.reward_of(batch)
-            sources += list(batch["data_source"])
-            uids += list(batch["uid"])
-            scores += result.token_level_scores.sum(-1).tolist()
-            for key, values in result.extra.items():
-                extra.setdefault(key, []).extend(values)
-            if len(rows) < self.recipe.tracking.log_generations:
-                rows += self.generation_rows(batch, result.token_level_scores.sum(-1))
-        metrics = validation_metrics(np.array(sources, dtype=object), np.array(uids, dtype=object), scores, val.n,
-                                     extra if len(next(iter(extra.values()), [])) == len(scores) else None)
-        table = "| prompt | response | score |\n|---|---|---|\n" + "\n".join(rows[: self.recipe.tracking.log_generations])
-        self.rt.tracking.log_text(table, f"generations/step_{self.global_step}.md")
-        return metrics
-
-    def generation_rows(self, batch: Batch, scores: torch.Tensor) -> list[str]:
-        tok = self.rt.tokenizer
-
-        def cell(text: str) -> str:
-            return text.replace("|", "\\|").replace("\n", "<br>")
-
-        rows = []
-        for i in range(len(batch)):
-            prompt = tok.decode(batch["prompts"][i][batch["attention_mask"][i, : batch["prompts"].shape[1]].bool()])
-            response = tok.decode(batch["responses"][i][batch["response_mask"][i].bool()])
-            rows.append(f"| {cell(prompt[-300:])} | {cell(response)} | {scores[i].item():.3f} |")
-        return rows
-
-    # ----- checkpoints --------------------------------------------------------------------------
-    def save(self) -> Path:
-        def write(tmp: Path) -> None:
-            self.rt.save_workers(tmp)
-            state = {
-                "global_step": self.global_step,
-                "dataloader": self.rt.train_loader.state_dict(),
-                "kl_ctrl": self.rt.kl_ctrl.__dict__ if self.rt.kl_ctrl is not None else None,
-                "tracker_run_ids": self.rt.tracking.run_ids(),
-                "driver_rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
-                # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a resume
-                "rollout_queue": self.pipe.state_dict() if self.pipe is not None else None,
-            }
-            torch.save(state, tmp / "trainer_state.pt")
-            (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False))
-
-        path = self.checkpoints.save(self.global_step, write)
-        log.info("saved checkpoint %s", path)
-        return path
-
-    def resume(self) -> bool:
-        """Restore the newest (``auto``) or given checkpoint; returns whether one was loaded."""
-        self.checkpoints.clean_partial()
-        path = self.checkpoints.resolve_resume(self.recipe.trainer.resume)
-        if path is None:
-            return False
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.rt.load_workers(path)
-        self.global_step = state["global_step"]
-        self.rt.train_loader.load_state_dict(state["dataloader"])
-        if state["kl_ctrl"] is not None and self.rt.kl_ctrl is not None:
-            self.rt.kl_ctrl.__dict__.update(state["kl_ctrl"])
-        torch.set_rng_state(state["driver_rng"]["torch"])
-        np.random.set_state(state["driver_rng"]["numpy"])
-        queued = state.get("rollout_queue")
-        if self.pipe is not None and queued is not None:
-            self.pipe.load_state_dict(queued)
-        elif queued and queued["items"]:
-            log.warning("the checkpoint holds %d batches generated ahead (trainer.mode was not sync); trainer.mode=sync "
-                        "discards them: their prompts are skipped", len(queued["items"]))
-        log.info("resumed from %s at step %d", path, self.global_step)
-        return True
-
-    def write_run_info(self) -> None:
-        info = {"run_ids": self.rt.tracking.run_ids(), "mlflow_uri": self.rt.mlflow_uri, "started": time.time(),
-                "output_dir": str(self.output_dir)}
-        (self.output_dir / "run_info.json").write_text(json.dumps(info, indent=1))
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,6 +1,6 @@
 """Conformance checks for the function registries: advantage estimators, policy losses, rollout corrections.
 
-Both call the function exactly as rlkit does (``rlkit.step.trainer.Trainer.compute_advantage``,
+Both call the function exactly as rlkit does (``rlkit.step.advantage.advantage``,
 ``rlkit.workers.actor.FSDPActor._micro_loss``) on small random batches built here, with the
 component's validated parameters as keywords. Shapes: ``B`` samples (``G`` groups of ``n``), ``T``
 response tokens.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["ENV", "KILL_PHASES", "POISONS", "arm", "maybe_fail", "poisoned", "parse"]
+__all__ = ["ENV", "KILL_PHASES", "POISONS", "arm", "maybe_fail", "poison", "poisoned", "parse"]
 
 ENV = "RLKIT_FAULT"
 KILL_PHASES = ("gen", "reward", "update_actor", "sync_weights", "logged", "checkpoint_write", "checkpoint_publish")
@@ -70,3 +70,13 @@ def maybe_fail(phase: str, step: int) -> None:
 def poisoned(kind: str, step: int) -> bool:
     """Whether the value ``kind`` (``nan_adv``, ``inf_adv``) is to be poisoned at ``step``."""
     return bool(_plan) and _matches(kind, step)
+
+
+def poison(batch, step: int):
+    """The batch with its ``advantages`` made NaN / +inf when ``nan_adv`` / ``inf_adv`` is armed at ``step``."""
+    import torch
+
+    for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
+        if poisoned(kind, step):
+            batch["advantages"] = torch.full_like(batch["advantages"], value)
+    return batch
