@@ -34,12 +34,17 @@ from typing import Any
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 
-__all__ = ["bypass_on", "correct_rollout", "loss_batch"]
+__all__ = ["bypass_on", "correct", "correct_rollout", "loss_batch"]
 
 
 def bypass_on(correction: Any | None) -> bool:
     """Whether the recipe's correction (a ``Resolved`` or None) runs in bypass mode (pi_old := pi_rollout)."""
     return correction is not None and correction.spec.bypass and bool(correction.params.bypass)
+
+
+def correct(batch: Batch, ctx: Any) -> tuple[Batch, dict[str, float]]:
+    """The correction phase: ``correct_rollout`` with the recipe's correction (``ctx.rt.pipeline``)."""
+    return correct_rollout(batch, ctx.rt.pipeline.rollout_correction)
 
 
 def correct_rollout(batch: Batch, correction: Any | None) -> tuple[Batch, dict[str, float]]:

@@ -37,7 +37,7 @@ from rlkit.step.advantage import advantage
 from rlkit.step.baseline import greedy_baseline
 from rlkit.step.compute import old_log_prob, ref_log_prob, sync_weights, update_actor, update_critic, values
 from rlkit.step.context import StepContext
-from rlkit.step.correction import bypass_on, correct_rollout
+from rlkit.step.correction import bypass_on, correct
 from rlkit.step.generate import generate
 from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics
 from rlkit.step.reward import score
@@ -65,14 +65,14 @@ class Trainer:
         spec = runtime.estimator.spec
         self.needs_baseline = spec.needs_greedy_baseline
         self.needs_sum_pi_squared = spec.needs_sum_pi_squared
-        self.correction = runtime.pipeline.rollout_correction
-        self.bypass = bypass_on(self.correction)  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
+        correction = runtime.pipeline.rollout_correction
+        self.bypass = bypass_on(correction)  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
         # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update then
         # logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
         actor = recipe.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
-            not one_pass or self.correction is not None or self.needs_sum_pi_squared)
+            not one_pass or correction is not None or self.needs_sum_pi_squared)
         faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
         t = recipe.trainer
@@ -119,7 +119,7 @@ class Trainer:
             if self.recompute_old_log_prob:
                 batch = run("old_log_prob", old_log_prob, batch, self.needs_sum_pi_squared)
             if self.recompute_old_log_prob or self.bypass:
-                batch = run(None, correct_rollout, batch, self.correction)
+                batch = run(None, correct, batch)
             if self.rt.ref is not None:
                 batch = run("ref", ref_log_prob, batch)
             if self.rt.critic is not None:
