@@ -9,6 +9,7 @@ import sys
 import torch
 
 import rlkit
+from rlkit.algos.estimators import EstimatorInputs
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
 
@@ -29,7 +30,7 @@ def test_example_estimator_has_the_uniform_signature():
     rewards = torch.zeros(4, 3)
     rewards[:, -1] = torch.tensor([1.0, 0.0, 5.0, 2.0])  # scores; groups {0,1} and {2,3}
     mask = torch.ones(4, 3)
-    adv, ret = spec.fn(rewards, mask, torch.tensor([0, 0, 1, 1]), values=None, reward_baselines=None)
+    adv, ret = spec.fn(EstimatorInputs(rewards, mask, torch.tensor([0, 0, 1, 1])))
     # torch.median of an even group is its lower middle: group 0 → 0.0, group 1 → 2.0
     assert torch.equal(adv[:, 0], torch.tensor([1.0, 0.0, 3.0, 0.0])) and torch.equal(adv, ret)
 

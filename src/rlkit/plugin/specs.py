@@ -8,9 +8,12 @@ A hook implementation returns a list of these::
 
 Call contracts (the trainer and workers call every entry the same way):
 
-- ``EstimatorSpec.fn(token_level_rewards, response_mask, index, *, values, reward_baselines,
-  **params) -> (advantages, returns)``, shapes ``[B, T], [B, T], [B]`` in and ``[B, T], [B, T]``
-  out; ``params`` are the fields of the spec's params model, as keyword scalars.
+- ``EstimatorSpec.fn(inputs, **params) -> (advantages, returns)``: ``inputs`` is one
+  ``rlkit.algos.estimators.EstimatorInputs`` (``token_level_rewards [B, T]``, ``response_mask [B, T]``,
+  ``group_id [B]``, and only what the spec declares: ``values`` with ``needs_critic``, ``reward_baselines``
+  with ``needs_greedy_baseline``, ``old_log_prob``/``sum_pi_squared``/``rollout_is_weights`` with
+  ``needs_sum_pi_squared``); out ``[B, T], [B, T]``; ``params`` are the fields of the spec's params model,
+  as keyword scalars.
 - ``PolicyLossSpec.fn(log_prob, old_log_prob, advantages, response_mask, **params)
   -> (per_token_loss [B, T], metrics dict)``; ``params`` as above. Aggregation over tokens happens
   outside the loss (``rlkit.algos.agg_loss``) so it can use the global token count.
@@ -67,11 +70,11 @@ class EstimatorSpec(Spec):
     """An advantage estimator: what a recipe names as its algorithm (``algorithm.estimator``)."""
 
     fn: Callable[..., Any] | None = None
-    needs_critic: bool = False  # PPO/GAE: a critic role must exist and `values` is passed
+    needs_critic: bool = False  # PPO/GAE: a critic role must exist and inputs.values is filled
     needs_groups: bool = False  # group-relative: rollout.n must be > 1 (singleton groups degrade)
-    needs_greedy_baseline: bool = False  # ReMax: a greedy rollout's score is passed as reward_baselines
+    needs_greedy_baseline: bool = False  # ReMax: a greedy rollout's score fills inputs.reward_baselines
     # OTB: the trainer recomputes old_log_prob with sum_pi_squared (sum over the vocabulary of pi^2 per token)
-    # and passes both (and rollout_is_weights, None without a weighting correction) as keywords
+    # and fills inputs.old_log_prob, .sum_pi_squared (and .rollout_is_weights with a weighting correction)
     needs_sum_pi_squared: bool = False
     # Defaults the estimator sets on other parts of the recipe, as dotted keys
     # ("actor.policy_loss.clip_ratio_high": 0.28). A key the user set explicitly always wins; a

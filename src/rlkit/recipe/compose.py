@@ -3,7 +3,7 @@
     registries = build_registries()
     recipe = load_recipe("recipes/grpo.yaml", registries=registries)   # validation uses the same resolver
     pipeline = compose(recipe, registries)                             # typed, picklable
-    pipeline.estimator.fn(rewards, mask, index, values=None, reward_baselines=None, **pipeline.estimator.kwargs)
+    pipeline.estimator.fn(EstimatorInputs(rewards, mask, group_id), **pipeline.estimator.kwargs)  # rlkit.algos.estimators
 
 Workers receive the resolved parts they need (the actor its policy loss, the rollout its backend,
 agent loops and tools) as arguments: no worker re-reads entry points, and nothing here is a

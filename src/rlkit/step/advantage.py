@@ -2,20 +2,24 @@
 
     batch, metrics = advantage(batch, ctx)   # adds token_level_rewards, advantages, returns [B, T]
 
-The estimator gets the group ids the generation phase made (``group_id`` [B]), the critic's ``values`` and the
-greedy ``reward_baselines`` where the batch has them, and OTB's inputs (``old_log_prob``, ``sum_pi_squared``,
-``rollout_is_weights``) when its spec declares ``needs_sum_pi_squared``.
+The estimator gets one ``EstimatorInputs`` (``rlkit.algos.estimators``) filled with exactly what its spec declares:
+rewards, mask and the group ids the generation phase made (``group_id`` [B]) always; the critic's ``values`` with
+``needs_critic``; the greedy ``reward_baselines`` with ``needs_greedy_baseline``; ``old_log_prob``,
+``sum_pi_squared`` and a weighting correction's ``rollout_is_weights`` with ``needs_sum_pi_squared`` (OTB).
 """
 
 from __future__ import annotations
 
 import torch
 
+from typing import Any
+
 from rlkit.algos import apply_kl_penalty
+from rlkit.algos.estimators import EstimatorInputs
 from rlkit.batch import Batch
 from rlkit.step.context import StepContext
 
-__all__ = ["advantage"]
+__all__ = ["advantage", "estimator_inputs"]
 
 
 def advantage(batch: Batch, ctx: StepContext) -> tuple[Batch, dict[str, float]]:
@@ -30,15 +34,18 @@ def advantage(batch: Batch, ctx: StepContext) -> tuple[Batch, dict[str, float]]:
         rewards = scores
     batch["token_level_rewards"] = rewards
     est = ctx.rt.estimator
-    otb = {"old_log_prob": batch["old_log_prob"], "sum_pi_squared": batch["sum_pi_squared"],
-           "rollout_is_weights": _optional(batch, "rollout_is_weights")} if est.spec.needs_sum_pi_squared else {}
-    advantages, returns = est.fn(rewards, batch["response_mask"].to(rewards.dtype), batch["group_id"],
-                                 values=_optional(batch, "values"),
-                                 reward_baselines=_optional(batch, "reward_baselines"), **otb, **est.kwargs)
+    advantages, returns = est.fn(estimator_inputs(batch, rewards, est.spec), **est.kwargs)
     batch["advantages"] = advantages
     batch["returns"] = returns
     return batch, metrics
 
 
-def _optional(batch: Batch, key: str) -> torch.Tensor | None:
-    return batch[key] if key in batch else None
+def estimator_inputs(batch: Batch, rewards: torch.Tensor, spec: Any) -> EstimatorInputs:
+    """``EstimatorInputs`` with the fields ``spec`` (an ``EstimatorSpec``) declares, the others None."""
+    otb = spec.needs_sum_pi_squared
+    return EstimatorInputs(
+        token_level_rewards=rewards, response_mask=batch["response_mask"].to(rewards.dtype), group_id=batch["group_id"],
+        values=batch["values"] if spec.needs_critic else None,
+        reward_baselines=batch["reward_baselines"] if spec.needs_greedy_baseline else None,
+        old_log_prob=batch["old_log_prob"] if otb else None, sum_pi_squared=batch["sum_pi_squared"] if otb else None,
+        rollout_is_weights=batch["rollout_is_weights"] if otb and "rollout_is_weights" in batch else None)

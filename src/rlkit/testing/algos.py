@@ -14,12 +14,14 @@ from typing import Any
 import torch
 
 from rlkit.algos.aggregation import LOSS_AGG_MODES, agg_loss, global_counts
+from rlkit.algos.estimators import EstimatorInputs
 from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_estimator", "check_policy_loss", "check_rollout_correction"]
 
-_ESTIMATOR_CONTRACT = ("fn(token_level_rewards [B, T], response_mask [B, T], index [B], *, values, reward_baselines, "
-                       "**params) -> (advantages [B, T], returns [B, T])  (rlkit.plugin.specs)")
+_ESTIMATOR_CONTRACT = ("fn(inputs: EstimatorInputs (token_level_rewards [B, T], response_mask [B, T], group_id [B], "
+                       "and what the spec declares), **params) -> (advantages [B, T], returns [B, T])  "
+                       "(rlkit.algos.estimators, rlkit.plugin.specs)")
 _LOSS_CONTRACT = ("fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (per_token_loss [B, T], "
                   "metrics: dict[str, float])  (rlkit.plugin.specs)")
 _CORRECTION_CONTRACT = ("fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
@@ -73,9 +75,11 @@ def _call_estimator(est: Any, case: dict[str, Any], rows: torch.Tensor | None = 
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:  # the case's own tensors: in-place writes show
         return x if x is None or rows is None else x[rows]
 
-    otb = {k: pick(v) for k, v in case["otb"].items()} | {"rollout_is_weights": None} if case["otb"] else {}
-    out = est.fn(pick(case["rewards"]), pick(case["mask"]), pick(case["index"]) if index is None else index,
-                 values=pick(case["values"]), reward_baselines=pick(case["baselines"]), **otb, **est.kwargs)
+    otb = {k: pick(v) for k, v in case["otb"].items()} if case["otb"] else {}
+    inputs = EstimatorInputs(token_level_rewards=pick(case["rewards"]), response_mask=pick(case["mask"]),
+                             group_id=pick(case["index"]) if index is None else index, values=pick(case["values"]),
+                             reward_baselines=pick(case["baselines"]), **otb)
+    out = est.fn(inputs, **est.kwargs)
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
         raise _fail(who(est), f"returned {type(out).__name__}, not a pair of tensors (advantages, returns).",
                     _ESTIMATOR_CONTRACT)

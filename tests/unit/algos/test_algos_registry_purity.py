@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rlkit.algos
+from rlkit.algos.estimators import EstimatorInputs
 from rlkit.recipe.compose import params_model, resolve
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
@@ -62,15 +63,15 @@ def resolved(registries, key, kind, name, values):
 def test_estimator_registered_and_callable(registries, name):
     spec = registries.estimators.get(name)
     assert fields(spec) <= set(ALGORITHM_KEYS), f"{name} has a parameter this test does not know"
-    assert set(inspect.signature(spec.fn).parameters) >= {"token_level_rewards", "response_mask", "index",
-                                                           "values", "reward_baselines", *fields(spec)}
+    names = list(inspect.signature(spec.fn).parameters)
+    assert set(names[1:]) == fields(spec)  # one inputs object, then exactly its parameters
     est = resolved(registries, "algorithm.estimator", "estimators", name, ALGORITHM_KEYS)
     assert est.kwargs == {k: ALGORITHM_KEYS[k] for k in fields(spec)}
     rewards, mask, index, values, baselines = small_batch()
-    otb = {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask,
-           "rollout_is_weights": None} if spec.needs_sum_pi_squared else {}
-    adv, ret = est.fn(rewards, mask, index, values=values if spec.needs_critic else None,
-                      reward_baselines=baselines if spec.needs_greedy_baseline else None, **otb, **est.kwargs)
+    otb = {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask} if spec.needs_sum_pi_squared else {}
+    inputs = EstimatorInputs(rewards, mask, index, values=values if spec.needs_critic else None,
+                             reward_baselines=baselines if spec.needs_greedy_baseline else None, **otb)
+    adv, ret = est.fn(inputs, **est.kwargs)
     assert adv.shape == ret.shape == rewards.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert spec.paper and spec.description
@@ -113,7 +114,7 @@ def test_dr_grpo_through_its_defaults_is_unscaled(registries):
     rewards, mask, index, _, _ = small_batch()
     est, problems = resolve("algorithm.estimator", "estimators", "dr_grpo", registries)
     assert not problems and est.kwargs == {"norm_adv_by_std": False, "epsilon": 1e-6}
-    adv, _ = est.fn(rewards, mask, index, values=None, reward_baselines=None, **est.kwargs)
+    adv, _ = est.fn(EstimatorInputs(rewards, mask, index), **est.kwargs)
     mean = torch.stack([rewards[index == g].sum(-1).mean() for g in index.tolist()])
     torch.testing.assert_close(adv[:, 0], rewards.sum(-1) - mean)
 

@@ -75,10 +75,10 @@ def test_sum_pi_squared_from_logits():
 
 def test_estimator_wrappers_need_the_extra_tensors():
     rewards = torch.zeros(2, 3)
-    with pytest.raises(AlgoError, match="sum_pi_squared"):
-        E.optimal_token_baseline(rewards, rewards + 1, torch.tensor([0, 0]), values=None, reward_baselines=None)
-    with pytest.raises(AlgoError, match="old_log_prob and sum_pi_squared"):
-        E.tir_optimal_token_baseline(rewards, rewards + 1, torch.tensor([0, 0]), old_log_prob=rewards)
+    with pytest.raises(AlgoError, match="needs old_log_prob, sum_pi_squared"):
+        E.optimal_token_baseline(E.EstimatorInputs(rewards, rewards + 1, torch.tensor([0, 0])))
+    with pytest.raises(AlgoError, match="needs sum_pi_squared"):
+        E.tir_optimal_token_baseline(E.EstimatorInputs(rewards, rewards + 1, torch.tensor([0, 0]), old_log_prob=rewards))
 
 
 # ---------------------------------------------------------------- loop references

@@ -50,12 +50,14 @@ def scores_of(rewards, mask):
 
 
 # ----- estimators -----------------------------------------------------------------------------------
-def leaky(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def leaky(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     adv = scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()  # forgot the mask
     return adv, adv
 
 
-def no_epsilon(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def no_epsilon(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     s = scores_of(token_level_rewards, response_mask)
     mean = torch.stack([s[index == g].mean() for g in index])
     std = torch.stack([s[index == g].std() for g in index])
@@ -63,23 +65,27 @@ def no_epsilon(token_level_rewards, response_mask, index, *, values=None, reward
     return adv, adv
 
 
-def first_row_baseline(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def first_row_baseline(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     s = scores_of(token_level_rewards, response_mask)
     adv = (s - s[0])[:, None] * response_mask  # "the group" is wherever row 0 happens to be
     return adv, adv
 
 
-def noisy(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def noisy(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     adv = torch.randn(response_mask.shape) * response_mask
     return adv, adv
 
 
-def in_place(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def in_place(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     token_level_rewards.mul_(2.0)
-    return grpo(token_level_rewards, response_mask, index)
+    return grpo(x)
 
 
-def per_sequence(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def per_sequence(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     s = scores_of(token_level_rewards, response_mask)
     return s, s  # [B], not [B, T]
 
@@ -89,8 +95,9 @@ class ShiftParams(BaseModel):
     shift: float = Field(0.0, ge=0, description="added to every advantage")
 
 
-def shifted(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None, shift=0.0):
-    adv, ret = grpo(token_level_rewards, response_mask, index)
+def shifted(x, *, shift=0.0):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
+    adv, ret = grpo(x)
     return adv + shift, ret  # the shift lands on masked tokens too
 
 
@@ -105,7 +112,7 @@ def shifted(token_level_rewards, response_mask, index, *, values=None, reward_ba
 def test_estimator_bugs_are_caught(spec, message):
     with pytest.raises(ContractError, match="estimators entry '" + spec.name) as err:
         check_estimator(spec)
-    assert message in str(err.value) and "Contract: fn(token_level_rewards" in str(err.value)
+    assert message in str(err.value) and "Contract: fn(inputs: EstimatorInputs" in str(err.value)
 
 
 def test_estimator_parameters_are_validated_and_passed():

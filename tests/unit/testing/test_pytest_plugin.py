@@ -13,7 +13,8 @@ from rlkit.plugin.specs import EstimatorSpec
 from rlkit.testing import check_estimator
 
 
-def unmasked(token_level_rewards, response_mask, index, *, values=None, reward_baselines=None):
+def unmasked(x):
+    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     adv = token_level_rewards.sum(-1, keepdim=True).expand_as(response_mask).clone()
     return adv, adv
 

@@ -16,30 +16,24 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import rlkit
+from rlkit.algos.estimators import EstimatorInputs
 from rlkit.plugin.specs import EstimatorSpec
 
 
-def group_median_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    *,
-    values: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def group_median_advantage(x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantage = sequence score minus the median score of its group, on every response token.
 
-    Shapes: token_level_rewards, response_mask [B, T]; index [B] (group id). Returns
+    Shapes: x.token_level_rewards, x.response_mask [B, T]; x.group_id [B]. Returns
     (advantages [B, T], returns [B, T]); here returns equal advantages.
     The median (lower of the two middle values for even groups, as ``torch.median``) is robust to
     one outlier reward in a group, unlike GRPO's mean.
     """
-    scores = (token_level_rewards * response_mask).sum(dim=-1)  # [B]
+    scores = (x.token_level_rewards * x.response_mask).sum(dim=-1)  # [B]
     baseline = torch.empty_like(scores)
-    for group in index.unique():
-        members = index == group
+    for group in x.group_id.unique():
+        members = x.group_id == group
         baseline[members] = scores[members].median()
-    advantages = (scores - baseline).unsqueeze(-1) * response_mask  # [B, T]
+    advantages = (scores - baseline).unsqueeze(-1) * x.response_mask  # [B, T]
     return advantages, advantages
 
 
@@ -48,24 +42,16 @@ class GroupQuantileParams(BaseModel):
     quantile: float = Field(0.5, ge=0, le=1, description="the group's baseline is this quantile of its scores (0.5 = median)")
 
 
-def group_quantile_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    *,
-    values: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
-    quantile: float = 0.5,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def group_quantile_advantage(x: EstimatorInputs, *, quantile: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantage = sequence score minus the ``quantile`` of its group's scores (linear interpolation,
     as ``torch.quantile``). ``quantile=0`` makes every advantage >= 0, ``quantile=1`` every one <= 0.
     Shapes as ``group_median_advantage``."""
-    scores = (token_level_rewards * response_mask).sum(dim=-1)  # [B]
+    scores = (x.token_level_rewards * x.response_mask).sum(dim=-1)  # [B]
     baseline = torch.empty_like(scores)
-    for group in index.unique():
-        members = index == group
+    for group in x.group_id.unique():
+        members = x.group_id == group
         baseline[members] = torch.quantile(scores[members], quantile)
-    advantages = (scores - baseline).unsqueeze(-1) * response_mask  # [B, T]
+    advantages = (scores - baseline).unsqueeze(-1) * x.response_mask  # [B, T]
     return advantages, advantages
 
 
