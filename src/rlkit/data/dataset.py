@@ -14,7 +14,8 @@ Everything is checked when the dataset is built, so a run fails before any model
 ``collate(samples)`` builds the batch: tensors ``input_ids``, ``attention_mask``, ``position_ids``
 (``[B, P]``, left-padded, ``P`` = longest prompt in the batch) and per-sample fields
 ``data_source``, ``reward_model``, ``extra_info``, ``ability``, ``raw_prompt`` (the messages),
-``index`` (row position in the dataset, int) and ``uid`` (``"<file #>:<row>"``, stable across resumes).
+``row`` (``"<file #>:<row>"``: the parquet file's number among ``data.*_files`` and the row's number in it,
+stable across resumes). A sample's group id (``uid``, ``group_id``) is made by the generation phase.
 """
 
 from __future__ import annotations
@@ -196,7 +197,6 @@ class RLDataset(torch.utils.data.Dataset):
                 return
             ids = ids[-limit:] if self.policy == "truncate_left" else ids[:limit]
             self.stats["truncated"] += 1
-        index = len(self.samples)
         self.samples.append(
             {
                 "input_ids": list(ids),
@@ -205,8 +205,7 @@ class RLDataset(torch.utils.data.Dataset):
                 "extra_info": row.get("extra_info") or {},
                 "ability": row.get("ability") or "",
                 "raw_prompt": row[self.prompt_key],
-                "index": index,
-                "uid": f"{file_number}:{row_number}",
+                "row": f"{file_number}:{row_number}",
                 **({"agent_name": row["agent_name"]} if row.get("agent_name") else {}),
             }
         )
@@ -226,7 +225,7 @@ class RLDataset(torch.utils.data.Dataset):
         return max(len(s["input_ids"]) for s in self.samples)
 
 
-NON_TENSOR_FIELDS = ("data_source", "reward_model", "extra_info", "ability", "raw_prompt", "index", "uid", "agent_name")
+NON_TENSOR_FIELDS = ("data_source", "reward_model", "extra_info", "ability", "raw_prompt", "row", "agent_name")
 
 
 def collate_prompts(samples: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:

@@ -39,8 +39,7 @@ def test_reads_many_files_and_collates_left_padded(tmp_path, tokenizer):
     assert batch["reward_model"][2] == {"style": "rule", "ground_truth": "2"}
     assert batch["extra_info"][1] == {"split": "train", "index": 1}
     assert batch["raw_prompt"][0] == [{"role": "user", "content": "one + two ?"}]
-    assert list(batch["index"]) == [0, 1, 2]
-    assert list(batch["uid"]) == ["0:0", "0:1", "1:0"]
+    assert list(batch["row"]) == ["0:0", "0:1", "1:0"] and "uid" not in batch and "index" not in batch
 
 
 @pytest.mark.parametrize(
@@ -96,7 +95,7 @@ def test_malformed_rows_error_or_filter(tmp_path, tokenizer, case, caplog):
         ds = RLDataset(path, tokenizer, prompt_length_policy="filter")
     assert len(ds) == 2 and ds.stats["filtered_malformed"] == 1 and ds.stats["rows_read"] == 3
     assert "m.parquet, row 1" in caplog.text
-    assert [s["uid"] for s in ds.samples] == ["0:0", "0:2"]
+    assert [s["row"] for s in ds.samples] == ["0:0", "0:2"]
 
 
 def test_non_string_content(tmp_path, tokenizer):

@@ -77,5 +77,5 @@ def test_with_rl_dataset(tmp_path, tokenizer):
     again = StatefulDataLoader(ds, 4, seed=3)
     again.load_state_dict(state)
     restored = next(iter(again))
-    assert list(restored["uid"]) == list(second["uid"]) and list(first["uid"]) != list(second["uid"])
+    assert list(restored["row"]) == list(second["row"]) and list(first["row"]) != list(second["row"])
     assert restored["input_ids"].equal(second["input_ids"])
