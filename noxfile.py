@@ -28,6 +28,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def edit(session: nox.Session) -> None:
+    """The edit loop: pure-Python tests only (no model, process group, Ray or subprocess; marker ``heavy`` is the
+    rest), a few minutes on 2 cores. Not a substitute for ``tests``, which CI runs."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-q", "-m", "not heavy and not e2e and not slow and not engines",
+                *session.posargs)
+
+
+@nox.session
 def e2e(session: nox.Session) -> None:
     """End-to-end `rlkit run` of tiny recipes in subprocesses (marker `e2e`)."""
     _install(session)

@@ -20,3 +20,20 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+# The edit loop (``nox -s edit``, docs/concepts.md): the tests that need no model, no process group, no Ray and no
+# subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures it uses.
+HEAVY_DIRS = ("e2e", "reliability", "engines", "plugins")
+HEAVY_FIXTURES = {
+    "ray_cluster", "tiny_model_dir", "plugin_tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
+    "rlkit_tokenizer", "gloo_world1", "two_ranks", "two_nodes", "straight_run", "smoke_runs", "serve_thread",
+    "tok_and_model", "tokenizer", "tiny_assets",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.relative_to(config.rootpath / "tests").parts
+        if parts[0] in HEAVY_DIRS or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
