@@ -6,6 +6,15 @@ import pytest
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """THE tiny test model of the suite: a Qwen2 causal LM (hidden 64, 2 layers) and its local BPE tokenizer, built
+    once per session (``rlkit.model.tiny.build_tiny_model`` defaults). Read it; copy it before changing it."""
+    from rlkit.model.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """ONE local Ray cluster (loopback, no dashboard) for the whole test session, stopped at the end.
 
@@ -26,7 +35,7 @@ def ray_cluster():
 # subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures it uses.
 HEAVY_DIRS = ("e2e", "reliability", "engines", "plugins")
 HEAVY_FIXTURES = {
-    "ray_cluster", "tiny_model_dir", "plugin_tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
+    "ray_cluster", "tiny_model_dir", "tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
     "rlkit_tokenizer", "gloo_world1", "two_ranks", "two_nodes", "straight_run", "smoke_runs", "serve_thread",
     "tok_and_model", "tokenizer", "tiny_assets",
 }

@@ -28,14 +28,12 @@ tracking: {{backends: [console, mlflow, jsonl]}}
 
 
 @pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
+def tiny_assets(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
     from rlkit.data import generate_arithmetic
-    from rlkit.model.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("e2e-assets")
-    model = build_tiny_model(root / "model")
     generate_arithmetic(root / "data", train_size=64, test_size=8, seed=0)
-    return model, root / "data"
+    return tiny_model_dir, root / "data"
 
 
 @pytest.fixture

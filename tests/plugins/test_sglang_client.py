@@ -139,9 +139,9 @@ def test_backend_returns_the_rollout_batch_layout(serve_thread):
     assert out["responses"][0, :len(single.token_ids)].tolist() == single.token_ids
 
 
-def test_server_killed_mid_request_is_a_clear_error_naming_the_url(plugin_tiny_model_dir):
+def test_server_killed_mid_request_is_a_clear_error_naming_the_url(tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "serve", str(plugin_tiny_model_dir), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "serve", str(tiny_model_dir), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         line = ""

@@ -8,14 +8,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny Qwen2 causal LM (hidden 64, 2 layers) + local BPE tokenizer, built once per session."""
-    from rlkit.model.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2", seed=0)
-
-
-@pytest.fixture(scope="session")
 def gloo_world1():
     """A world-size-1 gloo process group in this process (FSDP2 needs one), torn down at the end."""
     import torch
