@@ -39,15 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
 
 
-def executed_flops(module, batch, micro: int) -> tuple[float, int]:
+def executed_flops(module, batch, micro: int, plan) -> tuple[float, int]:
     """(6 · (body parameters · tokens the decoder layers run + head parameters · rows the LM head runs), body
     tokens) of one update over ``batch`` in micro-batches of ``micro`` samples, as the actor executes it now
-    (the layout ``actor._layout`` picks: shared prompt pass, packed rows or padded rows; fused head or logits
-    of the kept positions). Attention's own FLOPs are left out."""
+    (the layout ``rlkit.model.forward.layout_of`` picks under ``plan``: shared prompt pass, packed rows or padded
+    rows; fused head or logits of the kept positions). Attention's own FLOPs are left out."""
     import torch
 
-    from rlkit.workers import actor as actor_mod
     from rlkit.model import fsdp
+    from rlkit.model.forward import layout_of
     from rlkit.model.lm_head import plain_head
     from rlkit.model.packing import pack_groups
 
@@ -56,17 +56,17 @@ def executed_flops(module, batch, micro: int) -> tuple[float, int]:
     total = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
     head_params = head.numel()
     body = total - embed.numel() - (0 if head is embed else head.numel())
-    fused = actor_mod._fused_head and plain_head(module) is not None
+    fused = plan.fused_head and plain_head(module) is not None
     body_tokens = head_rows = 0
     for idx in fsdp.micro_batch_indices(batch, size=micro):
         piece = batch[idx]
         ids, mask, pos, p_keep, t = fsdp.trim_padding(piece)
         unique = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], 1), dim=0))
         if fused:
-            layout = actor_mod._layout(module, ids, mask, p_keep, t)
+            layout = layout_of(module, ids, mask, p_keep, t, plan)
             layout = "shared" if layout == "shared" and unique < len(idx) else layout
         else:
-            layout = "shared" if actor_mod._share_prefix and unique < len(idx) else "padded"
+            layout = "shared" if plan.share_prefix and unique < len(idx) else "padded"
         if layout == "packed":
             body_tokens += pack_groups(ids, mask, pos, p_keep, t).tokens
         elif layout == "shared":
@@ -80,10 +80,22 @@ def executed_flops(module, batch, micro: int) -> tuple[float, int]:
     return 6.0 * (body * body_tokens + head_params * head_rows), body_tokens
 
 
+def plans(change: str, on: bool):
+    """The ForwardPlan and DecodePlan of a variant: B (``on``) is the current default; A turns the change off."""
+    from rlkit.model.forward import ForwardPlan
+    from rlkit.rollout.decode import DecodePlan
+
+    off = not on
+    forward = ForwardPlan(share_prefix=not (change == "prefix" and off), pack=not (change == "pack" and off),
+                          fused_head=not (change == "fusedhead" and off),
+                          plain_at_world_size_1=not (change == "fsdp" and off))
+    return forward, DecodePlan(share_prefill=not (change == "prefill" and off))
+
+
 @contextmanager
 def variant(change: str, on: bool):
-    from rlkit.workers import actor as actor_mod
-    from rlkit.model import fsdp
+    """The variants that are not a plan: AdamW without ``fused`` and the head over every position."""
+    from rlkit.model import forward
 
     saved = []
     if change == "fused" and not on:
@@ -91,21 +103,9 @@ def variant(change: str, on: bool):
 
         saved.append((torch.optim, "AdamW", torch.optim.AdamW))
         torch.optim.AdamW = lambda *a, fused=None, _cls=torch.optim.AdamW, **k: _cls(*a, **k)
-    if change == "prefix" and not on:
-        saved.append((actor_mod, "_share_prefix", actor_mod._share_prefix))
-        actor_mod._share_prefix = False
     if change == "head" and not on:
-        saved.append((actor_mod, "_accepts_logits_to_keep", actor_mod._accepts_logits_to_keep))
-        actor_mod._accepts_logits_to_keep = lambda cls: False
-    if change == "pack" and not on:
-        saved.append((actor_mod, "_pack", actor_mod._pack))
-        actor_mod._pack = False
-    if change == "fusedhead" and not on:
-        saved.append((actor_mod, "_fused_head", actor_mod._fused_head))
-        actor_mod._fused_head = False
-    if change == "fsdp" and not on:
-        saved.append((fsdp, "_plain_at_world_size_1", getattr(fsdp, "_plain_at_world_size_1", None)))
-        fsdp._plain_at_world_size_1 = False
+        saved.append((forward, "_accepts_logits_to_keep", forward._accepts_logits_to_keep))
+        forward._accepts_logits_to_keep = lambda cls: False
     try:
         yield
     finally:
@@ -165,11 +165,12 @@ def main() -> None:
             (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
                                         resolve("rollout.backend", "rollout_backends", backend, registries))
             assert not p1 and not p2, p1 + p2
-            actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
+            forward_plan, decode_plan = plans(args.change, on)
+            actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10,
+                              forward_plan=forward_plan)
             rollout = engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
-                                   rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend))
-            if args.change == "prefill":
-                rollout._share_prefill = on
+                                   rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend),
+                                   decode_plan=decode_plan)
             if args.change == "attn" and on:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
@@ -222,7 +223,8 @@ def main() -> None:
         peak = matmul_peak_flops("fp32")
         for on, seconds in ((False, a), (True, b)):
             with variant(args.change, on):
-                flops, tokens = executed_flops(built[on][0].module, batch, args.micro or args.samples)
+                flops, tokens = executed_flops(built[on][0].module, batch, args.micro or args.samples,
+                                               built[on][0].forward_plan)
             print(f"  {'B(on)' if on else 'A(off)'}: {tokens} body tokens of {int(batch['attention_mask'].sum())} real, "
                   f"{flops / 1e9:.1f} GFLOP executed, {flops / seconds / 1e9:.1f} GFLOP/s "
                   f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul peak {peak / 1e9:.1f} GFLOP/s")

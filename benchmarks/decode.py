@@ -5,7 +5,7 @@
     python benchmarks/decode.py --shapes 16x32,8x64 --reps 2 --ab fp16 --lora 16   # through a LoRA adapter
 
 ``--ab loop`` (the default): A (plain) is transformers' DynamicCache, every row forwarded to the end
-(``rlkit.rollout.hf._fast_decode`` off); B (fast) is ``rlkit.rollout.decode`` (slab KV cache, finished rows
+(``DecodePlan(slab_cache=False)``); B (fast) is ``rlkit.rollout.decode`` (slab KV cache, finished rows
 dropped, lean sampling). ``--ab fp16``: both run the fast loop, A on the fp32 weights, B on fbgemm fp16
 weights (``rollout.backend.dtype=float16``, ``rlkit.rollout.fp16_weights``; B's time includes repacking
 every weight once per generate, as a full fine-tune does — with ``--lora`` only the first generate packs the
@@ -52,6 +52,7 @@ def main() -> None:
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
     from rlkit.rollout import hf
+    from rlkit.rollout.decode import DecodePlan
 
     machine = hardware_line()
     cfg = ModelConfig(path=args.model)
@@ -77,17 +78,19 @@ def main() -> None:
         prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
         rollout_config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=not args.eos)
         ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=rollout_config)
+        ro_plain = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
+                                rollout_config=rollout_config, decode_plan=DecodePlan(slab_cache=False))
         ro16 = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
                             rollout_config=rollout_config, params=HFRolloutParams(dtype="float16"))
 
         cpu: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: less sensitive to other jobs
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
 
-        def run(fast: bool, warm: bool = False, ro=ro, ro16=ro16, prompts=prompts, rows=rows, k=k, cpu=cpu,
-                generated=generated) -> float:
-            hf._fast_decode = fast or args.ab == "fp16"
-            # B of --ab fp16: the fp16 decode copy; the weights require grad, so every generate repacks them all
-            backend = ro16 if fast and args.ab == "fp16" else ro
+        def run(fast: bool, warm: bool = False, ro=ro, ro16=ro16, ro_plain=ro_plain, prompts=prompts, rows=rows, k=k,
+                cpu=cpu, generated=generated) -> float:
+            # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy (the weights require grad, so every
+            # generate repacks them all), A the fast loop on fp32 weights
+            backend = (ro16 if fast else ro) if args.ab == "fp16" else (ro if fast else ro_plain)
             backend.generator.manual_seed(1)
             start, cpu_start = time.perf_counter(), time.process_time()
             out = backend.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if warm else {}))
@@ -113,7 +116,6 @@ def main() -> None:
               f"(step {step * 1e3:.1f} ms): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) "
               f"| load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B {[round(x, 2) for x in times[True]]})",
               flush=True)
-    hf._fast_decode = True
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class ForwardPlan:
     fused_head: bool = True  # outputs from hidden states in vocabulary slices, no [b, t, V] logits (plain heads)
     share_prefix: bool = True  # a group's prompt runs once (not under FSDP sharding or gradient checkpointing)
     pack: bool = True  # with the fused head: one padding-free row per group where that executes fewer FLOPs
+    plain_at_world_size_1: bool = True  # one rank: the plain module, not FSDP2-wrapped (rlkit.model.fsdp.fsdp_wrap)
 
 
 def autocast(device: torch.device, mixed_precision: str):

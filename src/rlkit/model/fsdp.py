@@ -49,12 +49,6 @@ __all__ = [
 ]
 
 
-# One rank holds the whole model anyway, so the plain module is used: same numbers, same state-dict keys and
-# DCP checkpoints (resumable at any world size), without FSDP2's per-forward parameter copies, gradient
-# copies and DTensor dispatch in the optimizer (measured in docs/benchmarks.md). benchmarks/ab.py flips it.
-_plain_at_world_size_1 = True
-
-
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -70,9 +64,12 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 
 
 def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dtype | None = None,
-              reshard_after_forward: bool = True) -> nn.Module:
+              reshard_after_forward: bool = True, plain_at_world_size_1: bool = True) -> nn.Module:
     """Shard ``module`` in place with FSDP2 over all ranks of the default group; returns it (unwrapped at
-    world size 1 without ``param_dtype``: see ``_plain_at_world_size_1``).
+    world size 1 without ``param_dtype`` when ``plain_at_world_size_1``: one rank holds the whole model anyway,
+    so the plain module gives the same numbers, state-dict keys and DCP checkpoints (resumable at any world size)
+    without FSDP2's per-forward parameter copies, gradient copies and DTensor dispatch in the optimizer; measured
+    in docs/benchmarks.md, where benchmarks/ab.py compares both).
 
     ``param_dtype``: FSDP2 ``MixedPrecisionPolicy`` compute dtype (e.g. bf16; reductions stay fp32);
     None keeps the parameters' dtype (use autocast for bf16 compute instead).
@@ -81,7 +78,7 @@ def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dty
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     module.to(device)
-    if _plain_at_world_size_1 and _world_size() == 1 and param_dtype is None:
+    if plain_at_world_size_1 and _world_size() == 1 and param_dtype is None:
         return module  # nothing to shard: FSDP2 would only add gather copies and DTensor dispatch per step
     mesh = init_device_mesh(device.type, (_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)

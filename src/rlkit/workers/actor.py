@@ -82,7 +82,7 @@ class FSDPActor:
                 module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.module = fsdp.fsdp_wrap(module, self.device)
+        self.module = fsdp.fsdp_wrap(module, self.device, plain_at_world_size_1=forward_plan.plain_at_world_size_1)
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
         self.nonfinite_skips = 0
