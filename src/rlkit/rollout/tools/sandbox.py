@@ -467,6 +467,7 @@ def _spawn(cmd: list[str], env: dict, root: str, limits: SandboxLimits, cwd: str
             proc.wait(timeout=limits.wall_s)
         except subprocess.TimeoutExpired:
             timed_out = True
+            _kill_children(proc)
         _kill_group(proc.pid)
         proc.wait()
     wall = time.perf_counter() - start
@@ -489,6 +490,25 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     res = _run_strict(code, limits, strict[0])
     res.isolation = dict(strict[1])
     return res
+
+
+def _kill_children(proc: subprocess.Popen) -> None:
+    """Kill the direct children of ``proc`` and wait for ``proc``: for ``unshare --fork`` the child is the
+    pid namespace's init, and ``unshare`` returns only once the kernel has killed everything in it."""
+    try:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children", encoding="ascii") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        return
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _kill_group(pgid: int) -> None:
