@@ -386,7 +386,7 @@ for name, fn in [("chroot", lambda: os.chroot("/tmp")), ("unshare", lambda: os.u
         print(name, "refused", e)
 for cmd in (["mount", "-t", "tmpfs", "none", "/usr"], ["mount", "-o", "remount,rw", "/"],
             ["unshare", "-Urm", "sh", "-c", "mount -o remount,rw /; umount -l /tmp; cat {host.hidden}; "
-             "echo pwned > {host.targets[3]}; chroot / cat {host.secret}; echo inner-done"]):
+             "echo pwned > {host.targets[3]}; /usr/sbin/chroot / cat {host.secret}; echo inner-done"]):
     p = subprocess.run(cmd, capture_output=True, text=True)
     print(cmd[0], p.returncode, p.stdout, p.stderr)
 '''
