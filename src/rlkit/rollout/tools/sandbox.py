@@ -424,6 +424,9 @@ def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
                 reported = json.loads(f.read() or "{}")
         except (OSError, ValueError):
             reported = {}
+        # unshare --fork re-raising its child's SIGKILL says so on stderr: not the user's output
+        res.stderr = "".join(line for line in res.stderr.splitlines(keepends=True)
+                             if not line.startswith("unshare: sigprocmask"))
         if "exit_code" in reported and res.violation != "timeout":
             res.exit_code = reported["exit_code"]
             res.violation = _classify(res.exit_code, False, res.stderr)
