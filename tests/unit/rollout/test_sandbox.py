@@ -17,11 +17,16 @@ import pytest
 
 from rlkit.rollout.tools import sandbox
 from rlkit.rollout.tools.python import PythonTool
-from rlkit.rollout.tools.sandbox import SandboxError, SandboxLimits, _weak_wrappers, isolation, run_python
+from rlkit.rollout.tools.sandbox import SandboxError, SandboxLimits, isolation, run_python
+from rlkit.rollout.tools.sandbox_hook import weak_wrappers
 
 FAST = dict(wall_s=2.0, cpu_s=1, memory_mb=256, max_output_chars=500)
-LEVELS = [pytest.param("strict", marks=pytest.mark.skipif(isolation()["mode"] != "strict",
-                                                          reason="no strict sandbox here")), "weak"]
+LEVELS = [
+    pytest.param(
+        "strict", marks=pytest.mark.skipif(isolation()["mode"] != "strict", reason="no strict sandbox here")
+    ),
+    "weak",
+]
 
 
 @pytest.fixture(params=LEVELS)
@@ -44,7 +49,9 @@ def test_plain_code_runs_and_prints(level):
 
 
 def test_files_inside_the_private_directory_work(level):
-    res, _ = _run("open('a.txt', 'w').write('hi')\nimport os\nprint(open('a.txt').read(), os.listdir('.'))", level)
+    res, _ = _run(
+        "open('a.txt', 'w').write('hi')\nimport os\nprint(open('a.txt').read(), os.listdir('.'))", level
+    )
     assert res.ok and "hi" in res.text and "a.txt" in res.text
 
 
@@ -100,19 +107,27 @@ def test_exceptions_are_reported_with_the_users_frames_only(level):
 
 @pytest.mark.skipif(isolation("weak")["network"] != "netns+audit_hook", reason="no network namespace here")
 def test_network_namespace_is_a_hard_boundary_without_the_hook():
-    net, _, _ = _weak_wrappers()
+    net, _, _ = weak_wrappers()
     code = "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 80))"
-    proc = subprocess.run([*net, sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=10)
+    proc = subprocess.run(
+        [*net, sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=10
+    )
     assert proc.returncode != 0 and "unreachable" in proc.stderr.lower()
 
 
-@pytest.mark.skipif(isolation("weak")["processes"] != "rlimit_nproc+audit_hook", reason="no process limit here")
+@pytest.mark.skipif(
+    isolation("weak")["processes"] != "rlimit_nproc+audit_hook", reason="no process limit here"
+)
 def test_process_limit_is_a_hard_boundary_without_the_hook():
-    _, drop, _ = _weak_wrappers()
-    code = ("import os, resource, time\nresource.setrlimit(resource.RLIMIT_NPROC, (8, 8))\nn = 0\n"
-            "try:\n    for _ in range(64):\n        if os.fork() == 0:\n            time.sleep(1); os._exit(0)\n"
-            "        n += 1\nexcept OSError:\n    pass\nprint(n)")
-    proc = subprocess.run([*drop, sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=10)
+    _, drop, _ = weak_wrappers()
+    code = (
+        "import os, resource, time\nresource.setrlimit(resource.RLIMIT_NPROC, (8, 8))\nn = 0\n"
+        "try:\n    for _ in range(64):\n        if os.fork() == 0:\n            time.sleep(1); os._exit(0)\n"
+        "        n += 1\nexcept OSError:\n    pass\nprint(n)"
+    )
+    proc = subprocess.run(
+        [*drop, sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=10
+    )
     assert proc.returncode == 0 and int(proc.stdout) < 8, proc.stderr
 
 
@@ -125,7 +140,9 @@ def test_run_python_never_raises_on_odd_input():
 def test_without_the_os_boundary_strict_refuses_and_weak_warns(monkeypatch):
     reason = "util-linux `unshare` and `setpriv` are not both on PATH"
     monkeypatch.setattr(sandbox, "_strict", lambda: reason)  # a machine that cannot give the boundary
-    with pytest.raises(SandboxError, match=r"strict isolation is not available.*not both on PATH.*isolation: weak"):
+    with pytest.raises(
+        SandboxError, match=r"strict isolation is not available.*not both on PATH.*isolation: weak"
+    ):
         PythonTool()
     assert isolation() == {"mode": "unavailable", "reason": reason}
     with pytest.warns(RuntimeWarning, match="isolation 'weak'"):
@@ -149,7 +166,9 @@ def test_isolation_reports_what_a_probe_child_saw():
     assert report["capabilities"] == "none" and report["no_new_privs"] is True
     assert report["namespaces"] == ["ipc", "mnt", "net", "pid", "uts"]
     assert report["environment"] == ["HOME", "LANG", "OMP_NUM_THREADS", "PATH", "TMPDIR"]
-    assert report["uid"].startswith("65534 real/effective/saved" if not report["user_namespace"] else "0 real")
+    assert report["uid"].startswith(
+        "65534 real/effective/saved" if not report["user_namespace"] else "0 real"
+    )
     assert PythonTool().isolation == report
 
 

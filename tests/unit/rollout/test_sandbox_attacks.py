@@ -29,8 +29,9 @@ from rlkit.rollout.tools.python import PythonTool
 from rlkit.rollout.tools.sandbox import isolation
 
 STRICT = isolation("strict")
-pytestmark = pytest.mark.skipif(STRICT["mode"] != "strict",
-                                reason=f"strict sandbox unavailable here: {STRICT.get('reason')}")
+pytestmark = pytest.mark.skipif(
+    STRICT["mode"] != "strict", reason=f"strict sandbox unavailable here: {STRICT.get('reason')}"
+)
 REPO = Path(__file__).resolve().parents[3]
 LIMITS = dict(wall_s=8.0, cpu_s=2, memory_mb=256, max_processes=16, max_output_chars=6000)
 
@@ -51,8 +52,15 @@ class Host:
             os.chown(self.other, 1000, 1000)
         name = f"rlkit-attack-{self.token}"
         purelib = Path(sysconfig.get_paths()["purelib"])
-        self.targets = [Path("/root") / name, Path("/etc") / name, REPO / name, base / name, Path("/tmp") / name,
-                        Path(sys.prefix) / name, purelib / f"{name}.pth"]
+        self.targets = [
+            Path("/root") / name,
+            Path("/etc") / name,
+            REPO / name,
+            base / name,
+            Path("/tmp") / name,
+            Path(sys.prefix) / name,
+            purelib / f"{name}.pth",
+        ]
         self.server = socket.socket()
         self.server.bind(("127.0.0.1", 0))
         self.server.listen(8)
@@ -117,13 +125,15 @@ def _assert_host_intact(h: Host, res) -> None:
 def _shell(h: Host) -> str:
     """What a shell started by the attacker tries: read secrets, write host files, kill the victim."""
     writes = "; ".join(f"echo pwned > {t}" for t in h.targets)
-    return (f"id; cat {h.secret} {h.other} {h.hidden}; {writes}; kill -9 {h.victim.pid}; "
-            f"cat /proc/{h.victim.pid}/environ; echo $RLKIT_ATTACK_TOKEN; echo done")
+    return (
+        f"id; cat {h.secret} {h.other} {h.hidden}; {writes}; kill -9 {h.victim.pid}; "
+        f"cat /proc/{h.victim.pid}/environ; echo $RLKIT_ATTACK_TOKEN; echo done"
+    )
 
 
 def _python_payload(h: Host) -> str:
     """The same effects tried from Python, each error printed (the attacker's view)."""
-    return f'''
+    return f"""
 import os, signal, socket
 def attempt(what, fn):
     try:
@@ -141,23 +151,23 @@ def unix():
     s.connect("\\0rlkit-attack-{h.token}")
 attempt("connect abstract unix", unix)
 attempt("environ", lambda: os.environ.get("RLKIT_ATTACK_TOKEN"))
-'''
+"""
 
 
 # ----- process creation at the C level: the process starts, its effects do not reach the host -----------
 def test_posixsubprocess_fork_exec_shell(tool, host):
-    code = f'''
+    code = f"""
 import _posixsubprocess, os
 args = [b"/bin/sh", b"-c", {_shell(host).encode()!r}]
 r, w = os.pipe()
-common = (args, [b"/bin/sh"], True, (), None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, -1, None, -1, -1,
-          None)
+common = (args, [b"/bin/sh"], True, (), None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, -1,
+          None, -1, -1, None)
 try:
     pid = _posixsubprocess.fork_exec(*common, False)
 except TypeError:
     pid = _posixsubprocess.fork_exec(*common)
 print("pid", pid, "status", os.waitpid(pid, 0)[1])
-'''
+"""
     res = _attack(tool, code)
     assert "pid" in res.text and "done" in res.text, res.text  # the shell did run ...
     assert "uid=65534" in res.text or STRICT["user_namespace"]  # ... as nobody
@@ -165,15 +175,17 @@ print("pid", pid, "status", os.waitpid(pid, 0)[1])
 
 
 def test_posix_spawn_shell(tool, host):
-    code = (f"import os\npid = os.posix_spawn('/bin/sh', ['/bin/sh', '-c', {_shell(host)!r}], {{}})\n"
-            "print('status', os.waitpid(pid, 0)[1])")
+    code = (
+        f"import os\npid = os.posix_spawn('/bin/sh', ['/bin/sh', '-c', {_shell(host)!r}], {{}})\n"
+        "print('status', os.waitpid(pid, 0)[1])"
+    )
     res = _attack(tool, code)
     assert "done" in res.text, res.text
     _assert_host_intact(host, res)
 
 
 def test_ctypes_fork_execve(tool, host):
-    code = f'''
+    code = f"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 pid = libc.fork()
@@ -183,15 +195,17 @@ if pid == 0:
     libc.execve(b"/bin/sh", argv, envp)
     os._exit(127)
 print("status", os.waitpid(pid, 0)[1])
-'''
+"""
     res = _attack(tool, code)
     assert "done" in res.text, res.text
     _assert_host_intact(host, res)
 
 
 def test_subprocess_python_payload(tool, host):
-    code = (f"import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', {_python_payload(host)!r}], "
-            "capture_output=True, text=True).stdout)")
+    code = (
+        f"import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', {_python_payload(host)!r}], "
+        "capture_output=True, text=True).stdout)"
+    )
     res = _attack(tool, code)
     assert "kill victim -> refused" in res.text, res.text
     _assert_host_intact(host, res)
@@ -199,25 +213,38 @@ def test_subprocess_python_payload(tool, host):
 
 # ----- identity: no way back to root ---------------------------------------------------------------------
 def test_setresuid_root_then_payload(tool, host):
-    code = ("import os\ntry:\n    os.setresuid(0, 0, 0)\n    print('BECAME ROOT')\nexcept OSError as e:\n"
-            "    print('setresuid refused', e)\n" + _python_payload(host))
+    code = (
+        "import os\ntry:\n    os.setresuid(0, 0, 0)\n    print('BECAME ROOT')\nexcept OSError as e:\n"
+        "    print('setresuid refused', e)\n" + _python_payload(host)
+    )
     res = _attack(tool, code)
     assert "setresuid refused" in res.text and "BECAME ROOT" not in res.text, res.text
     _assert_host_intact(host, res)
 
 
 def test_setgroups_and_setgid_root(tool, host):
-    code = ("import os\nfor name, fn in [('setgroups', lambda: os.setgroups([0])), ('setgid', lambda: os.setgid(0)),"
-            " ('setresgid', lambda: os.setresgid(0, 0, 0))]:\n    try:\n        fn()\n        print(name, 'WORKED')\n"
-            "    except OSError as e:\n        print(name, 'refused', e.errno)\nprint(os.getresgid(), os.getgroups())")
+    code = """
+import os
+calls = [("setgroups", lambda: os.setgroups([0])), ("setgid", lambda: os.setgid(0)),
+         ("setresgid", lambda: os.setresgid(0, 0, 0))]
+for name, fn in calls:
+    try:
+        fn()
+        print(name, "WORKED")
+    except OSError as e:
+        print(name, "refused", e.errno)
+print(os.getresgid(), os.getgroups())
+"""
     res = _attack(tool, code)
     assert "WORKED" not in res.text and res.text.count("refused") == 3, res.text
     _assert_host_intact(host, res)
 
 
 def test_identity_is_unprivileged(tool, host):
-    code = ("import os\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n"
-            "print(open('/proc/self/status').read())")
+    code = (
+        "import os\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n"
+        "print(open('/proc/self/status').read())"
+    )
     res = _attack(tool, code)
     uid = 0 if STRICT["user_namespace"] else 65534
     assert f"({uid}, {uid}, {uid}) ({uid}, {uid}, {uid}) []" in res.text, res.text
@@ -227,7 +254,7 @@ def test_identity_is_unprivileged(tool, host):
 
 
 def test_raw_syscalls_via_ctypes(tool, host):
-    code = '''
+    code = """
 import ctypes, platform
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {"x86_64": {"setuid": 105, "setgid": 106, "mount": 165, "chroot": 161, "unshare": 272},
@@ -239,7 +266,7 @@ print("chroot", libc.syscall(nr["chroot"], b"/tmp"), ctypes.get_errno())
 print("unshare-mnt", libc.syscall(nr["unshare"], 0x00020000), ctypes.get_errno())
 import os
 print("uids", os.getresuid())
-'''
+"""
     res = _attack(tool, code)
     for call in ("setuid", "setgid", "mount", "chroot", "unshare-mnt"):
         assert f"{call} -1 1" in res.text, res.text  # -1, EPERM
@@ -249,20 +276,31 @@ print("uids", os.getresuid())
 
 # ----- /proc -----------------------------------------------------------------------------------------------
 def test_proc_1_root_and_cwd(tool, host):
-    code = (f"import os\nfor p in ['/proc/1/root{host.secret}', '/proc/1/root{host.hidden}', '/proc/1/cwd/main.py']:"
-            "\n    try:\n        print(p, open(p).read()[:40])\n    except OSError as e:\n        print(p, 'refused', e)"
-            "\nprint('pid1 root ->', end=' ')\ntry:\n    print(os.readlink('/proc/1/root'))\nexcept OSError as e:\n"
-            "    print('refused', e)")
+    code = f"""
+import os
+for p in ["/proc/1/root{host.secret}", "/proc/1/root{host.hidden}", "/proc/1/cwd/main.py"]:
+    try:
+        print(p, open(p).read()[:40])
+    except OSError as e:
+        print(p, "refused", e)
+try:
+    print("pid1 root ->", os.readlink("/proc/1/root"))
+except OSError as e:
+    print("pid1 root refused", e)
+"""
     res = _attack(tool, code)
+    assert res.text.count("refused") == 4, res.text
     _assert_host_intact(host, res)
 
 
 def test_parent_environ_and_pid_namespace(tool, host):
-    code = (f"import os\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\nprint('pids', pids)\n"
-            f"for pid in [{os.getpid()}, {host.victim.pid}, 1]:\n    try:\n"
-            "        print(pid, open(f'/proc/{pid}/environ').read())\n    except OSError as e:\n"
-            "        print(pid, 'refused', type(e).__name__)\nprint(open('/proc/self/environ').read())\n"
-            "print(dict(os.environ))")
+    code = (
+        f"import os\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\nprint('pids', pids)\n"
+        f"for pid in [{os.getpid()}, {host.victim.pid}, 1]:\n    try:\n"
+        "        print(pid, open(f'/proc/{pid}/environ').read())\n    except OSError as e:\n"
+        "        print(pid, 'refused', type(e).__name__)\nprint(open('/proc/self/environ').read())\n"
+        "print(dict(os.environ))"
+    )
     res = _attack(tool, code)
     pids = json.loads(res.text.split("pids ")[1].split("\n")[0])
     assert os.getpid() not in pids and host.victim.pid not in pids and max(pids) < 50, res.text
@@ -270,16 +308,17 @@ def test_parent_environ_and_pid_namespace(tool, host):
 
 
 def test_proc_mem_of_init_and_sysctl_writes(tool, host):
-    code = '''
-for path, data in [("/proc/1/mem", b"x"), ("/proc/sys/kernel/hostname", b"pwned"), ("/proc/sysrq-trigger", b"b"),
-                   ("/proc/sys/kernel/core_pattern", b"|/tmp/x")]:
+    code = """
+targets = [("/proc/1/mem", b"x"), ("/proc/sys/kernel/hostname", b"pwned"), ("/proc/sysrq-trigger", b"b"),
+           ("/proc/sys/kernel/core_pattern", b"|/tmp/x")]
+for path, data in targets:
     try:
         with open(path, "wb") as f:
             f.write(data)
         print(path, "WRITTEN")
     except OSError as e:
         print(path, "refused", type(e).__name__)
-'''
+"""
     res = _attack(tool, code)
     assert "WRITTEN" not in res.text and res.text.count("refused") == 4, res.text
     assert socket.gethostname() != "pwned"
@@ -288,7 +327,7 @@ for path, data in [("/proc/1/mem", b"x"), ("/proc/sys/kernel/hostname", b"pwned"
 
 def test_proc_self_mem_cannot_reach_beyond_the_process(tool, host):
     # writing one's own memory is allowed (it is one's own); it must not widen what the process may do
-    code = ("f = open('/proc/self/mem', 'r+b')\nf.close()\nprint('own mem opened')\n" + _python_payload(host))
+    code = "f = open('/proc/self/mem', 'r+b')\nf.close()\nprint('own mem opened')\n" + _python_payload(host)
     res = _attack(tool, code)
     _assert_host_intact(host, res)
 
@@ -297,21 +336,31 @@ def test_proc_self_mem_cannot_reach_beyond_the_process(tool, host):
 def test_python_payload_reads_and_writes_host_files(tool, host):
     res = _attack(tool, _python_payload(host))
     text = res.text
-    assert text.count("-> refused") >= 3 + len(host.targets) - 1, text  # /tmp write lands in the private tmpfs
+    assert text.count("-> refused") >= 3 + len(host.targets) - 1, (
+        text
+    )  # /tmp write lands in the private tmpfs
     _assert_host_intact(host, res)
 
 
 def test_host_tree_is_not_visible(tool, host):
-    code = (f"import os\nprint(sorted(os.listdir('/')))\nprint(os.path.exists({str(REPO / 'pyproject.toml')!r}), "
-            f"os.path.exists({str(host.hidden)!r}), os.path.exists('/root/.bashrc'), os.path.exists('/etc/shadow'))")
+    paths = [str(REPO / "pyproject.toml"), str(host.hidden), "/root/.bashrc", "/etc/shadow"]
+    code = f"import os\nprint(sorted(os.listdir('/')))\nprint(*[os.path.exists(p) for p in {paths!r}])"
     res = _attack(tool, code)
     assert "False False False False" in res.text, res.text
     _assert_host_intact(host, res)
 
 
 def test_fill_private_tmp(tool, host):
-    code = ("import os\nn = 0\ntry:\n    for i in range(1000):\n        with open(f'/tmp/f{i}', 'wb') as f:\n"
-            "            f.write(b'x' * (1 << 20))\n        n += 1\nexcept OSError as e:\n    print('stopped', n, e)")
+    code = """
+n = 0
+try:
+    for i in range(1000):
+        with open(f"/tmp/f{i}", "wb") as f:
+            f.write(b"x" * (1 << 20))
+        n += 1
+except OSError as e:
+    print("stopped", n, e)
+"""
     res = _attack(tool, code)
     assert "stopped" in res.text or "wrote more than" in res.text, res.text
     _assert_host_intact(host, res)
@@ -319,17 +368,19 @@ def test_fill_private_tmp(tool, host):
 
 # ----- signals and ptrace --------------------------------------------------------------------------------
 def test_signal_parent_victim_and_everyone(tool, host):
-    code = (f"import os, signal\nfor pid in [{os.getpid()}, {host.victim.pid}, {os.getppid()}]:\n    try:\n"
-            "        os.kill(pid, signal.SIGKILL)\n        print(pid, 'SIGNALLED', flush=True)\n"
-            "    except OSError as e:\n        print(pid, 'refused', type(e).__name__, flush=True)\n"
-            "os.kill(-1, signal.SIGKILL)")
+    code = (
+        f"import os, signal\nfor pid in [{os.getpid()}, {host.victim.pid}, {os.getppid()}]:\n    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n        print(pid, 'SIGNALLED', flush=True)\n"
+        "    except OSError as e:\n        print(pid, 'refused', type(e).__name__, flush=True)\n"
+        "os.kill(-1, signal.SIGKILL)"
+    )
     res = _attack(tool, code)
     assert "SIGNALLED" not in res.text and res.text.count("refused") == 3, res.text
     _assert_host_intact(host, res)
 
 
 def test_ptrace_attach(tool, host):
-    code = f'''
+    code = f"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
@@ -337,7 +388,7 @@ for pid in [{host.victim.pid}, {os.getpid()}, 1]:
     for req in (PTRACE_ATTACH, PTRACE_SEIZE):
         r = libc.ptrace(req, pid, None, None)
         print(pid, req, r, ctypes.get_errno())
-'''
+"""
     res = _attack(tool, code)
     assert " 0 0" not in res.text, res.text  # no ptrace call returned 0 (success)
     _assert_host_intact(host, res)
@@ -345,7 +396,9 @@ for pid in [{host.victim.pid}, {os.getpid()}, 1]:
 
 # ----- resource bombs: the limit stops them, the tool answers, the host stays healthy --------------------
 def test_fork_bomb(tool, host):
-    res = _attack(tool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    res = _attack(
+        tool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    )
     assert not res.ok, res.text
     _assert_host_intact(host, res)
     assert _attack(tool, "print('alive')").text.strip() == "alive"
@@ -365,8 +418,10 @@ def test_cpu_loop(tool, host):
 
 def test_cpu_loop_in_children_that_escape_the_session(tool, host):
     marker = f"rlkit-spin-{host.token}"  # in the spinners' argv, so the host can look for them
-    code = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
-            f"        os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done', {marker!r}])\ntime.sleep(60)")
+    code = (
+        "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
+        f"        os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done', {marker!r}])\ntime.sleep(60)"
+    )
     res = _attack(tool, code)
     assert not res.ok and "wall-time limit" in res.text, res.text
     leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
@@ -376,7 +431,7 @@ def test_cpu_loop_in_children_that_escape_the_session(tool, host):
 
 # ----- namespaces and mounts -----------------------------------------------------------------------------
 def test_mount_chroot_and_unshare(tool, host):
-    code = f'''
+    code = f"""
 import os, subprocess
 for name, fn in [("chroot", lambda: os.chroot("/tmp")), ("unshare", lambda: os.unshare(os.CLONE_NEWNS))]:
     try:
@@ -389,17 +444,19 @@ for cmd in (["mount", "-t", "tmpfs", "none", "/usr"], ["mount", "-o", "remount,r
              "echo pwned > {host.targets[3]}; /usr/sbin/chroot / cat {host.secret}; echo inner-done"]):
     p = subprocess.run(cmd, capture_output=True, text=True)
     print(cmd[0], p.returncode, p.stdout, p.stderr)
-'''
+"""
     res = _attack(tool, code)
     assert "chroot refused" in res.text and "WORKED" not in res.text, res.text
     _assert_host_intact(host, res)
 
 
 def test_network_namespace_has_no_route_out(tool, host):
-    code = ("import socket\nprint([n for _, n in socket.if_nameindex()])\nfor addr in [('127.0.0.1', "
-            f"{host.port}), ('1.1.1.1', 53), ('10.0.0.1', 80)]:\n    s = socket.socket()\n    s.settimeout(1)\n"
-            "    try:\n        s.connect(addr)\n        print(addr, 'CONNECTED')\n    except OSError as e:\n"
-            "        print(addr, 'refused', type(e).__name__)")
+    code = (
+        "import socket\nprint([n for _, n in socket.if_nameindex()])\nfor addr in [('127.0.0.1', "
+        f"{host.port}), ('1.1.1.1', 53), ('10.0.0.1', 80)]:\n    s = socket.socket()\n    s.settimeout(1)\n"
+        "    try:\n        s.connect(addr)\n        print(addr, 'CONNECTED')\n    except OSError as e:\n"
+        "        print(addr, 'refused', type(e).__name__)"
+    )
     res = _attack(tool, code)
     assert "CONNECTED" not in res.text and res.text.count("refused") == 3, res.text
     _assert_host_intact(host, res)

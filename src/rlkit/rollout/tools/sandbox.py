@@ -45,10 +45,10 @@ import time
 from dataclasses import dataclass, field
 
 from rlkit.errors import RlkitError
+from rlkit.rollout.tools.sandbox_hook import BOOTSTRAP, NOBODY_UID, weak_wrappers
 
 __all__ = ["SandboxLimits", "SandboxResult", "SandboxError", "run_python", "isolation", "require_isolation"]
 
-NOBODY_UID = 65534
 ISOLATION_LEVELS = ("strict", "weak")
 _INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
@@ -85,121 +85,6 @@ class SandboxResult:
         return self.exit_code == 0 and self.violation is None
 
 
-# Runs in the child before the user's code: (weak) lower the limits, install the audit hook; run main.py.
-_BOOTSTRAP = r'''
-import json, os, resource, sys, traceback
-_cfg = json.loads(sys.argv[1])
-def _set(which, soft, hard):
-    try:
-        resource.setrlimit(which, (soft, hard))
-    except (ValueError, OSError):
-        pass
-for _name, _value in _cfg["rlimits"].items():  # weak mode only: strict sets them before setpriv
-    _set(getattr(resource, _name), _value, _value + 1 if _name == "RLIMIT_CPU" else _value)
-
-def _make_hook(work, read_roots):
-    realpath, fspath, fsdecode, sep = os.path.realpath, os.fspath, os.fsdecode, os.sep
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    devices = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-    refuse_exact = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
-                    "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-                    "resource.setrlimit", "resource.prlimit", "ctypes.dlopen", "ctypes.dlsym",
-                    "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer", "os.chroot",
-                    "sys.remote_exec", "os.setuid", "os.setgid"}
-    one_path = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-                "os.setxattr", "os.removexattr", "shutil.rmtree", "os.chflags", "os.lchflags"}
-    two_paths = {"os.rename", "os.link"}
-
-    def inside(path, roots):
-        if isinstance(path, int):
-            return True
-        p = realpath(fsdecode(fspath(path)))
-        return p in devices or any(p == r or p.startswith(r + sep) for r in roots)
-
-    def deny(what):
-        raise PermissionError("[sandbox] " + what + " is not allowed in this sandbox")
-
-    def hook(event, args):
-        if event in refuse_exact:
-            deny(event)
-        elif event.startswith("socket."):
-            deny("network access (" + event + ")")
-        elif event == "open":
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & write_flags)
-            if writing and not inside(path, (work,)):
-                deny("writing " + repr(path) + " (outside the sandbox directory)")
-            if not writing and not inside(path, read_roots):
-                deny("reading " + repr(path) + " (outside the sandbox directory)")
-        elif event in one_path:
-            if not inside(args[0], (work,)):
-                deny(event + " on " + repr(args[0]) + " (outside the sandbox directory)")
-        elif event in two_paths:
-            if not (inside(args[0], (work,)) and inside(args[1], (work,))):
-                deny(event + " outside the sandbox directory")
-        elif event == "os.symlink":
-            if not inside(args[1], (work,)):
-                deny("os.symlink outside the sandbox directory")
-    return hook
-
-_work = os.path.realpath(_cfg["workdir"])
-_roots = [_work] + [os.path.realpath(p) for p in
-                    {sys.prefix, sys.base_prefix, sys.exec_prefix, *[p for p in sys.path if os.path.isabs(p)]}]
-os.chdir(_work)
-sys.argv = ["main.py"]
-sys.path[:] = [_work] + [p for p in sys.path if os.path.isabs(p)]
-with open("main.py", encoding="utf-8") as _f:
-    _code = compile(_f.read(), "main.py", "exec")
-if _cfg["hook"]:
-    sys.addaudithook(_make_hook(_work, tuple(_roots)))
-del _f, _set, _make_hook, _roots, _work, json, resource
-try:
-    exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as _exc:  # show the user's frames only (not this bootstrap's or the hook's)
-    _te = traceback.TracebackException(type(_exc), _exc, _exc.__traceback__)
-    _te.stack = traceback.StackSummary.from_list([f for f in _te.stack if f.filename != "<string>"])
-    sys.stderr.write("".join(_te.format()))
-    sys.stderr.flush()
-    os._exit(1)
-'''
-
-
-def _works(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-@functools.lru_cache(maxsize=1)
-def _weak_wrappers() -> tuple[tuple[str, ...], tuple[str, ...], dict]:
-    """Weak mode: (network prefix, uid-drop prefix, description) available here, probed once."""
-    net: tuple[str, ...] = ()
-    unshare = shutil.which("unshare")
-    if unshare and _works([unshare, "--net", "--", "true"]):
-        net = (unshare, "--net", "--")
-    elif unshare and _works([unshare, "--net", "--map-root-user", "--", "true"]):
-        net = (unshare, "--net", "--map-root-user", "--")
-    drop: tuple[str, ...] = ()
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() == 0 and setpriv and not (net and "--map-root-user" in net):
-        cand = (setpriv, f"--ruid={NOBODY_UID}", "--bounding-set=-all", "--no-new-privs", "--")
-        if _works([*cand, "true"]):
-            drop = cand
-    info = {
-        "mode": "weak",
-        "network": "netns+audit_hook" if net else "audit_hook",
-        "processes": "rlimit_nproc+audit_hook" if drop or os.geteuid() != 0 else "audit_hook",
-        "files": "audit_hook+private_cwd",
-        "wall": "killpg", "cpu": "rlimit_cpu", "memory": "rlimit_as",
-    }
-    return net, drop, info
-
-
 # ----- strict: unshare + sandbox_init (mounts, pivot_root) + setpriv --------------------------------
 @dataclass(frozen=True)
 class _Plan:
@@ -210,7 +95,7 @@ class _Plan:
 
 
 def _plan(user_ns: bool) -> _Plan | str:
-    """The strict launcher for root (``user_ns=False``) or for a user namespace; a reason if a tool is missing."""
+    """The strict launcher as root (``user_ns=False``) or in a user namespace; or why it cannot be."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not unshare or not setpriv:
         return "util-linux `unshare` and `setpriv` are not both on PATH"
@@ -227,14 +112,16 @@ def _plan(user_ns: bool) -> _Plan | str:
 
 def _binds() -> list[str]:
     """Host directories the child needs: /usr and the interpreter's prefixes (no nested duplicates)."""
-    paths = {"/usr", *(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                     sys.base_exec_prefix))}
+    paths = {
+        "/usr",
+        *(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)),
+    }
     paths.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     paths = {p for p in paths if p != "/" and os.path.isdir(p)}
     return sorted(p for p in paths if not any(p.startswith(q + "/") for q in paths))
 
 
-_PROBE = r'''
+_PROBE = r"""
 import json, os, resource, socket
 def status():
     try:
@@ -263,7 +150,7 @@ print(json.dumps({
     "interfaces": [name for _, name in socket.if_nameindex()], "env": sorted(os.environ),
     "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[1], "as": resource.getrlimit(resource.RLIMIT_AS)[1],
     "root_entries": sorted(os.listdir("/"))}))
-'''
+"""
 
 
 def _host_ns() -> dict:
@@ -292,15 +179,21 @@ def _judge(plan: _Plan, seen: dict, wall: float) -> dict | str:
         return "the probe child " + "; ".join(problems)
     outer = os.getuid() if plan.user_ns else plan.uid
     return {
-        "mode": "strict", "mechanism": "util-linux unshare + pivot_root + setpriv",
+        "mode": "strict",
+        "mechanism": "util-linux unshare + pivot_root + setpriv",
         "user_namespace": plan.user_ns,
-        "uid": f"{plan.uid} real/effective/saved" + (f" in a user namespace (= uid {outer} outside)"
-                                                      if plan.user_ns else " (nobody)"),
-        "groups": seen["groups"], "capabilities": "none", "no_new_privs": True, "namespaces": fresh,
+        "uid": f"{plan.uid} real/effective/saved"
+        + (f" in a user namespace (= uid {outer} outside)" if plan.user_ns else " (nobody)"),
+        "groups": seen["groups"],
+        "capabilities": "none",
+        "no_new_privs": True,
+        "namespaces": fresh,
         "filesystem": f"read-only root {seen['root_entries']}, private tmpfs /tmp",
         "network": f"interfaces {seen['interfaces']} (own namespace)",
-        "rlimits": "cpu, as, fsize, nofile, nproc, core", "wall": "killpg + pid-namespace init",
-        "environment": seen["env"], "startup_s": round(wall, 3),
+        "rlimits": "cpu, as, fsize, nofile, nproc, core",
+        "wall": "killpg + pid-namespace init",
+        "environment": seen["env"],
+        "startup_s": round(wall, 3),
     }
 
 
@@ -308,7 +201,7 @@ def _judge(plan: _Plan, seen: dict, wall: float) -> dict | str:
 def _strict() -> tuple[_Plan, dict] | str:
     """The strict plan that works here, with its probed report; or why none does (probed once)."""
     reasons = []
-    for user_ns in ((False, True) if os.geteuid() == 0 else (True,)):
+    for user_ns in (False, True) if os.geteuid() == 0 else (True,):
         plan = _plan(user_ns)
         if isinstance(plan, str):
             return plan
@@ -327,7 +220,7 @@ def isolation(level: str = "strict") -> dict:
     """What the sandbox of ``level`` enforces here, as a probe child observed it.
     Strict where unavailable: ``{"mode": "unavailable", "reason": ...}``."""
     if level == "weak":
-        return dict(_weak_wrappers()[2])
+        return dict(weak_wrappers()[2])
     strict = _strict()
     if isinstance(strict, str):
         return {"mode": "unavailable", "reason": strict}
@@ -341,9 +234,12 @@ def require_isolation(level: str, where: str = "python tool") -> dict:
     if level == "weak":
         import warnings
 
-        warnings.warn(f"{where}: isolation 'weak' — model-written code runs behind an audit hook and rlimits "
-                      "only, no OS boundary: C-level code can escape it. Use it only for trusted code.",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: isolation 'weak' — model-written code runs behind an audit hook and rlimits "
+            "only, no OS boundary: C-level code can escape it. Use it only for trusted code.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return isolation("weak")
     strict = _strict()
     if isinstance(strict, str):
@@ -352,7 +248,8 @@ def require_isolation(level: str, where: str = "python tool") -> dict:
             "`unshare` and `setpriv` under /usr, and root or unprivileged user namespaces "
             "(user.max_user_namespaces > 0; on Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0). "
             "Fix that, or opt into the weaker audit-hook sandbox by name: "
-            "rollout.tools: [{name: python, isolation: weak}].")
+            "rollout.tools: [{name: python, isolation: weak}]."
+        )
     return dict(strict[1])
 
 
@@ -389,9 +286,13 @@ def _classify(code: int | None, timed_out: bool, stderr: str) -> str | None:
 
 
 def _rlimits(limits: SandboxLimits, nproc: bool) -> dict:
-    out = {"RLIMIT_CPU": int(limits.cpu_s), "RLIMIT_AS": int(limits.memory_mb) << 20,
-           "RLIMIT_FSIZE": int(limits.max_file_mb) << 20, "RLIMIT_CORE": 0,
-           "RLIMIT_NOFILE": int(limits.max_open_files)}
+    out = {
+        "RLIMIT_CPU": int(limits.cpu_s),
+        "RLIMIT_AS": int(limits.memory_mb) << 20,
+        "RLIMIT_FSIZE": int(limits.max_file_mb) << 20,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NOFILE": int(limits.max_open_files),
+    }
     if nproc:
         out["RLIMIT_NPROC"] = int(limits.max_processes)
     return out
@@ -399,7 +300,7 @@ def _rlimits(limits: SandboxLimits, nproc: bool) -> dict:
 
 def _bootstrap(workdir: str, rlimits: dict, hook: bool) -> list[str]:
     cfg = {"workdir": workdir, "rlimits": rlimits, "hook": hook}
-    return [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(cfg)]
+    return [sys.executable, "-I", "-c", BOOTSTRAP, json.dumps(cfg)]
 
 
 def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
@@ -410,9 +311,13 @@ def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
             f.write(code)
         status = os.path.join(root, "status")
         cfg = {
-            "newroot": os.path.join(root, "newroot"), "uid": plan.uid, "binds": _binds(),
-            "code_path": os.path.join(root, "main.py"), "status_path": status,
-            "tmp_bytes": 4 * (int(limits.max_file_mb) << 20), "tmp_inodes": 4096,
+            "newroot": os.path.join(root, "newroot"),
+            "uid": plan.uid,
+            "binds": _binds(),
+            "code_path": os.path.join(root, "main.py"),
+            "status_path": status,
+            "tmp_bytes": 4 * (int(limits.max_file_mb) << 20),
+            "tmp_inodes": 4096,
             "rlimits": _rlimits(limits, nproc=True),
             "argv": [*plan.drop, *_bootstrap("/tmp", {}, hook=False)],
         }
@@ -425,8 +330,11 @@ def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
         except (OSError, ValueError):
             reported = {}
         # unshare --fork re-raising its child's SIGKILL says so on stderr: not the user's output
-        res.stderr = "".join(line for line in res.stderr.splitlines(keepends=True)
-                             if not line.startswith("unshare: sigprocmask"))
+        res.stderr = "".join(
+            line
+            for line in res.stderr.splitlines(keepends=True)
+            if not line.startswith("unshare: sigprocmask")
+        )
         if "exit_code" in reported and res.violation != "timeout":
             res.exit_code = reported["exit_code"]
             res.violation = _classify(res.exit_code, False, res.stderr)
@@ -438,7 +346,7 @@ def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
 
 
 def _run_weak(code: str, limits: SandboxLimits) -> SandboxResult:
-    net, drop, info = _weak_wrappers()
+    net, drop, info = weak_wrappers()
     root = tempfile.mkdtemp(prefix="rlkit-sandbox-")
     work = os.path.join(root, "work")
     os.mkdir(work)
@@ -455,17 +363,28 @@ def _run_weak(code: str, limits: SandboxLimits) -> SandboxResult:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _spawn(cmd: list[str], env: dict, root: str, limits: SandboxLimits, cwd: str | None = None) -> SandboxResult:
-    """Run ``cmd`` in its own session with stdout/stderr in files under ``root``; kill its group at the end."""
+def _spawn(
+    cmd: list[str], env: dict, root: str, limits: SandboxLimits, cwd: str | None = None
+) -> SandboxResult:
+    """Run ``cmd`` in its own session, stdout/stderr in files under ``root``; kill its group at the end."""
     out_path, err_path = os.path.join(root, "stdout"), os.path.join(root, "stderr")
     start = time.perf_counter()
     timed_out = False
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd or root,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd or root,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
-            return SandboxResult("", f"[sandbox-setup] could not start the sandbox: {exc}", None, "setup", 0.0)
+            return SandboxResult(
+                "", f"[sandbox-setup] could not start the sandbox: {exc}", None, "setup", 0.0
+            )
         try:
             proc.wait(timeout=limits.wall_s)
         except subprocess.TimeoutExpired:
@@ -488,8 +407,14 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         return _run_weak(code, limits)
     strict = _strict()
     if isinstance(strict, str):
-        return SandboxResult("", f"[sandbox-setup] strict isolation is unavailable: {strict}", None, "setup", 0.0,
-                             {"mode": "unavailable", "reason": strict})
+        return SandboxResult(
+            "",
+            f"[sandbox-setup] strict isolation is unavailable: {strict}",
+            None,
+            "setup",
+            0.0,
+            {"mode": "unavailable", "reason": strict},
+        )
     res = _run_strict(code, limits, strict[0])
     res.isolation = dict(strict[1])
     return res

@@ -54,15 +54,23 @@ def _b(s: str | None) -> bytes | None:
 
 
 def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(_b(src), _b(dst), _b(fstype), ctypes.c_ulong(flags), _b(data)),
-           f"mount {src or ''} -> {dst} ({fstype or 'bind/remount'})")
+    _check(
+        _libc.mount(_b(src), _b(dst), _b(fstype), ctypes.c_ulong(flags), _b(data)),
+        f"mount {src or ''} -> {dst} ({fstype or 'bind/remount'})",
+    )
 
 
 def _kept_flags(path: str) -> int:
     """The per-mount flags of ``path``'s mount: a remount must keep them (they are locked in a user ns)."""
     f = os.statvfs(path).f_flag
-    pairs = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-             (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
+    pairs = (
+        (os.ST_NOSUID, MS_NOSUID),
+        (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    )
     return sum(ms for st, ms in pairs if f & st)
 
 
@@ -97,12 +105,21 @@ def build_root(cfg: dict) -> dict:
             bind_ro(os.path.realpath("/etc/" + name), root, "/etc/" + name)
     for name in DEV_NODES:
         bind_ro("/dev/" + name, root, "/dev/" + name, nodev=False)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{name}")
     os.mkdir(root + "/tmp", 0o700)
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=0700,uid={uid},gid={uid},size={cfg['tmp_bytes']},nr_inodes={cfg['tmp_inodes']}")
+    mount(
+        "tmpfs",
+        root + "/tmp",
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"mode=0700,uid={uid},gid={uid},size={cfg['tmp_bytes']},nr_inodes={cfg['tmp_inodes']}",
+    )
     with open(cfg["code_path"], "rb") as src, open(root + "/tmp/main.py", "wb") as dst:
         dst.write(src.read())
     os.chown(root + "/tmp/main.py", uid, uid)
