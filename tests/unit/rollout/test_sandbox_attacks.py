@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.rollout.tools import sandbox
 from rlkit.rollout.tools.base import call_tool
 from rlkit.rollout.tools.python import PythonTool
 from rlkit.rollout.tools.sandbox import isolation
@@ -40,13 +41,15 @@ class Host:
     def __init__(self, base: Path):
         self.token = secrets.token_hex(8)
         self.secret_text = "S3CRET-" + self.token
+        self.hidden_text = "HIDDEN-" + self.token
         self.env_secret = "ENVTOKEN-" + self.token
         visible = Path(sys.prefix)  # bound read-only into the sandbox: permissions are what protect these
         self.secret = visible / f"rlkit-attack-secret-{self.token}"
         self.other = visible / f"rlkit-attack-other-{self.token}"
         self.hidden = base / "secret-in-host-tmp"
-        for path in (self.secret, self.other, self.hidden):
-            path.write_text(self.secret_text)
+        for path, text in ((self.secret, self.secret_text), (self.other, self.secret_text),
+                           (self.hidden, self.hidden_text)):
+            path.write_text(text)
             path.chmod(0o600)
         if os.geteuid() == 0:
             os.chown(self.other, 1000, 1000)
@@ -110,13 +113,15 @@ def _accepted(sock: socket.socket) -> bool:
     return True
 
 
-def _assert_host_intact(h: Host, res) -> None:
-    assert h.secret_text not in res.text, res.text
+def _assert_host_intact(h: Host, res, *, visible_secrets_readable: bool = False) -> None:
+    if not visible_secrets_readable:
+        assert h.secret_text not in res.text, res.text
+    assert h.hidden_text not in res.text, res.text
     assert h.env_secret not in res.text, res.text
     for path in h.targets:
         assert not path.exists(), f"the sandbox wrote {path}"
-    for path in (h.secret, h.other, h.hidden):
-        assert path.read_text() == h.secret_text and (path.stat().st_mode & 0o777) == 0o600
+    for path, text in ((h.secret, h.secret_text), (h.other, h.secret_text), (h.hidden, h.hidden_text)):
+        assert path.read_text() == text and (path.stat().st_mode & 0o777) == 0o600
     assert h.victim.poll() is None, "the victim process was killed"
     assert not _accepted(h.server), "the sandbox connected to the host's 127.0.0.1 socket"
     assert not _accepted(h.abstract), "the sandbox connected to the host's abstract unix socket"
@@ -477,3 +482,22 @@ def test_kill_every_process_group_does_not_touch_the_host(tool, host):
 def test_attacks_leave_the_tool_working(tool):
     res = _attack(tool, "import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.getcwd())")
     assert res.ok and res.text.strip() == "hi /tmp", res.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, the user-namespace path is tried too")
+def test_user_namespace_path_keeps_the_host_out(host, monkeypatch):
+    """The path a non-root user gets, tried as root: uid 0 inside is the real root here, so file
+    permissions protect nothing and the mount, pid and network namespaces are the whole boundary.
+    (Files inside the bound Python prefix are readable on this path: documented.)"""
+    plan = sandbox._plan(user_ns=True)
+    report = sandbox._probe(plan)
+    assert isinstance(report, dict), report
+    monkeypatch.setattr(sandbox, "_strict", lambda: (plan, report))
+    tool = PythonTool(**LIMITS)
+    assert tool.isolation["user_namespace"] is True
+    shell = ["sh", "-c", _shell(host)]
+    spawn = f"import os\nprint(os.waitpid(os.posix_spawn('/bin/sh', {shell!r}, {{}}), 0))"
+    for code in (_python_payload(host), spawn):
+        res = _attack(tool, code)
+        assert "done" in res.text or "kill victim -> refused" in res.text, res.text
+        _assert_host_intact(host, res, visible_secrets_readable=True)

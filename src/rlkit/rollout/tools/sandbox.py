@@ -199,21 +199,23 @@ def _judge(plan: _Plan, seen: dict, wall: float) -> dict | str:
 
 @functools.lru_cache(maxsize=1)
 def _strict() -> tuple[_Plan, dict] | str:
-    """The strict plan that works here, with its probed report; or why none does (probed once)."""
-    reasons = []
-    for user_ns in (False, True) if os.geteuid() == 0 else (True,):
-        plan = _plan(user_ns)
-        if isinstance(plan, str):
-            return plan
-        res = _run_strict(_PROBE, SandboxLimits(wall_s=20.0, cpu_s=10), plan)
-        if not res.ok:
-            reasons.append(f"{'user namespace' if user_ns else 'root'}: {res.stderr.strip()[-600:]}")
-            continue
-        report = _judge(plan, json.loads(res.stdout), res.wall_s)
-        if isinstance(report, dict):
-            return plan, report
-        reasons.append(report)
-    return " | ".join(reasons)
+    """The strict plan for this user, with its probed report; or why it falls short (probed once).
+    Root gets the uid drop, never the user-namespace path: there uid 0 inside is the real root outside,
+    whose file permissions would be no boundary."""
+    plan = _plan(user_ns=os.geteuid() != 0)
+    if isinstance(plan, str):
+        return plan
+    report = _probe(plan)
+    return report if isinstance(report, str) else (plan, report)
+
+
+def _probe(plan: _Plan) -> dict | str:
+    """Run the probe child under ``plan``: its isolation report, or why the boundary is not there."""
+    res = _run_strict(_PROBE, SandboxLimits(wall_s=20.0, cpu_s=10), plan)
+    if not res.ok:
+        where = "user namespace" if plan.user_ns else "root"
+        return f"the probe child failed ({where}): {res.stderr.strip()[-600:] or res.violation}"
+    return _judge(plan, json.loads(res.stdout), res.wall_s)
 
 
 def isolation(level: str = "strict") -> dict:
