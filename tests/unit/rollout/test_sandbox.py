@@ -177,3 +177,26 @@ def test_the_user_namespace_path_gives_the_same_boundary():
     assert isinstance(report, dict), report
     assert report["user_namespace"] is True and report["namespaces"] == ["ipc", "mnt", "net", "pid", "uts"]
     assert report["capabilities"] == "none" and report["uid"].startswith("0 real/effective/saved")
+
+
+def _pgrep(marker: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+
+@pytest.mark.skipif(isolation()["mode"] != "strict", reason="no strict sandbox here")
+def test_the_sandbox_ends_when_its_parent_dies_without_killing_it():
+    suffix = f"{os.getpid()}-{time.time_ns()}"
+    marker = f"rlkit-orphan-{suffix}"  # in the child's argv for pgrep; not in the parent's (built there)
+    code = f"import os\nos.execv('/bin/sh', ['sh', '-c', 'sleep 600', 'rlkit-orphan-' + {suffix!r}])"
+    trainer = subprocess.Popen([sys.executable, "-c", "from rlkit.rollout.tools.sandbox import SandboxLimits, "
+                                f"run_python\nrun_python({code!r}, SandboxLimits(wall_s=3.0))"])
+    deadline = time.monotonic() + 60
+    while not _pgrep(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pgrep(marker), "the sandboxed child never started"
+    trainer.kill()  # the parent dies between its polls: nobody kills the sandbox's process group
+    trainer.wait()
+    deadline = time.monotonic() + 60
+    while _pgrep(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pgrep(marker), "the sandbox outlived its parent (its init's own lifetime did not end it)"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -319,6 +320,7 @@ def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
             "code_path": os.path.join(root, "main.py"),
             "status_path": status,
             "tmp_bytes": 4 * (int(limits.max_file_mb) << 20),
+            "lifetime_s": math.ceil(limits.wall_s) + 1,
             "tmp_inodes": 4096,
             "rlimits": _rlimits(limits, nproc=True),
             "argv": [*plan.drop, *_bootstrap("/tmp", {}, hook=False)],

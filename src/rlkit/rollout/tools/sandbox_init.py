@@ -12,7 +12,8 @@ Run by ``rlkit.rollout.tools.sandbox`` as ``unshare --mount --pid --fork --net -
 4. forks the child, which lowers its rlimits and execs ``setpriv`` (drop uid/gid to the sandbox id,
    clear groups, ``no_new_privs``, empty bounding/inheritable/ambient capability sets) and then Python;
 5. reaps every process until the child exits, writes its status to the host's status file and exits
-   — which makes the kernel kill whatever the child left behind in the namespace.
+   — which makes the kernel kill whatever the child left behind in the namespace. It also exits after
+   its own lifetime (wall limit + 2 s), so the namespace ends even if the parent died without killing it.
 
 Any failure before step 4 is written to stderr as ``[sandbox-setup] ...`` and exits 125: the caller
 treats that as "the boundary could not be built", never as the user's code failing.
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -35,6 +37,7 @@ PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s
 DEV_NODES = ("null", "zero", "random", "urandom")
 ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group", "nsswitch.conf")
 SETUP_FAILED = 125
+TIMED_OUT = 124
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -163,9 +166,13 @@ def main() -> None:
         status.close()
         os._exit(SETUP_FAILED)
     os.chdir("/tmp")
+    # a lifetime of its own: should the parent die without killing us, the namespace still ends
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(TIMED_OUT))
+    signal.alarm(int(cfg["lifetime_s"]) + 1)
     child = os.fork()
     if child == 0:
         try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
             _limit(cfg)
             os.execv(cfg["argv"][0], cfg["argv"])
         except BaseException as exc:  # noqa: BLE001 - report anything, then die
