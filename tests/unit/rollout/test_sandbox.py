@@ -188,8 +188,8 @@ def test_the_sandbox_ends_when_its_parent_dies_without_killing_it():
     suffix = f"{os.getpid()}-{time.time_ns()}"
     marker = f"rlkit-orphan-{suffix}"  # in the child's argv for pgrep; not in the parent's (built there)
     code = f"import os\nos.execv('/bin/sh', ['sh', '-c', 'sleep 600', 'rlkit-orphan-' + {suffix!r}])"
-    trainer = subprocess.Popen([sys.executable, "-c", "from rlkit.rollout.tools.sandbox import SandboxLimits, "
-                                f"run_python\nrun_python({code!r}, SandboxLimits(wall_s=3.0))"])
+    parent = f"from rlkit.rollout.tools.sandbox import *\nrun_python({code!r}, SandboxLimits(wall_s=3.0))"
+    trainer = subprocess.Popen([sys.executable, "-c", parent])
     deadline = time.monotonic() + 60
     while not _pgrep(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
