@@ -200,3 +200,34 @@ def test_the_sandbox_ends_when_its_parent_dies_without_killing_it():
     while _pgrep(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _pgrep(marker), "the sandbox outlived its parent (its init's own lifetime did not end it)"
+
+
+def test_isolation_and_open_files_come_through_the_recipe():
+    from rlkit.errors import RecipeError
+    from rlkit.pipeline import compose
+    from rlkit.plugins import make_plugin_manager
+    from rlkit.recipe import validate_recipe
+    from rlkit.registry import build_registries
+
+    registries = build_registries(make_plugin_manager())
+    raw = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
+
+    def recipe(tool: str):
+        overrides = ["rollout.agent=tool", f"rollout.tools=[{tool}]"]
+        return validate_recipe(raw, overrides, registries=registries, check_files=False)
+
+    with pytest.warns(RuntimeWarning, match="isolation 'weak'"):
+        tool = compose(recipe("{name: python, isolation: weak, max_open_files: 32}"), registries).tools[0].build()
+    assert tool.limits.isolation == "weak" and tool.limits.max_open_files == 32
+    res = asyncio.run(tool.execute({"code": "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))"}))
+    assert res.ok and res.text.strip() == "(32, 32)", res.text
+    with pytest.raises(RecipeError, match="rollout.tools.0.isolation"):
+        recipe("{name: python, isolation: none}")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_child_runs_under_every_rlimit(level):
+    code = ("import resource as r\nprint(*[r.getrlimit(getattr(r, 'RLIMIT_' + n))[1] for n in "
+            "('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE')])")
+    res, _ = _run(code, level, cpu_s=3, memory_mb=300, max_file_mb=5, max_open_files=40)
+    assert res.ok and res.text.split() == ["4", str(300 << 20), str(5 << 20), "40", "0"], res.text
