@@ -210,16 +210,19 @@ def test_isolation_and_open_files_come_through_the_recipe():
     from rlkit.registry import build_registries
 
     registries = build_registries(make_plugin_manager())
-    raw = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
+    raw = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
+           "rollout": {"n": 2}}
 
     def recipe(tool: str):
         overrides = ["rollout.agent=tool", f"rollout.tools=[{tool}]"]
         return validate_recipe(raw, overrides, registries=registries, check_files=False)
 
     with pytest.warns(RuntimeWarning, match="isolation 'weak'"):
-        tool = compose(recipe("{name: python, isolation: weak, max_open_files: 32}"), registries).tools[0].build()
+        resolved = compose(recipe("{name: python, isolation: weak, max_open_files: 32}"), registries)
+        tool = resolved.tools[0].build()
     assert tool.limits.isolation == "weak" and tool.limits.max_open_files == 32
-    res = asyncio.run(tool.execute({"code": "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))"}))
+    code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    res = asyncio.run(tool.execute({"code": code}))
     assert res.ok and res.text.strip() == "(32, 32)", res.text
     with pytest.raises(RecipeError, match="rollout.tools.0.isolation"):
         recipe("{name: python, isolation: none}")
