@@ -111,15 +111,18 @@ def _plan(user_ns: bool) -> _Plan | str:
     return _Plan((unshare, *ns, "--"), (setpriv, *ids, *caps, "--"), NOBODY_UID, False)
 
 
-def _binds() -> list[str]:
-    """Host directories the child needs: /usr and the interpreter's prefixes (no nested duplicates)."""
-    paths = {
-        "/usr",
-        *(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)),
-    }
-    paths.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    paths = {p for p in paths if p != "/" and os.path.isdir(p)}
-    return sorted(p for p in paths if not any(p.startswith(q + "/") for q in paths))
+def _binds() -> list[tuple[str, str]]:
+    """(host path, path in the sandbox): /usr and the interpreter's prefixes, under their real path and
+    under the spelling the interpreter uses (a venv behind a symlinked directory); nested ones dropped."""
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    pairs = {"/usr": "/usr"}
+    for p in prefixes:
+        real = os.path.realpath(p)
+        pairs.setdefault(real, real)
+        pairs.setdefault(os.path.abspath(p), real)
+    pairs = {dst: src for dst, src in pairs.items() if dst != "/" and os.path.isdir(src)}
+    return sorted((src, dst) for dst, src in pairs.items() if not any(dst.startswith(q + "/") for q in pairs))
 
 
 _PROBE = r"""

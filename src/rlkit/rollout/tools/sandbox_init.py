@@ -101,8 +101,8 @@ def build_root(cfg: dict) -> dict:
             os.symlink(os.readlink(host), root + host)
         elif os.path.isdir(host):
             bind_ro(host, root)
-    for path in cfg["binds"]:
-        bind_ro(path, root)
+    for src, dst in cfg["binds"]:
+        bind_ro(src, root, dst)
     for name in ETC_FILES:
         if os.path.exists("/etc/" + name):
             bind_ro(os.path.realpath("/etc/" + name), root, "/etc/" + name)
