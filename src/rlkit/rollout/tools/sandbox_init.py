@@ -95,6 +95,9 @@ def build_root(cfg: dict) -> dict:
     """Steps 1-3 of the module docstring; returns what was set up (for the probe's report)."""
     root, uid = cfg["newroot"], cfg["uid"]
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    os.mkdir(root + "/tmp", 0o700)  # first: a Python prefix under /tmp (a CI venv) is bound inside it
+    tmp_opts = f"mode=0700,uid={uid},gid={uid},size={cfg['tmp_bytes']},nr_inodes={cfg['tmp_inodes']}"
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
     for top in ("bin", "lib", "lib64", "sbin"):  # merged-/usr links (/bin -> usr/bin) or real dirs
         host = "/" + top
         if os.path.islink(host):
@@ -115,14 +118,6 @@ def build_root(cfg: dict) -> dict:
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, f"{root}/dev/{name}")
-    os.mkdir(root + "/tmp", 0o700)
-    mount(
-        "tmpfs",
-        root + "/tmp",
-        "tmpfs",
-        MS_NOSUID | MS_NODEV,
-        f"mode=0700,uid={uid},gid={uid},size={cfg['tmp_bytes']},nr_inodes={cfg['tmp_inodes']}",
-    )
     with open(cfg["code_path"], "rb") as src, open(root + "/tmp/main.py", "wb") as dst:
         dst.write(src.read())
     os.chown(root + "/tmp/main.py", uid, uid)
