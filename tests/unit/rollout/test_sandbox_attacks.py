@@ -417,7 +417,8 @@ def test_memory_bomb(tool, host):
 
 def test_cpu_loop(tool, host):
     res = _attack(tool, "while True:\n    pass")
-    assert not res.ok and "CPU time" in res.text, res.text
+    # whichever limit comes first on a loaded machine (the CPU limit alone: test_sandbox.py)
+    assert not res.ok and ("CPU time" in res.text or "wall-time limit" in res.text), res.text
     _assert_host_intact(host, res)
 
 
