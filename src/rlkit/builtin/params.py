@@ -89,6 +89,10 @@ class PythonToolParams(Params):
     max_processes: PositiveInt = Field(16, description="RLIMIT_NPROC for the sandbox uid (where the uid drop works)")
     max_file_mb: PositiveInt = Field(16, description="largest file the code may write, stdout/stderr included")
     max_output_chars: PositiveInt = Field(4000, description="stdout and stderr are each cut to this many characters")
+    max_open_files: PositiveInt = Field(64, description="open file descriptors (RLIMIT_NOFILE)")
+    isolation: Literal["strict", "weak"] = Field(
+        "strict", description="strict: an OS boundary (own uid, namespaces, read-only root; see "
+        "docs/agents-and-tools.md) or the tool refuses to start; weak: an audit hook and rlimits only, with a warning")
 
 
 class ToolAgentParams(Params):

@@ -5,7 +5,9 @@ output limit, a refused network / file / process operation — comes back as ``o
 message that says which limit stopped it and the tail of stderr; it never raises.
 
 Config (``cls(**config)``): ``wall_s``, ``cpu_s``, ``memory_mb``, ``max_processes``, ``max_file_mb``,
-``max_output_chars`` — the fields of ``SandboxLimits``.
+``max_output_chars``, ``max_open_files``, ``isolation`` — the fields of ``SandboxLimits``. With
+``isolation="strict"`` (the default) the tool refuses to start (``SandboxError``) where the OS cannot
+give the boundary; ``"weak"`` starts anyway, with a warning.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import fields
 from typing import Any
 
 from rlkit.rollout.tools.base import Tool, ToolResult
-from rlkit.rollout.tools.sandbox import SandboxLimits, run_python
+from rlkit.rollout.tools.sandbox import SandboxLimits, require_isolation, run_python
 
 __all__ = ["PythonTool"]
 
@@ -26,13 +28,14 @@ _REASONS = {
     "file_size": "the code wrote more than {max_file_mb} MiB (output or file)",
     "policy": "the code tried an operation the sandbox refuses",
     "killed": "the sandboxed process was killed",
+    "setup": "the sandbox could not be set up, so the code did not run",
 }
 
 
 class PythonTool(Tool):
     name = "python"
-    description = ("Run Python 3 code in a sandbox (no network, no files outside a private temporary "
-                   "directory, limited time and memory) and return what it prints.")
+    description = ("Run Python 3 code in a sandbox (no network, a read-only filesystem except a private "
+                   "temporary directory, limited time and memory) and return what it prints.")
     parameters = {
         "type": "object",
         "properties": {"code": {"type": "string", "description": "the program; use print() to show results"}},
@@ -50,6 +53,7 @@ class PythonTool(Tool):
         if unknown:
             raise ValueError(f"python tool: unknown option(s) {unknown}; valid: {sorted(known)}")
         self.limits = SandboxLimits(**config)
+        self.isolation = require_isolation(self.limits.isolation)  # refuses here, not at the first call
 
     async def execute(self, arguments: dict[str, Any], **tools_kwargs: Any) -> ToolResult:
         code = arguments["code"]

@@ -1,39 +1,41 @@
-"""Run untrusted Python in a child process with limits; report every violation as a result.
+"""Run untrusted Python in a child process behind an OS boundary; report every violation as a result.
 
-What stops what (measured on Linux, root in a container — see docs/agents-and-tools.md):
+Two isolation levels (``SandboxLimits.isolation``, the python tool's ``isolation`` param):
 
-=================  ==========================================================  ==================
-limit              mechanism                                                   kind
-=================  ==========================================================  ==================
-wall time          parent kills the child's whole process group (own session)  OS (hard)
-CPU time           ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL one second later)     OS (hard)
-memory             ``RLIMIT_AS`` (allocation fails: ``MemoryError``)           OS (hard)
-file size          ``RLIMIT_FSIZE`` (also bounds what stdout/stderr can write)  OS (hard)
-processes          ``RLIMIT_NPROC`` under real uid 65534 with no capabilities  OS (hard) [1]
-                   + audit hook refusing fork/exec/spawn/kill/ctypes           Python-level
-network            a fresh network namespace (``unshare --net``: no devices,   OS (hard) [2]
-                   not even loopback) + audit hook refusing ``socket.*``       Python-level
-files              private temp dir as cwd/HOME/TMPDIR; audit hook refusing    Python-level
-                   writes outside it and reads outside it and Python's paths
-=================  ==========================================================  ==================
+``strict`` (default) — the boundary is the kernel's, built from util-linux (``unshare``, ``setpriv``)
+by ``rlkit.rollout.tools.sandbox_init``:
 
-[1] ``RLIMIT_NPROC`` does not apply to uid 0, so when the parent is root the child runs under
-``setpriv --ruid 65534 --bounding-set -all --no-new-privs``: real uid ``nobody`` (what the process
-count is charged to), effective uid 0 (so it can still read the interpreter under ``/root``), and
-no capabilities at all. The count is per uid, shared by concurrent sandboxes. When that is not
-available (not root, no ``setpriv``) only the audit hook stops forks.
-[2] When ``unshare --net`` fails (no privilege, no user namespaces), only the audit hook stops it.
+=================  ==================================================================================
+who                real, effective and saved uid/gid 65534 (``nobody``), no supplementary groups,
+                   ``no_new_privs``, empty bounding/permitted/effective/inheritable/ambient capability
+                   sets. Not root: inside a user namespace (``--map-root-user``) uid 0 of that
+                   namespace, i.e. the invoking user outside, with the same empty capability sets.
+files              own mount namespace; root is a read-only tmpfs holding read-only binds of ``/usr``,
+                   the Python prefixes, five ``/etc`` files and ``/dev/{null,zero,random,urandom}``;
+                   ``/tmp`` (cwd, HOME, TMPDIR) a private size-limited tmpfs; the host's root detached.
+processes          own pid namespace (the trainer is invisible; pid 1 is the sandbox's init, whose exit
+                   kills everything left), ``RLIMIT_NPROC``
+network / IPC      own network (no interface but a down ``lo``), IPC and UTS namespaces
+resources          ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``;
+                   wall time: the parent kills the process group (the namespace dies with its init)
+environment        a fixed allow-list (PATH, LANG, HOME, TMPDIR, OMP_NUM_THREADS)
+=================  ==================================================================================
 
-An audit hook (PEP 578) is a Python-level guard: it sees everything Python code does through the
-interpreter, but code that reaches the C level another way could step around it (ctypes is refused
-for that reason). Treat the hard limits as the security boundary and the hook as a strong guard.
-``isolation()`` says which mechanisms this machine provides.
+``weak`` — what runs where strict cannot (no root and no user namespaces): the same rlimits, a private
+directory, a network namespace and a uid drop where the OS gives them, and a PEP 578 audit hook that
+refuses files outside the directory, sockets, fork/exec/kill and ctypes. The hook is a Python-level
+guard that C-level code can step around; the tool warns when it is used.
+
+``isolation()`` reports what a probe child actually observed (uids, capabilities, namespaces, a write
+to ``/``), never what is assumed. ``PythonTool`` refuses to start when strict is asked for and the
+probe fails.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -43,9 +45,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_python", "isolation"]
+from rlkit.errors import RlkitError
+from rlkit.rollout.tools.sandbox_hook import BOOTSTRAP, NOBODY_UID, weak_wrappers
 
-NOBODY_UID = 65534
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxError", "run_python", "isolation", "require_isolation"]
+
+ISOLATION_LEVELS = ("strict", "weak")
+_INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+
+
+class SandboxError(RlkitError):
+    """The sandbox asked for cannot be given on this machine."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,11 @@ class SandboxLimits:
     wall_s: float = 10.0  # wall-clock seconds before the process group is killed
     cpu_s: int = 5  # CPU seconds (RLIMIT_CPU)
     memory_mb: int = 512  # address space (RLIMIT_AS); Python itself needs ~30 MiB
-    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid (where the uid drop works)
+    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid
     max_file_mb: int = 16  # largest file the code may write, stdout/stderr included (RLIMIT_FSIZE)
     max_output_chars: int = 4000  # stdout and stderr are each cut to this many characters
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    isolation: str = "strict"  # "strict": the OS boundary or refuse; "weak": audit hook + what the OS gives
 
 
 @dataclass
@@ -63,7 +76,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     exit_code: int | None  # negative: killed by that signal
-    violation: str | None  # None, "timeout", "cpu", "memory", "file_size", "policy", "killed"
+    # None, "timeout", "cpu", "memory", "file_size", "policy", "killed", "setup"
+    violation: str | None
     wall_s: float
     isolation: dict = field(default_factory=dict)
 
@@ -72,126 +86,177 @@ class SandboxResult:
         return self.exit_code == 0 and self.violation is None
 
 
-# Runs in the child before the user's code: lower the limits, install the audit hook, run main.py.
-_BOOTSTRAP = r'''
-import json, os, resource, sys, traceback
-_cfg = json.loads(sys.argv[1])
-def _set(which, soft, hard):
+# ----- strict: unshare + sandbox_init (mounts, pivot_root) + setpriv --------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    prefix: tuple[str, ...]  # unshare ... --
+    drop: tuple[str, ...]  # setpriv ... --
+    uid: int  # the sandbox's uid inside its namespaces
+    user_ns: bool
+
+
+def _plan(user_ns: bool) -> _Plan | str:
+    """The strict launcher as root (``user_ns=False``) or in a user namespace; or why it cannot be."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not unshare or not setpriv:
+        return "util-linux `unshare` and `setpriv` are not both on PATH"
+    setpriv = os.path.realpath(setpriv)
+    if not setpriv.startswith("/usr/"):
+        return f"`setpriv` is at {setpriv}, outside /usr (the sandbox's root only binds /usr)"
+    ns = ("--mount", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts")
+    caps = ("--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all")
+    if user_ns:  # setgroups is denied in the namespace; the only mapped id is 0 (= the invoking user)
+        return _Plan((unshare, "--user", "--map-root-user", *ns, "--"), (setpriv, *caps, "--"), 0, True)
+    ids = (f"--reuid={NOBODY_UID}", f"--regid={NOBODY_UID}", "--clear-groups")
+    return _Plan((unshare, *ns, "--"), (setpriv, *ids, *caps, "--"), NOBODY_UID, False)
+
+
+def _binds() -> list[tuple[str, str]]:
+    """(host path, path in the sandbox): /usr and the interpreter's prefixes, under their real path and
+    under the spelling the interpreter uses (a venv behind a symlinked directory); nested ones dropped."""
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    pairs = {"/usr": "/usr"}
+    for p in prefixes:
+        real = os.path.realpath(p)
+        pairs.setdefault(real, real)
+        pairs.setdefault(os.path.abspath(p), real)
+    pairs = {dst: src for dst, src in pairs.items() if dst != "/" and os.path.isdir(src)}
+    return sorted((src, dst) for dst, src in pairs.items() if not any(dst.startswith(q + "/") for q in pairs))
+
+
+_PROBE = r"""
+import json, os, resource, socket
+def status():
     try:
-        resource.setrlimit(which, (soft, hard))
-    except (ValueError, OSError):
-        pass
-_set(resource.RLIMIT_CPU, _cfg["cpu_s"], _cfg["cpu_s"] + 1)
-_set(resource.RLIMIT_AS, _cfg["memory_bytes"], _cfg["memory_bytes"])
-_set(resource.RLIMIT_FSIZE, _cfg["file_bytes"], _cfg["file_bytes"])
-_set(resource.RLIMIT_CORE, 0, 0)
-if _cfg["nproc"]:
-    _set(resource.RLIMIT_NPROC, _cfg["nproc"], _cfg["nproc"])
-
-def _make_hook(work, read_roots):
-    realpath, fspath, fsdecode, sep = os.path.realpath, os.fspath, os.fsdecode, os.sep
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    devices = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-    refuse_exact = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
-                    "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-                    "resource.setrlimit", "resource.prlimit", "ctypes.dlopen", "ctypes.dlsym",
-                    "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer", "os.chroot",
-                    "sys.remote_exec", "os.setuid", "os.setgid"}
-    one_path = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-                "os.setxattr", "os.removexattr", "shutil.rmtree", "os.chflags", "os.lchflags"}
-    two_paths = {"os.rename", "os.link"}
-
-    def inside(path, roots):
-        if isinstance(path, int):
-            return True
-        p = realpath(fsdecode(fspath(path)))
-        return p in devices or any(p == r or p.startswith(r + sep) for r in roots)
-
-    def deny(what):
-        raise PermissionError("[sandbox] " + what + " is not allowed in this sandbox")
-
-    def hook(event, args):
-        if event in refuse_exact:
-            deny(event)
-        elif event.startswith("socket."):
-            deny("network access (" + event + ")")
-        elif event == "open":
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & write_flags)
-            if writing and not inside(path, (work,)):
-                deny("writing " + repr(path) + " (outside the sandbox directory)")
-            if not writing and not inside(path, read_roots):
-                deny("reading " + repr(path) + " (outside the sandbox directory)")
-        elif event in one_path:
-            if not inside(args[0], (work,)):
-                deny(event + " on " + repr(args[0]) + " (outside the sandbox directory)")
-        elif event in two_paths:
-            if not (inside(args[0], (work,)) and inside(args[1], (work,))):
-                deny(event + " outside the sandbox directory")
-        elif event == "os.symlink":
-            if not inside(args[1], (work,)):
-                deny("os.symlink outside the sandbox directory")
-    return hook
-
-_work = os.path.realpath(_cfg["workdir"])
-_roots = [_work] + [os.path.realpath(p) for p in
-                    {sys.prefix, sys.base_prefix, sys.exec_prefix, *[p for p in sys.path if os.path.isabs(p)]}]
-os.chdir(_work)
-sys.argv = ["main.py"]
-sys.path[:] = [_work] + [p for p in sys.path if os.path.isabs(p)]
-with open("main.py", encoding="utf-8") as _f:
-    _code = compile(_f.read(), "main.py", "exec")
-sys.addaudithook(_make_hook(_work, tuple(_roots)))
-del _f, _set, _make_hook, _roots, _work, json, resource
-try:
-    exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as _exc:  # show the user's frames only (not this bootstrap's or the hook's)
-    _te = traceback.TracebackException(type(_exc), _exc, _exc.__traceback__)
-    _te.stack = traceback.StackSummary.from_list([f for f in _te.stack if f.filename != "<string>"])
-    sys.stderr.write("".join(_te.format()))
-    sys.stderr.flush()
-    os._exit(1)
-'''
-
-
-def _works(cmd: list[str]) -> bool:
+        with open("/proc/self/status") as f:
+            return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    except OSError:
+        return {}
+def can_write(path):
     try:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
+        open(path, "w").close()
+        return True
+    except OSError:
         return False
+st = status()
+ns = {}
+for n in ("mnt", "pid", "net", "ipc", "uts", "user"):
+    try:
+        ns[n] = os.readlink("/proc/self/ns/" + n)
+    except OSError:
+        ns[n] = None
+print(json.dumps({
+    "resuid": os.getresuid(), "resgid": os.getresgid(), "groups": os.getgroups(),
+    "caps": {k: st.get(k, "?").strip() for k in ("CapPrm", "CapEff", "CapBnd", "CapInh", "CapAmb")},
+    "no_new_privs": st.get("NoNewPrivs", "?").strip(), "ns": ns, "pid": os.getpid(),
+    "root_writable": can_write("/probe"), "tmp_writable": can_write("/tmp/probe"),
+    "interfaces": [name for _, name in socket.if_nameindex()], "env": sorted(os.environ),
+    "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[1], "as": resource.getrlimit(resource.RLIMIT_AS)[1],
+    "root_entries": sorted(os.listdir("/"))}))
+"""
+
+
+def _host_ns() -> dict:
+    return {n: os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "net", "ipc", "uts", "user")}
+
+
+def _judge(plan: _Plan, seen: dict, wall: float) -> dict | str:
+    """The isolation report from what the probe child saw, or why it falls short of strict."""
+    host = _host_ns()
+    fresh = sorted(n for n in ("mnt", "pid", "net", "ipc", "uts") if seen["ns"].get(n) not in (None, host[n]))
+    no_caps = all(v == "0000000000000000" for v in seen["caps"].values())
+    problems = []
+    if seen["resuid"] != [plan.uid] * 3 or seen["resgid"] != [plan.uid] * 3:
+        problems.append(f"uids {seen['resuid']} gids {seen['resgid']} (expected {plan.uid})")
+    if not plan.user_ns and seen["groups"]:
+        problems.append(f"supplementary groups {seen['groups']} were not cleared")
+    if not no_caps:
+        problems.append(f"capabilities left: {seen['caps']}")
+    if seen["no_new_privs"] != "1":
+        problems.append("no_new_privs is not set")
+    if fresh != ["ipc", "mnt", "net", "pid", "uts"]:
+        problems.append(f"only these namespaces are new: {fresh}")
+    if seen["root_writable"] or not seen["tmp_writable"]:
+        problems.append("/ is writable or /tmp is not")
+    if problems:
+        return "the probe child " + "; ".join(problems)
+    outer = os.getuid() if plan.user_ns else plan.uid
+    return {
+        "mode": "strict",
+        "mechanism": "util-linux unshare + pivot_root + setpriv",
+        "user_namespace": plan.user_ns,
+        "uid": f"{plan.uid} real/effective/saved"
+        + (f" in a user namespace (= uid {outer} outside)" if plan.user_ns else " (nobody)"),
+        "groups": seen["groups"],
+        "capabilities": "none",
+        "no_new_privs": True,
+        "namespaces": fresh,
+        "filesystem": f"read-only root {seen['root_entries']}, private tmpfs /tmp",
+        "network": f"interfaces {seen['interfaces']} (own namespace)",
+        "rlimits": "cpu, as, fsize, nofile, nproc, core",
+        "wall": "killpg + pid-namespace init",
+        "environment": seen["env"],
+        "startup_s": round(wall, 3),
+    }
 
 
 @functools.lru_cache(maxsize=1)
-def _wrappers() -> tuple[tuple[str, ...], tuple[str, ...], dict]:
-    """(network prefix, uid-drop prefix, description) available on this machine, probed once."""
-    net: tuple[str, ...] = ()
-    unshare = shutil.which("unshare")
-    if unshare and _works([unshare, "--net", "--", "true"]):
-        net = (unshare, "--net", "--")
-    elif unshare and _works([unshare, "--net", "--map-root-user", "--", "true"]):
-        net = (unshare, "--net", "--map-root-user", "--")
-    drop: tuple[str, ...] = ()
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() == 0 and setpriv and not (net and "--map-root-user" in net):
-        cand = (setpriv, f"--ruid={NOBODY_UID}", "--bounding-set=-all", "--no-new-privs", "--")
-        if _works([*cand, "true"]):
-            drop = cand
-    info = {
-        "network": "netns+audit_hook" if net else "audit_hook",
-        "processes": "rlimit_nproc+audit_hook" if drop or os.geteuid() != 0 else "audit_hook",
-        "files": "audit_hook+private_cwd",
-        "wall": "killpg", "cpu": "rlimit_cpu", "memory": "rlimit_as",
-    }
-    return net, drop, info
+def _strict() -> tuple[_Plan, dict] | str:
+    """The strict plan for this user, with its probed report; or why it falls short (probed once).
+    Root gets the uid drop, never the user-namespace path: there uid 0 inside is the real root outside,
+    whose file permissions would be no boundary."""
+    plan = _plan(user_ns=os.geteuid() != 0)
+    if isinstance(plan, str):
+        return plan
+    report = _probe(plan)
+    return report if isinstance(report, str) else (plan, report)
 
 
-def isolation() -> dict:
-    """Which mechanism enforces each limit on this machine (see the module docstring)."""
-    return dict(_wrappers()[2])
+def _probe(plan: _Plan) -> dict | str:
+    """Run the probe child under ``plan``: its isolation report, or why the boundary is not there."""
+    res = _run_strict(_PROBE, SandboxLimits(wall_s=20.0, cpu_s=10), plan)
+    if not res.ok:
+        where = "user namespace" if plan.user_ns else "root"
+        return f"the probe child failed ({where}): {res.stderr.strip()[-600:] or res.violation}"
+    return _judge(plan, json.loads(res.stdout), res.wall_s)
+
+
+def isolation(level: str = "strict") -> dict:
+    """What the sandbox of ``level`` enforces here, as a probe child observed it.
+    Strict where unavailable: ``{"mode": "unavailable", "reason": ...}``."""
+    if level == "weak":
+        return dict(weak_wrappers()[2])
+    strict = _strict()
+    if isinstance(strict, str):
+        return {"mode": "unavailable", "reason": strict}
+    return dict(strict[1])
+
+
+def require_isolation(level: str, where: str = "python tool") -> dict:
+    """Check that ``level`` can be given here (``SandboxError`` if strict cannot); warn on weak."""
+    if level not in ISOLATION_LEVELS:
+        raise SandboxError(f"{where}: isolation {level!r} is not a level; valid: {list(ISOLATION_LEVELS)}.")
+    if level == "weak":
+        import warnings
+
+        warnings.warn(
+            f"{where}: isolation 'weak' — model-written code runs behind an audit hook and rlimits "
+            "only, no OS boundary: C-level code can escape it. Use it only for trusted code.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return isolation("weak")
+    strict = _strict()
+    if isinstance(strict, str):
+        raise SandboxError(
+            f"{where}: strict isolation is not available on this machine: {strict}. It needs util-linux "
+            "`unshare` and `setpriv` under /usr, and root or unprivileged user namespaces "
+            "(user.max_user_namespaces > 0; on Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0). "
+            "Fix that, or opt into the weaker audit-hook sandbox by name: "
+            "rollout.tools: [{name: python, isolation: weak}]."
+        )
+    return dict(strict[1])
 
 
 def _read(path: str, limit: int, *, tail: bool = False) -> str:
@@ -215,6 +280,8 @@ def _classify(code: int | None, timed_out: bool, stderr: str) -> str | None:
         return "cpu" if code == -signal.SIGXCPU else "killed"
     if code == -signal.SIGXFSZ:
         return "file_size"
+    if "[sandbox-setup]" in stderr:
+        return "setup"
     if "MemoryError" in stderr:
         return "memory"
     if "File too large" in stderr:
@@ -224,48 +291,159 @@ def _classify(code: int | None, timed_out: bool, stderr: str) -> str | None:
     return None
 
 
-def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh private directory under ``limits``; never raises for
-    anything the code does (errors and violations are in the result)."""
-    limits = limits or SandboxLimits()
-    net, drop, info = _wrappers()
+def _rlimits(limits: SandboxLimits, nproc: bool) -> dict:
+    out = {
+        "RLIMIT_CPU": int(limits.cpu_s),
+        "RLIMIT_AS": int(limits.memory_mb) << 20,
+        "RLIMIT_FSIZE": int(limits.max_file_mb) << 20,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NOFILE": int(limits.max_open_files),
+    }
+    if nproc:
+        out["RLIMIT_NPROC"] = int(limits.max_processes)
+    return out
+
+
+def _bootstrap(workdir: str, rlimits: dict, hook: bool) -> list[str]:
+    cfg = {"workdir": workdir, "rlimits": rlimits, "hook": hook}
+    return [sys.executable, "-I", "-c", BOOTSTRAP, json.dumps(cfg)]
+
+
+def _run_strict(code: str, limits: SandboxLimits, plan: _Plan) -> SandboxResult:
+    root = tempfile.mkdtemp(prefix="rlkit-sandbox-")
+    try:
+        os.mkdir(os.path.join(root, "newroot"))
+        with open(os.path.join(root, "main.py"), "w", encoding="utf-8") as f:
+            f.write(code)
+        status = os.path.join(root, "status")
+        cfg = {
+            "newroot": os.path.join(root, "newroot"),
+            "uid": plan.uid,
+            "binds": _binds(),
+            "code_path": os.path.join(root, "main.py"),
+            "status_path": status,
+            "tmp_bytes": 4 * (int(limits.max_file_mb) << 20),
+            "lifetime_s": math.ceil(limits.wall_s) + 1,
+            "tmp_inodes": 4096,
+            "rlimits": _rlimits(limits, nproc=True),
+            "argv": [*plan.drop, *_bootstrap("/tmp", {}, hook=False)],
+        }
+        cmd = [*plan.prefix, sys.executable, "-I", "-S", _INIT, json.dumps(cfg)]
+        env = {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}
+        res = _spawn(cmd, env, root, limits)
+        try:
+            with open(status, encoding="utf-8") as f:
+                reported = json.loads(f.read() or "{}")
+        except (OSError, ValueError):
+            reported = {}
+        # unshare --fork re-raising its child's SIGKILL says so on stderr: not the user's output
+        res.stderr = "".join(
+            line
+            for line in res.stderr.splitlines(keepends=True)
+            if not line.startswith("unshare: sigprocmask")
+        )
+        if "exit_code" in reported and res.violation != "timeout":
+            res.exit_code = reported["exit_code"]
+            res.violation = _classify(res.exit_code, False, res.stderr)
+        elif res.violation is None and not reported:
+            res.violation = "setup"  # unshare or the init died before reporting
+        return res
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_weak(code: str, limits: SandboxLimits) -> SandboxResult:
+    net, drop, info = weak_wrappers()
     root = tempfile.mkdtemp(prefix="rlkit-sandbox-")
     work = os.path.join(root, "work")
     os.mkdir(work)
     try:
         with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        cfg = {
-            "workdir": work, "cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_mb) << 20,
-            "file_bytes": int(limits.max_file_mb) << 20,
-            "nproc": int(limits.max_processes) if (drop or os.geteuid() != 0) else 0,
-        }
-        if os.geteuid() != 0:  # RLIMIT_NPROC counts every process of this user, not only the sandbox's
-            cfg["nproc"] = 0
-        cmd = [*net, *drop, sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(cfg)]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work, "TMPDIR": work, "OMP_NUM_THREADS": "1"}
-        out_path, err_path = os.path.join(root, "stdout"), os.path.join(root, "stderr")
-        start = time.perf_counter()
-        timed_out = False
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            try:
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work, env=env,
-                                        start_new_session=True)
-            except OSError as exc:
-                return SandboxResult("", f"could not start the sandbox: {exc}", None, "killed", 0.0, info)
-            try:
-                proc.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_group(proc.pid)
-            proc.wait()
-        wall = time.perf_counter() - start
-        stdout = _read(out_path, limits.max_output_chars)
-        stderr = _read(err_path, limits.max_output_chars, tail=True)
-        return SandboxResult(stdout, stderr, proc.returncode, _classify(proc.returncode, timed_out, stderr), wall,
-                             info)
+        nproc = bool(drop)  # RLIMIT_NPROC counts every process of a uid: only under the dropped uid
+        cmd = [*net, *drop, *_bootstrap(work, _rlimits(limits, nproc), hook=True)]
+        env = {**_ENV, "HOME": work, "TMPDIR": work}
+        res = _spawn(cmd, env, root, limits, cwd=work)
+        res.isolation = info
+        return res
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _spawn(
+    cmd: list[str], env: dict, root: str, limits: SandboxLimits, cwd: str | None = None
+) -> SandboxResult:
+    """Run ``cmd`` in its own session, stdout/stderr in files under ``root``; kill its group at the end."""
+    out_path, err_path = os.path.join(root, "stdout"), os.path.join(root, "stderr")
+    start = time.perf_counter()
+    timed_out = False
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd or root,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return SandboxResult(
+                "", f"[sandbox-setup] could not start the sandbox: {exc}", None, "setup", 0.0
+            )
+        try:
+            proc.wait(timeout=limits.wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_children(proc)
+        _kill_group(proc.pid)
+        proc.wait()
+    wall = time.perf_counter() - start
+    stdout = _read(out_path, limits.max_output_chars)
+    stderr = _read(err_path, limits.max_output_chars, tail=True)
+    return SandboxResult(stdout, stderr, proc.returncode, _classify(proc.returncode, timed_out, stderr), wall)
+
+
+def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh private directory under ``limits``; never raises for
+    anything the code does (errors and violations are in the result). Strict isolation that this
+    machine cannot give is a ``setup`` violation here (``PythonTool`` refuses earlier)."""
+    limits = limits or SandboxLimits()
+    if limits.isolation == "weak":
+        return _run_weak(code, limits)
+    strict = _strict()
+    if isinstance(strict, str):
+        return SandboxResult(
+            "",
+            f"[sandbox-setup] strict isolation is unavailable: {strict}",
+            None,
+            "setup",
+            0.0,
+            {"mode": "unavailable", "reason": strict},
+        )
+    res = _run_strict(code, limits, strict[0])
+    res.isolation = dict(strict[1])
+    return res
+
+
+def _kill_children(proc: subprocess.Popen) -> None:
+    """Kill the direct children of ``proc`` and wait for ``proc``: for ``unshare --fork`` the child is the
+    pid namespace's init, and ``unshare`` returns only once the kernel has killed everything in it."""
+    try:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children", encoding="ascii") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        return
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _kill_group(pgid: int) -> None:
