@@ -204,10 +204,10 @@ def test_the_sandbox_ends_when_its_parent_dies_without_killing_it():
 
 def test_isolation_and_open_files_come_through_the_recipe():
     from rlkit.errors import RecipeError
-    from rlkit.pipeline import compose
-    from rlkit.plugins import make_plugin_manager
+    from rlkit.recipe.compose import compose
+    from rlkit.plugin.manager import make_plugin_manager
     from rlkit.recipe import validate_recipe
-    from rlkit.registry import build_registries
+    from rlkit.plugin.registry import build_registries
 
     registries = build_registries(make_plugin_manager())
     raw = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
