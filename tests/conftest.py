@@ -34,6 +34,9 @@ def ray_cluster():
 # The edit loop (``nox -s edit``, docs/concepts.md): the tests that need no model, no process group, no Ray and no
 # subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures it uses.
 HEAVY_DIRS = ("e2e", "reliability", "engines", "plugins")
+HEAVY_FILES = {  # subprocess runs of the CLI, MLflow's migrations, a Ray cluster of their own (measured: > 10 s each)
+    "test_cli.py", "test_mlflow_store.py", "test_cluster.py", "test_smoke.py", "test_pytest_plugin.py",
+}
 HEAVY_FIXTURES = {
     "ray_cluster", "tiny_model_dir", "tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
     "rlkit_tokenizer", "gloo_world1", "two_ranks", "two_nodes", "straight_run", "smoke_runs", "serve_thread",
@@ -44,5 +47,5 @@ HEAVY_FIXTURES = {
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = item.path.relative_to(config.rootpath / "tests").parts
-        if parts[0] in HEAVY_DIRS or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if parts[0] in HEAVY_DIRS or parts[-1] in HEAVY_FILES or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.heavy)
