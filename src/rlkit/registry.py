@@ -19,9 +19,18 @@ from rlkit.hookspecs import REGISTRY_KINDS
 from rlkit.plugins import PluginSet, PluginSource, make_plugin_manager
 from rlkit.specs import Spec
 
-__all__ = ["Entry", "Registry", "Registries", "build_registries", "load_object", "suggest"]
+__all__ = ["Entry", "Registry", "Registries", "build_registries", "load_object", "suggest", "KNOWN_PROVIDERS"]
 
 S = TypeVar("S", bound=Spec)
+
+# Well-known names that a separately installed package registers: (registry kind, name) -> the install hint.
+# Kept small: only the packages this repository ships under plugins/.
+KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
+    ("rollout_backends", "sglang"): ("pip install rlkit-sglang (or rlkit[sglang]; from a checkout: "
+                                     "pip install -e plugins/rlkit-sglang), plus SGLang itself (docs/sglang.md)"),
+    ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e plugins/rlkit-vllm), "
+                                   "plus vLLM itself (docs/vllm.md)"),
+}
 
 
 def suggest(name: str, valid: list[str]) -> str:
@@ -82,6 +91,10 @@ class Registry(Generic[S]):
 
     def unknown_message(self, name: str) -> str:
         valid = self.names(with_aliases=True)
+        provider = KNOWN_PROVIDERS.get((self.kind, name))
+        if provider is not None:
+            return (f"unknown {self.kind} entry '{name}': it is provided by a plugin that is not installed. "
+                    f"Install it with: {provider}. Installed names: {', '.join(valid) or '(none registered)'}.")
         return (
             f"unknown {self.kind} entry '{name}'. Valid names: {', '.join(valid) or '(none registered)'}."
             + suggest(name, valid)
