@@ -36,7 +36,7 @@ from rlkit import faults
 from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
 from rlkit.async_rollout import RolloutPipeline, pipeline_depth, staleness_bound
 from rlkit.batch import Batch
-from rlkit.checkpoint import CheckpointManager
+from rlkit.checkpoint import CheckpointManager, load_state_file, to_plain
 from rlkit.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, validation_metrics
 from rlkit.offpolicy import bypass_on, correct_rollout, loss_batch
 from rlkit.recipe import Recipe, recipe_to_dict
@@ -387,7 +387,7 @@ class Trainer:
                 # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a resume
                 "rollout_queue": self.pipe.state_dict() if self.pipe is not None else None,
             }
-            torch.save(state, tmp / "trainer_state.pt")
+            torch.save(to_plain(state, "trainer_state"), tmp / "trainer_state.pt")
             (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False))
 
         path = self.checkpoints.save(self.global_step, write)
@@ -400,7 +400,7 @@ class Trainer:
         path = self.checkpoints.resolve_resume(self.recipe.trainer.resume)
         if path is None:
             return False
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = load_state_file(path / "trainer_state.pt")
         self.rt.load_workers(path)
         self.global_step = state["global_step"]
         self.rt.train_loader.load_state_dict(state["dataloader"])

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from rlkit.checkpoint import CheckpointManager
+from rlkit.checkpoint import CheckpointManager, load_state_file
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
 from rlkit.recipe import Recipe
@@ -109,7 +109,7 @@ def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointM
     resume_from = checkpoints.resolve_resume(recipe.trainer.resume)
     run_ids = {}
     if resume_from is not None:  # continue the same tracking run
-        run_ids = torch.load(resume_from / "trainer_state.pt", weights_only=False).get("tracker_run_ids", {})
+        run_ids = load_state_file(resume_from / "trainer_state.pt").get("tracker_run_ids", {})
     runtime = Runtime.start(recipe, registries, run_ids=run_ids)
     stopper.track(runtime.owned_processes)
     status = "FAILED"

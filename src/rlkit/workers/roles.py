@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
+from rlkit.checkpoint import load_state_file
 from rlkit.errors import WorkerError
 from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
@@ -192,7 +193,7 @@ class ActorRolloutRefWorker(Worker):
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()
         if sampler is not None and path.exists():
-            sampler.set_state(torch.load(path))
+            sampler.set_state(load_state_file(path))
 
     def _sampling_generator(self) -> torch.Generator | None:
         """The rollout's torch RNG (under an agent-loop wrapper, its backend's), saved for exact resume."""
