@@ -15,16 +15,16 @@ import sys
 from rlkit.checkpoint import CheckpointManager, load_state_file
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
+from rlkit.models.hub import resolve_recipe_models
 from rlkit.recipe import Recipe
 from rlkit.registry import Registries, build_registries
 from rlkit.stop import StopHandler
 
 log = logging.getLogger("rlkit")
 
-# Offline and quiet by default; a user's own setting wins.
+# Quiet by default; a user's own setting wins. Hub access is left to the user (HF_HUB_OFFLINE is theirs to set):
+# hub ids are downloaded, or found in the HF cache when offline, once on the driver (rlkit.models.hub).
 _ENV_DEFAULTS = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
@@ -78,6 +78,7 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
     from rlkit.runtime import output_dir_of
 
     torch.manual_seed(recipe.trainer.seed)
+    recipe = resolve_recipe_models(recipe)  # hub ids -> local snapshot folders, here and not in the workers
     checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
     stopper = stopper or StopHandler()
     stopper.set_resume_hint(lambda: resume_hint(checkpoints))
