@@ -38,9 +38,9 @@ def is_hub_id(path: str) -> bool:
     return True
 
 
-def _fix(repo_id: str) -> str:
+def _fix(repo_id: str, key: str) -> str:
     return (f"Download it where the Hub is reachable with `hf download {repo_id}` (into the same HF cache: "
-            f"HF_HOME / HF_HUB_CACHE), or set the key to a local model folder")
+            f"HF_HOME / HF_HUB_CACHE), or set {key} to a local model folder")
 
 
 def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
@@ -73,10 +73,10 @@ def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
             why = (f"the Hub ({constants.ENDPOINT}) could not be reached ({type(cause).__name__}) and it is not "
                    f"in the HF cache ({cache})")
             extra = ""
-        raise HubModelError(f"{key}: cannot get the model '{repo_id}': {why}. {_fix(repo_id)}{extra}.") from exc
+        raise HubModelError(f"{key}: cannot get the model '{repo_id}': {why}. {_fix(repo_id, key)}{extra}.") from exc
     except HfHubHTTPError as exc:
-        raise HubModelError(f"{key}: downloading '{repo_id}' from {constants.ENDPOINT} failed: {exc}. Retry, or "
-                            f"{_fix(repo_id)[0].lower()}{_fix(repo_id)[1:]}.") from exc
+        raise HubModelError(f"{key}: downloading '{repo_id}' from {constants.ENDPOINT} failed: {exc}. Retry later. "
+                            f"{_fix(repo_id, key)}.") from exc
     except OSError as exc:  # disk full, permissions on the cache
         raise HubModelError(f"{key}: cannot write '{repo_id}' into the HF cache ({cache}): {exc}. Free disk space or "
                             f"point HF_HOME / HF_HUB_CACHE at a writable disk.") from exc
