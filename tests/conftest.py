@@ -20,3 +20,18 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped, with the reason, where torch sees no CUDA device (never passed)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: torch {torch.__version__} ({build}) sees none")
+    for item in marked:
+        item.add_marker(skip)

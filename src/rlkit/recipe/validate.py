@@ -393,7 +393,12 @@ def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str
 
 
 def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
+    """What must exist on this machine: data files, score files, the reward model, CUDA when asked for."""
+    from rlkit.hardware import cuda_missing
+
     problems = []
+    if reason := cuda_missing(recipe.resources.device):
+        problems.append(("resources.device", reason + " (`rlkit validate --no-check-files` skips checks of this machine)"))
     for key in ("train_files", "val_files"):
         for i, name in enumerate(getattr(recipe.data, key)):
             if not Path(name).expanduser().is_file():

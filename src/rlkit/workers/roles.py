@@ -156,12 +156,14 @@ class ActorRolloutRefWorker(Worker):
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
+        from rlkit.hardware import gpu_memory_metrics
         from rlkit.workers import fsdp
 
         start = time.perf_counter()
         metrics = self._need("actor").update(batch)
         seconds = fsdp.all_reduce(torch.tensor([time.perf_counter() - start]), torch.distributed.ReduceOp.MAX)
-        return metrics | {"perf/worker_s/update_actor": float(seconds)}  # the slowest rank's: same on every rank
+        # the slowest rank's time (same on every rank); GPU memory peaks on CUDA only (rlkit.hardware)
+        return metrics | {"perf/worker_s/update_actor": float(seconds)} | gpu_memory_metrics(self.device)
 
     def num_params(self) -> int:
         """Parameters of the full (unsharded) actor model, for the MFU estimate."""
