@@ -151,3 +151,38 @@ def test_a_truncated_local_folder_points_at_rlkit_merge(tmp_path, tiny_model_dir
     with pytest.raises(RlkitError) as err:
         load_model(ModelConfig(path=str(folder)))
     assert str(weights) in str(err.value) and "rlkit merge" in str(err.value)
+
+
+def lora_checkpoint(tmp_path: Path, model_dir: Path, base: str) -> Path:
+    """A LoRA checkpoint as the actor writes it: hf_config/, actor/adapter_config.json naming ``base``, DCP shards."""
+    import peft
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "global_step_1"
+    shutil.copytree(model_dir, ckpt / "hf_config", ignore=shutil.ignore_patterns("*.safetensors"))
+    config = peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config)
+    inner = model.base_model.model
+    adapter = {k: p.detach().clone() for k, p in inner.named_parameters() if p.requires_grad}
+    dcp.save({"model": adapter}, checkpoint_id=str(ckpt / "actor" / "dcp"), no_dist=True)
+    config.base_model_name_or_path = base
+    config.save_pretrained(str(ckpt / "actor"))
+    return ckpt
+
+
+def test_merge_finds_a_hub_base_model_in_the_cache(tmp_path, tiny_model_dir, monkeypatch):
+    from huggingface_hub import constants
+
+    from rlkit.merge import merge_checkpoint
+    from rlkit.models.hub import HubModelError
+
+    ckpt = lora_checkpoint(tmp_path, tiny_model_dir, REPO)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(HubModelError, match=rf"adapter_config.json base_model_name_or_path.*{REPO}.*hf download"):
+        merge_checkpoint(ckpt, tmp_path / "merged", merge_lora=True)
+    build_hf_cache(tmp_path / "hub", tiny_model_dir)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = merge_checkpoint(ckpt, tmp_path / "merged", merge_lora=True)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
