@@ -184,7 +184,9 @@ def to_plain(value: Any, where: str = "state") -> Any:
                                            torch.dtype)):
         return value
     if isinstance(value, np.ndarray):
-        items = [to_plain(v, f"{where}[]") for v in value.tolist()] if value.dtype == object else value.tolist()
+        items = value.tolist()
+        if value.dtype == object:
+            items = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(items)]
         return {_NDARRAY: items, "dtype": str(value.dtype), "shape": list(value.shape)}
     if isinstance(value, np.generic):
         return {_NPSCALAR: value.item(), "dtype": str(value.dtype)}
@@ -196,12 +198,13 @@ def to_plain(value: Any, where: str = "state") -> Any:
     from rlkit.batch import Batch
 
     if isinstance(value, Batch):
-        return {_BATCH: {"tensors": dict(value.tensors.items()),
-                         "non_tensors": {k: to_plain(v, f"{where}.{k}") for k, v in value.non_tensors.items()},
+        fields = {k: to_plain(v, f"{where}.{k}") for k, v in value.non_tensors.items()}
+        return {_BATCH: {"tensors": dict(value.tensors.items()), "non_tensors": fields,
                          "meta": to_plain(value.meta, f"{where}.meta")}}
-    raise CheckpointError(f"cannot save {where} in a checkpoint: a {type(value).__name__} is not a tensor or plain "
-                          f"Python value, so torch.load(weights_only=True) would refuse it. Convert it to plain values "
-                          f"(or tensors) in its state_dict().")
+    raise CheckpointError(
+        f"cannot save {where} in a checkpoint: a {type(value).__name__} is not a tensor or plain Python "
+        f"value, so torch.load(weights_only=True) would refuse it. Convert it to plain values (or tensors) "
+        f"in its state_dict().")
 
 
 def from_plain(value: Any) -> Any:
@@ -249,6 +252,7 @@ def load_state_file(path: str | Path) -> Any:
             f"one (trainer.resume=never)."
         ) from exc
     except (OSError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"cannot read the checkpoint file {path}: {type(exc).__name__}: {exc}. It may be "
-                              f"truncated; resume from an earlier checkpoint (trainer.resume=<folder>).") from exc
+        raise CheckpointError(
+            f"cannot read the checkpoint file {path}: {type(exc).__name__}: {exc}. It may be truncated; "
+            f"resume from an earlier checkpoint (trainer.resume=<folder>).") from exc
     return from_plain(state)

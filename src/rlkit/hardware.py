@@ -465,8 +465,9 @@ def cuda_missing(requested: str, cuda_available: bool | None = None) -> str | No
     if available:
         return None
     build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build (no CUDA)"
-    return (f"resources.device is 'cuda' but torch {torch.__version__} ({build}) sees no GPU on this machine. "
-            f"Set resources.device=cpu (or auto), run on a GPU node, or install a CUDA build of torch.")
+    return (f"resources.device is 'cuda' but torch {torch.__version__} ({build}) sees no GPU on this "
+            f"machine. Set resources.device=cpu (or auto), run on a GPU node, or install a CUDA build of "
+            f"torch.")
 
 
 def device_plan(requested: str = "auto", *, cuda_available: bool | None = None) -> DevicePlan:
@@ -486,8 +487,8 @@ def device_plan(requested: str = "auto", *, cuda_available: bool | None = None) 
 
 
 def gpu_memory_metrics(device: Any) -> dict[str, float]:
-    """veRL's ``perf/max_memory_{allocated,reserved}_gb`` (GiB, peak since the process started) on a CUDA
-    device; on a CPU nothing (there is no device memory to report; ``perf/cpu_memory_used_gb`` is the driver's)."""
+    """veRL's ``perf/max_memory_{allocated,reserved}_gb`` (GiB, peak since the process started) on a
+    CUDA device; on a CPU nothing (no device memory; ``perf/cpu_memory_used_gb`` is the driver's)."""
     import torch
 
     if _device_type(device) != "cuda":

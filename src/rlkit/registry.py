@@ -27,9 +27,10 @@ S = TypeVar("S", bound=Spec)
 # Kept small: only the packages this repository ships under plugins/.
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("rollout_backends", "sglang"): ("pip install rlkit-sglang (or rlkit[sglang]; from a checkout: "
-                                     "pip install -e plugins/rlkit-sglang), plus SGLang itself (docs/sglang.md)"),
-    ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e plugins/rlkit-vllm), "
-                                   "plus vLLM itself (docs/vllm.md)"),
+                                     "pip install -e plugins/rlkit-sglang), plus SGLang itself "
+                                     "(docs/sglang.md)"),
+    ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e "
+                                   "plugins/rlkit-vllm), plus vLLM itself (docs/vllm.md)"),
 }
 
 
@@ -93,8 +94,9 @@ class Registry(Generic[S]):
         valid = self.names(with_aliases=True)
         provider = KNOWN_PROVIDERS.get((self.kind, name))
         if provider is not None:
+            installed = ", ".join(valid) or "(none registered)"
             return (f"unknown {self.kind} entry '{name}': it is provided by a plugin that is not installed. "
-                    f"Install it with: {provider}. Installed names: {', '.join(valid) or '(none registered)'}.")
+                    f"Install it with: {provider}. Installed names: {installed}.")
         return (
             f"unknown {self.kind} entry '{name}'. Valid names: {', '.join(valid) or '(none registered)'}."
             + suggest(name, valid)

@@ -22,8 +22,8 @@ from rlkit.stop import StopHandler
 
 log = logging.getLogger("rlkit")
 
-# Quiet by default; a user's own setting wins. Hub access is left to the user (HF_HUB_OFFLINE is theirs to set):
-# hub ids are downloaded, or found in the HF cache when offline, once on the driver (rlkit.models.hub).
+# Quiet by default; a user's own setting wins. Hub access is the user's (rlkit never sets HF_HUB_OFFLINE):
+# hub ids are downloaded, or found in the HF cache, once on the driver (rlkit.models.hub).
 _ENV_DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -102,7 +102,6 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
 
 def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager,
                 stopper: StopHandler) -> dict[str, float]:
-    import torch
 
     from rlkit.runtime import Runtime
     from rlkit.trainer import Trainer

@@ -56,51 +56,50 @@ def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
     )
 
     cache = constants.HF_HUB_CACHE
+    hub = constants.ENDPOINT
     try:
         return snapshot_download(repo_id, ignore_patterns=HUB_IGNORE)
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as exc:
         raise HubModelError(
-            f"{key}: '{repo_id}' is not a local folder, and the Hub ({constants.ENDPOINT}) has no such model that "
-            f"this machine may read ({type(exc).__name__}). Check the spelling; for a gated or private model accept "
-            f"its terms on the Hub and log in (`hf auth login` or HF_TOKEN); or set {key} to a local model folder."
+            f"{key}: '{repo_id}' is not a local folder, and the Hub ({hub}) has no such model that this "
+            f"machine may read ({type(exc).__name__}). Check the spelling; for a gated or private model "
+            f"accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN); or set {key} to a "
+            f"local model folder."
         ) from exc
     except LocalEntryNotFoundError as exc:
         if constants.is_offline_mode():
             why = f"offline mode is on (HF_HUB_OFFLINE=1) and it is not in the HF cache ({cache})"
             extra = "; or unset HF_HUB_OFFLINE to let rlkit download it"
         else:
-            cause = exc.__cause__ or exc
-            why = (f"the Hub ({constants.ENDPOINT}) could not be reached ({type(cause).__name__}) and it is not "
-                   f"in the HF cache ({cache})")
+            cause = type(exc.__cause__ or exc).__name__
+            why = f"the Hub ({hub}) could not be reached ({cause}) and it is not in the HF cache ({cache})"
             extra = ""
-        raise HubModelError(f"{key}: cannot get the model '{repo_id}': {why}. {_fix(repo_id, key)}{extra}.") from exc
+        raise HubModelError(
+            f"{key}: cannot get the model '{repo_id}': {why}. {_fix(repo_id, key)}{extra}.") from exc
     except HfHubHTTPError as exc:
-        raise HubModelError(f"{key}: downloading '{repo_id}' from {constants.ENDPOINT} failed: {exc}. Retry later. "
+        raise HubModelError(f"{key}: downloading '{repo_id}' from {hub} failed: {exc}. Retry later. "
                             f"{_fix(repo_id, key)}.") from exc
     except OSError as exc:  # disk full, permissions on the cache
-        raise HubModelError(f"{key}: cannot write '{repo_id}' into the HF cache ({cache}): {exc}. Free disk space or "
-                            f"point HF_HOME / HF_HUB_CACHE at a writable disk.") from exc
+        raise HubModelError(f"{key}: cannot write '{repo_id}' into the HF cache ({cache}): {exc}. Free disk "
+                            f"space or point HF_HOME / HF_HUB_CACHE at a writable disk.") from exc
 
 
 def resolve_recipe_models(recipe):
-    """``recipe`` with every hub id among its model keys replaced by the local snapshot folder (driver only)."""
+    """``recipe`` with every hub id among its model keys replaced by the local snapshot folder (driver)."""
     updates: dict[str, dict[str, str]] = {}
     keys = [("model", "path"), ("model", "tokenizer_path"), ("critic", "model_path")]
     for section, field in keys:
         value = getattr(getattr(recipe, section), field)
         if isinstance(value, str) and is_hub_id(value) and not _bundled(value):
             updates.setdefault(section, {})[field] = resolve_hub_id(value, f"{section}.{field}")
+    changed = {section: getattr(recipe, section).model_copy(update=fields)
+               for section, fields in updates.items()}
     rm = recipe.reward.reward_model
-    new_reward = None
     if rm.enable and rm.path and is_hub_id(rm.path):
-        new_reward = recipe.reward.model_copy(
-            update={"reward_model": rm.model_copy(update={"path": resolve_hub_id(rm.path, "reward.reward_model.path")})})
-    if not updates and new_reward is None:
-        return recipe
-    changed = {section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()}
-    if new_reward is not None:
-        changed["reward"] = new_reward
-    return recipe.model_copy(update=changed)
+        folder = resolve_hub_id(rm.path, "reward.reward_model.path")
+        reward_model = rm.model_copy(update={"path": folder})
+        changed["reward"] = recipe.reward.model_copy(update={"reward_model": reward_model})
+    return recipe.model_copy(update=changed) if changed else recipe
 
 
 def _bundled(name: str) -> bool:

@@ -22,8 +22,8 @@ from rlkit.errors import RlkitError
 from rlkit.models.hub import is_hub_id, resolve_hub_id
 from rlkit.recipe.schema import ModelConfig
 
-__all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype", "BUNDLED_MODELS",
-           "unreadable_weights", "refetch_hint"]
+__all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype",
+           "BUNDLED_MODELS", "unreadable_weights", "refetch_hint"]
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -63,7 +63,8 @@ def load_tokenizer(cfg: ModelConfig):
     """The tokenizer of ``cfg.tokenizer_path or cfg.path``, with ``cfg.eos_token`` applied and a pad token."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = resolve_model_path(cfg.tokenizer_path or cfg.path, "model.tokenizer_path" if cfg.tokenizer_path else "model.path")
+    key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path"
+    path = resolve_model_path(cfg.tokenizer_path or cfg.path, key)
     try:
         if (Path(path) / "tokenizer.json").exists():
             tok = PreTrainedTokenizerFast.from_pretrained(path)

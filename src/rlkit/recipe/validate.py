@@ -398,7 +398,7 @@ def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
 
     problems = []
     if reason := cuda_missing(recipe.resources.device):
-        problems.append(("resources.device", reason + " (`rlkit validate --no-check-files` skips checks of this machine)"))
+        problems.append(("resources.device", f"{reason} (`--no-check-files` skips checks of this machine)"))
     for key in ("train_files", "val_files"):
         for i, name in enumerate(getattr(recipe.data, key)):
             if not Path(name).expanduser().is_file():
@@ -420,7 +420,7 @@ def _check_reward_model_folder(path: str) -> list[tuple[str, str]]:
 
     key = "reward.reward_model.path"
     config = Path(path).expanduser() / "config.json"
-    if not config.is_file() and is_hub_id(path):  # a Hub id: checked when cached, else downloaded at `rlkit run`
+    if not config.is_file() and is_hub_id(path):  # a Hub id: checked when cached, downloaded at `rlkit run`
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(path, "config.json")

@@ -150,7 +150,8 @@ def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, ex
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
     rank = dist.get_rank() if dist.is_initialized() else 0
-    torch.save(to_plain({"rng": rng_state(), **(extra or {})}, f"extra_rank{rank}"), directory / f"extra_rank{rank}.pt")
+    state = to_plain({"rng": rng_state(), **(extra or {})}, f"extra_rank{rank}")  # weights_only-loadable
+    torch.save(state, directory / f"extra_rank{rank}.pt")
     if dist.is_initialized():
         dist.barrier()
 
