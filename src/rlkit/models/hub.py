@@ -74,8 +74,8 @@ def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
             cause = type(exc.__cause__ or exc).__name__
             why = f"the Hub ({hub}) could not be reached ({cause}) and it is not in the HF cache ({cache})"
             extra = ""
-        raise HubModelError(
-            f"{key}: cannot get the model '{repo_id}': {why}. {_fix(repo_id, key)}{extra}.") from exc
+        raise HubModelError(f"{key}: cannot get the model '{repo_id}' (no such local folder, so read as a "
+                            f"Hub id): {why}. {_fix(repo_id, key)}{extra}.") from exc
     except HfHubHTTPError as exc:
         raise HubModelError(f"{key}: downloading '{repo_id}' from {hub} failed: {exc}. Retry later. "
                             f"{_fix(repo_id, key)}.") from exc
