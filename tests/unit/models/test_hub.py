@@ -186,3 +186,21 @@ def test_merge_finds_a_hub_base_model_in_the_cache(tmp_path, tiny_model_dir, mon
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     out = merge_checkpoint(ckpt, tmp_path / "merged", merge_lora=True)
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def test_validate_checks_a_cached_hub_reward_model_and_leaves_an_uncached_one_to_the_run(
+        tmp_path, tiny_model_dir, monkeypatch):
+    from huggingface_hub import constants
+
+    from rlkit.errors import RecipeError
+    from rlkit.recipe import validate_recipe
+
+    (tmp_path / "t.parquet").write_bytes(b"")
+    raw = {"model": {"path": "m"}, "data": {"train_files": [str(tmp_path / "t.parquet")]}, "rollout": {"n": 2},
+           "resources": {"device": "cpu"}, "reward": {"reward_model": {"enable": True, "path": REPO}}}
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    validate_recipe(raw)  # not cached: downloaded (or refused with HubModelError) at `rlkit run`
+    build_hf_cache(tmp_path / "hub", tiny_model_dir)  # cached: a causal LM, not a reward model
+    with pytest.raises(RecipeError) as err:
+        validate_recipe(raw)
+    assert "ForSequenceClassification" in dict(err.value.problems)["reward.reward_model.path"]
