@@ -204,3 +204,23 @@ def test_validate_checks_a_cached_hub_reward_model_and_leaves_an_uncached_one_to
     with pytest.raises(RecipeError) as err:
         validate_recipe(raw)
     assert "ForSequenceClassification" in dict(err.value.problems)["reward.reward_model.path"]
+
+
+def test_every_model_key_of_a_recipe_is_resolved_on_the_driver(tmp_path, tiny_model_dir, monkeypatch):
+    from huggingface_hub import constants
+
+    from rlkit.models.hub import resolve_recipe_models
+    from rlkit.recipe import validate_recipe
+
+    snapshot = build_hf_cache(tmp_path / "hub", tiny_model_dir)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    raw = {"model": {"path": REPO, "tokenizer_path": REPO}, "data": {"train_files": ["t.parquet"]},
+           "rollout": {"n": 2}, "algorithm": {"estimator": "gae"}, "critic": {"model_path": REPO},
+           "reward": {"reward_model": {"enable": True, "path": REPO}}}
+    recipe = resolve_recipe_models(validate_recipe(raw, check_files=False))
+    assert {recipe.model.path, recipe.model.tokenizer_path, recipe.critic.model_path,
+            recipe.reward.reward_model.path} == {str(snapshot)}
+    local = validate_recipe(raw | {"model": {"path": str(tiny_model_dir)}, "critic": {}, "reward": {}},
+                            check_files=False)
+    assert resolve_recipe_models(local) is local  # nothing to resolve: the same recipe
