@@ -38,7 +38,7 @@ HEAVY_FILES = {  # subprocess runs of the CLI, MLflow's migrations, a Ray cluste
     "test_cli.py", "test_mlflow_store.py", "test_cluster.py", "test_smoke.py", "test_pytest_plugin.py",
 }
 HEAVY_FIXTURES = {
-    "ray_cluster", "tiny_model_dir", "tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
+    "ray_cluster", "tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
     "rlkit_tokenizer", "gloo_world1", "two_ranks", "two_nodes", "straight_run", "smoke_runs", "serve_thread",
     "tok_and_model", "tokenizer", "tiny_assets",
 }
@@ -49,3 +49,19 @@ def pytest_collection_modifyitems(config, items):
         parts = item.path.relative_to(config.rootpath / "tests").parts
         if parts[0] in HEAVY_DIRS or parts[-1] in HEAVY_FILES or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.heavy)
+    _skip_cuda_without_a_gpu(items)
+
+
+def _skip_cuda_without_a_gpu(items):
+    """Tests marked ``cuda`` are skipped, with the reason, where torch sees no CUDA device (never passed)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: torch {torch.__version__} ({build}) sees none")
+    for item in marked:
+        item.add_marker(skip)

@@ -168,3 +168,24 @@ def test_fresh_managers_do_not_share_state():
     with_plugin = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("p", Plugin()),)))
     without = build_registries(make_plugin_manager(entry_points=False))
     assert "only_here" in with_plugin.tools and "only_here" not in without.tools
+
+
+@pytest.mark.parametrize(("name", "package"), [("sglang", "rlkit-sglang"), ("vllm", "rlkit-vllm")])
+def test_missing_engine_plugin_names_its_package(name, package):
+    registries = build_registries(make_plugin_manager(entry_points=False))  # no installed plugins
+    assert name not in registries.rollout_backends
+    with pytest.raises(UnknownNameError) as err:
+        registries.rollout_backends.get(name)
+    message = str(err.value)
+    assert f"'{name}'" in message and f"pip install {package}" in message and "hf" in message
+
+
+def test_missing_sglang_plugin_is_named_by_validate():
+    from rlkit.errors import RecipeError
+    from rlkit.recipe import load_recipe
+
+    registries = build_registries(make_plugin_manager(entry_points=False))
+    recipe_path = Path(__file__).resolve().parents[2] / "recipes" / "dapo.yaml"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe_path, registries=registries, check_files=False)
+    assert "rollout.backend" in str(err.value) and "pip install rlkit-sglang" in str(err.value)

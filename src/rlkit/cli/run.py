@@ -12,19 +12,19 @@ import logging
 import os
 import sys
 
-from rlkit.runtime.checkpoint import CheckpointManager
+from rlkit.runtime.checkpoint import CheckpointManager, load_state_file
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
+from rlkit.model.hub import resolve_recipe_models
 from rlkit.recipe import Recipe
 from rlkit.plugin.registry import Registries, build_registries
 from rlkit.runtime.stop import StopHandler
 
 log = logging.getLogger("rlkit")
 
-# Offline and quiet by default; a user's own setting wins.
+# Quiet by default; a user's own setting wins. Hub access is the user's (rlkit never sets HF_HUB_OFFLINE):
+# hub ids are downloaded, or found in the HF cache, once on the driver (rlkit.model.hub).
 _ENV_DEFAULTS = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
@@ -78,6 +78,7 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
     from rlkit.runtime.build import output_dir_of
 
     torch.manual_seed(recipe.trainer.seed)
+    recipe = resolve_recipe_models(recipe)  # hub ids -> local snapshot folders, here and not in the workers
     checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
     stopper = stopper or StopHandler()
     stopper.set_resume_hint(lambda: resume_hint(checkpoints))
@@ -101,7 +102,6 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
 
 def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager,
                 stopper: StopHandler) -> dict[str, float]:
-    import torch
 
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
@@ -109,7 +109,7 @@ def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointM
     resume_from = checkpoints.resolve_resume(recipe.trainer.resume)
     run_ids = {}
     if resume_from is not None:  # continue the same tracking run
-        run_ids = torch.load(resume_from / "trainer_state.pt", weights_only=False).get("tracker_run_ids", {})
+        run_ids = load_state_file(resume_from / "trainer_state.pt").get("tracker_run_ids", {})
     runtime = Runtime.start(recipe, registries, run_ids=run_ids)
     stopper.track(runtime.owned_processes)
     status = "FAILED"

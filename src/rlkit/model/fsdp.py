@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlkit.batch import Batch
+from rlkit.runtime.checkpoint import load_state_file, to_plain
 from rlkit.recipe.schema import OptimConfig
 
 __all__ = [
@@ -146,7 +147,8 @@ def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, ex
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
     rank = dist.get_rank() if dist.is_initialized() else 0
-    torch.save({"rng": rng_state(), **(extra or {})}, directory / f"extra_rank{rank}.pt")
+    state = to_plain({"rng": rng_state(), **(extra or {})}, f"extra_rank{rank}")  # weights_only-loadable
+    torch.save(state, directory / f"extra_rank{rank}.pt")
     if dist.is_initialized():
         dist.barrier()
 
@@ -165,7 +167,7 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *,
     set_state_dict(module, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}), options=options)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    extra = torch.load(directory / f"extra_rank{rank}.pt", weights_only=False)
+    extra = load_state_file(directory / f"extra_rank{rank}.pt")
     set_rng_state(extra.pop("rng"))
     return extra
 

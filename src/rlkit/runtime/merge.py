@@ -108,11 +108,16 @@ def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlkit.model.hub import is_hub_id, resolve_hub_id
+
     lora_config = peft.LoraConfig.from_pretrained(str(checkpoint / "actor"))
     base_path = lora_config.base_model_name_or_path
+    key = f"{checkpoint}/actor/adapter_config.json base_model_name_or_path"
+    if base_path and not Path(base_path).is_dir() and is_hub_id(base_path):
+        base_path = resolve_hub_id(base_path, key)  # a Hub id: from the HF cache, or downloaded
     if not base_path or not Path(base_path).is_dir():
         raise MergeError(f"{checkpoint}/actor/adapter_config.json: its base model folder {base_path!r} is not here; "
-                         "set base_model_name_or_path in that file to the base model's folder")
+                         "set base_model_name_or_path in that file to the base model's folder or Hub id")
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype) if dtype else torch.float32)
     model = peft.get_peft_model(base, lora_config)
     weights = load_actor_state_dict(checkpoint)

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from rlkit.recipe import recipe_to_dict
+from rlkit.runtime.checkpoint import load_state_file, to_plain
 from rlkit.step.context import StepContext
 
 __all__ = ["resume", "save", "write_run_info"]
@@ -39,7 +40,7 @@ def save(ctx: StepContext, checkpoints: Any, pipe: Any | None) -> Path:
             # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a resume
             "rollout_queue": pipe.state_dict() if pipe is not None else None,
         }
-        torch.save(state, tmp / "trainer_state.pt")
+        torch.save(to_plain(state, "trainer_state"), tmp / "trainer_state.pt")
         (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe_to_dict(ctx.recipe), sort_keys=False))
 
     path = checkpoints.save(ctx.global_step, write)
@@ -53,7 +54,7 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
     path = checkpoints.resolve_resume(recipe.trainer.resume)
     if path is None:
         return None
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    state = load_state_file(path / "trainer_state.pt")  # weights_only: no pickled code runs (runtime.checkpoint)
     rt.load_workers(path)
     rt.train_loader.load_state_dict(state["dataloader"])
     if state["kl_ctrl"] is not None and rt.kl_ctrl is not None:

@@ -29,6 +29,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from rlkit.hardware import dist_backend
+
 __all__ = ["Worker", "find_free_port", "loopback_ifname"]
 
 
@@ -74,12 +76,11 @@ class Worker:
         if device.startswith("cuda"):
             self.device = torch.device(device if ":" in device else "cuda:0")
             torch.cuda.set_device(self.device)
-            backend = "nccl"
         elif device == "cpu":
             self.device = torch.device("cpu")
-            backend = "gloo"
         else:
             raise ValueError(f"Worker device must be 'cpu' or 'cuda[:i]', got {device!r}.")
+        backend = dist_backend(self.device)  # nccl on CUDA, gloo on CPU (rlkit.hardware)
         self._store_socket: socket.socket | None = None
         timeout = timedelta(seconds=timeout_s)
         if dist.is_initialized():

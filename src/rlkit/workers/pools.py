@@ -40,19 +40,14 @@ _EPS = 1e-6
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without a GPU is refused."""
-    import torch
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without a GPU is refused
+    (``rlkit.hardware.device_plan`` decides)."""
+    from rlkit.hardware import device_plan
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise WorkerError(
-            "resources.device is 'cuda' but torch sees no GPU on the driver. "
-            "Set resources.device=cpu (or auto), or install a CUDA build of torch."
-        )
-    if device not in ("cpu", "cuda"):
-        raise WorkerError(f"resources.device must be auto, cpu or cuda, got {device!r}.")
-    return device
+    try:
+        return device_plan(device).device
+    except ValueError as exc:
+        raise WorkerError(str(exc)) from exc
 
 
 def pool_cpu_demand(resources: ResourcesConfig) -> float:

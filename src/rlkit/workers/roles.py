@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
+from rlkit.runtime.checkpoint import load_state_file
 from rlkit.errors import WorkerError
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
@@ -155,12 +156,14 @@ class ActorRolloutRefWorker(Worker):
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
+        from rlkit.hardware import gpu_memory_metrics
         from rlkit.model import fsdp
 
         start = time.perf_counter()
         metrics = self._need("actor").update(batch)
         seconds = fsdp.all_reduce(torch.tensor([time.perf_counter() - start]), torch.distributed.ReduceOp.MAX)
-        return metrics | {"perf/worker_s/update_actor": float(seconds)}  # the slowest rank's: same on every rank
+        # the slowest rank's time (same on every rank); GPU memory peaks on CUDA only (rlkit.hardware)
+        return metrics | {"perf/worker_s/update_actor": float(seconds)} | gpu_memory_metrics(self.device)
 
     def num_params(self) -> int:
         """Parameters of the full (unsharded) actor model, for the MFU estimate."""
@@ -192,7 +195,7 @@ class ActorRolloutRefWorker(Worker):
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()
         if sampler is not None and path.exists():
-            sampler.set_state(torch.load(path))
+            sampler.set_state(load_state_file(path))
 
     def _sampling_generator(self) -> torch.Generator | None:
         """The rollout's torch RNG (under an agent-loop wrapper, its backend's), saved for exact resume."""

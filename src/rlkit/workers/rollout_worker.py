@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
+from rlkit.runtime.checkpoint import load_state_file
 from rlkit.errors import WorkerError
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
@@ -105,7 +106,7 @@ class RolloutWorker(Worker):
         path = Path(directory) / "rollout_worker" / f"rank{self.rank}.pt"
         if not path.exists():
             return
-        state = torch.load(path)
+        state = load_state_file(path)
         generator = getattr(self.rollout_engine(), "generator", None)
         if state["generator"] is not None and isinstance(generator, torch.Generator):
             generator.set_state(state["generator"])
