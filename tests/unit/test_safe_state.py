@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.runtime.checkpoint import CheckpointError, load_state_file, to_plain
+from rlkit.model.state_file import CheckpointError, load_state_file, to_plain
 from rlkit.model.fsdp import rng_state, set_rng_state
 
 

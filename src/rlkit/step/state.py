@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from rlkit.recipe import recipe_to_dict
-from rlkit.runtime.checkpoint import load_state_file, to_plain
+from rlkit.model.state_file import load_state_file, to_plain
 from rlkit.step.context import StepContext
 
 __all__ = ["resume", "save", "write_run_info"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
-from rlkit.runtime.checkpoint import load_state_file
+from rlkit.model.state_file import load_state_file
 from rlkit.errors import WorkerError
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig

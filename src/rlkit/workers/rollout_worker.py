@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
-from rlkit.runtime.checkpoint import load_state_file
+from rlkit.model.state_file import load_state_file
 from rlkit.errors import WorkerError
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.errors import RlkitError
-from rlkit.model.hub import is_hub_id
+from rlkit.recipe.hub import is_hub_id
 
 REPO = "rlkit-test/tiny-qwen2"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -175,7 +175,7 @@ def test_merge_finds_a_hub_base_model_in_the_cache(tmp_path, tiny_model_dir, mon
     from huggingface_hub import constants
 
     from rlkit.runtime.merge import merge_checkpoint
-    from rlkit.model.hub import HubModelError
+    from rlkit.recipe.hub import HubModelError
 
     ckpt = lora_checkpoint(tmp_path, tiny_model_dir, REPO)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -209,7 +209,7 @@ def test_validate_checks_a_cached_hub_reward_model_and_leaves_an_uncached_one_to
 def test_every_model_key_of_a_recipe_is_resolved_on_the_driver(tmp_path, tiny_model_dir, monkeypatch):
     from huggingface_hub import constants
 
-    from rlkit.model.hub import resolve_recipe_models
+    from rlkit.recipe.hub import resolve_recipe_models
     from rlkit.recipe import validate_recipe
 
     snapshot = build_hf_cache(tmp_path / "hub", tiny_model_dir)

