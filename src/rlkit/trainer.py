@@ -175,7 +175,7 @@ class Trainer:
                                 max_response_length=self.recipe.data.max_response_length)
         metrics |= timing_metrics(timer.times, batch)
         metrics |= throughput_metrics(batch, timer.times["step"], rt.actor.world_size)
-        metrics |= rt.perf_metrics(batch, timer.times)
+        metrics |= rt.perf_metrics(batch, timer.times, metrics)
         return metrics
 
     def on_phase(self, phase: str) -> None:

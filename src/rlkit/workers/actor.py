@@ -44,7 +44,7 @@ from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.pipeline import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
-from rlkit.workers import fsdp
+from rlkit.workers import flops, fsdp
 from rlkit.workers.lm_head import head_replaced, plain_head
 from rlkit.workers.loss_inputs import UpdateMismatch, mini_batch_selection
 from rlkit.workers.packing import pack_groups, plan
@@ -60,21 +60,22 @@ def autocast(device: torch.device, mixed_precision: str):
 
 
 def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     entropy_grad: bool = False, mixed_precision: str = "fp32", device: torch.device | None = None,
+                     tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
-    row are cut before the forward and the outputs padded back to ``T`` with zeros.
+    row are cut before the forward and the outputs padded back to ``T`` with zeros. ``tally``: gets the forward's
+    rows in the layout run (``rlkit.workers.flops``).
     """
     out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
-                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device)
+                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device, tally=tally)
     return out["log_prob"], out.get("entropy")
 
 
 def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
                      entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None) -> dict[str, torch.Tensor]:
+                     device: torch.device | None = None, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
     [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
     OTB's input), each 0 where masked.
@@ -99,15 +100,16 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
             "with_sum_pi_squared": with_sum_pi_squared}
     with autocast(device, mixed_precision):
         if head is not None:
-            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, keep_mask[:, :t].bool(), want)
+            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, keep_mask[:, :t].bool(), want,
+                                  tally)
         else:
-            outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want)
+            outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want, tally)
     pad = (0, width - t)
     return {name: torch.nn.functional.pad(value, pad) * keep_mask for name, value in outs.items()}
 
 
 def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
-                   rows: torch.Tensor, want: dict) -> dict[str, torch.Tensor]:
+                   rows: torch.Tensor, want: dict, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
     head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
     states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
@@ -126,6 +128,7 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
         with head_replaced(head, lambda hidden: hidden):
             hidden = _shared_prefix_logits(module, ids, mask, pos, p_keep, t)  # [b, t, H], None: no group
         if hidden is not None:
+            _count(tally, "shared", ids, mask, p_keep, t, head_rows=float(rows.sum()))
             return dict(zip(names, outputs(hidden).unbind(-1), strict=True))
     packed = None
     if layout == "packed":
@@ -142,11 +145,26 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
         with head_replaced(head, packed_outputs):
             stacked = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
                              position_ids=packed.position_ids, use_cache=False, logits_to_keep=0).logits
+        if tally is not None:
+            tally.add("packed", flops.packed_rows(*packed.input_ids.shape, head=float(rows.sum())))
         return dict(zip(names, stacked.unbind(-1), strict=True))
     with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
         stacked = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                          logits_to_keep=t + 1).logits
+    _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(rows.sum()))
     return dict(zip(names, stacked.unbind(-1), strict=True))
+
+
+def _count(tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *, head_rows: float) -> None:
+    """Add one forward's rows to ``tally``: ``padded`` (every row at full width) or ``shared`` (each distinct
+    prompt once, then the responses)."""
+    if tally is None:
+        return
+    if layout == "padded":
+        tally.add(layout, flops.padded_rows(ids.shape[0], ids.shape[1], head_rows))
+        return
+    u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
+    tally.add(layout, flops.shared_rows(u, ids.shape[0], p_keep, t, head_rows))
 
 
 def _layout(module: nn.Module, ids, mask, p_keep: int, t: int) -> str:
@@ -160,12 +178,17 @@ def _layout(module: nn.Module, ids, mask, p_keep: int, t: int) -> str:
 
 
 def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor, keeps: bool,
-                    want: dict) -> dict[str, torch.Tensor]:
+                    want: dict, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear map)."""
     logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keeps and _share_prefix else None
-    if logits is None:
+    if logits is not None:
+        u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
+        _count(tally, "shared", ids, mask, p_keep, t, head_rows=float(u + ids.shape[0] * t))
+    else:
         out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                      **({"logits_to_keep": t + 1} if keeps else {}))
+        width = t + 1 if keeps else ids.shape[1]
+        _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(ids.shape[0] * width))
         first = 0 if keeps else p_keep - 1
         logits = out.logits[:, first : first + t]
     logits = logits.float()  # [b, t, V]
@@ -293,6 +316,7 @@ class FSDPActor:
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.module = fsdp.fsdp_wrap(module, self.device)
+        self.dims = flops.model_dims(self.module)  # what perf/flops/actor counts per position (rlkit.workers.flops)
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
         self.nonfinite_skips = 0
@@ -331,13 +355,14 @@ class FSDPActor:
         # log-probs, the current policy's, give the rollout mismatch
         fast = "old_log_prob" not in batch or batch.meta.get("old_log_prob_is_rollout", False)
         mismatch = UpdateMismatch() if fast and "rollout_log_probs" in batch else None
+        tally = flops.FlopTally(self.dims)
         minis = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))
             for start in range(0, len(batch), mini_size):
                 selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis  # the same on every rank
                 out = self._update_mini(batch[order[start:start + mini_size]], temperature, selection_seed,
-                                        mismatch if minis == 0 else None)
+                                        mismatch if minis == 0 else None, tally)
                 minis += 1
                 for key, value in out.items():
                     history[key].append(value)
@@ -346,12 +371,14 @@ class FSDPActor:
         metrics = {key: sum(values) / len(values) for key, values in history.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_skips"] = float(self.nonfinite_skips)
+        # executed FLOPs of this update summed over ranks (the driver divides by time and the stated peak)
+        metrics["perf/flops/actor"] = float(fsdp.all_reduce(torch.tensor([tally.flops], dtype=torch.float64)))
         if self.peft_model is not None:
             metrics["actor/lora_trainable_params"] = float(self.lora_trainable)
         return metrics | (mismatch.metrics() if mismatch is not None else {})
 
     def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
-                     mismatch: UpdateMismatch | None) -> dict[str, float]:
+                     mismatch: UpdateMismatch | None, tally: flops.FlopTally | None = None) -> dict[str, float]:
         cfg = self.cfg
         selected = mini_batch_selection(self, mini, temperature, selection_seed)  # [b, T] bool, or None
         counts = torch.stack(global_counts(mini["response_mask"])).double()
@@ -367,7 +394,7 @@ class FSDPActor:
             micro = mini[idx]
             loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs,
                                              selected[idx] if selected is not None else None,
-                                             mismatch if real else None)
+                                             mismatch if real else None, tally if real else None)
             (loss if real else loss * 0.0).backward()
             if real:
                 for key, value in metrics.items():
@@ -393,7 +420,8 @@ class FSDPActor:
 
     def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float, global_seqs: float,
                     selected: torch.Tensor | None = None,
-                    mismatch: UpdateMismatch | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    mismatch: UpdateMismatch | None = None,
+                    tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
         the rows of the loss's mini-batch selection (``rlkit.workers.loss_inputs``)."""
         cfg = self.cfg
@@ -401,7 +429,7 @@ class FSDPActor:
         width = mask.shape[1]
         log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
                                              entropy_grad=cfg.entropy_coeff != 0,
-                                             mixed_precision=cfg.mixed_precision, device=self.device)
+                                             mixed_precision=cfg.mixed_precision, device=self.device, tally=tally)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
