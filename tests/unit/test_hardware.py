@@ -32,9 +32,17 @@ Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics sve bf16
 CPU part\t: 0xd40
 """
 
+ZEN4 = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu avx fma avx2 avx512f avx512_bf16 avx512_vnni
+"""
+
+
 # Measured (DESIGN.md): EPYC fp32 70 GFLOP/s, bf16 0.9 GFLOP/s; Xeon AMX 180 and 1300 GFLOP/s.
 SLOW_BF16 = hw.MatmulProbe(fp32_flops=70e9, bf16_flops=0.9e9)
-FAST_BF16 = hw.MatmulProbe(fp32_flops=180e9, bf16_flops=1300e9)
+FAST_BF16 = hw.MatmulProbe(fp32_flops=180e9, bf16_flops=1300e9, ratios=(7.1, 7.22, 7.3))
 
 
 def write(tmp_path, text: str):
@@ -68,12 +76,38 @@ def test_amx_cpu_gets_bf16(tmp_path):
     assert "amx_bf16" in d.reason and "7.22x fp32" in d.reason  # 1300 / 180
 
 
-def test_native_flag_without_a_measured_gain_stays_fp32(tmp_path):
-    """The probe decides: a bf16 flag whose matmul is only 1.5x fp32 does not pay for autocast's casts (< 2x)."""
-    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
-    assert d.mixed_precision == "fp32" and "avx512_bf16" in d.reason and "1.50x fp32" in d.reason
+def rounds(*ratios: float) -> hw.MatmulProbe:
+    return hw.MatmulProbe(fp32_flops=100e9, bf16_flops=100e9 * sorted(ratios)[len(ratios) // 2], ratios=ratios)
+
+
+@pytest.mark.parametrize("cpu,ratios,want,rule", [
+    (ZEN4, (2.00, 2.01, 1.99, 2.00, 2.02), "fp32", "band"),  # the flip of issue 26: 2.00x one run ...
+    (ZEN4, (1.88, 1.90, 1.87, 1.88, 1.89), "fp32", "band"),  # ... and 1.88x the next: the same choice now
+    (ZEN4, (2.95, 3.05, 3.10, 3.02, 3.01), "fp32", "band"),  # one round under the top edge: the flags
+    (ZEN4, (3.00, 3.05, 3.10, 3.02, 3.01), "bf16", "probe"),  # every round at or above 3.0x
+    (ZEN4, (1.32, 1.20, 1.10, 1.30, 1.00), "fp32", "probe"),
+    (SAPPHIRE, (1.5, 1.6, 1.4, 1.5, 1.5), "bf16", "band"),  # AMX inside the band: the flags say bf16
+    (SAPPHIRE, (1.0, 1.1, 0.9, 1.2, 1.0), "fp32", "probe"),  # AMX measured no faster than fp32
+    (SAPPHIRE, (7.0, 7.2, 6.9, 7.1, 7.0), "bf16", "probe"),
+    (EPYC, (5.0, 5.0, 5.0, 5.0, 5.0), "fp32", "flags"),  # no native bf16: the flags alone, whatever is read
+])
+def test_the_bf16_rule_at_and_near_the_band_edges(tmp_path, cpu, ratios, want, rule):
+    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, cpu)), rounds(*ratios))
+    assert d.mixed_precision == want and d.rule.startswith(rule), d.reason
+    assert d.decode_dtype == {"fp32": "float32", "bf16": "bfloat16"}[want]
+    assert f"rule {d.rule} -> {want}" in d.reason
     failed = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=0.0))
     assert failed.mixed_precision == "fp32" and "failed" in failed.reason
+
+
+def test_repeated_decisions_on_this_machine_agree(tmp_path):
+    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run parameters."""
+    cpu = hw.cpu_info()
+    decisions = [hw.decide_cpu(cpu, hw.probe_matmul(size=128, budget_s=0.01, rounds=3)) for _ in range(4)]
+    assert len({d.mixed_precision for d in decisions}) == 1, [d.reason for d in decisions]
+    params = hw.resolve_precision("auto", "auto", "cpu", decision=decisions[0]).params()
+    assert params["precision_rule"] == decisions[0].rule and len(params["bf16_ratios"].split()) == 3
+    assert params["cpu_flags"] == (" ".join(cpu.flags) or "-")
 
 
 def test_cuda_decision_follows_bf16_support():
@@ -109,13 +143,14 @@ def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, garbage):
     epyc = hw.cpu_info(write(tmp_path, EPYC))
     assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == SLOW_BF16
     data = json.loads(cache.read_text())
-    assert data["version"] == 1 and [e["fp32_flops"] for e in data["entries"].values() if "fp32_flops" in e] == [70e9]
+    assert data["version"] == 2 and [e["fp32_flops"] for e in data["entries"].values() if "fp32_flops" in e] == [70e9]
     assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == SLOW_BF16  # the rewritten file is read
 
 
 def test_real_probe_measures_both_dtypes():
     probe = hw.probe_matmul(size=64, budget_s=0.01)
     assert probe.fp32_flops > 0 and probe.bf16_flops > 0 and probe.threads == 1 and probe.ratio > 0
+    assert len(probe.ratios) == hw.PROBE_ROUNDS and probe.ratio == sorted(probe.ratios)[hw.PROBE_ROUNDS // 2]
 
 
 def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
@@ -128,8 +163,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     assert "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
     fast = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
     assert hw.resolve_precision("bf16", None, "cpu", decision=fast).warnings == ()
-    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
-    assert modest.mixed_precision == "fp32"  # auto wants 2x, but an explicit bf16 here is not slow: no warning
+    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
+    assert modest.mixed_precision == "fp32"  # inside the band, no AMX; an explicit bf16 is not slow: no warning
     assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
@@ -149,7 +184,7 @@ def test_auto_on_this_machine_is_its_cached_decision():
     d = hw.precision_decision("cpu")
     assert hw.concrete_mixed_precision("auto", torch.device("cpu")) == d.mixed_precision
     assert hw.concrete_decode_dtype("auto", "cpu") == d.decode_dtype
-    assert d.mixed_precision == ("bf16" if d.probe.ratio >= hw.BF16_MIN_SPEEDUP else "fp32")
+    assert d.mixed_precision == ("bf16" if hw.bf16_rule(d.cpu.native_bf16, d.probe.readings)[0] else "fp32")
 
 
 def test_worker_threads_are_the_cpus_ray_gives():
