@@ -289,7 +289,10 @@ def save_results(name: str, record: dict, markdown: str, *, machine: dict | None
     import sys
 
     machine = machine or machine_record()
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parent.parent
+    argv = [str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0], *sys.argv[1:]]
+    command = "python " + " ".join(shlex.quote(a) for a in argv)  # from the repository root
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stamp}-{name}.json"
