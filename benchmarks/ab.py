@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread, save_results  # noqa: E402
 
 
+@contextmanager
 def variant(change: str, on: bool):
     from rlkit.workers import actor as actor_mod
     from rlkit.workers import fsdp

@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args",
            "arithmetic_reward", "one_thread", "hardware", "hardware_line", "machine_line", "ModelShape", "model_shape",
-           "decode_roofline", "executed_update_flops", "save_results", "machine_record", "RESULTS"]
+           "decode_roofline", "executed_update_flops", "save_results", "machine_record", "RESULTS", "Report"]
 
 _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
 _HARDWARE_PY = _SRC / "hardware.py"
@@ -300,3 +300,21 @@ def save_results(name: str, record: dict, markdown: str, *, machine: dict | None
     line = hardware_line(machine) + f"; {machine['threads']} torch thread(s); load {machine['load']}"
     path.with_suffix(".md").write_text(f"`{command}`\n\n{line}\n\n{markdown.rstrip()}\n")
     return path
+
+
+class Report:
+    """The lines a benchmark prints, kept and written at its end with ``save_results`` (``report(...)`` prints like
+    ``print``; ``report.save(record)`` writes ``<stamp>-<name>.{json,md}``)."""
+
+    def __init__(self, name: str):
+        self.name, self.lines = name, []
+
+    def __call__(self, *parts, **_print_kwargs) -> None:
+        text = " ".join(str(p) for p in parts)
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def save(self, record: dict | None = None) -> Path:
+        path = save_results(self.name, record or {}, "\n\n".join(self.lines))
+        print("results:", path)
+        return path

@@ -7,9 +7,10 @@ run on the driver (``rlkit.runtime``), and the concrete value goes to the worker
 * CPU (``decide_cpu``), the same choice on every run of one machine and on identical machines:
   1. no native bf16 flag (``amx_bf16``, ``avx512_bf16``; ``bf16`` on Arm) → fp32, from the flags alone;
   2. otherwise a timed probe: ``PROBE_ROUNDS`` rounds, each multiplying two 256² matrices on one thread in
-     fp32 then in bf16 (≈ 0.1 s a round), give one bf16/fp32 ratio each. Every ratio at or above the band's
-     top (``BF16_BAND``: ``BF16_MIN_SPEEDUP`` / 1.5 … × 1.5 = 1.33 … 3.0) → bf16; every ratio below its bottom
-     → fp32; readings inside the band, or on both sides of an edge → the flags decide: AMX → bf16, else fp32.
+     fp32 then in bf16 (≈ 0.1 s a round); the ratio is the best bf16 rate over the best fp32 rate (other work
+     on the machine only slows a round down, so the best rates are the steadiest). At or above the band's top
+     (``BF16_BAND``: ``BF16_MIN_SPEEDUP`` / 1.5 … × 1.5 = 1.33 … 3.0) → bf16; below its bottom → fp32;
+     inside the band → the flags decide: AMX → bf16, else fp32.
   Measured: an AMD EPYC with AVX2 only runs bf16 ≈ 78× slower than fp32; a Xeon with AMX ≈ 7× faster; an
   AMD EPYC with avx512_bf16 (no AMX) 1.88× and 2.00× in two runs, which the single-probe 2× threshold this
   replaces turned into fp32 once and bf16 once (inside the band: fp32 now, on every run). Autocast adds
@@ -60,7 +61,10 @@ RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx51
                   "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 MIXED_PRECISION = ("fp32", "bf16")
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
-_CACHE_VERSION = 2  # 2: several probe rounds (ratios)
+_CACHE_VERSION = 1
+# Entries of several probe rounds (``ratios``) get keys of their own: a file shared with an older rlkit (one home
+# folder, several checkouts) keeps both kinds instead of each version discarding the other's.
+_PROBE_FORMAT = "rounds"
 
 
 # ----- the CPU ------------------------------------------------------------------------------------
@@ -96,23 +100,16 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
 # ----- the probe ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MatmulProbe:
-    fp32_flops: float  # FLOP/s of one size² matmul, fp32, on `threads` threads (median of the rounds)
+    fp32_flops: float  # FLOP/s of one size² matmul, fp32, on `threads` threads (the best round)
     bf16_flops: float  # the same in bf16 (0 when bf16 matmul failed)
     size: int = 256
     threads: int = 1
-    ratios: tuple[float, ...] = ()  # bf16 / fp32 of each round (empty: one reading, ``fp32_flops``/``bf16_flops``)
+    ratios: tuple[float, ...] = ()  # bf16 / fp32 of each round, for the record (the decision uses ``ratio``)
 
     @property
     def ratio(self) -> float:
-        """bf16 speed / fp32 speed (> 1: bf16 is faster): the median round."""
-        if self.ratios:
-            ordered = sorted(self.ratios)
-            return ordered[len(ordered) // 2]
+        """bf16 speed / fp32 speed (> 1: bf16 is faster), of the best rounds."""
         return self.bf16_flops / self.fp32_flops if self.fp32_flops > 0 else 0.0
-
-    @property
-    def readings(self) -> tuple[float, ...]:
-        return self.ratios or (self.ratio,)
 
 
 def matmul_flops(dtype: Any, *, size: int = 256, threads: int | None = None, budget_s: float = 0.08,
@@ -144,9 +141,7 @@ def matmul_flops(dtype: Any, *, size: int = 256, threads: int | None = None, bud
 
 def probe_matmul(size: int = 256, budget_s: float = 0.05, rounds: int = PROBE_ROUNDS) -> MatmulProbe:
     """fp32 and bf16 matmul speed on one thread, ``rounds`` times (fp32 then bf16 in each round, ≈ 2 × ``budget_s``
-    a round): the medians and each round's ratio."""
-    import statistics
-
+    a round): the best rate of each and each round's ratio."""
     import torch
 
     fp32, bf16 = [], []
@@ -154,8 +149,7 @@ def probe_matmul(size: int = 256, budget_s: float = 0.05, rounds: int = PROBE_RO
         fp32.append(matmul_flops(torch.float32, size=size, threads=1, budget_s=budget_s))
         bf16.append(matmul_flops(torch.bfloat16, size=size, threads=1, budget_s=budget_s))
     ratios = tuple(round(b / f, 4) if f > 0 else 0.0 for f, b in zip(fp32, bf16, strict=True))
-    return MatmulProbe(fp32_flops=statistics.median(fp32), bf16_flops=statistics.median(bf16), size=size,
-                       threads=1, ratios=ratios)
+    return MatmulProbe(fp32_flops=max(fp32), bf16_flops=max(bf16), size=size, threads=1, ratios=ratios)
 
 
 def default_cache_path() -> Path:
@@ -163,7 +157,8 @@ def default_cache_path() -> Path:
 
 
 def _cache_key(cpu: CpuInfo, torch_version: str) -> str:
-    return hashlib.sha256(json.dumps([cpu.model, list(cpu.flags), torch_version]).encode()).hexdigest()[:16]
+    key = [cpu.model, list(cpu.flags), torch_version, _PROBE_FORMAT]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
 def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
@@ -221,29 +216,29 @@ class PrecisionDecision:
         return self.mixed_precision == "bf16"
 
 
-def bf16_rule(native: tuple[str, ...], readings: tuple[float, ...]) -> tuple[bool, str]:
-    """(bf16?, rule) from the native bf16 flags and the probe's bf16/fp32 ratios (module docstring)."""
+def bf16_rule(native: tuple[str, ...], ratio: float) -> tuple[bool, str]:
+    """(bf16?, rule) from the native bf16 flags and the probe's bf16/fp32 ratio (module docstring)."""
     low, high = BF16_BAND
     if not native:
         return False, "flags: no native bf16"
-    if readings and min(readings) >= high:
-        return True, f"probe: every round >= {high:g}x"
-    if readings and max(readings) < low:
-        return False, f"probe: every round < {low:g}x"
+    if ratio >= high:
+        return True, f"probe: >= {high:g}x"
+    if ratio < low:
+        return False, f"probe: < {low:g}x"
     if "amx_bf16" in native:
         return True, f"band {low:g}-{high:g}x -> flags: amx_bf16"
     return False, f"band {low:g}-{high:g}x -> flags: no amx_bf16"
 
 
 def decide_cpu(cpu: CpuInfo, probe: MatmulProbe) -> PrecisionDecision:
-    """bf16 or fp32 by ``bf16_rule``: the flags, and where the CPU has native bf16, the probe's rounds."""
+    """bf16 or fp32 by ``bf16_rule``: the flags, and where the CPU has native bf16, the probe."""
     ratio = probe.ratio
     speed = f"{ratio:.2f}x fp32" if ratio >= 1 else (f"{1 / ratio:.0f}x slower than fp32" if ratio > 0 else "failed")
     rounds = f", rounds {'/'.join(f'{r:.2f}' for r in probe.ratios)}" if len(probe.ratios) > 1 else ""
     measured = f"bf16 matmul measured {speed} ({probe.size}², {probe.threads} thread{rounds})"
     native = "/".join(cpu.native_bf16)
     has = f"has native bf16 ({native})" if native else "has no native bf16 (no amx_bf16/avx512_bf16)"
-    fast, rule = bf16_rule(cpu.native_bf16, probe.readings)
+    fast, rule = bf16_rule(cpu.native_bf16, ratio)
     return PrecisionDecision(
         mixed_precision="bf16" if fast else "fp32", decode_dtype="bfloat16" if fast else "float32", device="cpu",
         reason=f"CPU {cpu.model} {has}; {measured}; rule {rule} -> {'bf16' if fast else 'fp32'}", ratio=ratio,
@@ -326,7 +321,8 @@ class ResolvedPrecision:
             out |= {"cpu_model": d.cpu.model, "cpu_flags": " ".join(d.cpu.flags) or "-",
                     "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
                     "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2),
-                    "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.readings), "precision_rule": d.rule}
+                    "bf16_ratio": round(d.probe.ratio, 3), "precision_rule": d.rule,
+                    "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.ratios) or "-"}
         return out
 
 

@@ -38,16 +38,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelDims", "Rows", "model_dims", "update_flops", "forward_flops", "padded_rows", "shared_rows",
-           "packed_rows", "Peak", "GPU_PEAKS", "gpu_peak", "cpu_flops_per_cycle", "cpu_clock_hz", "cpu_peak",
-           "stated_peak", "FlopTally"]
+__all__ = [
+    "ModelDims",
+    "Rows",
+    "model_dims",
+    "update_flops",
+    "forward_flops",
+    "padded_rows",
+    "shared_rows",
+    "packed_rows",
+    "Peak",
+    "GPU_PEAKS",
+    "gpu_peak",
+    "cpu_flops_per_cycle",
+    "cpu_clock_hz",
+    "cpu_peak",
+    "stated_peak",
+    "FlopTally",
+]
 
 # A decoder layer's linear maps in the order they run (names of common HF architectures); within the first
 # layer, a map gets an input gradient only after an adapter at an earlier stage.
-_STAGES = (("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv"),
-           ("o_proj", "out_proj", "dense"),
-           ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "w1", "w3", "dense_h_to_4h"),
-           ("down_proj", "fc2", "w2", "dense_4h_to_h"))
+_STAGES = (
+    ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv"),
+    ("o_proj", "out_proj", "dense"),
+    ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "w1", "w3", "dense_h_to_4h"),
+    ("down_proj", "fc2", "w2", "dense_4h_to_h"),
+)
 
 
 # ----- what the model computes --------------------------------------------------------------------
@@ -95,8 +112,10 @@ def model_dims(module: Any) -> ModelDims:
     cfg = module.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    maps = [(name, lin.in_features * lin.out_features, re.search(r"layers\.(\d+)\.", name))
-            for name, lin in _linears(module)]
+    maps = [
+        (name, lin.in_features * lin.out_features, re.search(r"layers\.(\d+)\.", name))
+        for name, lin in _linears(module)
+    ]
     first = min((int(m.group(1)) for _, _, m in maps if m), default=None)
 
     def in_first(m) -> bool:
@@ -108,14 +127,25 @@ def model_dims(module: Any) -> ModelDims:
     head = sum(size for name, size, _ in maps if not adapter(name) and _is_head(name, size, cfg))
     body = sum(size for name, size, _ in maps if not adapter(name) and not _is_head(name, size, cfg))
     lora = sum(size for name, size, _ in maps if adapter(name))
-    earliest = min((_stage(name) for name, _, m in maps if adapter(name) and in_first(m)), default=len(_STAGES))
+    earliest = min(
+        (_stage(name) for name, _, m in maps if adapter(name) and in_first(m)), default=len(_STAGES)
+    )
 
     def quiet(name: str) -> bool:
         return _stage(name) <= earliest
+
     first_quiet = sum(size for name, size, m in maps if not adapter(name) and in_first(m) and quiet(name))
     first_quiet_a = sum(size for name, size, m in maps if ".lora_A." in name and in_first(m) and quiet(name))
-    return ModelDims(body=body, head=head, layers=cfg.num_hidden_layers, attn_width=heads * head_dim, lora=lora,
-                     first_quiet=first_quiet, first_quiet_a=first_quiet_a, first_attention_grad=earliest == 0)
+    return ModelDims(
+        body=body,
+        head=head,
+        layers=cfg.num_hidden_layers,
+        attn_width=heads * head_dim,
+        lora=lora,
+        first_quiet=first_quiet,
+        first_quiet_a=first_quiet_a,
+        first_attention_grad=earliest == 0,
+    )
 
 
 def _is_head(name: str, size: int, cfg: Any) -> bool:
@@ -161,7 +191,9 @@ def update_flops(dims: ModelDims, rows: Rows) -> float:
     if not dims.is_lora:
         return 3.0 * forward  # every linear map trainable: input and weight gradients; attention 2x
     base_dx = 2.0 * (dims.body - dims.first_quiet) * rows.body  # frozen base: input gradients only
-    adapters = (4.0 * dims.lora - 2.0 * dims.first_quiet_a) * rows.body  # adapters: input and weight gradients
+    adapters = (
+        4.0 * dims.lora - 2.0 * dims.first_quiet_a
+    ) * rows.body  # adapters: input and weight gradients
     graded = dims.layers if dims.first_attention_grad else dims.layers - 1
     attention_bw = 2.0 * attention * graded / dims.layers
     head_dx = 2.0 * dims.head * rows.head
@@ -234,7 +266,9 @@ def cpu_flops_per_cycle(vendor: str, flags: set[str], precision: str) -> tuple[i
     native bf16, the fp32 row (bf16 then runs on the fp32 units)."""
     amd = vendor == "AuthenticAMD"
     if "avx512f" in flags:
-        fp32, row = (32, "Zen 4 AVX-512 (256-bit pipes)") if amd and "avx_vnni" not in flags else (64, "AVX-512 x2")
+        fp32, row = (
+            (32, "Zen 4 AVX-512 (256-bit pipes)") if amd and "avx_vnni" not in flags else (64, "AVX-512 x2")
+        )
     elif "avx2" in flags and "fma" in flags:
         fp32, row = 32, "AVX2+FMA x2"
     elif "avx" in flags:
@@ -266,8 +300,13 @@ def cpu_clock_hz(cpuinfo_text: str, sys_max_khz: str | None = None) -> float:
     return max(candidates, default=0.0)
 
 
-def cpu_peak(threads: int, precision: str, *, cpuinfo: str | Path = "/proc/cpuinfo",
-             cpufreq: str | Path = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") -> Peak | None:
+def cpu_peak(
+    threads: int,
+    precision: str,
+    *,
+    cpuinfo: str | Path = "/proc/cpuinfo",
+    cpufreq: str | Path = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",
+) -> Peak | None:
     """``threads × FLOPs per cycle × clock`` for a worker running ``threads`` torch threads (one core each; SMT
     siblings share a core's pipes, so the figure only gets larger than the real one). None when no clock is
     stated."""
@@ -285,11 +324,14 @@ def cpu_peak(threads: int, precision: str, *, cpuinfo: str | Path = "/proc/cpuin
     clock = cpu_clock_hz(text, max_khz)
     if clock <= 0:
         return None
-    return Peak(threads * per_cycle * clock, f"table: {threads} cores x {row} FLOP/cycle x {clock / 1e9:.2f} GHz")
+    return Peak(
+        threads * per_cycle * clock, f"table: {threads} cores x {row} FLOP/cycle x {clock / 1e9:.2f} GHz"
+    )
 
 
-def stated_peak(device: str, precision: str, threads: int, *, probe: float = 0.0,
-                cpuinfo: str | Path = "/proc/cpuinfo") -> Peak | None:
+def stated_peak(
+    device: str, precision: str, threads: int, *, probe: float = 0.0, cpuinfo: str | Path = "/proc/cpuinfo"
+) -> Peak | None:
     """The peak of one rank (module docstring). ``probe``: a best-of matmul rate measured on the same threads (CPU):
     used, and named, where it exceeds the stated figure. None where nothing is known (an unlisted GPU)."""
     if device.startswith("cuda"):
