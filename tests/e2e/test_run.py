@@ -98,7 +98,8 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
                                                                                      decision.decode_dtype)
     assert params["resolved.precision_reason"] == decision.reason
     assert params["resolved.precision_rule"] == decision.rule and params["resolved.peak_source"]
-    assert json.loads((out / "run_info.json").read_text())["resolved"]["precision_rule"] == decision.rule
+    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
+    assert resolved["precision_rule"] == decision.rule and resolved["peak_source"] == params["resolved.peak_source"]
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
     assert f"rlkit: precision {decision.mixed_precision}, rollout decode {decision.decode_dtype}" in result.stdout
     assert decision.reason in result.stdout
