@@ -230,3 +230,21 @@ def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_s
     mfu = Runtime.perf_metrics(rt, batch, {"update_actor": 4.0}, metrics)
     assert mfu == {"perf/mfu/actor": pytest.approx(executed / 4.0 / 2e9)}
     assert Runtime.perf_metrics(SimpleNamespace(peak=None, actor=rt.actor), batch, {"update_actor": 4.0}, metrics) == {}
+
+
+def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
+    """stated_peak on CUDA reads torch.cuda.get_device_name and the TF32 switch (no GPU here: both patched)."""
+    from rlkit.workers.flops import stated_peak
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert stated_peak("cuda", "bf16", 1).flops == pytest.approx(989.4e12)
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 allowed
+        assert stated_peak("cuda:0", "fp32", 1).flops == pytest.approx(494.7e12)
+        torch.set_float32_matmul_precision("highest")
+        assert stated_peak("cuda", "fp32", 1).source.startswith("table: H100 fp32 dense 66.9")
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
+    assert stated_peak("cuda", "bf16", 1) is None  # unlisted: no perf/mfu/actor

@@ -338,7 +338,9 @@ def stated_peak(
         import torch
 
         name = torch.cuda.get_device_name(torch.device(device))
-        return gpu_peak(name, precision, tf32=bool(torch.backends.cuda.matmul.allow_tf32))
+        tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+        tf32 = tf32 or torch.get_float32_matmul_precision() in ("high", "medium")  # TF32 tensor cores allowed
+        return gpu_peak(name, precision, tf32=tf32)
     peak = cpu_peak(threads, precision, cpuinfo=cpuinfo)
     if probe > (peak.flops if peak else 0.0):
         stated = f"; above the {peak.source}" if peak else ""
