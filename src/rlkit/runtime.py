@@ -84,7 +84,8 @@ class Runtime:
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
         tracking, mlflow_uri = _tracking(recipe, pipeline, out, total_steps, run_ids or {})
         peak = _actor_peak(recipe, hw)
-        tracking.log_params(recipe_to_dict(recipe) | {"resolved": hw.params() | (peak.params() if peak else {})})
+        resolved = hw.params() | (peak.params() if peak else {})
+        tracking.log_params(recipe_to_dict(recipe) | {"resolved": resolved})
         rt = cls(
             recipe=recipe, pipeline=pipeline, output_dir=out, tokenizer=tokenizer,
             train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
@@ -204,7 +205,8 @@ class Runtime:
         if self.critic is not None:
             self.critic.call("load_checkpoint", dispatch="all", directory=str(directory))
 
-    def perf_metrics(self, batch: Batch, times: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+    def perf_metrics(self, batch: Batch, times: dict[str, float],
+                     update: dict[str, float]) -> dict[str, float]:
         """perf/mfu/actor: the update's executed FLOPs (``perf/flops/actor``, counted by the actor ranks in the
         layouts they ran: ``rlkit.workers.flops``) over the driver's ``update_actor`` time and the stated peak
         of all actor ranks (``Runtime.peak`` × ranks). Absent where the peak is unknown (an unlisted GPU)."""
@@ -314,7 +316,8 @@ def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
     probe = 0.0
     if not device.startswith("cuda"):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        probe = max(matmul_flops(dtype, size=1024, threads=threads, budget_s=0.0, max_reps=3) for _ in range(3))
+        probe = max(matmul_flops(dtype, size=1024, threads=threads, budget_s=0.0, max_reps=3)
+                    for _ in range(3))
     peak = stated_peak(device, precision, threads, probe=probe)
     if peak is None:
         log.info("no stated peak for %s (%s): perf/mfu/actor is not reported", device, precision)

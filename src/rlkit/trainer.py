@@ -420,6 +420,6 @@ class Trainer:
     def write_run_info(self) -> None:
         info = {"run_ids": self.rt.tracking.run_ids(), "mlflow_uri": self.rt.mlflow_uri, "started": time.time(),
                 "output_dir": str(self.output_dir),
-                "resolved": (self.rt.hardware.params() if self.rt.hardware is not None else {})  # auto's inputs
-                | (self.rt.peak.params() if self.rt.peak is not None else {})}
+                "resolved": (self.rt.hardware.params() if self.rt.hardware is not None else {})
+                | (self.rt.peak.params() if self.rt.peak is not None else {})}  # auto's inputs, the MFU peak
         (self.output_dir / "run_info.json").write_text(json.dumps(info, indent=1))

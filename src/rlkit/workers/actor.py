@@ -60,7 +60,8 @@ def autocast(device: torch.device, mixed_precision: str):
 
 
 def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, mixed_precision: str = "fp32", device: torch.device | None = None,
+                     entropy_grad: bool = False, mixed_precision: str = "fp32",
+                     device: torch.device | None = None,
                      tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
@@ -69,13 +70,15 @@ def forward_response(module: nn.Module, micro: Batch, *, temperature: float, wit
     rows in the layout run (``rlkit.workers.flops``).
     """
     out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
-                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device, tally=tally)
+                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device,
+                           tally=tally)
     return out["log_prob"], out.get("entropy")
 
 
 def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
                      entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
+                     device: torch.device | None = None,
+                     tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
     [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
     OTB's input), each 0 where masked.
@@ -100,8 +103,8 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
             "with_sum_pi_squared": with_sum_pi_squared}
     with autocast(device, mixed_precision):
         if head is not None:
-            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, keep_mask[:, :t].bool(), want,
-                                  tally)
+            rows = keep_mask[:, :t].bool()
+            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, rows, want, tally)
         else:
             outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want, tally)
     pad = (0, width - t)
@@ -109,7 +112,8 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
 
 
 def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
-                   rows: torch.Tensor, want: dict, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
+                   rows: torch.Tensor, want: dict,
+                   tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
     head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
     states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
@@ -155,7 +159,8 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
     return dict(zip(names, stacked.unbind(-1), strict=True))
 
 
-def _count(tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *, head_rows: float) -> None:
+def _count(tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *,
+           head_rows: float) -> None:
     """Add one forward's rows to ``tally``: ``padded`` (every row at full width) or ``shared`` (each distinct
     prompt once, then the responses)."""
     if tally is None:
@@ -316,7 +321,7 @@ class FSDPActor:
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.module = fsdp.fsdp_wrap(module, self.device)
-        self.dims = flops.model_dims(self.module)  # what perf/flops/actor counts per position (rlkit.workers.flops)
+        self.dims = flops.model_dims(self.module)  # what perf/flops/actor counts per position
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
         self.nonfinite_skips = 0
@@ -378,7 +383,8 @@ class FSDPActor:
         return metrics | (mismatch.metrics() if mismatch is not None else {})
 
     def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
-                     mismatch: UpdateMismatch | None, tally: flops.FlopTally | None = None) -> dict[str, float]:
+                     mismatch: UpdateMismatch | None,
+                     tally: flops.FlopTally | None = None) -> dict[str, float]:
         cfg = self.cfg
         selected = mini_batch_selection(self, mini, temperature, selection_seed)  # [b, T] bool, or None
         counts = torch.stack(global_counts(mini["response_mask"])).double()
@@ -429,7 +435,8 @@ class FSDPActor:
         width = mask.shape[1]
         log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
                                              entropy_grad=cfg.entropy_coeff != 0,
-                                             mixed_precision=cfg.mixed_precision, device=self.device, tally=tally)
+                                             mixed_precision=cfg.mixed_precision, device=self.device,
+                                             tally=tally)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
