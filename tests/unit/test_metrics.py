@@ -248,3 +248,55 @@ def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
         torch.set_float32_matmul_precision(previous)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
     assert stated_peak("cuda", "bf16", 1) is None  # unlisted: no perf/mfu/actor
+
+
+# ----- the harness's bounds (benchmarks/common.py) -----------------------------------------------------------------
+def _bench_common():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
+    spec = importlib.util.spec_from_file_location("_bench_common", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_bench_common"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152}
+
+
+def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill():
+    """One AVX2 core (80 GFLOP/s, 16 GB/s), SmolLM2 fp32: 16 rows are compute-bound (the issue's ridge ≈ 10 rows),
+    1 row bandwidth-bound; fp16 weights halve the bytes and move the ridge down; the bound is never below either
+    term alone, and the prefill is part of it."""
+    common = _bench_common()
+    shape = common.shape_from_config(SMOLLM2, 134_515_008)
+    peak, bandwidth = 80e9, 16e9
+    wide = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth, peak, prompts=4)
+    narrow = common.decode_roofline(shape, 1, 44, 32, 4, bandwidth, peak)
+    assert wide["compute_bound_steps"] == wide["decode_steps"] == 31 and narrow["compute_bound_steps"] == 0
+    half = common.decode_roofline(shape, 8, 44, 32, 2, bandwidth, peak, prompts=2)
+    full = common.decode_roofline(shape, 8, 44, 32, 4, bandwidth, peak, prompts=2)
+    assert half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0  # ridge: 5 rows fp16, 10 fp32
+    bandwidth_only = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth)
+    step_flops = 2 * (shape.linear + shape.head) * 16
+    assert wide["gen_bound_s"] >= bandwidth_only["gen_bound_s"]
+    assert wide["gen_bound_s"] >= wide["prefill_bound_s"] + 31 * step_flops / peak > 31 * step_flops / peak
+    assert wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak  # each distinct prompt through the layers
+
+
+def test_update_bound_counts_executed_flops_per_layout():
+    """The harness's executed FLOPs are rlkit.workers.flops' count: a shared prompt pass runs fewer body positions
+    than padded rows, 'best' picks the cheapest, and model FLOPs (6 · N · tokens) are a different number."""
+    common = _bench_common()
+    shape = common.shape_from_config(SMOLLM2, 134_515_008)
+    kw = {"prompts": 4, "completions": 16, "prompt_width": 44, "tokens": 32}
+    padded, _ = common.executed_update_flops(shape, layout="padded", **kw)
+    shared, _ = common.executed_update_flops(shape, layout="shared", **kw)
+    best, chosen = common.executed_update_flops(shape, **kw)
+    assert shared < padded and best == min(shared, padded, common.executed_update_flops(shape, layout="packed",
+                                                                                          **kw)[0])
+    assert chosen in ("shared", "packed") and best < common.update_flops(134_515_008, 16 * (44 + 32))
