@@ -20,9 +20,10 @@ Phases: gen, log_prob, update, or step (gen then update on the generated batch: 
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
 Prints the machine (CPU model, flags, torch, matmul GFLOP/s), then the median seconds of A and B and B/A;
-for the update phase also the FLOPs each variant executes (``executed_flops``) and its GFLOP/s against the
+for the update phase also the FLOPs each variant executes (``perf/flops/actor``, ``rlkit.model.flops``) and its GFLOP/s against the
 best fp32 1024² matmul measured here (``matmul_peak_flops``). ``--only off|on`` builds and runs one variant
 and prints the process's peak RSS (run it twice, one process per variant, to compare peak memory).
+Everything printed after the warm-up also goes to ``benchmarks/results/<stamp>-ab-<change>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -36,48 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
-
-
-def executed_flops(module, batch, micro: int, plan) -> tuple[float, int]:
-    """(6 · (body parameters · tokens the decoder layers run + head parameters · rows the LM head runs), body
-    tokens) of one update over ``batch`` in micro-batches of ``micro`` samples, as the actor executes it now
-    (the layout ``rlkit.model.forward.layout_of`` picks under ``plan``: shared prompt pass, packed rows or padded
-    rows; fused head or logits of the kept positions). Attention's own FLOPs are left out."""
-    import torch
-
-    from rlkit.model import fsdp
-    from rlkit.model.forward import layout_of
-    from rlkit.model.lm_head import plain_head
-    from rlkit.model.packing import pack_groups
-
-    embed = module.get_input_embeddings().weight
-    head = module.get_output_embeddings().weight
-    total = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-    head_params = head.numel()
-    body = total - embed.numel() - (0 if head is embed else head.numel())
-    fused = plan.fused_head and plain_head(module) is not None
-    body_tokens = head_rows = 0
-    for idx in fsdp.micro_batch_indices(batch, size=micro):
-        piece = batch[idx]
-        ids, mask, pos, p_keep, t = fsdp.trim_padding(piece)
-        unique = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], 1), dim=0))
-        if fused:
-            layout = layout_of(module, ids, mask, p_keep, t, plan)
-            layout = "shared" if layout == "shared" and unique < len(idx) else layout
-        else:
-            layout = "shared" if plan.share_prefix and unique < len(idx) else "padded"
-        if layout == "packed":
-            body_tokens += pack_groups(ids, mask, pos, p_keep, t).tokens
-        elif layout == "shared":
-            body_tokens += unique * p_keep + len(idx) * t
-        else:
-            body_tokens += len(idx) * (p_keep + t)
-        if fused:
-            head_rows += int(piece["response_mask"][:, :t].sum())
-        else:
-            head_rows += (unique + len(idx) * t) if layout == "shared" else len(idx) * (t + 1)
-    return 6.0 * (body * body_tokens + head_params * head_rows), body_tokens
+from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread, save_results  # noqa: E402
 
 
 def plans(change: str, on: bool):
@@ -185,6 +145,7 @@ def main() -> None:
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
 
     cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
+    executed: dict[bool, float] = {}  # FLOPs the last update of each variant executed (perf/flops/actor)
 
     def run(on: bool, small: bool = False, record: bool = True) -> float:
         actor, rollout = built[on]
@@ -196,7 +157,7 @@ def main() -> None:
             if args.phase == "log_prob" or small:  # a small update would not fill a mini-batch: warm up a forward
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
-                actor.update(b)
+                executed[on] = actor.update(b).get("perf/flops/actor", 0.0)  # rlkit.model.flops, as a run counts
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
@@ -207,31 +168,41 @@ def main() -> None:
     for r in range(args.reps):
         for on in (variants if r % 2 == 0 else variants[::-1]):
             times[on].append(run(on))
-    print(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
+    report: list[str] = []
+
+    def emit(text: str) -> None:
+        print(text, flush=True)
+        report.append(text)
+
+    def save() -> None:
+        record = {"args": vars(args), "wall_s": {"off": times[False], "on": times[True]},
+                  "cpu_s": {"off": cpu_s[False], "on": cpu_s[True]}}
+        print("results:", save_results(f"ab-{args.change}", record, "\n\n".join(report)))
+
+    emit(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
     if args.only is not None:
         import resource
 
         on = variants[0]
-        print(f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
-              f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+        emit(f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
+             f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+        save()
         dist.destroy_process_group()
         return
     a, b = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
-          f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
+    emit(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
+         f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
     if args.phase == "update":
         peak = matmul_peak_flops("fp32")
         for on, seconds in ((False, a), (True, b)):
-            with variant(args.change, on):
-                flops, tokens = executed_flops(built[on][0].module, batch, args.micro or args.samples,
-                                               built[on][0].forward_plan)
-            print(f"  {'B(on)' if on else 'A(off)'}: {tokens} body tokens of {int(batch['attention_mask'].sum())} real, "
-                  f"{flops / 1e9:.1f} GFLOP executed, {flops / seconds / 1e9:.1f} GFLOP/s "
-                  f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul peak {peak / 1e9:.1f} GFLOP/s")
-        print(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
+            flops = executed[on]
+            emit(f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed (perf/flops/actor), {flops / seconds / 1e9:.1f} GFLOP/s "
+                 f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul probe {peak / 1e9:.1f} GFLOP/s")
+        emit(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
     ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
-    print(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
-          f"is the wall time on an idle machine)")
+    emit(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
+         f"is the wall time on an idle machine)")
+    save()
     dist.destroy_process_group()
 
 

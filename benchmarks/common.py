@@ -17,26 +17,44 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args", "arithmetic_reward",
-           "one_thread", "hardware", "hardware_line", "machine_line", "ModelShape", "model_shape", "decode_roofline",
-           "executed_update_flops"]
+__all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args",
+           "arithmetic_reward", "one_thread", "hardware", "hardware_line", "machine_line", "ModelShape", "model_shape",
+           "decode_roofline", "executed_update_flops", "save_results", "machine_record", "RESULTS", "Report"]
 
-_HARDWARE_PY = Path(__file__).resolve().parent.parent / "src" / "rlkit" / "hardware.py"
+_SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
+_HARDWARE_PY = _SRC / "hardware.py"
+_FLOPS_PY = _SRC / "workers" / "flops.py"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _by_path(name: str, path: Path):
+    """A module of rlkit that needs only torch, loaded by file path (TRL's environment has no rlkit)."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return module
+
+
+def flops_module():
+    """``rlkit.model.flops`` (executed FLOPs per layout, stated peaks)."""
+    import sys
+
+    return sys.modules.get("rlkit.model.flops") or _by_path("_rlkit_flops", _FLOPS_PY)
 
 
 def hardware() -> dict:
     """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (rlkit.hardware's cached probe).
 
     ``rlkit/hardware.py`` is loaded by file path: it needs only torch, and TRL's environment has no rlkit."""
-    import importlib.util
     import sys
 
-    module = sys.modules.get("rlkit.hardware") or sys.modules.get("_rlkit_hardware")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_rlkit_hardware", _HARDWARE_PY)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_rlkit_hardware"] = module  # dataclasses look their module up while the file runs
-        spec.loader.exec_module(module)
+    module = sys.modules.get("rlkit.hardware") or _by_path("_rlkit_hardware", _HARDWARE_PY)
     return module.hardware_summary()
 
 
@@ -97,7 +115,8 @@ def one_thread() -> None:
 
 
 def matmul_peak_flops(dtype: str, size: int = 1024, reps: int = 5) -> float:
-    """Best-of-``reps`` FLOP/s of one ``size``² matmul in ``dtype`` on the current thread count."""
+    """Best-of-``reps`` FLOP/s of one ``size``² matmul in ``dtype`` on the current thread count: an *achieved*
+    rate (the "probe peak" of the tables), not the hardware's peak (``rlkit.model.flops.stated_peak``)."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)
     a @ b  # warm-up
@@ -124,8 +143,8 @@ def memory_bandwidth(mib: int = 256, reps: int = 5) -> float:
 
 
 def update_flops(n_params: int, tokens: int) -> float:
-    """Forward + backward of a dense decoder: 6 · parameters · tokens (attention's own FLOPs left out:
-    sequences here are under 100 tokens). ``n_params`` counts tied embeddings once (the head matmul)."""
+    """*Model* FLOPs of the update: 6 · parameters · tokens (the literature's count, both toolkits scored alike;
+    not what either executes: ``executed_update_flops``). ``n_params`` counts tied embeddings once."""
     return 6.0 * n_params * tokens
 
 
@@ -159,13 +178,15 @@ def machine_line(peak_fp32: float, bandwidth: float, info: dict | None = None) -
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the rooflines need from an HF ``config.json``."""
+    """What the rooflines need from an HF ``config.json`` (a Llama/Qwen-style decoder)."""
 
     params: int  # parameters, a tied head counted once
     embed: int  # input-embedding parameters (no matmul FLOPs)
     head: int  # LM-head parameters (= embed when tied)
     layers: int
     kv_width: int  # key/value heads × head dim (one of K or V, per layer and token)
+    attn_width: int = 0  # query heads × head dim
+    linear: int = 0  # weights of the decoder layers' linear maps (q, k, v, o, gate, up, down)
 
     @property
     def body(self) -> int:
@@ -173,34 +194,127 @@ class ModelShape:
         tied = self.head == self.embed
         return self.params - self.embed - (0 if tied else self.head)
 
+    def dims(self):
+        """``rlkit.model.flops.ModelDims`` (full fine-tune)."""
+        return flops_module().ModelDims(body=self.linear or self.body, head=self.head, layers=self.layers,
+                                        attn_width=self.attn_width)
+
 
 def model_shape(model_dir: str | Path, params: int) -> ModelShape:
     """``ModelShape`` of the HF folder ``model_dir`` whose model has ``params`` parameters."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return shape_from_config(json.loads((Path(model_dir) / "config.json").read_text()), params)
+
+
+def shape_from_config(cfg: dict, params: int) -> ModelShape:
     hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or hidden // heads
     kv = cfg.get("num_key_value_heads") or heads
+    inter = cfg["intermediate_size"]
+    per_layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter
     embed = vocab * hidden
-    return ModelShape(params=params, embed=embed, head=embed, layers=cfg["num_hidden_layers"], kv_width=kv * head_dim)
+    return ModelShape(params=params, embed=embed, head=embed, layers=cfg["num_hidden_layers"], kv_width=kv * head_dim,
+                      attn_width=heads * head_dim, linear=per_layer * cfg["num_hidden_layers"])
 
 
 def decode_roofline(shape: ModelShape, rows: int, prompt_tokens: float, tokens: int, value_bytes: int,
-                    bandwidth: float) -> dict[str, float]:
-    """Memory-bandwidth bound of decoding ``tokens`` tokens for ``rows`` rows at once: each step reads every
-    weight once (``value_bytes`` each: 4 fp32, 2 bf16) and each row's KV cache (K and V of every layer for the
-    ``prompt_tokens`` + tokens so far; fp32 cache). Returns bytes per step and per generated token (averaged
-    over the steps) and the time bound for the whole generation at ``bandwidth`` bytes/s."""
+                    bandwidth: float, peak: float = 0.0, *, prompts: int | None = None,
+                    kv_bytes: int = 4) -> dict[str, float]:
+    """Time bound of generating ``tokens`` tokens for ``rows`` rows (``prompts`` distinct prompts of
+    ``prompt_tokens`` tokens; default one per row): the prefill, then one step per further token, each bounded by
+    ``max(bytes / bandwidth, FLOPs / peak)`` (``peak`` 0: bandwidth only).
+
+    Bytes of a step: every weight once (``value_bytes`` each: 4 fp32, 2 bf16/fp16) plus each row's KV cache (K and V
+    of every layer at its context, ``kv_bytes`` a value); FLOPs: 2 · (layers' linear weights + head) per row plus
+    4 · attention width · layers per row and context position. The prefill: the weights once, each distinct prompt
+    through the layers (its causal attention pairs), the head on its last position, its KV cache written once per
+    row. Returns the bound (``gen_bound_s``), its prefill part, bytes per step and per generated token (means), and
+    how many steps the FLOPs term bounds (``compute_bound_steps``; the rest are bandwidth-bound)."""
+    u = prompts or rows
     weights = shape.params * value_bytes
-    mean_context = prompt_tokens + (tokens + 1) / 2
-    kv = 2 * shape.layers * shape.kv_width * 4 * rows * mean_context
-    per_step = weights + kv
+    linear = shape.linear or shape.body
+    kv_row = 2 * shape.layers * shape.kv_width * kv_bytes  # bytes per row and context position
+    pre_flops = (2 * linear * u * prompt_tokens + 2 * shape.attn_width * shape.layers * u * prompt_tokens
+                 * (prompt_tokens + 1) + 2 * shape.head * u)
+    pre_bytes = weights + kv_row * rows * prompt_tokens
+    prefill = max(pre_bytes / bandwidth, pre_flops / peak if peak else 0.0)
+    total, total_bytes, compute_steps = prefill, 0.0, 0
+    for i in range(1, tokens):
+        context = prompt_tokens + i
+        step_bytes = weights + kv_row * rows * context
+        step_flops = 2 * (linear + shape.head) * rows + 4 * shape.attn_width * shape.layers * rows * context
+        memory, compute = step_bytes / bandwidth, (step_flops / peak if peak else 0.0)
+        compute_steps += compute > memory
+        total += max(memory, compute)
+        total_bytes += step_bytes
+    per_step = total_bytes / max(tokens - 1, 1)
     return {"bytes_per_step": per_step, "bytes_per_token": per_step / rows, "weight_bytes": weights,
-            "kv_bytes_per_step": kv, "gen_bound_s": tokens * per_step / bandwidth}
+            "kv_bytes_per_step": per_step - weights, "prefill_bound_s": prefill, "gen_bound_s": total,
+            "compute_bound_steps": compute_steps, "decode_steps": tokens - 1}
 
 
-def executed_update_flops(shape: ModelShape, body_tokens: float, head_rows: float) -> float:
-    """6 · (body parameters · tokens the decoder layers run + head parameters · rows the head runs): forward +
-    backward FLOPs a toolkit executes (a shared prompt pass runs fewer body tokens; a head on response
-    positions only, fewer head rows). Attention's own FLOPs are left out."""
-    return 6.0 * (shape.body * body_tokens + shape.head * head_rows)
+def executed_update_flops(shape: ModelShape, *, prompts: int, completions: int, prompt_width: float, tokens: int,
+                          layout: str = "best", head_rows: float | None = None) -> tuple[float, str]:
+    """Forward + backward FLOPs of one update micro-batch of ``completions`` rows (``prompts`` groups, prompts
+    padded to ``prompt_width``, ``tokens`` response tokens each, all real) as ``rlkit.model.flops`` counts them,
+    in ``layout``: "padded" (every row at full width; TRL), "shared" (each prompt once), "packed" (one row per
+    group), or "best" (the cheapest of the three: what the actor's layout estimate picks). ``head_rows``: positions
+    whose logits are computed (default: the response tokens, rlkit's fused head). Returns (FLOPs, layout)."""
+    fl = flops_module()
+    head = completions * tokens if head_rows is None else head_rows
+    width = prompt_width + tokens
+    group = completions // prompts
+    rows = {"padded": fl.padded_rows(completions, width, head),
+            "shared": fl.shared_rows(prompts, completions, int(prompt_width), tokens, head),
+            "packed": fl.packed_rows(prompts, prompt_width + group * tokens, head)}
+    dims = shape.dims()
+    costs = {name: fl.update_flops(dims, r) for name, r in rows.items()}
+    chosen = min(costs, key=costs.get) if layout == "best" else layout
+    return costs[chosen], chosen
+
+
+def machine_record(threads: int | None = None) -> dict:
+    """The machine a result was measured on: ``hardware()`` (CPU model, flags, torch, matmul probe, cores) plus
+    torch threads and the 1/5/15-minute load averages at the time of the call."""
+    return hardware() | {"threads": threads or torch.get_num_threads(),
+                         "load": [round(x, 2) for x in os.getloadavg()]}
+
+
+def save_results(name: str, record: dict, markdown: str, *, machine: dict | None = None,
+                 out_dir: Path = RESULTS) -> Path:
+    """Write ``benchmarks/results/<stamp>-<name>.json`` (``record`` plus ``command`` and ``machine``) and ``.md``
+    (the command, the machine line and ``markdown``) — the files a docs table names
+    (``<!-- results: ...; command: ... -->``, tests/unit/test_docs.py). Returns the JSON path."""
+    import shlex
+    import sys
+
+    machine = machine or machine_record()
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parent.parent
+    argv = [str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0], *sys.argv[1:]]
+    command = "python " + " ".join(shlex.quote(a) for a in argv)  # from the repository root
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stamp}-{name}.json"
+    path.write_text(json.dumps({"command": command, "machine": machine} | record, indent=1, default=str))
+    line = hardware_line(machine) + f"; {machine['threads']} torch thread(s); load {machine['load']}"
+    path.with_suffix(".md").write_text(f"`{command}`\n\n{line}\n\n{markdown.rstrip()}\n")
+    return path
+
+
+class Report:
+    """The lines a benchmark prints, kept and written at its end with ``save_results`` (``report(...)`` prints like
+    ``print``; ``report.save(record)`` writes ``<stamp>-<name>.{json,md}``)."""
+
+    def __init__(self, name: str):
+        self.name, self.lines = name, []
+
+    def __call__(self, *parts, **_print_kwargs) -> None:
+        text = " ".join(str(p) for p in parts)
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def save(self, record: dict | None = None) -> Path:
+        path = save_results(self.name, record or {}, "\n\n".join(self.lines))
+        print("results:", path)
+        return path

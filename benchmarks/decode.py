@@ -12,10 +12,11 @@ every weight once per generate, as a full fine-tune does — with ``--lora`` onl
 frozen base; the roofline stays the fp32 one). Each shape is
 ``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
 row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
-Gen tok/s = generated tokens / seconds (prefill included). Roofline per decode step:
-max(weight bytes / memory bandwidth, 2 · params · rows / fp32 matmul peak), both measured here on the
-current thread count (``benchmarks/common.py``); roofline tok/s = rows / that time.
-Prints the machine (CPU model, flags, matmul peaks), the load average and the medians.
+Gen tok/s = generated tokens / seconds (prefill included). Roofline: ``common.decode_roofline`` — the prefill,
+then per decode step max((weight + KV-cache bytes) / memory bandwidth, (linear + head + attention FLOPs) / fp32
+matmul probe peak), both measured here on the current thread count; roofline tok/s = generated tokens / that
+bound; "bound by" says which term bounds the steps. Prints the machine (CPU model, flags, matmul peaks), the
+load average and the medians, and writes them to ``benchmarks/results/<stamp>-decode.{json,md}``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread  # noqa: E402
+from common import (  # noqa: E402
+    decode_roofline,
+    hardware_line,
+    machine_record,
+    matmul_peak_flops,
+    memory_bandwidth,
+    one_thread,
+    save_results,
+    shape_from_config,
+)
 
 
 def main() -> None:
@@ -54,7 +64,10 @@ def main() -> None:
     from rlkit.rollout import hf
     from rlkit.rollout.decode import DecodePlan
 
-    machine = hardware_line()
+    record = machine_record(args.threads)
+    machine = hardware_line(record)
+    lines: list[str] = []
+    rows_out: list[dict] = []
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
@@ -69,8 +82,10 @@ def main() -> None:
     texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
                                      tokenize=False, add_generation_prompt=True)
              for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))]
-    print(machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-          f"params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB")
+    head = (machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² "
+            f"matmul probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB")
+    print(head)
+    geometry = shape_from_config(model.config.to_dict(), params)
     for shape in args.shapes.split(","):
         rows, tokens = (int(x) for x in shape.split("x"))
         k = min(8, rows)
@@ -104,18 +119,30 @@ def main() -> None:
         for r in range(args.reps):
             for fast in ((False, True) if r % 2 == 0 else (True, False)):
                 times[fast].append(run(fast))
-        step = max(weight_bytes / bandwidth, 2.0 * params * rows / peak)
-        roof = rows / step
         a, b = statistics.median(times[False]), statistics.median(times[True])
         ca, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
         n_tok = statistics.median(generated)  # the same in A and B (same seed, same tokens)
+        prompt_tokens = float(enc["attention_mask"].sum()) / k
+        bound = decode_roofline(geometry, rows, prompt_tokens, round(n_tok / rows), 4, bandwidth, peak, prompts=k)
+        step = bound["gen_bound_s"] / max(round(n_tok / rows), 1)
+        roof = n_tok / bound["gen_bound_s"]
+        steps, compute = bound["decode_steps"], bound["compute_bound_steps"]
+        kind = "compute" if compute == steps else "bandwidth" if compute == 0 else f"compute {compute}/{steps}"
         na, nb = ("plain", "fast") if args.ab == "loop" else ("fp32", "fp16")
-        print(f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
+        line = (f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
               f"{n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) "
               f"{nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s "
-              f"(step {step * 1e3:.1f} ms): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) "
-              f"| load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B {[round(x, 2) for x in times[True]]})",
-              flush=True)
+                f"(mean step {step * 1e3:.1f} ms, bound by {kind}): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} "
+                f"(best of wall, CPU) | load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, "
+                f"B {[round(x, 2) for x in times[True]]})")
+        print(line, flush=True)
+        lines.append(line)
+        rows_out.append({"rows": rows, "tokens": tokens, "generated": n_tok, "wall_s": {na: times[False], nb: times[True]},
+                         "cpu_s": {na: cpu[False], nb: cpu[True]}, "bound": bound, "bound_by": kind,
+                         "load": os.getloadavg()[0]})
+    record["bandwidth"], record["peak_fp32_probe"] = bandwidth, peak
+    print("results:", save_results("decode", {"args": vars(args), "shapes": rows_out}, "\n\n".join([head] + lines),
+                                   machine=record))
 
 
 if __name__ == "__main__":

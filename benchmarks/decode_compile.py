@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, one_thread  # noqa: E402
+from common import Report, hardware_line, one_thread  # noqa: E402
 
 
 def main() -> None:
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
+    report = Report("decode-compile")  # printed lines, written to benchmarks/results/ at the end
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers.cache_utils import StaticCache
@@ -37,7 +38,7 @@ def main() -> None:
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.decode import SlabCache, slab_layers
 
-    print(hardware_line())
+    report(hardware_line())
     cfg = ModelConfig(path=args.model)
     model = load_model(cfg, tokenizer=load_tokenizer(cfg)).float().eval()
     rows, new, width = args.rows, args.tokens, 40
@@ -71,9 +72,10 @@ def main() -> None:
     first = generate(compiled, True)
     second = statistics.median(generate(compiled, True))
     saving = eager_slab - second
-    print(f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} ms/step, "
+    report(f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} ms/step, "
           f"compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; break-even "
           f"{'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load {os.getloadavg()[0]:.2f}")
+    report.save({"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ decode step does (a loop over one matrix would read it from cache and overstate 
 
 Prints ms per step (the 210 layer linears, not the head), the weight bytes read per second and the GFLOP/s,
 beside the machine (CPU model, flags, matmul peak, read bandwidth); one torch thread unless ``--threads``.
+Writes them to ``benchmarks/results/<stamp>-decode-kernels.{json,md}``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, memory_bandwidth, one_thread  # noqa: E402
+from common import hardware_line, machine_record, memory_bandwidth, one_thread, save_results  # noqa: E402
 
 LAYERS = 30
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # (out, in)
@@ -67,8 +68,11 @@ def main() -> None:
     nbytes = sum(w.numel() * 4 for w in flat)
     fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
     onednn = [w.to_mkldnn() for w in flat]
-    print(f"{hardware_line()}; {args.threads} torch thread(s); read bandwidth {memory_bandwidth() / 1e9:.1f} GB/s; "
-          f"{len(flat)} linears, {nbytes / 1e6:.0f} MB fp32", flush=True)
+    machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
+    head = (f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth {machine['bandwidth'] / 1e9:.1f} "
+            f"GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32")
+    print(head, flush=True)
+    lines, medians = [head], {}
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
         kernels = _kernels(flat, xs, m, fp16, onednn)
@@ -84,6 +88,10 @@ def main() -> None:
         cells = [f"{name} {statistics.median(t) * 1e3:.1f} ms ({nbytes / statistics.median(t) / 1e9:.1f} GB/s, "
                  f"{flops / statistics.median(t) / 1e9:.0f} GFLOP/s)" for name, t in times.items()]
         print(f"M={m}: " + " | ".join(cells), flush=True)
+        lines.append(f"M={m}: " + " | ".join(cells))
+        medians[m] = {name: statistics.median(t) for name, t in times.items()}
+    print("results:", save_results("decode-kernels", {"args": vars(args), "weight_bytes": nbytes,
+                                                      "median_s": medians}, "\n\n".join(lines), machine=machine))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Report  # noqa: E402
 
 
 def cpu_facts() -> str:
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
+    report = Report("reward-timeout-overhead")  # printed lines, written to benchmarks/results/ at the end
 
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
@@ -55,8 +61,8 @@ def main() -> None:
                                   lambda m: m._score_with_timeout(items)),
         "batch (1 child, one call)": (BatchRewardManager(None, batched(score)), lambda m: m._score_with_timeout(items)),
     }
-    print(cpu_facts())
-    print(f"batch of {args.batch} samples, {args.repeats} repeats (after 5 warm-up calls); ms per batch:")
+    report(cpu_facts())
+    report(f"batch of {args.batch} samples, {args.repeats} repeats (after 5 warm-up calls); ms per batch:")
     base = None
     for name, (manager, call) in managers.items():
         for _ in range(5):
@@ -72,7 +78,8 @@ def main() -> None:
         median = statistics.median(times)
         base = median if base is None else base
         extra = "" if median == base else f"   (+{median - base:.2f} ms, +{(median - base) / args.batch * 1e3:.0f} µs/sample)"
-        print(f"  {name:38s} median {median:7.2f}  p90 {sorted(times)[int(0.9 * len(times))]:7.2f}{extra}")
+        report(f"  {name:38s} median {median:7.2f}  p90 {sorted(times)[int(0.9 * len(times))]:7.2f}{extra}")
+    report.save({"args": vars(args)})
 
 
 if __name__ == "__main__":

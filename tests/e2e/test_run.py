@@ -72,6 +72,10 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "global_seqlen/mean"):
         assert key in steps[-1], key
+    raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for step in (r for r in raw if "training/global_step" in r):  # records() drops perf/*: read the file
+        # executed FLOPs over the stated peak (rlkit.model.flops): a utilisation, never above 1
+        assert step["perf/flops/actor"] > 0 and 0 < step["perf/mfu/actor"] <= 1, step
     assert "val-core/rlkit/arithmetic/score/mean@1" in records(out)[0]  # validation before training
     check_sync_reference(records(out), out / "checkpoints" / "global_step_4")
 
@@ -93,6 +97,9 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     assert (params["resolved.mixed_precision"], params["resolved.decode_dtype"]) == (decision.mixed_precision,
                                                                                      decision.decode_dtype)
     assert params["resolved.precision_reason"] == decision.reason
+    assert params["resolved.precision_rule"] == decision.rule and params["resolved.peak_source"]
+    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
+    assert resolved["precision_rule"] == decision.rule and resolved["peak_source"] == params["resolved.peak_source"]
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
     assert f"rlkit: precision {decision.mixed_precision}, rollout decode {decision.decode_dtype}" in result.stdout
     assert decision.reason in result.stdout

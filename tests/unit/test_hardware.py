@@ -32,9 +32,17 @@ Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics sve bf16
 CPU part\t: 0xd40
 """
 
+ZEN4 = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu avx fma avx2 avx512f avx512_bf16 avx512_vnni
+"""
+
+
 # Measured (DESIGN.md): EPYC fp32 70 GFLOP/s, bf16 0.9 GFLOP/s; Xeon AMX 180 and 1300 GFLOP/s.
 SLOW_BF16 = hw.MatmulProbe(fp32_flops=70e9, bf16_flops=0.9e9)
-FAST_BF16 = hw.MatmulProbe(fp32_flops=180e9, bf16_flops=1300e9)
+FAST_BF16 = hw.MatmulProbe(fp32_flops=180e9, bf16_flops=1300e9, ratios=(7.1, 7.22, 7.3))
 
 
 def write(tmp_path, text: str):
@@ -68,12 +76,41 @@ def test_amx_cpu_gets_bf16(tmp_path):
     assert "amx_bf16" in d.reason and "7.22x fp32" in d.reason  # 1300 / 180
 
 
-def test_native_flag_without_a_measured_gain_stays_fp32(tmp_path):
-    """The probe decides: a bf16 flag whose matmul is only 1.5x fp32 does not pay for autocast's casts (< 2x)."""
-    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
-    assert d.mixed_precision == "fp32" and "avx512_bf16" in d.reason and "1.50x fp32" in d.reason
+def probe(ratio: float, *rounds: float) -> hw.MatmulProbe:
+    return hw.MatmulProbe(fp32_flops=100e9, bf16_flops=100e9 * ratio, ratios=rounds)
+
+
+@pytest.mark.parametrize("cpu,ratio,want,rule", [
+    (ZEN4, 2.00, "fp32", "band"),  # the flip of issue 26: 2.00x one run ...
+    (ZEN4, 1.88, "fp32", "band"),  # ... and 1.88x the next: the same choice now
+    (ZEN4, 2.99, "fp32", "band"),  # just under the top edge: the flags
+    (ZEN4, 3.00, "bf16", "probe"),  # at the top edge
+    (ZEN4, 1.34, "fp32", "band"),
+    (ZEN4, 4 / 3, "fp32", "band"),  # at the bottom edge (2 / 1.5): inside
+    (ZEN4, 1.32, "fp32", "probe"),
+    (SAPPHIRE, 1.5, "bf16", "band"),  # AMX inside the band: the flags say bf16
+    (SAPPHIRE, 1.0, "fp32", "probe"),  # AMX measured no faster than fp32
+    (SAPPHIRE, 7.0, "bf16", "probe"),
+    (EPYC, 5.0, "fp32", "flags"),  # no native bf16: the flags alone, whatever is read
+])
+def test_the_bf16_rule_at_and_near_the_band_edges(tmp_path, cpu, ratio, want, rule):
+    d = hw.decide_cpu(hw.cpu_info(write(tmp_path, cpu)), probe(ratio, 1.9, 2.1))
+    assert d.mixed_precision == want and d.rule.startswith(rule), d.reason
+    assert d.decode_dtype == {"fp32": "float32", "bf16": "bfloat16"}[want]
+    assert f"rule {d.rule} -> {want}" in d.reason and "rounds 1.90/2.10" in d.reason
     failed = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=0.0))
     assert failed.mixed_precision == "fp32" and "failed" in failed.reason
+
+
+def test_repeated_decisions_on_this_machine_agree(tmp_path):
+    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run parameters."""
+    cpu = hw.cpu_info()
+    decisions = [hw.decide_cpu(cpu, hw.probe_matmul(budget_s=0.02, rounds=3)) for _ in range(4)]
+    assert len({d.mixed_precision for d in decisions}) == 1, [d.reason for d in decisions]
+    params = hw.resolve_precision("auto", "auto", "cpu", decision=decisions[0]).params()
+    assert params["precision_rule"] == decisions[0].rule and len(params["bf16_ratios"].split()) == 3
+    assert params["bf16_ratio"] == round(decisions[0].probe.ratio, 3)
+    assert params["cpu_flags"] == (" ".join(cpu.flags) or "-")
 
 
 def test_cuda_decision_follows_bf16_support():
@@ -116,6 +153,7 @@ def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, garbage):
 def test_real_probe_measures_both_dtypes():
     probe = hw.probe_matmul(size=64, budget_s=0.01)
     assert probe.fp32_flops > 0 and probe.bf16_flops > 0 and probe.threads == 1 and probe.ratio > 0
+    assert len(probe.ratios) == hw.PROBE_ROUNDS and probe.ratio == probe.bf16_flops / probe.fp32_flops
 
 
 def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
@@ -128,8 +166,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     assert "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
     fast = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
     assert hw.resolve_precision("bf16", None, "cpu", decision=fast).warnings == ()
-    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
-    assert modest.mixed_precision == "fp32"  # auto wants 2x, but an explicit bf16 here is not slow: no warning
+    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
+    assert modest.mixed_precision == "fp32"  # inside the band, no AMX; an explicit bf16 is not slow: no warning
     assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
@@ -149,7 +187,7 @@ def test_auto_on_this_machine_is_its_cached_decision():
     d = hw.precision_decision("cpu")
     assert hw.concrete_mixed_precision("auto", torch.device("cpu")) == d.mixed_precision
     assert hw.concrete_decode_dtype("auto", "cpu") == d.decode_dtype
-    assert d.mixed_precision == ("bf16" if d.probe.ratio >= hw.BF16_MIN_SPEEDUP else "fp32")
+    assert d.mixed_precision == ("bf16" if hw.bf16_rule(d.cpu.native_bf16, d.probe.ratio)[0] else "fp32")
 
 
 def test_worker_threads_are_the_cpus_ray_gives():
@@ -189,3 +227,16 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
     assert plan.threads == {"actor_rollout_ref": 1} and plan.precision.decode_dtype is None
     if hw.usable_cpus() < 10:  # the pools reserve 4 + 2 x 3 = 10 CPUs
         assert "reserve 10 CPUs" in plan.oversubscribed
+
+
+def test_a_cache_shared_with_an_older_rlkit_keeps_both_entries(tmp_path):
+    """An older rlkit (single-probe entries, same file version) and this one share ~/.cache/rlkit: neither discards
+    the other's entry, so each keeps reading its own probe (no re-probe, no flip between runs)."""
+    cache = tmp_path / "hardware.json"
+    old = {"fp32_flops": 1.0, "bf16_flops": 2.0, "size": 256, "threads": 1}
+    cache.write_text(json.dumps({"version": 1, "entries": {"0123456789abcdef": old}}))
+    epyc = hw.cpu_info(write(tmp_path, EPYC))
+    assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == FAST_BF16
+    entries = json.loads(cache.read_text())["entries"]
+    assert entries["0123456789abcdef"] == old and len(entries) == 2
+    assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == FAST_BF16  # its own entry, read back

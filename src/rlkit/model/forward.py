@@ -24,7 +24,7 @@ from rlkit.algos.fused_head import head_outputs
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.hardware import concrete_mixed_precision
-from rlkit.model import fsdp
+from rlkit.model import flops, fsdp
 from rlkit.model.lm_head import head_replaced, plain_head
 from rlkit.model.packing import pack_groups
 from rlkit.model.packing import plan as packing_plan
@@ -51,20 +51,24 @@ def autocast(device: torch.device, mixed_precision: str):
 
 def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
                      entropy_grad: bool = False, mixed_precision: str = "fp32", device: torch.device | None = None,
-                     plan: ForwardPlan = ForwardPlan()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     plan: ForwardPlan = ForwardPlan(),
+                     tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
-    row are cut before the forward and the outputs padded back to ``T`` with zeros.
+    row are cut before the forward and the outputs padded back to ``T`` with zeros. ``tally``: gets the forward's
+    rows in the layout run (``rlkit.model.flops``).
     """
     out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
-                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device, plan=plan)
+                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device, plan=plan,
+                           tally=tally)
     return out["log_prob"], out.get("entropy")
 
 
 def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
                      entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None, plan: ForwardPlan = ForwardPlan()) -> dict[str, torch.Tensor]:
+                     device: torch.device | None = None, plan: ForwardPlan = ForwardPlan(),
+                     tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
     [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
     OTB's input), each 0 where masked.
@@ -89,16 +93,17 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
             "with_sum_pi_squared": with_sum_pi_squared}
     with autocast(device, mixed_precision):
         if head is not None:
-            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, keep_mask[:, :t].bool(), want,
-                                  plan)
+            rows = keep_mask[:, :t].bool()
+            outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, rows, want, plan, tally)
         else:
-            outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want, plan)
+            outs = _logits_outputs(module, ids, mask, pos, p_keep, t, labels, keeps, want, plan, tally)
     pad = (0, width - t)
     return {name: torch.nn.functional.pad(value, pad) * keep_mask for name, value in outs.items()}
 
 
 def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
-                   rows: torch.Tensor, want: dict, plan: ForwardPlan) -> dict[str, torch.Tensor]:
+                   rows: torch.Tensor, want: dict, plan: ForwardPlan,
+                   tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
     head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
     states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
@@ -117,6 +122,7 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
         with head_replaced(head, lambda hidden: hidden):
             hidden = _shared_prefix_logits(module, ids, mask, pos, p_keep, t)  # [b, t, H], None: no group
         if hidden is not None:
+            _count(tally, "shared", ids, mask, p_keep, t, head_rows=float(rows.sum()))
             return dict(zip(names, outputs(hidden).unbind(-1), strict=True))
     packed = None
     if layout == "packed":
@@ -133,11 +139,27 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
         with head_replaced(head, packed_outputs):
             stacked = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
                              position_ids=packed.position_ids, use_cache=False, logits_to_keep=0).logits
+        if tally is not None:
+            tally.add("packed", flops.packed_rows(*packed.input_ids.shape, head=float(rows.sum())))
         return dict(zip(names, stacked.unbind(-1), strict=True))
     with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
         stacked = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                          logits_to_keep=t + 1).logits
+    _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(rows.sum()))
     return dict(zip(names, stacked.unbind(-1), strict=True))
+
+
+def _count(tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *,
+           head_rows: float) -> None:
+    """Add one forward's rows to ``tally``: ``padded`` (every row at full width) or ``shared`` (each distinct
+    prompt once, then the responses)."""
+    if tally is None:
+        return
+    if layout == "padded":
+        tally.add(layout, flops.padded_rows(ids.shape[0], ids.shape[1], head_rows))
+        return
+    u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
+    tally.add(layout, flops.shared_rows(u, ids.shape[0], p_keep, t, head_rows))
 
 
 def layout_of(module: nn.Module, ids, mask, p_keep: int, t: int, plan: ForwardPlan) -> str:
@@ -153,12 +175,17 @@ def layout_of(module: nn.Module, ids, mask, p_keep: int, t: int, plan: ForwardPl
 
 
 def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor, keeps: bool,
-                    want: dict, plan: ForwardPlan) -> dict[str, torch.Tensor]:
+                    want: dict, plan: ForwardPlan, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear map)."""
     logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keeps and plan.share_prefix else None
-    if logits is None:
+    if logits is not None:
+        u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
+        _count(tally, "shared", ids, mask, p_keep, t, head_rows=float(u + ids.shape[0] * t))
+    else:
         out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                      **({"logits_to_keep": t + 1} if keeps else {}))
+        width = t + 1 if keeps else ids.shape[1]
+        _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(ids.shape[0] * width))
         first = 0 if keeps else p_keep - 1
         logits = out.logits[:, first : first + t]
     logits = logits.float()  # [b, t, V]

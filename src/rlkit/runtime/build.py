@@ -65,7 +65,7 @@ class Runtime:
     reward_model: Any = None
     groups: list[Any] = field(default_factory=list)
     n_params: int = 0
-    peak_flops: float = 0.0
+    peak: Any = None  # rlkit.model.flops.Peak of one actor rank (None: unknown, no perf/mfu/actor)
     hardware: RunHardware | None = None  # what the recipe's ``auto`` precision and threads became here
     driver_threads: int | None = None  # the driver's torch threads before the workers started
 
@@ -83,12 +83,14 @@ class Runtime:
         per_epoch = len(train_loader)
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
         tracking, mlflow_uri = _tracking(recipe, pipeline, out, total_steps, run_ids or {})
-        tracking.log_params(recipe_to_dict(recipe) | {"resolved": hw.params()})
+        peak = _actor_peak(recipe, hw)
+        resolved = hw.params() | (peak.params() if peak else {})
+        tracking.log_params(recipe_to_dict(recipe) | {"resolved": resolved})
         rt = cls(
             recipe=recipe, pipeline=pipeline, output_dir=out, tokenizer=tokenizer,
             train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
             reward=_reward_step(recipe, pipeline, tokenizer), estimator=pipeline.estimator,
-            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri, hardware=hw,
+            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri, hardware=hw, peak=peak,
         )
         try:
             rt._start_workers()
@@ -131,8 +133,6 @@ class Runtime:
         self.reward_model = groups.get("reward_model")
         self.ref = groups.get("ref") or ("colocated" if uses_ref(recipe) else None)
         self.n_params = int(self.actor.call("num_params", dispatch="rank0"))
-        precision = self.hardware.precision.mixed_precision
-        self.peak_flops = _matmul_peak_flops(precision, self.hardware.threads["actor_rollout_ref"]) * self.actor.world_size
         # The workers own the cores now; the driver's own work (advantages, batching) is small.
         self.driver_threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -205,19 +205,16 @@ class Runtime:
         if self.critic is not None:
             self.critic.call("load_checkpoint", dispatch="all", directory=str(directory))
 
-    def perf_metrics(self, batch: Batch, times: dict[str, float]) -> dict[str, float]:
-        """perf/mfu/actor: the update's model FLOPs over its time, against the measured peak.
-
-        Model FLOPs are ``6 · parameters · tokens · ppo_epochs`` over the tokens the update needs: every
-        response token, and each distinct prompt's tokens once (rows of a GRPO group share their prompt, and
-        the actor runs it once: ``workers/actor.py``). Work the model repeats (a prompt per row where
-        sharing does not apply) is not counted, so the ratio stays a lower bound of the matmul efficiency.
-        """
+    def perf_metrics(self, batch: Batch, times: dict[str, float],
+                     update: dict[str, float]) -> dict[str, float]:
+        """perf/mfu/actor: the update's executed FLOPs (``perf/flops/actor``, counted by the actor ranks in the
+        layouts they ran: ``rlkit.model.flops``) over the driver's ``update_actor`` time and the stated peak
+        of all actor ranks (``Runtime.peak`` × ranks). Absent where the peak is unknown (an unlisted GPU)."""
         seconds = times.get("update_actor", 0.0)
-        if not seconds or not self.peak_flops:
+        executed = update.get("perf/flops/actor", 0.0)
+        if not seconds or not executed or self.peak is None:
             return {}
-        flops = 6.0 * self.n_params * update_tokens(batch) * self.recipe.actor.ppo_epochs
-        return {"perf/mfu/actor": flops / seconds / self.peak_flops}
+        return {"perf/mfu/actor": executed / seconds / (self.peak.flops * self.actor.world_size)}
 
     def owned_processes(self) -> list[Any]:
         """``psutil.Process`` of every process this run started (a stop kills them by pid): the Ray
@@ -307,22 +304,24 @@ def _ray_running() -> bool:
     return ray.is_initialized()
 
 
-def update_tokens(batch: Batch) -> float:
-    """Tokens the update must process: all response tokens plus each distinct prompt's tokens once."""
-    prompts = batch["prompts"]  # [B, P]
-    prompt_mask = batch["attention_mask"][:, : prompts.shape[1]]  # [B, P]
-    distinct = torch.unique(torch.cat([prompts, prompt_mask.to(prompts.dtype)], dim=1), dim=0)
-    return float(distinct[:, prompts.shape[1]:].sum() + batch["response_mask"].sum())
+def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
+    """The stated peak of one actor rank (``rlkit.model.flops.stated_peak``) in the run's resolved precision;
+    on a CPU a best-of-3 1024² matmul probe on the worker's threads stands in where it beats the stated figure."""
+    from rlkit.model.flops import stated_peak
+    from rlkit.workers.pools import resolve_device
 
-
-def _matmul_peak_flops(mixed_precision: str, threads: int, size: int = 1024) -> float:
-    """Measured matmul FLOP/s in the run's resolved precision (``fp32`` / ``bf16``) on one worker's thread
-    count on this machine (CPU): the best of 3 short trials, so a moment of contention does not lower the
-    peak (and raise the MFU above what it is); 0 on failure."""
-    if torch.cuda.is_available():
-        return 0.0  # GPU peak is not measured here; mfu is reported on CPU only
-    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
-    return max(matmul_flops(dtype, size=size, threads=threads, budget_s=0.0, max_reps=3) for _ in range(3))
+    device = resolve_device(recipe.resources.device)
+    precision = hw.precision.mixed_precision
+    threads = hw.threads["actor_rollout_ref"]
+    probe = 0.0
+    if not device.startswith("cuda"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        probe = max(matmul_flops(dtype, size=1024, threads=threads, budget_s=0.0, max_reps=3)
+                    for _ in range(3))
+    peak = stated_peak(device, precision, threads, probe=probe)
+    if peak is None:
+        log.info("no stated peak for %s (%s): perf/mfu/actor is not reported", device, precision)
+    return peak
 
 
 def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:

@@ -73,5 +73,7 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
 
 def write_run_info(rt: Any, output_dir: Path) -> None:
     info = {"run_ids": rt.tracking.run_ids(), "mlflow_uri": rt.mlflow_uri, "started": time.time(),
-            "output_dir": str(output_dir)}
+            "output_dir": str(output_dir),
+            "resolved": (rt.hardware.params() if rt.hardware is not None else {})
+            | (rt.peak.params() if rt.peak is not None else {})}  # auto's inputs, the MFU peak
     (output_dir / "run_info.json").write_text(json.dumps(info, indent=1))

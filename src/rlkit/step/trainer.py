@@ -137,7 +137,7 @@ class Trainer:
                                 max_response_length=data.max_response_length)
         metrics |= timing_metrics(timer.times, batch)
         metrics |= throughput_metrics(batch, timer.times["step"], self.rt.actor.world_size)
-        metrics |= self.rt.perf_metrics(batch, timer.times)
+        metrics |= self.rt.perf_metrics(batch, timer.times, metrics)
         return metrics
 
     # ----- around the steps ---------------------------------------------------------------------

@@ -38,7 +38,7 @@ from rlkit.hardware import concrete_mixed_precision
 from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
-from rlkit.model import fsdp
+from rlkit.model import flops, fsdp
 from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 
 __all__ = ["FSDPActor"]
@@ -83,6 +83,7 @@ class FSDPActor:
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.module = fsdp.fsdp_wrap(module, self.device, plain_at_world_size_1=forward_plan.plain_at_world_size_1)
+        self.dims = flops.model_dims(self.module)  # what perf/flops/actor counts per position
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
         self.nonfinite_skips = 0
@@ -121,13 +122,14 @@ class FSDPActor:
         # log-probs, the current policy's, give the rollout mismatch
         fast = "old_log_prob" not in batch or batch.meta.get("old_log_prob_is_rollout", False)
         mismatch = UpdateMismatch() if fast and "rollout_log_probs" in batch else None
+        tally = flops.FlopTally(self.dims)
         minis = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))
             for start in range(0, len(batch), mini_size):
                 selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis  # the same on every rank
                 out = self._update_mini(batch[order[start:start + mini_size]], temperature, selection_seed,
-                                        mismatch if minis == 0 else None)
+                                        mismatch if minis == 0 else None, tally)
                 minis += 1
                 for key, value in out.items():
                     history[key].append(value)
@@ -136,12 +138,15 @@ class FSDPActor:
         metrics = {key: sum(values) / len(values) for key, values in history.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_skips"] = float(self.nonfinite_skips)
+        # executed FLOPs of this update summed over ranks (the driver divides by time and the stated peak)
+        metrics["perf/flops/actor"] = float(fsdp.all_reduce(torch.tensor([tally.flops], dtype=torch.float64)))
         if self.peft_model is not None:
             metrics["actor/lora_trainable_params"] = float(self.lora_trainable)
         return metrics | (mismatch.metrics() if mismatch is not None else {})
 
     def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
-                     mismatch: UpdateMismatch | None) -> dict[str, float]:
+                     mismatch: UpdateMismatch | None,
+                     tally: flops.FlopTally | None = None) -> dict[str, float]:
         cfg = self.cfg
         selected = mini_batch_selection(self, mini, temperature, selection_seed)  # [b, T] bool, or None
         counts = torch.stack(global_counts(mini["response_mask"])).double()
@@ -157,7 +162,7 @@ class FSDPActor:
             micro = mini[idx]
             loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs,
                                              selected[idx] if selected is not None else None,
-                                             mismatch if real else None)
+                                             mismatch if real else None, tally if real else None)
             (loss if real else loss * 0.0).backward()
             if real:
                 for key, value in metrics.items():
@@ -183,7 +188,8 @@ class FSDPActor:
 
     def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float, global_seqs: float,
                     selected: torch.Tensor | None = None,
-                    mismatch: UpdateMismatch | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    mismatch: UpdateMismatch | None = None,
+                    tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
         the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
         cfg = self.cfg
@@ -192,7 +198,7 @@ class FSDPActor:
         log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
                                              entropy_grad=cfg.entropy_coeff != 0,
                                              mixed_precision=cfg.mixed_precision, device=self.device,
-                                             plan=self.forward_plan)
+                                             plan=self.forward_plan, tally=tally)
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
         pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
