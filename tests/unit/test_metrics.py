@@ -81,16 +81,15 @@ def _counted(module, batch, layout, monkeypatch, *, fused=True):
     ``torch.utils.flop_counter.FlopCounterMode`` counts the ops that ran."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from rlkit.workers import actor as actor_mod
+    from rlkit.model import forward
     from rlkit.model.flops import FlopTally, model_dims
 
-    monkeypatch.setattr(actor_mod, "_layout", lambda *a, **k: layout)
-    monkeypatch.setattr(actor_mod, "_fused_head", fused)
-    monkeypatch.setattr(actor_mod, "_share_prefix", layout == "shared")
+    monkeypatch.setattr(forward, "layout_of", lambda *a, **k: layout)
+    plan = forward.ForwardPlan(fused_head=fused, share_prefix=layout == "shared")
     tally = FlopTally(model_dims(module))
     with FlopCounterMode(display=False) as counter:
-        lp, ent = actor_mod.forward_response(module, batch, temperature=1.0, with_entropy=True, entropy_grad=True,
-                                             device=torch.device("cpu"), tally=tally)
+        lp, ent = forward.forward_response(module, batch, temperature=1.0, with_entropy=True, entropy_grad=True,
+                                           device=torch.device("cpu"), tally=tally, plan=plan)
         (lp.sum() + 0.1 * ent.sum()).backward()
     ops = counter.get_flop_counts()["Global"]
     attention = sum(v for k, v in ops.items() if any(a in str(k) for a in _ATTENTION_OPS))

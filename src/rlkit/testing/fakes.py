@@ -170,7 +170,7 @@ class FakeRuntime:
     def ref_call(self, method: str, batch: Batch) -> Batch:
         return getattr(self.ref, method)(batch)
 
-    def perf_metrics(self, batch: Batch, times: dict[str, float]) -> dict[str, float]:
+    def perf_metrics(self, batch: Batch, times: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
         return {}
 
 
