@@ -45,7 +45,8 @@ def test_head_on_response_positions_only_matches_the_full_forward(tiny_model_dir
     assert fast.shape == plain.shape == batch["responses"].shape
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
     for got, want in zip(fast_grads, (p.grad for p in module.parameters()), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        # atol 1e-5: gradients of O(1e-2); an AVX-512 CPU sums a near-zero element 1.03e-6 apart
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mixed_precision", ["fp32", "bf16"])
