@@ -32,7 +32,6 @@ import numpy as np
 import torch
 import yaml
 
-from rlkit import faults
 from rlkit.algos import DynamicSamplingAccumulator, DynamicSamplingError, apply_kl_penalty, first_groups_mask
 from rlkit.async_rollout import RolloutPipeline, pipeline_depth, staleness_bound
 from rlkit.batch import Batch
@@ -44,20 +43,37 @@ from rlkit.rollout.base import concat_rollouts
 from rlkit.runtime import Runtime
 from rlkit.watchdog import PhaseWatch
 
-__all__ = ["Trainer"]
+__all__ = ["RunHooks", "Trainer"]
 
 log = logging.getLogger("rlkit.trainer")
+
+
+class RunHooks:
+    """Points a caller can act at (the reliability tests' fault injection, ``rlkit.testing.faults``); these
+    defaults do nothing. Passed to ``Trainer`` as an argument: nothing in a run reads them from the environment."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """As each phase of a step starts (and ``logged``: the step's metrics are written)."""
+
+    def on_checkpoint(self, phase: str, step: int) -> None:
+        """Inside the checkpoint writer: ``checkpoint_write`` (shards written), ``checkpoint_publish``."""
+
+    def advantages(self, advantages: torch.Tensor, step: int) -> torch.Tensor:
+        """The step's advantages, before the actor update."""
+        return advantages
 
 
 class Trainer:
     """Owns the data flow; the worker groups in ``runtime`` do the compute."""
 
-    def __init__(self, recipe: Recipe, runtime: Runtime):
+    def __init__(self, recipe: Recipe, runtime: Runtime, hooks: RunHooks | None = None):
         self.recipe = recipe
         self.rt = runtime
+        self.hooks = hooks or RunHooks()
         self.global_step = 0
         self.output_dir = runtime.output_dir
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep,
+                                             hooks=self.hooks)
         est = runtime.estimator
         self.dynamic_sampling = (
             DynamicSamplingAccumulator(recipe.data.train_batch_size, recipe.algorithm.filter_groups.max_num_gen_batches,
@@ -74,7 +90,6 @@ class Trainer:
         self.recompute_old_log_prob = not self.bypass and (
             not (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size)
             or self.correction is not None or self.needs_sum_pi_squared)
-        faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
         t = recipe.trainer
         self.pipe = (RolloutPipeline(runtime.rollout, runtime.actor, depth=pipeline_depth(t.mode, t.max_staleness),
@@ -115,7 +130,7 @@ class Trainer:
                 with timer("validate"):
                     metrics |= self.validate()
             self.rt.tracking.log(metrics, self.global_step)
-            faults.maybe_fail("logged", self.global_step)
+            self.hooks.on_phase("logged", self.global_step)
             last = metrics
             if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
                 with timer("save"):
@@ -179,8 +194,8 @@ class Trainer:
         return metrics
 
     def on_phase(self, phase: str) -> None:
-        """As each phase of the step starts: the fault-injection point (no-op unless RLKIT_FAULT), the watchdog."""
-        faults.maybe_fail(phase, self.global_step)
+        """As each phase of the step starts: the hooks (``RunHooks.on_phase``), the watchdog."""
+        self.hooks.on_phase(phase, self.global_step)
         self.watch.enter(phase)
 
     @property
@@ -327,10 +342,7 @@ class Trainer:
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
             **otb, **est.kwargs,
         )
-        for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
-            if faults.poisoned(kind, self.global_step):  # RLKIT_FAULT (tests): a numerical blow-up
-                advantages = torch.full_like(advantages, value)
-        batch["advantages"] = advantages
+        batch["advantages"] = self.hooks.advantages(advantages, self.global_step)
         batch["returns"] = returns
         return batch
 

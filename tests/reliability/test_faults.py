@@ -16,7 +16,6 @@ from rlkit_harness import (
     finish,
     last_record_per_step,
     ray_session,
-    rlkit_env,
     run,
     same_weights,
     start,
@@ -58,7 +57,7 @@ def test_nan_and_inf_updates_are_skipped_counted_then_stop_the_run(recipe, tmp_p
     out = tmp_path / "out"
     path = recipe(out, steps=5)
     result = run("run", str(path), "actor.max_nonfinite_in_row=2",
-                 env=rlkit_env(RLKIT_FAULT="nan_adv:2,inf_adv:4,nan_adv:5"))
+                 fault="nan_adv:2,inf_adv:4,nan_adv:5")
     assert result.returncode == 1, result.stderr[-3000:]
     error = result.stderr[result.stderr.index("error: "):]
     assert "2 non-finite losses or gradient norms in a row (actor.max_nonfinite_in_row = 2)" in error
