@@ -419,7 +419,8 @@ def _reward_step(recipe: Recipe, pipeline: Pipeline, tokenizer: Any) -> RewardSt
         ob = reward.overlong_buffer
         overlong = OverlongShaping(ob.len, ob.penalty_factor, recipe.data.max_response_length)
     has_rule = getattr(score_fn, "has_rule", None)
-    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule, overlong=overlong)
+    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule, overlong=overlong,
+                      max_error_fraction=reward.max_error_fraction)
 
 
 def _kl_controller(recipe: Recipe) -> Any:
