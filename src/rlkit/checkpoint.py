@@ -24,7 +24,7 @@ from typing import Any
 
 from rlkit.errors import RlkitError
 
-__all__ = ["CheckpointError", "CheckpointManager", "COMPLETE"]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "CheckpointManager", "COMPLETE"]
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -32,6 +32,10 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 class CheckpointError(RlkitError):
     """A checkpoint could not be written or read."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint was written by another model: a tensor's shape differs from the model being resumed."""
 
 
 def _fsync_dir(path: Path) -> None:

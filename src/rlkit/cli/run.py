@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from rlkit.checkpoint import CheckpointManager
+from rlkit.checkpoint import CheckpointManager, CheckpointMismatchError
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
 from rlkit.recipe import Recipe
@@ -114,6 +114,9 @@ def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHa
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
             raise RewardFailureError(f"{exc}\nTraining stopped; {where}.") from exc
         except WorkerError as exc:
+            mismatch = getattr(exc.__context__, "cause", None)  # the worker's own exception (Ray's RayTaskError.cause)
+            if isinstance(mismatch, CheckpointMismatchError):  # a restart cannot fix it; no remote traceback
+                raise CheckpointMismatchError(f"role '{exc.role}', rank {exc.rank}: {mismatch}") from None
             latest = checkpoints.latest()
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
             if attempt >= recipe.trainer.max_restarts:
