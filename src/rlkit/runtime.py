@@ -73,8 +73,9 @@ class RunLock:
         self.path, self.fd, self.what = path, fd, what
 
     @classmethod
-    def acquire(cls, path: Path, what: str) -> RunLock:
+    def acquire(cls, path: str | Path, what: str) -> RunLock:
         """Take the lock on ``path`` (``what`` names the protected thing in messages) or raise OutputBusyError."""
+        path = Path(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
