@@ -15,7 +15,15 @@ import sys
 import time
 
 import pytest
-from rlkit_harness import check_checkpoints, finish, ray_session, records, sessions_started_by, start, wait_until_reaped
+from rlkit_harness import (
+    check_checkpoints,
+    finish,
+    ray_session,
+    records,
+    sessions_started_by,
+    start,
+    wait_until_reaped,
+)
 
 from rlkit.runtime import LOCK_FILE, OutputBusyError, RunLock
 
