@@ -140,3 +140,40 @@ def test_output_dir_without_write_permission_found_by_validate(capsys, base, tmp
     locked.mkdir(mode=0o500)
     code, err = call(capsys, ["validate", str(base), f"trainer.output_dir={locked}/run"])
     assert code == 1 and "trainer.output_dir" in err and "no write permission" in err, err
+
+
+# ----- resume from another model's checkpoint --------------------------------------------------------
+def test_loading_a_checkpoint_of_other_shapes_names_the_tensor_and_both_shapes(tmp_path):
+    import torch
+
+    from rlkit.checkpoint import CheckpointMismatchError
+    from rlkit.workers.fsdp import load_checkpoint, save_checkpoint
+
+    written = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3))
+    other = torch.nn.Sequential(torch.nn.Embedding(12, 4), torch.nn.Linear(4, 3))
+    save_checkpoint(tmp_path / "actor", written)
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_checkpoint(tmp_path / "actor", other)
+    message = str(error.value)
+    assert f"cannot resume from {tmp_path}: it was written by another model" in message
+    assert "Tensor '0.weight' has shape [10, 4] in the checkpoint and [12, 4] in the model being trained" in message
+    assert "trainer.resume=never" in message
+    load_checkpoint(tmp_path / "actor", torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3)))
+
+
+def test_a_run_resuming_another_models_checkpoint_stops_with_one_message(assets, recipe, tmp_path):
+    """Step 1 of the tiny model (hidden 64), then the same output folder with a hidden-32 model: exit 1, the
+    tensor and both shapes named, how to start fresh, no traceback."""
+    from rlkit.models.tiny import build_tiny_model
+
+    out = tmp_path / "out"
+    path = recipe(out, steps=1)
+    assert run("run", str(path)).returncode == 0
+    other = build_tiny_model(tmp_path / "model_b", hidden=32)
+    result = run("run", str(path), f"model.path={other}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr[result.stderr.index("error: "):]
+    assert "Traceback" not in error and "Size mismatch" not in error, error
+    assert "error: role 'actor_rollout_ref', rank 0: cannot resume from " in error
+    assert "Tensor 'model.embed_tokens.weight' has shape [" in error and "64] in the checkpoint and [" in error
+    assert "32] in the model being trained (model.path). Start fresh with trainer.resume=never" in error
