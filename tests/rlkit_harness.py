@@ -57,11 +57,12 @@ def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None, cwd: P
           fault: str | None = None) -> subprocess.Popen:
     """`python -m rlkit ARGS` in the background (in ``cwd``); stdout and stderr are read by ``finish``.
 
-    ``fault``: a fault plan (``gen:3,nan_adv:2``; src/rlkit/testing/faults.py), run through the test-only entry
-    ``python -m rlkit.testing.faults PLAN -- ARGS``."""
+    ``fault``: a fault plan (``gen:3,nan_adv:2``; src/rlkit/testing/faults.py), run through the test-only
+    entry ``python -m rlkit.testing.faults PLAN -- ARGS``."""
     entry = ["rlkit.testing.faults", fault, "--"] if fault else ["rlkit"]
-    return subprocess.Popen([sys.executable, "-m", *entry, *args], env=env or rlkit_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn, cwd=cwd)
+    return subprocess.Popen([sys.executable, "-m", *entry, *args], env=env or rlkit_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+                            cwd=cwd)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:

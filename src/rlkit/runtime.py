@@ -59,14 +59,15 @@ _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class RunLock:
-    """One writer per output folder: an exclusive ``fcntl.flock`` on ``path``, holding a JSON record of the holder.
+    """One writer per output folder: an exclusive ``fcntl.flock`` on ``path``, which holds a JSON record of
+    the holder.
 
-    The kernel drops a flock when its holder dies (SIGKILL included), so a dead run's lock is free at once; its
-    record stays, and the next run takes over with a message naming it. The file descriptor is close-on-exec
-    (Ray's processes do not inherit it); forked scoring children do, and die with the driver. On NFS (v4, and v3
-    with lockd) Linux maps flock to a POSIX lock the server arbitrates, so runs on two hosts exclude each other
-    too. A file system without locks (ENOLCK/EOPNOTSUPP) falls back to the record alone, with a warning: a
-    record of a live process on this host, or of any other host, refuses the start.
+    The kernel drops a flock when its holder dies (SIGKILL included), so a dead run's lock is free at once;
+    its record stays, and the next run takes over with a message naming it. The file descriptor is
+    close-on-exec (Ray's processes do not inherit it); forked scoring children do, and die with the driver.
+    On NFS (v4, and v3 with lockd) Linux maps flock to a POSIX lock the server arbitrates, so runs on two
+    hosts exclude each other too. A file system without locks (ENOLCK/EOPNOTSUPP) falls back to the record
+    alone, with a warning: a record of a live process on this host, or of any other host, refuses the start.
     """
 
     def __init__(self, path: Path, fd: int | None, what: str):
@@ -74,7 +75,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, path: str | Path, what: str) -> RunLock:
-        """Take the lock on ``path`` (``what`` names the protected thing in messages) or raise OutputBusyError."""
+        """Take the lock on ``path`` or raise OutputBusyError; ``what`` names the locked thing in messages."""
         path = Path(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -87,13 +88,13 @@ class RunLock:
             if exc.errno not in _UNSUPPORTED:
                 os.close(fd)
                 raise
-            log.warning("%s: the file system does not support locks (%s); one writer per folder is checked from "
-                        "the holder record only", path, exc.strerror)
+            log.warning("%s: the file system does not support locks (%s); one writer per folder is checked "
+                        "from the holder record only", path, exc.strerror)
             _refuse_if_live(path, what)
         previous = _read_holder(path)
         if previous:
-            log.warning("%s: took over the lock of an earlier run that is gone (%s); its partial checkpoints are "
-                        "cleaned up as after any kill", what, _describe(previous))
+            log.warning("%s: took over the lock of an earlier run that is gone (%s); its partial checkpoints "
+                        "are cleaned up as after any kill", what, _describe(previous))
         lock = cls(path, fd, what)
         lock._write(_holder_record())
         return lock
@@ -143,9 +144,10 @@ def _describe(holder: dict[str, Any]) -> str:
 
 
 def _busy_message(path: Path, what: str, holder: dict[str, Any]) -> str:
-    return (f"{what} is in use by another run ({_describe(holder)}; lock file {path}). Two runs writing one "
-            "folder corrupt its metrics and checkpoints. Set trainer.output_dir (or trainer.experiment_name) to "
-            "another folder, or stop the other run first (then the same command resumes from its last checkpoint).")
+    return (f"{what} is in use by another run ({_describe(holder)}; lock file {path}). Two runs writing "
+            "one folder corrupt its metrics and checkpoints. Set trainer.output_dir (or "
+            "trainer.experiment_name) to another folder, or stop the other run first (then the same command "
+            "resumes from its last checkpoint).")
 
 
 def _refuse_if_live(path: Path, what: str) -> None:
@@ -420,8 +422,8 @@ def _reward_step(recipe: Recipe, pipeline: Pipeline, tokenizer: Any) -> RewardSt
         ob = reward.overlong_buffer
         overlong = OverlongShaping(ob.len, ob.penalty_factor, recipe.data.max_response_length)
     has_rule = getattr(score_fn, "has_rule", None)
-    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule, overlong=overlong,
-                      max_error_fraction=reward.max_error_fraction)
+    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule,
+                      overlong=overlong, max_error_fraction=reward.max_error_fraction)
 
 
 def _kl_controller(recipe: Recipe) -> Any:

@@ -54,7 +54,8 @@ class ServeError(RlkitError):
 
 
 def weights_folder(path: str, error: type[Exception] = ServeError) -> str:
-    """``path`` (or the bundled model it names) as a local folder holding ``*.safetensors``; raises ``error``."""
+    """``path`` (or the bundled model it names) as a local folder holding ``*.safetensors``; else raises
+    ``error``."""
     from rlkit.models.load import resolve_model_path
 
     try:
@@ -62,11 +63,13 @@ def weights_folder(path: str, error: type[Exception] = ServeError) -> str:
     except RlkitError as exc:
         raise error(str(exc)) from exc
     if not folder.is_dir():
-        raise error(f"model {path!r}: not a local folder. rlkit serve loads weights only from a model folder holding "
-                    "*.safetensors (download it first, e.g. `huggingface-cli download NAME --local-dir DIR`).")
+        raise error(f"model {path!r}: not a local folder. rlkit serve loads weights only from a model folder "
+                    "holding *.safetensors (download it first, e.g. `huggingface-cli download NAME "
+                    "--local-dir DIR`).")
     if not any(folder.glob("*.safetensors")):
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
-        found = f" (it holds {', '.join(pickles)}: pickle files, which can run code when loaded)" if pickles else ""
+        found = (f" (it holds {', '.join(pickles)}: pickle files, which can run code when loaded)"
+                 if pickles else "")
         raise error(f"model folder {folder} has no *.safetensors weights{found}. Save the model with "
                     "save_pretrained(..., safe_serialization=True).")
     return str(folder)
@@ -81,16 +84,17 @@ def check_host(host: str, allow_remote: bool) -> None:
     except OSError as exc:
         raise ServeError(f"--host {host}: cannot resolve it ({exc.strerror}).") from exc
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        raise ServeError(f"--host {host} is not a loopback address ({', '.join(sorted(addresses))}): the server has no "
-                         "authentication, and anyone who reaches it can generate and load weights. Bind 127.0.0.1 "
-                         "(the default), or add --allow-remote to serve other hosts on purpose.")
+        shown = ", ".join(sorted(addresses))
+        raise ServeError(f"--host {host} is not a loopback address ({shown}): the server has no "
+                         "authentication, and anyone who reaches it can generate and load weights. Bind "
+                         "127.0.0.1 (the default), or add --allow-remote to serve other hosts on purpose.")
 
 
 class ProtocolModel:
     """The model behind the server: an HF causal LM, its tokenizer and an ``HFRollout``."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, eos_token: str | None = None,
-                 max_n: int = MAX_N, max_new_tokens: int = MAX_NEW_TOKENS):
+    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0,
+                 eos_token: str | None = None, max_n: int = MAX_N, max_new_tokens: int = MAX_NEW_TOKENS):
         import torch
 
         from rlkit.models.load import load_model, load_tokenizer
@@ -170,8 +174,8 @@ class ProtocolModel:
         if n > self.max_n:
             raise RequestError(f"n={n} is over this server's limit of {self.max_n} (rlkit serve --max-n)")
         if max_new > self.max_new_tokens:
-            raise RequestError(f"max_new_tokens={max_new} is over this server's limit of {self.max_new_tokens} "
-                               "(rlkit serve --max-new-tokens)")
+            raise RequestError(f"max_new_tokens={max_new} is over this server's limit of "
+                               f"{self.max_new_tokens} (rlkit serve --max-new-tokens)")
         width = max(len(s) for s in inputs)
         pad = self.rollout.pad_token_id
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in inputs])  # [B, P] left-padded

@@ -50,7 +50,8 @@ log = logging.getLogger("rlkit.trainer")
 
 class RunHooks:
     """Points a caller can act at (the reliability tests' fault injection, ``rlkit.testing.faults``); these
-    defaults do nothing. Passed to ``Trainer`` as an argument: nothing in a run reads them from the environment."""
+    defaults do nothing. Passed to ``Trainer`` as an argument: nothing in a run reads them from the
+    environment."""
 
     def on_phase(self, phase: str, step: int) -> None:
         """As each phase of a step starts (and ``logged``: the step's metrics are written)."""
@@ -72,8 +73,8 @@ class Trainer:
         self.hooks = hooks or RunHooks()
         self.global_step = 0
         self.output_dir = runtime.output_dir
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep,
-                                             hooks=self.hooks)
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints",
+                                             keep=recipe.trainer.max_ckpt_to_keep, hooks=self.hooks)
         est = runtime.estimator
         self.dynamic_sampling = (
             DynamicSamplingAccumulator(recipe.data.train_batch_size, recipe.algorithm.filter_groups.max_num_gen_batches,

@@ -1,8 +1,9 @@
-"""Errors, not tracebacks: every `rlkit` command, given bad arguments, answers with one message and exit code 1
-(or argparse's usage and 2); a traceback only with `rlkit --debug` / RLKIT_DEBUG=1.
+"""Errors, not tracebacks: every `rlkit` command, given bad arguments, answers with one message and exit
+code 1 (or argparse's usage and 2); a traceback only with `rlkit --debug` / RLKIT_DEBUG=1.
 
-The sweep drives each command `rlkit --help` lists (the test fails when a command is added without cases) in this
-process through ``rlkit.cli.main`` (the code `rlkit` runs); a sample runs `python -m rlkit` in a subprocess.
+The sweep drives each command `rlkit --help` lists (the test fails when a command is added without cases)
+in this process through ``rlkit.cli.main`` (the code `rlkit` runs); a sample runs `python -m rlkit` in a
+subprocess.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def base(assets, tmp_path) -> Path:
     """A valid tiny recipe (its own output folder)."""
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl"))
+    path.write_text(
+        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
+    )
     return path
 
 
@@ -37,24 +40,52 @@ def sweep_cases(base: Path, tmp: Path) -> dict[str, list[list[str]]]:
     bad_yaml = tmp / "bad.yaml"
     bad_yaml.write_text("model: [unclosed\n")
     return {
-        "run": [["run", str(tmp / "missing.yaml")], ["run", str(base), "rollout.n=many"],
-                ["run", str(base), "trainer.total_steps=-3"], ["run", str(base), "no_equals_sign"],
-                ["run", str(base), f"trainer.output_dir={a_file}/out"], ["run", str(bad_yaml)],
-                ["run", str(base), "--smoke-model", "tiny"], ["run"]],
-        "validate": [["validate", str(tmp / "missing.yaml")], ["validate", str(base), "data.train_batch_size=0"],
-                     ["validate", str(base), f"data.train_files=[{tmp / 'nope.parquet'}]"], ["validate", "--bogus"]],
-        "recipe": [["recipe", "show", str(tmp / "missing.yaml")], ["recipe", "show", str(base), "actor.optim.lr=fast"],
-                   ["recipe", "nonsense"], ["recipe"]],
+        "run": [
+            ["run", str(tmp / "missing.yaml")],
+            ["run", str(base), "rollout.n=many"],
+            ["run", str(base), "trainer.total_steps=-3"],
+            ["run", str(base), "no_equals_sign"],
+            ["run", str(base), f"trainer.output_dir={a_file}/out"],
+            ["run", str(bad_yaml)],
+            ["run", str(base), "--smoke-model", "tiny"],
+            ["run"],
+        ],
+        "validate": [
+            ["validate", str(tmp / "missing.yaml")],
+            ["validate", str(base), "data.train_batch_size=0"],
+            ["validate", str(base), f"data.train_files=[{tmp / 'nope.parquet'}]"],
+            ["validate", "--bogus"],
+        ],
+        "recipe": [
+            ["recipe", "show", str(tmp / "missing.yaml")],
+            ["recipe", "show", str(base), "actor.optim.lr=fast"],
+            ["recipe", "nonsense"],
+            ["recipe"],
+        ],
         "plugins": [["plugins", "--json", "extra"]],
-        "data": [["data", "gsm8k", "--input", str(tmp / "nope"), "--output", str(tmp / "o")],
-                 ["data", "math500", "--input", str(a_file), "--output", str(tmp / "o")],
-                 ["data", "arithmetic", "--output", str(tmp / "o"), "--train-size", "-5"],
-                 ["data", "arithmetic", "--output", str(a_file / "sub")], ["data", "nonsense"]],
-        "merge": [["merge", str(tmp / "no_checkpoint"), "--out", str(tmp / "m")],
-                  ["merge", str(tmp), "--out", str(tmp / "m")], ["merge", str(tmp), "--out", str(tmp / "m"), "--dtype", "int3"]],
-        "plot": [["plot", str(tmp / "no_run"), "--out", str(tmp / "p.png")], ["plot", str(tmp), "--out", str(tmp / "p.png")]],
-        "serve": [["serve", str(tmp / "no_model")], ["serve", str(not_model)], ["serve", str(base.parent), "--max-n", "0"],
-                  ["serve", str(not_model), "--host", "0.0.0.0"], ["serve", str(not_model), "--port", "http"]],
+        "data": [
+            ["data", "gsm8k", "--input", str(tmp / "nope"), "--output", str(tmp / "o")],
+            ["data", "math500", "--input", str(a_file), "--output", str(tmp / "o")],
+            ["data", "arithmetic", "--output", str(tmp / "o"), "--train-size", "-5"],
+            ["data", "arithmetic", "--output", str(a_file / "sub")],
+            ["data", "nonsense"],
+        ],
+        "merge": [
+            ["merge", str(tmp / "no_checkpoint"), "--out", str(tmp / "m")],
+            ["merge", str(tmp), "--out", str(tmp / "m")],
+            ["merge", str(tmp), "--out", str(tmp / "m"), "--dtype", "int3"],
+        ],
+        "plot": [
+            ["plot", str(tmp / "no_run"), "--out", str(tmp / "p.png")],
+            ["plot", str(tmp), "--out", str(tmp / "p.png")],
+        ],
+        "serve": [
+            ["serve", str(tmp / "no_model")],
+            ["serve", str(not_model)],
+            ["serve", str(base.parent), "--max-n", "0"],
+            ["serve", str(not_model), "--host", "0.0.0.0"],
+            ["serve", str(not_model), "--port", "http"],
+        ],
     }
 
 
@@ -88,7 +119,8 @@ def test_every_command_refuses_bad_arguments_without_a_traceback(capsys, base, t
 
 
 def test_debug_flag_shows_the_traceback_of_an_unexpected_error(capsys, monkeypatch):
-    """An exception that is no RlkitError (a bug): one `error: unexpected ...` line; --debug / RLKIT_DEBUG=1 raise it."""
+    """An exception that is no RlkitError (a bug): one `error: unexpected ...` line; --debug and
+    RLKIT_DEBUG=1 raise it."""
 
     def broken(args):
         raise ValueError("a bug")
@@ -98,7 +130,9 @@ def test_debug_flag_shows_the_traceback_of_an_unexpected_error(capsys, monkeypat
     code, err = call(capsys, ["plugins"])
     assert code == 1 and "Traceback" not in err
     assert err.startswith("error: unexpected ValueError in `rlkit plugins`: a bug") and "--debug" in err
-    with pytest.raises(ValueError, match="a bug"):  # --debug: the exception itself, so Python prints its traceback
+    with pytest.raises(
+        ValueError, match="a bug"
+    ):  # --debug: the exception itself, so Python prints its traceback
         main(["--debug", "plugins"])
     monkeypatch.setenv("RLKIT_DEBUG", "1")
     with pytest.raises(ValueError, match="a bug"):
@@ -116,7 +150,8 @@ def _parser_with(func):
 
 
 def test_refusals_in_subprocesses_exit_1_with_one_message(base, tmp_path):
-    """The real `python -m rlkit`: a refused run, serve and merge print `error: ...`, no traceback; --debug adds it."""
+    """The real `python -m rlkit`: a refused run and serve print `error: ...`, no traceback; --debug adds
+    it."""
     for argv in (["run", str(base), f"trainer.output_dir={base}/out"], ["serve", str(tmp_path / "no_model")]):
         result = run(*argv, env=rlkit_env(), timeout=120)
         assert result.returncode == 1, (argv, result.stderr[-2000:])
@@ -156,7 +191,10 @@ def test_loading_a_checkpoint_of_other_shapes_names_the_tensor_and_both_shapes(t
         load_checkpoint(tmp_path / "actor", other)
     message = str(error.value)
     assert f"cannot resume from {tmp_path}: it was written by another model" in message
-    assert "Tensor '0.weight' has shape [10, 4] in the checkpoint and [12, 4] in the model being trained" in message
+    assert (
+        "Tensor '0.weight' has shape [10, 4] in the checkpoint and [12, 4] in the model being trained"
+        in message
+    )
     assert "trainer.resume=never" in message
     load_checkpoint(tmp_path / "actor", torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3)))
 
@@ -172,8 +210,12 @@ def test_a_run_resuming_another_models_checkpoint_stops_with_one_message(assets,
     other = build_tiny_model(tmp_path / "model_b", hidden=32)
     result = run("run", str(path), f"model.path={other}")
     assert result.returncode == 1, result.stderr[-3000:]
-    error = result.stderr[result.stderr.index("error: "):]
-    assert "Traceback" not in error and "remote traceback" not in error and "Size mismatch" not in error, error
+    error = result.stderr[result.stderr.index("error: ") :]
+    assert "Traceback" not in error and "remote traceback" not in error and "Size mismatch" not in error, (
+        error
+    )
     assert "error: role 'actor_rollout_ref', rank 0: cannot resume from " in error
-    assert "Tensor 'model.embed_tokens.weight' has shape [" in error and "64] in the checkpoint and [" in error
+    assert (
+        "Tensor 'model.embed_tokens.weight' has shape [" in error and "64] in the checkpoint and [" in error
+    )
     assert "32] in the model being trained (model.path). Start fresh with trainer.resume=never" in error

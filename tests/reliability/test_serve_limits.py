@@ -1,6 +1,6 @@
-"""`rlkit serve` is bounded: ``n`` and ``max_new_tokens`` over the limits get HTTP 400 naming the limit, weights
-load only from folders of safetensors (at start and in /update_weights_from_disk), and a non-loopback host needs
-``--allow-remote``."""
+"""`rlkit serve` is bounded: ``n`` and ``max_new_tokens`` over the limits get HTTP 400 naming the limit,
+weights load only from folders of safetensors (at start and in /update_weights_from_disk), and a non-loopback
+host needs ``--allow-remote``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from rlkit.serve import MAX_N, MAX_NEW_TOKENS, ProtocolModel, ServeError, check_
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -48,12 +50,23 @@ def test_defaults_are_bounded():
 
 
 def test_requests_over_the_bounds_get_400_naming_the_limit(server):
-    ok, body = post(f"{server}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 2, "max_new_tokens": 4}})
+    ok, body = post(
+        f"{server}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 2, "max_new_tokens": 4}}
+    )
     assert ok == 200 and len(body) == 2
-    code, body = post(f"{server}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 3, "max_new_tokens": 2}})
-    assert code == 400 and body["error"]["message"] == "n=3 is over this server's limit of 2 (rlkit serve --max-n)"
-    code, body = post(f"{server}/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1_000_000}})
-    assert code == 400 and "max_new_tokens=1000000 is over this server's limit of 4" in body["error"]["message"]
+    code, body = post(
+        f"{server}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 3, "max_new_tokens": 2}}
+    )
+    assert (
+        code == 400
+        and body["error"]["message"] == "n=3 is over this server's limit of 2 (rlkit serve --max-n)"
+    )
+    code, body = post(
+        f"{server}/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1_000_000}}
+    )
+    assert (
+        code == 400 and "max_new_tokens=1000000 is over this server's limit of 4" in body["error"]["message"]
+    )
 
 
 def test_weights_load_only_from_safetensors_folders(server, assets, tmp_path):
@@ -61,8 +74,14 @@ def test_weights_load_only_from_safetensors_folders(server, assets, tmp_path):
     shutil.copytree(assets[0], pickled, ignore=shutil.ignore_patterns("*.safetensors"))
     (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
     code, body = post(f"{server}/update_weights_from_disk", {"model_path": str(pickled)})
-    assert code == 400 and "has no *.safetensors weights (it holds pytorch_model.bin: pickle files" in body["error"]["message"]
-    code, body = post(f"{server}/update_weights_from_disk", {"model_path": str(pickled / "pytorch_model.bin")})
+    assert (
+        code == 400
+        and "has no *.safetensors weights (it holds pytorch_model.bin: pickle files"
+        in body["error"]["message"]
+    )
+    code, body = post(
+        f"{server}/update_weights_from_disk", {"model_path": str(pickled / "pytorch_model.bin")}
+    )
     assert code == 400 and "config.json" in body["error"]["message"]  # a file is no model folder
     ok, body = post(f"{server}/update_weights_from_disk", {"model_path": str(assets[0])})
     assert ok == 200 and body["success"]
@@ -80,9 +99,25 @@ def test_a_non_loopback_host_needs_allow_remote():
 
 def test_the_cli_flags_reach_the_server(assets):
     """`rlkit serve --max-n 1 --max-new-tokens 3 --port 0`: a real server process applies both limits."""
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "serve", str(assets[0]), "--port", "0", "--max-n", "1",
-                             "--max-new-tokens", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=rlkit_env())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlkit",
+            "serve",
+            str(assets[0]),
+            "--port",
+            "0",
+            "--max-n",
+            "1",
+            "--max-new-tokens",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=rlkit_env(),
+    )
     try:
         line = proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, (line, proc.poll())
@@ -94,6 +129,13 @@ def test_the_cli_flags_reach_the_server(assets):
     finally:
         proc.kill()
         proc.wait()
-    remote = subprocess.run([sys.executable, "-m", "rlkit", "serve", str(assets[0]), "--host", "0.0.0.0"],
-                            capture_output=True, text=True, env=rlkit_env(), timeout=120)
-    assert remote.returncode == 1 and remote.stderr.startswith("error: --host 0.0.0.0 is not a loopback address")
+    remote = subprocess.run(
+        [sys.executable, "-m", "rlkit", "serve", str(assets[0]), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        env=rlkit_env(),
+        timeout=120,
+    )
+    assert remote.returncode == 1 and remote.stderr.startswith(
+        "error: --host 0.0.0.0 is not a loopback address"
+    )

@@ -48,7 +48,8 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None, *, hooks: Any = None) -> int:
-    """The ``rlkit`` command. ``hooks``: ``rlkit.trainer.RunHooks`` for ``run`` (``rlkit.testing.faults`` only)."""
+    """The ``rlkit`` command. ``hooks``: ``rlkit.trainer.RunHooks`` for ``run`` (passed only by
+    ``rlkit.testing.faults``)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # overrides after a flag (`rlkit run R --smoke a.b=1`) land here; anything else is an error

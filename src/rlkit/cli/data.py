@@ -58,7 +58,8 @@ def _output_folder(path: str) -> str:
     try:
         Path(path).expanduser().mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"--output {path}: cannot create the folder ({exc.strerror}). Give a folder you can write.") from exc
+        raise DataError(f"--output {path}: cannot create the folder ({exc.strerror}). "
+                        "Give a folder you can write.") from exc
     return path
 
 

@@ -79,7 +79,8 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
           hooks: RunHooks | None = None) -> dict[str, float]:
     """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies.
 
-    The output folder is locked first (``rlkit.runtime.lock_run_outputs``): a second run into it refuses at once.
+    The output folder is locked first (``rlkit.runtime.lock_run_outputs``): a second run into it refuses at
+    once.
     ``hooks``: ``rlkit.trainer.RunHooks`` (the reliability tests' fault injection), None for a plain run."""
     from rlkit.runtime import lock_run_outputs
 
@@ -114,7 +115,7 @@ def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHa
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
             raise RewardFailureError(f"{exc}\nTraining stopped; {where}.") from exc
         except WorkerError as exc:
-            mismatch = getattr(exc.__context__, "cause", None)  # the worker's own exception (Ray's RayTaskError.cause)
+            mismatch = getattr(exc.__context__, "cause", None)  # the worker's exception (RayTaskError.cause)
             if isinstance(mismatch, CheckpointMismatchError):  # a restart cannot fix it; no remote traceback
                 raise CheckpointMismatchError(f"role '{exc.role}', rank {exc.rank}: {mismatch}") from None
             latest = checkpoints.latest()

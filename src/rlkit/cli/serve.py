@@ -23,13 +23,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("model", help="HF model folder holding *.safetensors")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1; another than loopback needs --allow-remote)")
+                        help="address to bind (default 127.0.0.1; a non-loopback one needs --allow-remote)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a non-loopback --host: the API has no authentication")
     parser.add_argument("--max-n", type=int, default=MAX_N,
                         help=f"largest sampling_params.n a request may ask (default {MAX_N}); more: HTTP 400")
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
-                        help=f"largest sampling_params.max_new_tokens (default {MAX_NEW_TOKENS}); more: HTTP 400")
+                        help=f"largest sampling_params.max_new_tokens (default {MAX_NEW_TOKENS}); "
+                             "more: HTTP 400")
     parser.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 = any free port)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
@@ -43,7 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     from rlkit.serve import serve
 
     serve(args.model, args.host, args.port, dtype=args.dtype, seed=args.seed, eos_token=args.eos_token,
-          verbose=args.verbose, max_n=args.max_n, max_new_tokens=args.max_new_tokens, allow_remote=args.allow_remote)
+          verbose=args.verbose, max_n=args.max_n, max_new_tokens=args.max_new_tokens,
+          allow_remote=args.allow_remote)
     return 0
 
 

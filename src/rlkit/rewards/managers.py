@@ -71,7 +71,7 @@ class RewardResult:
     token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
     extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
     metrics: dict[str, float] = field(default_factory=dict)  # reward/errors, reward/timeouts, reward/score/mean ...
-    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) per failed sample
+    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) each
 
 
 @dataclass
@@ -159,7 +159,8 @@ class RewardManager:
         extra = self._collect_extra(outcomes)
         self._log_problems(items, outcomes)
         self._examine(items, outcomes, scores)
-        failures = [(i, item[0], o.error) for i, (item, o) in enumerate(zip(items, outcomes)) if o.error is not None]
+        failures = [(i, item[0], o.error) for i, (item, o) in enumerate(zip(items, outcomes))
+                    if o.error is not None]
         return RewardResult(token_level_scores, extra, metrics, failures)
 
     # ----- the timeout: every manager's score_all runs in a child process ---------------------

@@ -56,10 +56,11 @@ class OverlongShaping:
 def check_failures(result: RewardResult, batch_size: int, max_error_fraction: float) -> None:
     """Raise ``RewardFailureError`` when more than ``max_error_fraction`` of the batch's scores failed.
 
-    Failures are ``result.failures`` (row, data_source, message); a manager that lists none (a plugin not built
-    on ``RewardManager``) is counted from its ``reward/errors`` and ``reward/timeouts`` metrics."""
+    Failures are ``result.failures`` (row, data_source, message); a manager that lists none (a plugin not
+    built on ``RewardManager``) is counted from its ``reward/errors`` and ``reward/timeouts`` metrics."""
     failures = result.failures
-    count = len(failures) or int(result.metrics.get("reward/errors", 0) + result.metrics.get("reward/timeouts", 0))
+    metrics = result.metrics
+    count = len(failures) or int(metrics.get("reward/errors", 0) + metrics.get("reward/timeouts", 0))
     if batch_size <= 0 or count / batch_size <= max_error_fraction:
         return
     per_source: dict[str, int] = {}
@@ -71,15 +72,15 @@ def check_failures(result: RewardResult, batch_size: int, max_error_fraction: fl
     raise RewardFailureError(
         f"reward: {count} of {batch_size} scores of a batch failed ({count / batch_size:.0%}, more than "
         f"reward.max_error_fraction={max_error_fraction:g}), data_source {sources}; {first}. Training on "
-        "reward.default_score for those samples would teach nothing: fix the score function (the compute_score "
-        "registered for that data_source, or reward.custom_score), or raise reward.max_error_fraction "
-        "(1.0 never stops)."
+        "reward.default_score for those samples would teach nothing: fix the score function (the "
+        "compute_score registered for that data_source, or reward.custom_score), or raise "
+        "reward.max_error_fraction (1.0 never stops)."
     )
 
 
 class RewardStep:
-    """Manager + reward-model combination + overlong shaping (see the module docstring); stops the run when more
-    than ``max_error_fraction`` of a batch's scores failed (``check_failures``)."""
+    """Manager + reward-model combination + overlong shaping (see the module docstring); stops the run when
+    more than ``max_error_fraction`` of a batch's scores failed (``check_failures``)."""
 
     def __init__(self, manager: Any, *, reward_model: Literal["fallback", "sum"] | None = None,
                  has_rule: Callable[[str], bool] | None = None, overlong: OverlongShaping | None = None,

@@ -39,7 +39,15 @@ from rlkit.trainer import RunHooks
 
 __all__ = ["KILL_PHASES", "POISONS", "FaultHooks", "FaultSpecError", "parse", "main"]
 
-KILL_PHASES = ("gen", "reward", "update_actor", "sync_weights", "logged", "checkpoint_write", "checkpoint_publish")
+KILL_PHASES = (
+    "gen",
+    "reward",
+    "update_actor",
+    "sync_weights",
+    "logged",
+    "checkpoint_write",
+    "checkpoint_publish",
+)
 POISONS = ("nan_adv", "inf_adv")
 USAGE = "usage: python -m rlkit.testing.faults <phase>:<step>[,...] -- <rlkit command and arguments>"
 

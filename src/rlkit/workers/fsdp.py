@@ -175,8 +175,9 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *,
 
 
 def check_shapes(directory: Path, model_sd: dict) -> None:
-    """Every model tensor has the shape the checkpoint in ``directory/dcp`` holds; else ``CheckpointMismatchError``
-    naming the tensor and both shapes (DCP itself fails deep inside with ``Size mismatch``)."""
+    """Every model tensor has the shape the checkpoint in ``directory/dcp`` holds; else
+    ``CheckpointMismatchError`` naming the tensor and both shapes (DCP itself fails deep inside with
+    ``Size mismatch``)."""
     import torch.distributed.checkpoint as dcp
 
     from rlkit.checkpoint import CheckpointMismatchError
@@ -191,8 +192,9 @@ def check_shapes(directory: Path, model_sd: dict) -> None:
         if size is None or not hasattr(value, "shape") or tuple(size) == tuple(value.shape):
             continue
         raise CheckpointMismatchError(
-            f"cannot resume from {directory.parent}: it was written by another model. Tensor '{name}' has shape "
-            f"{list(size)} in the checkpoint and {list(value.shape)} in the model being trained (model.path). "
+            f"cannot resume from {directory.parent}: it was written by another model. Tensor '{name}' has "
+            f"shape {list(size)} in the checkpoint and {list(value.shape)} in the model being trained "
+            "(model.path). "
             "Start fresh with trainer.resume=never (or another trainer.output_dir), or set model.path to the "
             "model that wrote the checkpoint."
         )
