@@ -277,7 +277,7 @@ class NaiveRewardManager(RewardManager):
         for item in items:
             try:
                 raw = self.score_fn(*item)
-            except Exception as exc:  # noqa: BLE001 - a score never stops the run
+            except Exception as exc:  # noqa: BLE001 - counted; RewardStep stops past max_error_fraction
                 outcomes.append(ScoreOutcome(self.default_score, error=f"raised {type(exc).__name__}: {exc}"))
                 continue
             outcomes.append(normalize_score(raw, self.default_score))
