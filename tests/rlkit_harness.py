@@ -50,14 +50,19 @@ def write_recipe(path: Path, model: Path, data: Path, out: Path, *, steps: int =
 
 
 def rlkit_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RLKIT_FAULT"}
-    return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 
-def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None, cwd: Path | None = None) -> subprocess.Popen:
-    """`python -m rlkit ARGS` in the background (in ``cwd``); stdout and stderr are read by ``finish``."""
-    return subprocess.Popen([sys.executable, "-m", "rlkit", *args], env=env or rlkit_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn, cwd=cwd)
+def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None, cwd: Path | None = None,
+          fault: str | None = None) -> subprocess.Popen:
+    """`python -m rlkit ARGS` in the background (in ``cwd``); stdout and stderr are read by ``finish``.
+
+    ``fault``: a fault plan (``gen:3,nan_adv:2``; src/rlkit/testing/faults.py), run through the test-only
+    entry ``python -m rlkit.testing.faults PLAN -- ARGS``."""
+    entry = ["rlkit.testing.faults", fault, "--"] if fault else ["rlkit"]
+    return subprocess.Popen([sys.executable, "-m", *entry, *args], env=env or rlkit_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+                            cwd=cwd)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -71,8 +76,8 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.Completed
 
 
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300, preexec_fn=None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return finish(start(*args, env=env, preexec_fn=preexec_fn, cwd=cwd), timeout)
+        cwd: Path | None = None, fault: str | None = None) -> subprocess.CompletedProcess:
+    return finish(start(*args, env=env, preexec_fn=preexec_fn, cwd=cwd, fault=fault), timeout)
 
 
 # ----- what a run leaves behind ------------------------------------------------------------------

@@ -316,7 +316,9 @@ def test_run_survives_scores_that_return_nan_none_strings_raise_or_hang(recipe, 
     out = tmp_path / "out"
     score = tmp_path / "bad_score.py"
     score.write_text(MISBEHAVING_SCORE.format())
-    path = recipe(out, steps=2, extra=f"reward: {{custom_score: {{path: {score}}}, manager: {{name: parallel, num_workers: 1}}, timeout_s: 2.0}}\n")
+    path = recipe(out, steps=2, extra=f"reward: {{custom_score: {{path: {score}}}, manager: {{name: parallel, "
+                                      "num_workers: 1}, timeout_s: 2.0, "
+                                      "max_error_fraction: 1.0}\n")  # 5 of 6 fail: opt out of the stop
     result = run("run", str(path))
     assert result.returncode == 0, result.stderr[-3000:]
     records = last_record_per_step(out)

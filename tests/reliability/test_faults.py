@@ -16,7 +16,6 @@ from rlkit_harness import (
     finish,
     last_record_per_step,
     ray_session,
-    rlkit_env,
     run,
     same_weights,
     start,
@@ -58,7 +57,7 @@ def test_nan_and_inf_updates_are_skipped_counted_then_stop_the_run(recipe, tmp_p
     out = tmp_path / "out"
     path = recipe(out, steps=5)
     result = run("run", str(path), "actor.max_nonfinite_in_row=2",
-                 env=rlkit_env(RLKIT_FAULT="nan_adv:2,inf_adv:4,nan_adv:5"))
+                 fault="nan_adv:2,inf_adv:4,nan_adv:5")
     assert result.returncode == 1, result.stderr[-3000:]
     error = result.stderr[result.stderr.index("error: "):]
     assert "2 non-finite losses or gradient norms in a row (actor.max_nonfinite_in_row = 2)" in error
@@ -137,3 +136,25 @@ def test_locked_mlflow_store_mid_run_training_goes_on(recipe, tmp_path):
     # step 2's log is the first to fail (its jsonl record is written first); step 3's record carries the count
     assert "tracking/errors" not in records[2] and records[3]["tracking/errors"] >= 1
     assert check_checkpoints(out) == [1, 2, 3]
+
+
+def test_fault_plans_are_armed_only_by_the_test_entry(capsys):
+    """The kill and poison hooks live in rlkit.testing.faults; production modules read no fault variable and
+    import no test machinery; a typo in a plan is refused (exit 2) instead of silently testing nothing."""
+    from rlkit.testing.faults import FaultHooks, main
+
+    src = Path(__import__("rlkit").__file__).parent
+    for path in src.rglob("*.py"):
+        if "testing" in path.relative_to(src).parts:
+            continue
+        text = path.read_text()
+        assert "RLKIT_FAULT" not in text and "from rlkit.testing" not in text, path
+    assert main(["gen:1,update_actr:2", "--", "run", "recipe.yaml"]) == 2
+    assert "bad entry 'update_actr:2'; use <phase>:<step> with a phase of gen, reward" in capsys.readouterr().err
+    assert main(["gen:1", "run", "recipe.yaml"]) == 2 and "usage:" in capsys.readouterr().err
+    import torch
+
+    hooks = FaultHooks("nan_adv:2,inf_adv:5")
+    assert torch.isnan(hooks.advantages(torch.zeros(2), 2)).all()
+    assert torch.isinf(hooks.advantages(torch.zeros(2), 5)).all()
+    assert torch.equal(hooks.advantages(torch.zeros(2), 3), torch.zeros(2))

@@ -4,7 +4,8 @@ What must hold after every kill: no checkpoint folder without COMPLETE, every ch
 of the killed run's Ray session survives; and the resumed run reports, for every step, exactly what an
 uninterrupted run with the same seed reported, and ends with bit-identical weights.
 
-Kill points come from ``RLKIT_FAULT=<phase>:<step>`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
+Kill points come from a fault plan ``<phase>:<step>`` given to the test-only entry
+``python -m rlkit.testing.faults PLAN -- run ...`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
 there) and, in the slow test, also from a timer in this process at a random moment of the run.
 """
 
@@ -23,7 +24,6 @@ from rlkit_harness import (
     finish,
     last_record_per_step,
     ray_session,
-    rlkit_env,
     run,
     same_weights,
     sessions_started_by,
@@ -65,7 +65,7 @@ def assert_matches_reference(out: Path, reference: Path) -> None:
 
 def kill_then_check(recipe: Path, out: Path, *, fault: str | None = None, delay_s: float | None = None) -> dict:
     """One interrupted attempt: returns what happened (exit code, checkpoints, seconds to reap Ray)."""
-    proc = start("run", str(recipe), env=rlkit_env(RLKIT_FAULT=fault or ""))
+    proc = start("run", str(recipe), fault=fault)
     if delay_s is not None:
         deadline = time.time() + delay_s
         while time.time() < deadline and proc.poll() is None:

@@ -49,6 +49,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.set_defaults(func=_run_arithmetic)
 
 
+def _output_folder(path: str) -> str:
+    """Create ``--output`` first, so a path that cannot be a folder is named before any work."""
+    from pathlib import Path
+
+    from rlkit.errors import DataError
+
+    try:
+        Path(path).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"--output {path}: cannot create the folder ({exc.strerror}). "
+                        "Give a folder you can write.") from exc
+    return path
+
+
 def _report(written: dict) -> int:
     import pyarrow.parquet as pq
 
@@ -60,20 +74,20 @@ def _report(written: dict) -> int:
 def _run_gsm8k(args: argparse.Namespace) -> int:
     from rlkit.data import preprocess_gsm8k
 
-    return _report(preprocess_gsm8k(args.input, args.output, instruction=args.instruction))
+    return _report(preprocess_gsm8k(args.input, _output_folder(args.output), instruction=args.instruction))
 
 
 def _run_math500(args: argparse.Namespace) -> int:
     from rlkit.data import preprocess_math500
 
-    return _report(preprocess_math500(args.input, args.output, instruction=args.instruction))
+    return _report(preprocess_math500(args.input, _output_folder(args.output), instruction=args.instruction))
 
 
 def _run_arithmetic(args: argparse.Namespace) -> int:
     from rlkit.data import generate_arithmetic
 
     written = generate_arithmetic(
-        args.output,
+        _output_folder(args.output),
         train_size=args.train_size,
         test_size=args.test_size,
         seed=args.seed,

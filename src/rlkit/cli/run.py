@@ -11,8 +11,9 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from rlkit.model.state_file import load_state_file
+from rlkit.model.state_file import CheckpointMismatchError, load_state_file
 from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
@@ -20,6 +21,9 @@ from rlkit.recipe.hub import resolve_recipe_models
 from rlkit.recipe import Recipe
 from rlkit.plugin.registry import Registries, build_registries
 from rlkit.runtime.stop import StopHandler
+
+if TYPE_CHECKING:
+    from rlkit.step.hooks import RunHooks
 
 log = logging.getLogger("rlkit")
 
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_from_args(args, registries)
     stopper = StopHandler().install()
     try:
-        final = train(recipe, registries, stopper)
+        final = train(recipe, registries, stopper, hooks=getattr(args, "hooks", None))
     except KeyboardInterrupt as exc:  # RunInterrupted, or a KeyboardInterrupt Ray raised in its place
         code = getattr(exc, "exit_code", None) or stopper.exit_code
         if stopper.installed:  # the clean stop is done: skip the interpreter's slow teardown of Ray and torch
@@ -72,10 +76,28 @@ def resume_hint(checkpoints: CheckpointManager) -> str:
     return f"running the same command resumes from {latest} (trainer.resume=auto)."
 
 
-def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = None) -> dict[str, float]:
-    """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies."""
+def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = None,
+          hooks: RunHooks | None = None) -> dict[str, float]:
+    """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies.
+
+    The output folder is locked first (``rlkit.runtime.build.lock_run_outputs``): a second run into it refuses at
+    once.
+    ``hooks``: ``rlkit.step.hooks.RunHooks`` (the reliability tests' fault injection), None for a plain run."""
+    from rlkit.runtime.build import lock_run_outputs
+
+    locks = lock_run_outputs(recipe)
+    try:
+        return _train_with_restarts(recipe, registries, stopper, hooks)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHandler | None,
+                         hooks: RunHooks | None) -> dict[str, float]:
     import torch
 
+    from rlkit.rewards.managers import RewardFailureError
     from rlkit.runtime.build import output_dir_of
 
     torch.manual_seed(recipe.trainer.seed)
@@ -86,11 +108,18 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
     attempt = 0
     while True:
         try:
-            return _train_once(recipe, registries, checkpoints, stopper)
+            return _train_once(recipe, registries, checkpoints, stopper, hooks)
         except KeyboardInterrupt:
             stopper.announce()
             raise
+        except RewardFailureError as exc:
+            latest = checkpoints.latest()
+            where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
+            raise RewardFailureError(f"{exc}\nTraining stopped; {where}.") from exc
         except WorkerError as exc:
+            mismatch = getattr(exc.__context__, "cause", None)  # the worker's exception (RayTaskError.cause)
+            if isinstance(mismatch, CheckpointMismatchError):  # a restart cannot fix it; no remote traceback
+                raise CheckpointMismatchError(f"role '{exc.role}', rank {exc.rank}: {mismatch}") from None
             latest = checkpoints.latest()
             where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
             if attempt >= recipe.trainer.max_restarts:
@@ -102,7 +131,7 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
 
 
 def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager,
-                stopper: StopHandler) -> dict[str, float]:
+                stopper: StopHandler, hooks: RunHooks | None = None) -> dict[str, float]:
 
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
@@ -115,7 +144,7 @@ def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointM
     stopper.track(runtime.owned_processes)
     status = "FAILED"
     try:
-        trainer = Trainer(recipe, runtime)
+        trainer = Trainer(recipe, runtime, hooks=hooks)
         stopper.set_where(trainer.watch.where)
         final = trainer.fit()
         status = "FINISHED"

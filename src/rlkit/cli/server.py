@@ -17,35 +17,94 @@ Backed by the HF rollout backend (``rlkit.rollout.hf.HFRollout``), so the ``sgla
 =================================  =========================================================
 
 Requests are served one at a time (a lock around the model); inputs of one request that share
-sampling parameters are generated as one batch. Not a production server.
+sampling parameters are generated as one batch. Not a production server, and bounded as one would not be:
+``n`` and ``max_new_tokens`` over the server's limits (``--max-n``, ``--max-new-tokens``) get HTTP 400 naming
+the limit; weights load only from local folders holding ``*.safetensors`` (no pickle files, no hub ids), at
+start and in ``/update_weights_from_disk``; ``rlkit serve`` binds a non-loopback address only with
+``--allow-remote`` (the API has no authentication: anyone who reaches the port can load weights).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ProtocolModel", "make_server", "serve"]
+from rlkit.errors import RlkitError
+
+__all__ = ["MAX_N", "MAX_NEW_TOKENS", "ProtocolModel", "ServeError", "check_host", "make_server", "serve",
+           "weights_folder"]
+
+MAX_N = 64  # default bound of sampling_params.n
+MAX_NEW_TOKENS = 4096  # default bound of sampling_params.max_new_tokens
 
 
 class RequestError(ValueError):
     """A request the server refuses (HTTP 400)."""
 
 
+class ServeError(RlkitError):
+    """The server cannot start as asked (a remote bind without --allow-remote, weights not in a folder)."""
+
+
+def weights_folder(path: str, error: type[Exception] = ServeError) -> str:
+    """``path`` (or the bundled model it names) as a local folder holding ``*.safetensors``; else raises
+    ``error``."""
+    from rlkit.model.load import resolve_model_path
+
+    try:
+        folder = Path(resolve_model_path(path))
+    except RlkitError as exc:
+        raise error(str(exc)) from exc
+    if not folder.is_dir():
+        raise error(f"model {path!r}: not a local folder. rlkit serve loads weights only from a model folder "
+                    "holding *.safetensors (download it first, e.g. `huggingface-cli download NAME "
+                    "--local-dir DIR`).")
+    if not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+        found = (f" (it holds {', '.join(pickles)}: pickle files, which can run code when loaded)"
+                 if pickles else "")
+        raise error(f"model folder {folder} has no *.safetensors weights{found}. Save the model with "
+                    "save_pretrained(..., safe_serialization=True).")
+    return str(folder)
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback bind address unless ``allow_remote``: the server has no authentication."""
+    if allow_remote:
+        return
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError as exc:
+        raise ServeError(f"--host {host}: cannot resolve it ({exc.strerror}).") from exc
+    if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        shown = ", ".join(sorted(addresses))
+        raise ServeError(f"--host {host} is not a loopback address ({shown}): the server has no "
+                         "authentication, and anyone who reaches it can generate and load weights. Bind "
+                         "127.0.0.1 (the default), or add --allow-remote to serve other hosts on purpose.")
+
+
 class ProtocolModel:
     """The model behind the server: an HF causal LM, its tokenizer and an ``HFRollout``."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, eos_token: str | None = None):
+    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0,
+                 eos_token: str | None = None, max_n: int = MAX_N, max_new_tokens: int = MAX_NEW_TOKENS):
         import torch
 
         from rlkit.model.load import load_model, load_tokenizer
         from rlkit.recipe.schema import ModelConfig, RolloutConfig
         from rlkit.rollout.hf import HFRollout
 
+        if max_n < 1 or max_new_tokens < 1:
+            raise ServeError(f"--max-n ({max_n}) and --max-new-tokens ({max_new_tokens}) must be >= 1.")
+        self.max_n, self.max_new_tokens = max_n, max_new_tokens
+        model_path = weights_folder(model_path)
         self.model_config = ModelConfig(path=model_path, dtype=dtype, eos_token=eos_token)
         self.model_path = model_path
         self.tokenizer = load_tokenizer(self.model_config)
@@ -112,6 +171,11 @@ class ProtocolModel:
         stop = [stop] if isinstance(stop, str) else list(stop)
         if n < 1 or max_new < 1:
             raise RequestError("n and max_new_tokens must be >= 1")
+        if n > self.max_n:
+            raise RequestError(f"n={n} is over this server's limit of {self.max_n} (rlkit serve --max-n)")
+        if max_new > self.max_new_tokens:
+            raise RequestError(f"max_new_tokens={max_new} is over this server's limit of "
+                               f"{self.max_new_tokens} (rlkit serve --max-new-tokens)")
         width = max(len(s) for s in inputs)
         pad = self.rollout.pad_token_id
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in inputs])  # [B, P] left-padded
@@ -153,6 +217,7 @@ class ProtocolModel:
         path = body.get("model_path")
         if not path:
             raise RequestError("model_path is required")
+        path = weights_folder(str(path), RequestError)
         cfg = self.model_config.model_copy(update={"path": path, "tokenizer_path": None})
         new = load_model(cfg, tokenizer=self.tokenizer)
         with self.lock:
@@ -240,10 +305,13 @@ def make_server(model: ProtocolModel, host: str = "127.0.0.1", port: int = 30000
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 30000, *, dtype: str = "float32", seed: int = 0,
-          eos_token: str | None = None, verbose: bool = False) -> None:
+          eos_token: str | None = None, verbose: bool = False, max_n: int = MAX_N,
+          max_new_tokens: int = MAX_NEW_TOKENS, allow_remote: bool = False) -> None:
     """Load the model and serve until interrupted; prints the URL once it accepts requests."""
+    check_host(host, allow_remote)
     start = time.perf_counter()
-    model = ProtocolModel(model_path, dtype=dtype, seed=seed, eos_token=eos_token)
+    model = ProtocolModel(model_path, dtype=dtype, seed=seed, eos_token=eos_token, max_n=max_n,
+                          max_new_tokens=max_new_tokens)
     server = make_server(model, host, port, verbose=verbose)
     bound_host, bound_port = server.server_address[:2]
     print(f"rlkit serve: {model_path} loaded in {time.perf_counter() - start:.1f} s; "

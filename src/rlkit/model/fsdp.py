@@ -163,6 +163,7 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *,
     model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [], options=options)
     model_sd = _trainable_only(module, model_sd) if trainable_only else model_sd
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
+    check_shapes(directory, model_sd)
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
     set_state_dict(module, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}), options=options)
@@ -170,6 +171,32 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *,
     extra = load_state_file(directory / f"extra_rank{rank}.pt")
     set_rng_state(extra.pop("rng"))
     return extra
+
+
+def check_shapes(directory: Path, model_sd: dict) -> None:
+    """Every model tensor has the shape the checkpoint in ``directory/dcp`` holds; else
+    ``CheckpointMismatchError`` naming the tensor and both shapes (DCP itself fails deep inside with
+    ``Size mismatch``)."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlkit.model.state_file import CheckpointMismatchError
+
+    try:
+        saved = dcp.FileSystemReader(str(directory / "dcp")).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - unreadable metadata: dcp.load reports it
+        return
+    for name, value in model_sd.items():
+        meta = saved.get(f"model.{name}")
+        size = getattr(meta, "size", None)
+        if size is None or not hasattr(value, "shape") or tuple(size) == tuple(value.shape):
+            continue
+        raise CheckpointMismatchError(
+            f"cannot resume from {directory.parent}: it was written by another model. Tensor '{name}' has "
+            f"shape {list(size)} in the checkpoint and {list(value.shape)} in the model being trained "
+            "(model.path). "
+            "Start fresh with trainer.resume=never (or another trainer.output_dir), or set model.path to the "
+            "model that wrote the checkpoint."
+        )
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -14,11 +14,15 @@ from typing import Any
 
 from rlkit.errors import RlkitError
 
-__all__ = ["CheckpointError", "from_plain", "load_state_file", "to_plain"]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "from_plain", "load_state_file", "to_plain"]
 
 
 class CheckpointError(RlkitError):
     """A checkpoint could not be written or read."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint was written by another model: a tensor's shape differs from the model being resumed."""
 
 
 _NDARRAY, _NPSCALAR, _BATCH = "__rlkit_ndarray__", "__rlkit_npscalar__", "__rlkit_batch__"

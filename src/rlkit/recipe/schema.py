@@ -222,6 +222,9 @@ class RewardConfig(Section):
     timeout_s: PositiveFloat = Field(10.0, description="every manager: a score call running longer gets default_score "
                                       "(per sample; a batched manager: per batch)")
     default_score: float = Field(0.0, description="score of a sample whose scorer failed")
+    max_error_fraction: float = Field(0.5, ge=0.0, le=1.0,
+                                      description="stop the run when more than this fraction of a batch's "
+                                      "scores fail (raise, time out, NaN/inf, not a number); 1.0 never stops")
     overlong_buffer: OverlongBuffer = Field(default_factory=OverlongBuffer)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
 

@@ -67,6 +67,8 @@ def validate_recipe(
         problems += _check_rules(recipe, explicit, registries)
         if check_files:
             problems += _check_files(recipe)
+            problems += _check_data_sources(recipe, registries)
+            problems += _check_output_dir(recipe)
     if problems:
         raise RecipeError(problems, source)
     return recipe
@@ -409,6 +411,75 @@ def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
     rm = recipe.reward.reward_model
     if rm.enable and rm.path:
         problems += _check_reward_model_folder(rm.path)
+    return problems
+
+
+def _check_data_sources(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """Every data_source of the train and val files has a compute_score (registered, or
+    reward.custom_score); with a reward model in ``fallback`` mode the model scores the others. One problem
+    lists all missing ones."""
+    from rlkit.rewards.dispatch import score_functions
+
+    reward = recipe.reward
+    rm = reward.reward_model
+    if reward.custom_score is not None or (rm.enable and rm.combine == "fallback"):
+        return []
+    known = score_functions(registries)
+    missing: dict[str, list[str]] = {}  # data_source -> files holding it
+    for key in ("train_files", "val_files"):
+        for name in getattr(recipe.data, key):
+            for source in sorted(_data_sources(Path(name).expanduser()) - set(known)):
+                missing.setdefault(source, []).append(name)
+    if not missing:
+        return []
+    listed = "; ".join(f"'{source}' (in {', '.join(files)})" for source, files in sorted(missing.items()))
+    return [("data", f"no compute_score for data_source {listed}. Registered data sources: "
+                     f"{', '.join(sorted(known)) or '(none)'}. Every sample of such a source would score "
+                     "reward.default_score: fix the data_source column, register a compute_score "
+                     "(entry-point group 'rlkit.compute_score'), or set reward.custom_score: "
+                     "{path: my_score.py, name: compute_score}.")]
+
+
+def _data_sources(path: Path) -> set[str]:
+    """The distinct ``data_source`` values of a parquet file; empty when unreadable (the data loader says
+    why)."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        return set()
+    try:
+        column = pq.read_table(path, columns=["data_source"]).column("data_source")
+    except Exception:  # noqa: BLE001 - not parquet, or no such column: RLDataset reports it with file and row
+        return set()
+    return {str(v) for v in column.unique().to_pylist() if v not in (None, "")}  # empty: RLDataset names the row
+
+
+def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:
+    """``trainer.output_dir`` (and ``tracking.jsonl_path``'s folder) can be created and written by this
+    user."""
+    import os
+
+    t = recipe.trainer
+    try:  # as rlkit.runtime.build.output_dir_of (not imported: it pulls in torch)
+        out = Path(t.output_dir.format(project_name=t.project_name, experiment_name=t.experiment_name))
+    except (KeyError, IndexError, ValueError) as exc:
+        return [("trainer.output_dir", f"{t.output_dir!r}: bad placeholder ({exc}); only "
+                                       "{project_name} and {experiment_name} are filled in")]
+    out = out.expanduser()
+    problems = []
+    targets = [("trainer.output_dir", out)]
+    if recipe.tracking.jsonl_path:
+        targets.append(("tracking.jsonl_path", Path(recipe.tracking.jsonl_path).expanduser().parent))
+    for key, folder in targets:
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            problems.append((key, f"cannot create {folder}: {existing} is a file, not a folder. "
+                                  "Choose another path."))
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problems.append((key, f"cannot write {folder}: no write permission on {existing} for this user. "
+                                  "Choose a folder you can write, or fix its permissions."))
     return problems
 
 

@@ -17,7 +17,9 @@ position is 0. A response with no valid token gets its score at position 0 (mask
 
 A score function that raises, returns None / NaN / ±inf / a string / a dict without ``score``, or
 runs past ``timeout_s``, gives ``default_score`` for that sample; the count goes to ``reward/errors``
-or ``reward/timeouts`` and the first message of the batch is logged. The run never stops for a score.
+or ``reward/timeouts``, the first message of the batch is logged, and each failed sample is listed in
+``RewardResult.failures``. When more than ``reward.max_error_fraction`` of a batch failed, the reward step
+(``rlkit.rewards.steps.RewardStep``) stops the run with ``RewardFailureError``.
 
 Timeout (every manager, also a plugin's): the base class never calls ``score_all`` in the driver. It
 runs it in a child process (``rlkit.rewards.pool.ScorePool``, kept between batches) and kills and
@@ -48,6 +50,7 @@ from rlkit.errors import RlkitError
 from rlkit.rewards.pool import ScorePool
 
 __all__ = [
+    "RewardFailureError",
     "RewardResult",
     "ScoreOutcome",
     "RewardManager",
@@ -59,11 +62,16 @@ __all__ = [
 log = logging.getLogger("rlkit.rewards")
 
 
+class RewardFailureError(RlkitError):
+    """More than ``reward.max_error_fraction`` of a batch's scores failed: the run would train on defaults."""
+
+
 @dataclass
 class RewardResult:
     token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
     extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
     metrics: dict[str, float] = field(default_factory=dict)  # reward/errors, reward/timeouts, reward/score/mean ...
+    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) each
 
 
 @dataclass
@@ -151,7 +159,9 @@ class RewardManager:
         extra = self._collect_extra(outcomes)
         self._log_problems(items, outcomes)
         self._examine(items, outcomes, scores)
-        return RewardResult(token_level_scores, extra, metrics)
+        failures = [(i, item[0], o.error) for i, (item, o) in enumerate(zip(items, outcomes))
+                    if o.error is not None]
+        return RewardResult(token_level_scores, extra, metrics, failures)
 
     # ----- the timeout: every manager's score_all runs in a child process ---------------------
     def _score_with_timeout(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
@@ -267,7 +277,7 @@ class NaiveRewardManager(RewardManager):
         for item in items:
             try:
                 raw = self.score_fn(*item)
-            except Exception as exc:  # noqa: BLE001 - a score never stops the run
+            except Exception as exc:  # noqa: BLE001 - counted; RewardStep stops past max_error_fraction
                 outcomes.append(ScoreOutcome(self.default_score, error=f"raised {type(exc).__name__}: {exc}"))
                 continue
             outcomes.append(normalize_score(raw, self.default_score))

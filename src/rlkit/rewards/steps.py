@@ -25,9 +25,9 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
-from rlkit.rewards.managers import RewardManager, RewardResult
+from rlkit.rewards.managers import RewardFailureError, RewardManager, RewardResult
 
-__all__ = ["OverlongShaping", "RewardStep"]
+__all__ = ["OverlongShaping", "RewardStep", "check_failures"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,47 @@ class OverlongShaping:
         return overlong_penalty(lengths, self.max_response_length, self.buffer_len, self.penalty_factor).float()
 
 
+def check_failures(result: RewardResult, batch_size: int, max_error_fraction: float) -> None:
+    """Raise ``RewardFailureError`` when more than ``max_error_fraction`` of the batch's scores failed.
+
+    Failures are ``result.failures`` (row, data_source, message); a manager that lists none (a plugin not
+    built on ``RewardManager``) is counted from its ``reward/errors`` and ``reward/timeouts`` metrics."""
+    failures = result.failures
+    metrics = result.metrics
+    count = len(failures) or int(metrics.get("reward/errors", 0) + metrics.get("reward/timeouts", 0))
+    if batch_size <= 0 or count / batch_size <= max_error_fraction:
+        return
+    per_source: dict[str, int] = {}
+    for _, source, _ in failures:
+        per_source[source] = per_source.get(source, 0) + 1
+    sources = ", ".join(f"'{s}' ({n} failed)" for s, n in sorted(per_source.items())) or "unknown"
+    first = (f"first failure: row {failures[0][0]}, data_source '{failures[0][1]}': {failures[0][2]}"
+             if failures else "the manager reports no per-sample failures")
+    raise RewardFailureError(
+        f"reward: {count} of {batch_size} scores of a batch failed ({count / batch_size:.0%}, more than "
+        f"reward.max_error_fraction={max_error_fraction:g}), data_source {sources}; {first}. Training on "
+        "reward.default_score for those samples would teach nothing: fix the score function (the "
+        "compute_score registered for that data_source, or reward.custom_score), or raise "
+        "reward.max_error_fraction (1.0 never stops)."
+    )
+
+
 class RewardStep:
-    """Manager + reward-model combination + overlong shaping (see the module docstring)."""
+    """Manager + reward-model combination + overlong shaping (see the module docstring); stops the run when
+    more than ``max_error_fraction`` of a batch's scores failed (``check_failures``)."""
 
     def __init__(self, manager: Any, *, reward_model: Literal["fallback", "sum"] | None = None,
-                 has_rule: Callable[[str], bool] | None = None, overlong: OverlongShaping | None = None):
+                 has_rule: Callable[[str], bool] | None = None, overlong: OverlongShaping | None = None,
+                 max_error_fraction: float = 1.0):
         self.manager = manager
         self.reward_model = reward_model
         self.has_rule = has_rule or (lambda _source: True)
         self.overlong = overlong
+        self.max_error_fraction = max_error_fraction
 
     def __call__(self, batch: Batch) -> RewardResult:
         result = self.manager(batch)
+        check_failures(result, len(batch), self.max_error_fraction)
         mask = batch["response_mask"]  # [B, T]
         last = RewardManager.last_valid_index(mask)  # [B]
         rows = torch.arange(len(batch))

@@ -25,11 +25,11 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from rlkit.testing import faults
-from rlkit.model.state_file import CheckpointError
+from rlkit.model.state_file import CheckpointError, CheckpointMismatchError
 
-__all__ = ["CheckpointError", "CheckpointManager", "COMPLETE"]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "CheckpointManager", "COMPLETE"]
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -59,9 +59,10 @@ def _complete_step(folder: Path) -> int | None:
 class CheckpointManager:
     """Saves and finds checkpoints under ``root``; keeps the newest ``keep``."""
 
-    def __init__(self, root: str | Path, keep: int = 2):
+    def __init__(self, root: str | Path, keep: int = 2, hooks: Any = None):
         self.root = Path(root)
         self.keep = keep
+        self.hooks = hooks  # ``rlkit.step.hooks.RunHooks`` (``on_checkpoint``), or None
 
     def steps(self) -> list[tuple[int, Path]]:
         """Complete checkpoints, oldest first."""
@@ -107,14 +108,14 @@ class CheckpointManager:
         try:
             tmp.mkdir()
             write(tmp)
-            faults.maybe_fail("checkpoint_write", step)  # RLKIT_FAULT (tests); no-op when unset
+            self._hook("checkpoint_write", step)
             marker = tmp / COMPLETE
             with marker.open("w") as f:
                 f.write(f"{step}\n")
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
-            faults.maybe_fail("checkpoint_publish", step)
+            self._hook("checkpoint_publish", step)
             if final.exists():  # saving the same step again (e.g. after a resume): replace it
                 old = self.root / f".tmp-old-{step}-{os.getpid()}"
                 final.rename(old)
@@ -133,6 +134,10 @@ class CheckpointManager:
             raise
         self._prune()
         return final
+
+    def _hook(self, phase: str, step: int) -> None:
+        if self.hooks is not None:
+            self.hooks.on_checkpoint(phase, step)
 
     def _write_failed(self, step: int, previous: Path | None, exc: Exception) -> str:
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"

@@ -39,11 +39,11 @@ from rlkit.step.compute import old_log_prob, ref_log_prob, sync_weights, update_
 from rlkit.step.context import StepContext
 from rlkit.step.correction import bypass_on, correct
 from rlkit.step.generate import generate
+from rlkit.step.hooks import RunHooks
 from rlkit.step.metrics import Timer, data_metrics, throughput_metrics, timing_metrics
 from rlkit.step.reward import score
 from rlkit.step.sampling import dynamic_sampling
 from rlkit.step.validation import validate
-from rlkit.testing import faults
 
 __all__ = ["Trainer"]
 
@@ -53,12 +53,16 @@ log = logging.getLogger("rlkit.step.trainer")
 class Trainer:
     """Owns the data flow; the worker groups in ``runtime`` do the compute."""
 
-    def __init__(self, recipe: Recipe, runtime: Runtime):
+    def __init__(self, recipe: Recipe, runtime: Runtime, hooks: RunHooks | None = None):
+        """``hooks``: what a caller does at the phases and checkpoint points (``rlkit.step.hooks``; the reliability
+        tests' fault injection); None: nothing."""
         self.recipe = recipe
         self.rt = runtime
+        self.hooks = hooks or RunHooks()
         self.global_step = 0
         self.output_dir = runtime.output_dir
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep,
+                                             hooks=self.hooks)
         filter_groups = recipe.algorithm.filter_groups
         self.sampling = (DynamicSamplingAccumulator(recipe.data.train_batch_size, filter_groups.max_num_gen_batches,
                                                     filter_groups.metric) if filter_groups.enable else None)
@@ -73,7 +77,6 @@ class Trainer:
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
             not one_pass or correction is not None or self.needs_sum_pi_squared)
-        faults.arm()  # RLKIT_FAULT, read once (reliability tests); no-op when unset
         self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
         t = recipe.trainer
         self.pipe = (RolloutPipeline(runtime.rollout, runtime.actor, depth=pipeline_depth(t.mode, t.max_staleness),
@@ -124,7 +127,8 @@ class Trainer:
                 batch = run("ref", ref_log_prob, batch)
             if self.rt.critic is not None:
                 batch = run("values", values, batch)
-            batch = faults.poison(run("adv", advantage, batch), self.global_step)  # no-op unless RLKIT_FAULT
+            batch = run("adv", advantage, batch)
+            batch["advantages"] = self.hooks.advantages(batch["advantages"], self.global_step)
             if self.rt.critic is not None:
                 batch = run("update_critic", update_critic, batch)
             batch = run("update_actor", update_actor, batch)
@@ -167,7 +171,7 @@ class Trainer:
                 with timer("validate"):
                     metrics |= validate(self._context())
             self.rt.tracking.log(metrics, self.global_step)
-            faults.maybe_fail("logged", self.global_step)
+            self.hooks.on_phase("logged", self.global_step)
             last = metrics
             if is_last or (cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0):
                 with timer("save"):
@@ -180,8 +184,8 @@ class Trainer:
         return StepContext(recipe=self.recipe, rt=self.rt, global_step=self.global_step)
 
     def _on_phase(self, phase: str) -> None:
-        """As each phase of the step starts: the fault-injection point (no-op unless RLKIT_FAULT), the watchdog."""
-        faults.maybe_fail(phase, self.global_step)
+        """As each phase of the step starts: the hooks (``RunHooks.on_phase``), the watchdog."""
+        self.hooks.on_phase(phase, self.global_step)
         self.watch.enter(phase)
 
     def _merge_final(self) -> Path:

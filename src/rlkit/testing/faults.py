@@ -1,8 +1,13 @@
-"""Fault injection for the reliability tests: ``RLKIT_FAULT=<phase>:<step>[,<phase>:<step>...]``.
+"""Fault injection for the reliability tests, armed only by this test entry (never by the environment).
 
-The trainer calls ``arm()`` once when it starts; afterwards ``maybe_fail(phase, step)`` and
-``poisoned(kind, step)`` are a dictionary-membership test (nothing at all when the variable is unset).
-``step`` is the global step being run (or saved); ``*`` matches every step.
+    python -m rlkit.testing.faults gen:3,nan_adv:2 -- run recipe.yaml [overrides]
+
+parses the plan, builds ``FaultHooks`` and calls ``rlkit.cli.main(argv, hooks=...)``: the trainer and the
+checkpoint writer get the hooks object as an argument (``rlkit.step.hooks.RunHooks``). Production code reads
+no fault variable; a plain ``rlkit run`` cannot be made to kill itself or poison its advantages.
+
+A plan is ``<phase>:<step>[,<phase>:<step>...]``; ``step`` is the global step being run (or saved), ``*``
+matches every step.
 
 Kill points (the driver SIGKILLs itself, as a preemption or OOM kill would)::
 
@@ -19,64 +24,93 @@ Poison (the run goes on with a bad value, as a numerical blow-up would)::
     nan_adv / inf_adv  the step's advantages become NaN / +inf before the actor update, so the actor's
                        loss and gradient are non-finite (skipped and counted in actor/nonfinite_skips)
 
-Not for production use; an unknown phase is refused so a typo cannot silently test nothing.
+An unknown phase is refused so a typo cannot silently test nothing.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+from typing import Any
 
-__all__ = ["ENV", "KILL_PHASES", "POISONS", "arm", "maybe_fail", "poison", "poisoned", "parse"]
+from rlkit.errors import RlkitError
+from rlkit.step.hooks import RunHooks
 
-ENV = "RLKIT_FAULT"
-KILL_PHASES = ("gen", "reward", "update_actor", "sync_weights", "logged", "checkpoint_write", "checkpoint_publish")
+__all__ = ["KILL_PHASES", "POISONS", "FaultHooks", "FaultSpecError", "parse", "main"]
+
+KILL_PHASES = (
+    "gen",
+    "reward",
+    "update_actor",
+    "sync_weights",
+    "logged",
+    "checkpoint_write",
+    "checkpoint_publish",
+)
 POISONS = ("nan_adv", "inf_adv")
+USAGE = "usage: python -m rlkit.testing.faults <phase>:<step>[,...] -- <rlkit command and arguments>"
 
-_plan: dict[str, set[str]] = {}  # phase -> steps ("*" = every step); empty = no faults
+
+class FaultSpecError(RlkitError):
+    """A fault plan names an unknown phase or a bad step."""
 
 
 def parse(spec: str) -> dict[str, set[str]]:
-    """``"gen:3,nan_adv:*"`` → ``{"gen": {"3"}, "nan_adv": {"*"}}``; raises ValueError on a bad entry."""
+    """``"gen:3,nan_adv:*"`` → ``{"gen": {"3"}, "nan_adv": {"*"}}``; raises FaultSpecError on a bad entry."""
     plan: dict[str, set[str]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         phase, _, step = item.partition(":")
         if phase not in KILL_PHASES + POISONS or not (step == "*" or step.isdigit()):
-            raise ValueError(
-                f"{ENV}={spec!r}: bad entry {item!r}; use <phase>:<step> with a phase of "
+            raise FaultSpecError(
+                f"fault plan {spec!r}: bad entry {item!r}; use <phase>:<step> with a phase of "
                 f"{', '.join(KILL_PHASES + POISONS)} and a step number or '*'."
             )
         plan.setdefault(phase, set()).add(step if step == "*" else str(int(step)))
     return plan
 
 
-def arm(spec: str | None = None) -> None:
-    """Read ``RLKIT_FAULT`` (or ``spec``) once; an empty value disarms every fault."""
-    global _plan
-    _plan = parse(spec if spec is not None else os.environ.get(ENV, ""))
+class FaultHooks(RunHooks):
+    """``RunHooks`` that SIGKILL the driver at armed kill points and poison armed advantages."""
+
+    def __init__(self, spec: str):
+        self.plan = parse(spec)
+
+    def _matches(self, phase: str, step: int) -> bool:
+        steps = self.plan.get(phase)
+        return bool(steps) and ("*" in steps or str(step) in steps)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if self._matches(phase, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_checkpoint(self, phase: str, step: int) -> None:
+        self.on_phase(phase, step)
+
+    def advantages(self, advantages: Any, step: int) -> Any:
+        import torch
+
+        for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
+            if self._matches(kind, step):
+                advantages = torch.full_like(advantages, value)
+        return advantages
 
 
-def _matches(phase: str, step: int) -> bool:
-    steps = _plan.get(phase)
-    return bool(steps) and ("*" in steps or str(step) in steps)
+def main(argv: list[str] | None = None) -> int:
+    """``PLAN -- COMMAND...``: run the rlkit command with ``FaultHooks(PLAN)``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[1] != "--":
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        hooks = FaultHooks(argv[0])
+    except FaultSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from rlkit.cli import main as rlkit_main
+
+    return rlkit_main(argv[2:], hooks=hooks)
 
 
-def maybe_fail(phase: str, step: int) -> None:
-    """SIGKILL this process when ``phase:step`` is armed."""
-    if _plan and _matches(phase, step):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def poisoned(kind: str, step: int) -> bool:
-    """Whether the value ``kind`` (``nan_adv``, ``inf_adv``) is to be poisoned at ``step``."""
-    return bool(_plan) and _matches(kind, step)
-
-
-def poison(batch, step: int):
-    """The batch with its ``advantages`` made NaN / +inf when ``nan_adv`` / ``inf_adv`` is armed at ``step``."""
-    import torch
-
-    for kind, value in (("nan_adv", float("nan")), ("inf_adv", float("inf"))):
-        if poisoned(kind, step):
-            batch["advantages"] = torch.full_like(batch["advantages"], value)
-    return batch
+if __name__ == "__main__":
+    sys.exit(main())
