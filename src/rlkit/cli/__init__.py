@@ -1,4 +1,4 @@
-"""The ``rlkit`` command: run | validate | recipe show | plugins | data | merge | plot | serve.
+"""The ``rlkit`` command: run | validate | recipe show | plugins | data | merge | plot | eval | serve.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; the parser's
 ``func(args) -> int`` does the work and returns the exit code. Errors rlkit raises on purpose
@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "rlkit.cli.plugins",
     "rlkit.cli.data",
     "rlkit.cli.merge",
+    "rlkit.cli.eval",
     "rlkit.cli.serve",
 )
 
