@@ -70,8 +70,8 @@ def _recipe(model_path: str, data: list[str], recipe_file: str | None, overrides
     raw["data"].setdefault("max_response_length", DEFAULT_MAX_NEW_TOKENS)
     raw["data"]["train_files"] = list(data)
     raw["data"]["val_files"] = list(data)
-    raw.setdefault("trainer", {})
-    raw["trainer"]["val_before_train"] = True
+    if not recipe_file:  # the default estimator (grpo) wants groups; eval itself reads only rollout.val
+        raw.setdefault("rollout", {}).setdefault("n", 2)
     return validate_recipe(raw, overrides, source=recipe_file or "rlkit eval", registries=registries)
 
 
