@@ -153,12 +153,16 @@ def generate_all(plan: EvalPlan, *, progress: bool = True) -> int:
     chunks = [list(range(s, min(s + plan.batch_size, len(ds)))) for s in range(0, len(ds), plan.batch_size)]
     todo = {c: [i for i in rows if ds[i]["row"] not in done] for c, rows in enumerate(chunks)}
     todo = {c: rows for c, rows in todo.items() if rows}
+    left = sum(map(len, todo.values()))
+    if len(done):
+        print(f"rlkit eval: resuming, {len(ds) - left} of {len(ds)} prompts already done in {parts}", file=sys.stderr,
+              flush=True)
     if not todo:
         return 0
     device = torch.device(resolve_device(recipe.resources.device))
     model = load_model(recipe.model, tokenizer=plan.tokenizer).to(device)
     reward = _reward_step(plan)
-    bar = tqdm(total=len(ds), initial=len(ds) - sum(map(len, todo.values())), desc="eval", unit="prompt",
+    bar = tqdm(total=len(ds), initial=len(ds) - left, desc="eval", unit="prompt",
                file=sys.stderr, disable=not progress)
     try:
         for chunk, rows in todo.items():
@@ -167,7 +171,7 @@ def generate_all(plan: EvalPlan, *, progress: bool = True) -> int:
     finally:
         bar.close()
         reward.close()
-    return sum(map(len, todo.values()))
+    return left
 
 
 def _reward_step(plan: EvalPlan) -> Any:

@@ -117,14 +117,15 @@ def test_a_killed_eval_resumes_where_it_stopped(tiny_model_dir, tmp_path):
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {p.name: p.read_bytes() for p in parts.glob("chunk-*.parquet")}
+    before = {p.name: (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.parquet")}
     assert 2 <= len(before) < 40, f"the kill should land mid-eval: {len(before)} chunks"
     assert not (out / "results.json").exists()
 
     result = run_rlkit(*args, env=env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
-    after = {p.name: p.read_bytes() for p in parts.glob("chunk-*.parquet")}
-    assert len(after) == 40 and all(after[name] == data for name, data in before.items())  # not generated again
+    assert f"resuming, {len(before)} of 40 prompts already done" in result.stderr
+    after = {p.name: (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.parquet")}
+    assert len(after) == 40 and all(after[name] == kept for name, kept in before.items())  # not generated again
     table = pq.read_table(out / "generations.parquet").to_pydict()
     assert len(table["prompt_id"]) == 80 and len(set(zip(table["prompt_id"], table["sample"]))) == 80
 
