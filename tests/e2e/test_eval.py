@@ -1,9 +1,9 @@
 """``rlkit eval`` of an rlkit checkpoint agrees with the training run's own validation of that checkpoint.
 
 The e2e recipe's run (``straight_run``: 4 steps, validation before training and at the end, greedy n=1, a
-checkpoint per step) validates the final weights at step 4; ``rlkit eval`` of ``checkpoints/global_step_4`` with
-the run's recipe samples the same way. Its mean score equals the run's last ``val-core`` metric, and its
-responses are the ones in the run's generations table of step 4.
+checkpoint per step) validates the final weights at step 4; ``rlkit eval`` of
+``checkpoints/global_step_4`` with the run's recipe samples the same way. Its mean score equals the run's
+last ``val-core`` metric, and its responses are the ones in the run's generations table of step 4.
 """
 
 from __future__ import annotations
@@ -32,8 +32,17 @@ def test_eval_of_a_checkpoint_matches_the_runs_last_validation(straight_run, tin
 
     target = tmp_path / "eval"
     checkpoint = out / "checkpoints" / "global_step_4"
-    evaluated = run_rlkit("eval", str(checkpoint), "--data", str(data / "test.parquet"), "--recipe",
-                          str(out.parent / "recipe.yaml"), "--out", str(target), "--no-progress")
+    evaluated = run_rlkit(
+        "eval",
+        str(checkpoint),
+        "--data",
+        str(data / "test.parquet"),
+        "--recipe",
+        str(out.parent / "recipe.yaml"),
+        "--out",
+        str(target),
+        "--no-progress",
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     results = json.loads((target / "results.json").read_text())
     assert results["model_kind"] == "checkpoint" and results["sampling"]["do_sample"] is False

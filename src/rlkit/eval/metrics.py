@@ -6,18 +6,19 @@ One table of samples (one row per generated response: ``Samples``) → metrics p
   returned, e.g. ``acc``) over every sample; ``best@n`` (n > 1): the mean over prompts of each prompt's best.
   These two are what training's validation logs (``core_metrics``), computed by the same lines.
 - ``val-core/<src>/pass@k`` (``eval_metrics`` only): the unbiased estimator of Chen et al. 2021,
-  ``1 - C(n - c, k) / C(n, k)`` per prompt (``c`` correct of ``n``), averaged over prompts, for k = 1, 2, 4 … ≤ n and n.
-  A sample is correct when the score function's ``acc`` extra is true, or (no ``acc``) when its score is ≥ 1.
+  ``1 - C(n - c, k) / C(n, k)`` per prompt (``c`` correct of ``n``), averaged over prompts, for
+  k = 1, 2, 4 … ≤ n and n. A sample is correct when the score function's ``acc`` extra is true, or (no
+  ``acc``) when its score is ≥ 1.
 - ``val-core/<src>/maj@k``: each prompt's first ``k`` answers vote; the prompt counts as solved when a sample
   giving the most frequent answer (ties: the one given first) is correct. The answer is the score function's
-  extracted answer (an extra named ``pred``, ``answer`` or ``extracted_answer``), else the response's last number;
-  samples without one do not vote. Reported when at least one sample of the data_source has an answer.
-- ``val-aux/<src>/response_length/{mean,max,min}`` (tokens) and ``val-aux/<src>/truncation_rate`` (responses that
-  reached ``max_new_tokens`` without an end-of-sequence token).
+  extracted answer (an extra named ``pred``, ``answer`` or ``extracted_answer``), else the response's last
+  number; samples without one do not vote. Reported when at least one sample of the data_source has one.
+- ``val-aux/<src>/response_length/{mean,max,min}`` (tokens) and ``val-aux/<src>/truncation_rate``
+  (responses that reached ``max_new_tokens`` without an end-of-sequence token).
 
-Every ``eval_metrics`` value that is a mean over prompts carries a 95% bootstrap interval: prompts resampled with
-replacement ``bootstrap`` times (numpy ``default_rng(seed)``), the 2.5th and 97.5th percentiles of the means, and
-the bootstrap standard error (``se``) that ``compare`` uses for the interval of a difference.
+Every ``eval_metrics`` value that is a mean over prompts carries a 95% bootstrap interval: prompts resampled
+with replacement ``bootstrap`` times (numpy ``default_rng(seed)``), the 2.5th and 97.5th percentiles of the
+means, and the bootstrap standard error (``se``) that ``compare`` uses for the interval of a difference.
 
 Shapes: ``S`` samples (prompts × n), ``Q`` prompts of one data_source.
 """
@@ -32,8 +33,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Samples", "Estimate", "core_metrics", "eval_metrics", "pass_at_k", "majority_correct", "answer_of",
-           "ks_for", "samples_from", "ANSWER_KEYS"]
+__all__ = [
+    "Samples",
+    "Estimate",
+    "core_metrics",
+    "eval_metrics",
+    "pass_at_k",
+    "majority_correct",
+    "answer_of",
+    "ks_for",
+    "samples_from",
+    "ANSWER_KEYS",
+]
 
 ANSWER_KEYS = ("pred", "answer", "extracted_answer")  # a score function's extracted answer, in this order
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
@@ -52,7 +63,8 @@ class Samples:
     response: list[str] = field(default_factory=list)  # decoded response (for the last-number answer)
 
     def extend(self, other: Samples) -> None:
-        """Append ``other``'s rows (an extra missing on either side is dropped: it no longer covers every row)."""
+        """Append ``other``'s rows (an extra missing on either side is dropped: it no longer covers every
+        row)."""
         before = len(self.score)
         for key in set(self.extra) | set(other.extra):
             if (key in self.extra or before == 0) and key in other.extra:
@@ -76,9 +88,13 @@ class Samples:
     def answers(self) -> list[str | None]:
         out = []
         for i in range(len(self.score)):
-            given = next((self.extra[k][i] for k in ANSWER_KEYS if k in self.extra and self.extra[k][i] is not None),
-                         None)
-            out.append(str(given) if given is not None else answer_of(self.response[i] if self.response else ""))
+            given = next(
+                (self.extra[k][i] for k in ANSWER_KEYS if k in self.extra and self.extra[k][i] is not None),
+                None,
+            )
+            out.append(
+                str(given) if given is not None else answer_of(self.response[i] if self.response else "")
+            )
         return out
 
 
@@ -90,10 +106,12 @@ class Estimate:
     se: float | None = None
 
 
-def samples_from(batch: Any, result: Any, eos_token_ids: list[int], responses: list[str] | None = None) -> Samples:
-    """The rows of one scored generation: ``batch`` (per-sample ``data_source``, ``uid``; ``responses`` [S, T],
-    ``response_mask`` [S, T]) and its reward step's ``RewardResult``. A response is truncated when it fills all
-    ``T`` columns and its last token is no end-of-sequence token."""
+def samples_from(
+    batch: Any, result: Any, eos_token_ids: list[int], responses: list[str] | None = None
+) -> Samples:
+    """The rows of one scored generation: ``batch`` (per-sample ``data_source``, ``uid``; ``responses``
+    [S, T], ``response_mask`` [S, T]) and its reward step's ``RewardResult``. A response is truncated when it
+    fills all ``T`` columns and its last token is no end-of-sequence token."""
     mask = batch["response_mask"]  # [S, T]
     lengths = mask.sum(-1)  # [S]
     width = mask.shape[1]
@@ -101,9 +119,15 @@ def samples_from(batch: Any, result: Any, eos_token_ids: list[int], responses: l
     ended = sum((last == e) for e in eos_token_ids) if eos_token_ids else last < 0  # [S] bool
     truncated = (lengths >= width) & ~ended.bool()
     extra = {k: list(v) for k, v in result.extra.items() if len(v) == len(batch)}
-    return Samples([str(s) for s in batch["data_source"]], [str(u) for u in batch["uid"]],
-                   result.token_level_scores.sum(-1).tolist(), extra, lengths.tolist(), truncated.tolist(),
-                   list(responses) if responses is not None else [])
+    return Samples(
+        [str(s) for s in batch["data_source"]],
+        [str(u) for u in batch["uid"]],
+        result.token_level_scores.sum(-1).tolist(),
+        extra,
+        lengths.tolist(),
+        truncated.tolist(),
+        list(responses) if responses is not None else [],
+    )
 
 
 def answer_of(text: str) -> str | None:
@@ -117,7 +141,8 @@ def answer_of(text: str) -> str | None:
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. 2021: the chance that k of n samples drawn without replacement hold at least one of the c
-    correct ones, ``1 - C(n - c, k) / C(n, k)``, as the stable product ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``."""
+    correct ones, ``1 - C(n - c, k) / C(n, k)``, as the stable product ``1 - prod_{i=n-c+1}^{n} (1 - k /
+    i)``."""
     if not 1 <= k <= n:
         raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
     if n - c < k:
@@ -126,7 +151,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def majority_correct(answers: list[str | None], correct: list[bool]) -> float:
-    """1.0 when the most frequent answer (ties: the first given) is a correct one, else 0.0; no answer: 0.0."""
+    """1.0 when the most frequent answer (ties: the first given) is a correct one, else 0.0; no answer:
+    0.0."""
     votes = Counter(a for a in answers if a is not None)
     if not votes:
         return 0.0
@@ -184,11 +210,14 @@ def _per_prompt(samples: Samples, rows: list[int], n: int) -> dict[str, np.ndarr
             out[f"{var}/best@{n}"] = np.array([max(values[i] for i in g) for g in members])
     correct, answers = samples.correct(), samples.answers()
     for k in ks_for(n):
-        out[f"pass@{k}"] = np.array([pass_at_k(len(g), sum(correct[i] for i in g), min(k, len(g))) for g in members])
+        out[f"pass@{k}"] = np.array(
+            [pass_at_k(len(g), sum(correct[i] for i in g), min(k, len(g))) for g in members]
+        )
     if any(answers[i] is not None for i in rows):
         for k in ks_for(n):
-            out[f"maj@{k}"] = np.array([majority_correct([answers[i] for i in g[:k]], [correct[i] for i in g[:k]])
-                                        for g in members])
+            out[f"maj@{k}"] = np.array(
+                [majority_correct([answers[i] for i in g[:k]], [correct[i] for i in g[:k]]) for g in members]
+            )
     if samples.length:
         out["response_length/mean"] = np.array([np.mean([samples.length[i] for i in g]) for g in members])
     if samples.truncated:
@@ -208,8 +237,8 @@ def _bootstrap(values: np.ndarray, rng: np.random.Generator, reps: int) -> Estim
 def eval_metrics(samples: Samples, n: int, *, seed: int = 0, bootstrap: int = 1000) -> dict[str, Estimate]:
     """Every metric of the module docstring, per data_source, each with its bootstrap interval.
 
-    The ``val-core/<src>/<var>/mean@n`` and ``best@n`` values are ``core_metrics``' own (so they equal training's
-    validation for the same samples); their intervals come from the per-prompt values."""
+    The ``val-core/<src>/<var>/mean@n`` and ``best@n`` values are ``core_metrics``' own (so they equal
+    training's validation for the same samples); their intervals come from the per-prompt values."""
     rng = np.random.default_rng(seed)
     core = core_metrics(samples, n)
     out: dict[str, Estimate] = {}

@@ -1,14 +1,16 @@
-"""What ``rlkit eval`` writes and prints: ``results.json``, ``results.md``, a terminal table, an MLflow run, and
-``rlkit eval --compare A.json B.json ...``.
+"""What ``rlkit eval`` writes and prints: ``results.json``, ``results.md``, a terminal table, an MLflow
+run, and ``rlkit eval --compare A.json B.json ...``.
 
-``results.json``: ``{"model", "model_kind", "data", "sampling", "prompts", "samples", "metrics": {name: {"value",
-"ci_low", "ci_high", "se"}}}``. MLflow: the run ``<name>`` in experiment ``eval`` of the SQLite store beside the
-output folder (``<out>/../mlflow.db``, as training's ``<output_dir>/../mlflow.db``); params model, data, sampling;
-metrics under the names of training's validation (``val-core/...``, MLflow writes ``@`` as ``_``), each interval
-as ``<name>/ci_low`` and ``<name>/ci_high``; results.md as a text artifact.
+``results.json``: ``{"model", "model_kind", "data", "sampling", "prompts", "samples", "metrics": {name:
+{"value", "ci_low", "ci_high", "se"}}}``. MLflow: the run ``<name>`` in experiment ``eval`` of the SQLite
+store beside the output folder (``<out>/../mlflow.db``, as training's ``<output_dir>/../mlflow.db``);
+params model, data, sampling; metrics under the names of training's validation (``val-core/...``, MLflow
+writes ``@`` as ``_``), each interval as ``<name>/ci_low`` and ``<name>/ci_high``; results.md as a text
+artifact.
 
-Compare: the difference of each metric the files share, B − A (each file against the first), with the 95% interval
-``diff ± 1.96 · sqrt(se_A² + se_B²)`` (the two evaluations' bootstrap standard errors, taken as independent).
+Compare: the difference of each metric the files share, B − A (each file against the first), with the 95%
+interval ``diff ± 1.96 · sqrt(se_A² + se_B²)`` (the two evaluations' bootstrap standard errors, taken as
+independent).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ __all__ = ["results_dict", "table_text", "markdown", "write_results", "log_mlflo
 
 
 def results_dict(meta: dict[str, Any], metrics: dict[str, Estimate]) -> dict[str, Any]:
-    return meta | {"metrics": {k: {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "se": e.se}
-                               for k, e in sorted(metrics.items())}}
+    return meta | {
+        "metrics": {
+            k: {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "se": e.se}
+            for k, e in sorted(metrics.items())
+        }
+    }
 
 
 def _fmt(value: float | None) -> str:
@@ -43,16 +49,25 @@ def table_text(results: dict[str, Any]) -> str:
     width = max([len(r[0]) for r in rows] + [6])
     lines = [f"{'metric':<{width}}  {'value':>8}  95% CI", "-" * (width + 30)]
     lines += [f"{k:<{width}}  {v:>8}  {ci}" for k, v, ci in rows]
-    head = (f"model {results['model']} ({results['model_kind']}); {results['prompts']} prompts x "
-            f"n={results['sampling']['n']}; {results['sampling']}")
+    head = (
+        f"model {results['model']} ({results['model_kind']}); {results['prompts']} prompts x "
+        f"n={results['sampling']['n']}; {results['sampling']}"
+    )
     return head + "\n" + "\n".join(lines)
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [f"# rlkit eval: {results['model']}", "",
-             f"- model kind: {results['model_kind']}", f"- data: {', '.join(results['data'])}",
-             f"- sampling: {results['sampling']}", f"- prompts: {results['prompts']}, samples: {results['samples']}",
-             "", "| metric | value | 95% CI |", "|---|---|---|"]
+    lines = [
+        f"# rlkit eval: {results['model']}",
+        "",
+        f"- model kind: {results['model_kind']}",
+        f"- data: {', '.join(results['data'])}",
+        f"- sampling: {results['sampling']}",
+        f"- prompts: {results['prompts']}, samples: {results['samples']}",
+        "",
+        "| metric | value | 95% CI |",
+        "|---|---|---|",
+    ]
     lines += [f"| {k} | {_fmt(m['value'])} | {_interval(m)} |" for k, m in results["metrics"].items()]
     return "\n".join(lines) + "\n"
 
@@ -77,7 +92,9 @@ def log_mlflow(out: Path, name: str, results: dict[str, Any], params: dict[str, 
     tracker.log({k: v for k, v in metrics.items() if v is not None and math.isfinite(v)}, step=0)
     tracker.log_text(markdown(results), "results.md")
     tracker.finish()
-    (out / "run_info.json").write_text(json.dumps({"mlflow": tracker.run_id, "mlflow_uri": tracker.uri}) + "\n")
+    (out / "run_info.json").write_text(
+        json.dumps({"mlflow": tracker.run_id, "mlflow_uri": tracker.uri}) + "\n"
+    )
     return tracker.uri
 
 
@@ -88,8 +105,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise EvalError(f"--compare: cannot read {path} ({exc}); give results.json files (or folders) that "
-                        "rlkit eval wrote") from exc
+        raise EvalError(
+            f"--compare: cannot read {path} ({exc}); give results.json files (or folders) that "
+            "rlkit eval wrote"
+        ) from exc
     if "metrics" not in results:
         raise EvalError(f"--compare: {path} has no 'metrics'; it is not an rlkit eval results.json")
     return results
