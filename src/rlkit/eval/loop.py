@@ -243,7 +243,8 @@ def _chunk(
         _inputs(repeated), n=1, do_sample=s["do_sample"], temperature=s["temperature"], top_p=s["top_p"]
     )
     gen.meta.pop("metrics", None)
-    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
+    # the reward step and the parquet read CPU tensors (a worker group hands the trainer CPU batches too)
+    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors.to("cpu"), {}, {}))
     result = reward(batch)
     texts = [tok.decode(batch["responses"][i][batch["response_mask"][i].bool()]) for i in range(len(batch))]
     samples = samples_from(batch, result, [tok.eos_token_id] if tok.eos_token_id is not None else [], texts)
