@@ -58,6 +58,7 @@ def test_eval_of_an_hf_folder_writes_results_parquet_mlflow_and_compares(tiny_mo
     result = run_rlkit(*args, env=env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val-core/rlkit/arithmetic/pass@2" in result.stdout  # the terminal table
+    assert "eval: 100%" not in result.stderr  # --no-progress
 
     results = json.loads((out / "results.json").read_text())
     assert results["model_kind"] == "hf" and results["prompts"] == 6 and results["samples"] == 12
@@ -135,10 +136,10 @@ def test_eval_of_a_peft_adapter_merges_it_over_its_base(tiny_model_dir, sums, tm
         str(out),
         "--max-new-tokens",
         "4",
-        "--no-progress",
         env=env(tmp_path),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "eval: 100%" in result.stderr and "6/6" in result.stderr  # the progress bar (prompts)
     assert json.loads((out / "results.json").read_text())["model_kind"] == "adapter"
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
     lora = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter)
