@@ -26,6 +26,7 @@ ROOMS = [
     ("rlkit.rollout",),
     ("rlkit.workers",),
     ("rlkit.runtime",),
+    ("rlkit.eval",),
     ("rlkit.step",),
     ("rlkit.cli", "rlkit.__main__"),
     ("rlkit.testing",),

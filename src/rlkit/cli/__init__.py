@@ -1,4 +1,4 @@
-"""The ``rlkit`` command: run | validate | recipe show | plugins | data | merge | plot | serve.
+"""The ``rlkit`` command: run | validate | recipe show | plugins | data | merge | plot | eval | serve.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; the parser's
 ``func(args) -> int`` does the work and returns the exit code. Errors rlkit raises on purpose
@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "rlkit.cli.plugins",
     "rlkit.cli.data",
     "rlkit.cli.merge",
+    "rlkit.cli.eval",
     "rlkit.cli.serve",
 )
 

@@ -115,23 +115,12 @@ def throughput_metrics(batch: Batch, step_time: float, num_ranks: int) -> dict[s
 
 def validation_metrics(data_sources: np.ndarray, uids: np.ndarray, scores: list[float], n: int,
                        extra: dict[str, list[Any]] | None = None) -> dict[str, float]:
-    """val-core/<data_source>/<var>/mean@n and best@n (best over each prompt's n samples).
+    """val-core/<data_source>/<var>/mean@n and best@n (best over each prompt's n samples): the shared lines of
+    ``rlkit.eval.metrics.core_metrics`` (what ``rlkit eval`` reports too).
 
     ``var`` is ``score`` plus every numeric extra metric the score function returned (``acc`` ...).
     """
-    variables: dict[str, list[float]] = {"score": list(scores)}
-    for key, values in (extra or {}).items():
-        if all(isinstance(v, (int, float, bool)) for v in values):
-            variables[key] = [float(v) for v in values]
-    metrics: dict[str, float] = {}
-    for source in sorted(set(data_sources.tolist())):
-        rows = [i for i, s in enumerate(data_sources) if s == source]
-        for var, values in variables.items():
-            picked = np.array([values[i] for i in rows], dtype=float)
-            metrics[f"val-core/{source}/{var}/mean@{n}"] = float(picked.mean())
-            if n > 1:
-                by_prompt: dict[Any, float] = {}
-                for i in rows:
-                    by_prompt[uids[i]] = max(by_prompt.get(uids[i], -np.inf), values[i])
-                metrics[f"val-core/{source}/{var}/best@{n}"] = float(np.mean(list(by_prompt.values())))
-    return metrics
+    from rlkit.eval.metrics import Samples, core_metrics
+
+    samples = Samples([str(s) for s in data_sources], [str(u) for u in uids], list(scores), dict(extra or {}))
+    return core_metrics(samples, n)

@@ -1,20 +1,22 @@
 """The validation phase: ``mean@n`` / ``best@n`` of the validation data per data_source, and a table of generations.
 
-    metrics = validate(ctx)   # val-core/<data_source>/<key>/mean@n ... (rlkit.step.metrics.validation_metrics)
+    metrics = validate(ctx)   # val-core/<data_source>/<key>/mean@n ... (rlkit.eval.metrics.core_metrics)
+
+The samples table and the metric lines are ``rlkit eval``'s own (``rlkit.eval.metrics``), so a later
+``rlkit eval`` of a checkpoint reports the same numbers for the same sampling (docs/eval.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from rlkit.batch import Batch
+from rlkit.eval.metrics import Samples, core_metrics, samples_from
 from rlkit.step.context import StepContext
 from rlkit.step.generate import rollout_inputs
 from rlkit.step.reward import reward_of
-from rlkit.step.metrics import validation_metrics
 
 __all__ = ["validate"]
 
@@ -22,25 +24,20 @@ __all__ = ["validate"]
 def validate(ctx: StepContext) -> dict[str, float]:
     rt, recipe = ctx.rt, ctx.recipe
     val = recipe.rollout.val
-    sources, uids, scores, rows = [], [], [], []
-    extra: dict[str, list[Any]] = {}
+    samples, rows = Samples([], [], []), []
+    eos = [rt.tokenizer.eos_token_id] if getattr(rt.tokenizer, "eos_token_id", None) is not None else []
     for prompts in rt.val_loader:
-        prompts["uid"] = [f"val-{len(uids) + i}" for i in range(len(prompts))]
+        prompts["uid"] = [f"val-{len(samples.score) + i}" for i in range(len(prompts))]
         repeated = prompts.repeat(val.n, interleave=True)
         gen = rt.actor.call("generate_sequences", rollout_inputs(repeated), balance=False, n=1,
                             do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
         gen.meta.pop("metrics", None)
         batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
         result = reward_of(batch, ctx)
-        sources += list(batch["data_source"])
-        uids += list(batch["uid"])
-        scores += result.token_level_scores.sum(-1).tolist()
-        for key, values in result.extra.items():
-            extra.setdefault(key, []).extend(values)
+        samples.extend(samples_from(batch, result, eos))
         if len(rows) < recipe.tracking.log_generations:
             rows += generation_rows(batch, result.token_level_scores.sum(-1), rt.tokenizer)
-    metrics = validation_metrics(np.array(sources, dtype=object), np.array(uids, dtype=object), scores, val.n,
-                                 extra if len(next(iter(extra.values()), [])) == len(scores) else None)
+    metrics = core_metrics(samples, val.n)
     table = "| prompt | response | score |\n|---|---|---|\n" + "\n".join(rows[: recipe.tracking.log_generations])
     rt.tracking.log_text(table, f"generations/step_{ctx.global_step}.md")
     return metrics
