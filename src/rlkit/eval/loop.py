@@ -32,6 +32,7 @@ from rlkit.plugin.registry import Registries
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.recipe.load import load_yaml
 from rlkit.recipe.validate import validate_recipe
+from rlkit.rollout.base import rollout_inputs
 
 __all__ = ["EvalPlan", "plan_eval", "generate_all", "collect", "samples_of_table", "sampling_of"]
 
@@ -240,7 +241,7 @@ def _chunk(
     prompts["uid"] = [ds[i]["row"] for i in rows]
     repeated = prompts.repeat(s["n"], interleave=True)
     gen = backend.generate(
-        _inputs(repeated), n=1, do_sample=s["do_sample"], temperature=s["temperature"], top_p=s["top_p"]
+        rollout_inputs(repeated), n=1, do_sample=s["do_sample"], temperature=s["temperature"], top_p=s["top_p"]
     )
     gen.meta.pop("metrics", None)
     # the reward step and the parquet read CPU tensors (a worker group hands the trainer CPU batches too)
@@ -264,15 +265,6 @@ def _chunk(
         "truncated": samples.truncated,
         "extra": [json.dumps(e) for e in extras],
     }
-
-
-def _inputs(prompts: Batch) -> Batch:
-    """What a backend reads: the fields of ``rlkit.step.generate.rollout_inputs`` (the step's room sits above
-    this one, which validation imports)."""
-    keys = ["input_ids", "attention_mask", "position_ids"] + [
-        k for k in ("agent_name", "extra_info") if k in prompts
-    ]
-    return prompts.select(keys)
 
 
 def _plain(value: Any) -> Any:

@@ -48,7 +48,7 @@ from rlkit.batch import Batch
 from rlkit.errors import BatchError
 from rlkit.plugin.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 
-__all__ = ["RolloutBackend", "assemble_rollout", "concat_rollouts", "pad_rollout", "ROLLOUT_PADDING"]
+__all__ = ["RolloutBackend", "assemble_rollout", "concat_rollouts", "pad_rollout", "rollout_inputs", "ROLLOUT_PADDING"]
 
 PAD_ID = "pad_token_id"  # marks a pad value that is the tokenizer's pad id
 
@@ -151,3 +151,9 @@ def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
     p = max(b["prompts"].shape[1] for b in batches)
     t = max(b["responses"].shape[1] for b in batches)
     return Batch.concat([pad_rollout(b, p, t, pad_token_id) for b in batches])
+
+
+def rollout_inputs(prompts: Batch) -> Batch:
+    """What a backend reads: the prompt tensors, plus the per-row fields agent loops use."""
+    keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
+    return prompts.select(keys)

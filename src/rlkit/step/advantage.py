@@ -10,9 +10,9 @@ rewards, mask and the group ids the generation phase made (``group_id`` [B]) alw
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from rlkit.algos import apply_kl_penalty
 from rlkit.algos.estimators import EstimatorInputs

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.batch import Batch
-from rlkit.step.generate import join_generation, repeat_prompts, rollout_inputs
+from rlkit.rollout.base import rollout_inputs
+from rlkit.step.generate import join_generation, repeat_prompts
 
 __all__ = ["Generation", "StalenessQueue", "RolloutPipeline", "generated_ahead", "staleness_bound", "pipeline_depth",
            "MODES"]

@@ -10,8 +10,8 @@ the step's prompts (the batch's rows are those prompts repeated ``rollout.n`` ti
 from __future__ import annotations
 
 from rlkit.batch import Batch
+from rlkit.rollout.base import rollout_inputs
 from rlkit.step.context import StepContext
-from rlkit.step.generate import rollout_inputs
 from rlkit.step.reward import reward_of
 
 __all__ = ["greedy_baseline"]

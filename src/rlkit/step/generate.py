@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from rlkit.batch import Batch
+from rlkit.rollout.base import rollout_inputs
 from rlkit.step.context import StepContext
 
-__all__ = ["generate", "group_ids", "join_generation", "repeat_prompts", "rollout_inputs"]
+__all__ = ["generate", "group_ids", "join_generation", "repeat_prompts"]
 
 
 def generate(prompts: Batch, ctx: StepContext, gen_batch: int = 0) -> tuple[Batch, dict[str, float]]:
@@ -44,12 +45,6 @@ def join_generation(repeated: Batch, gen: Batch) -> tuple[Batch, dict[str, float
     batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
     batch["group_id"] = group_ids(batch)
     return batch, metrics
-
-
-def rollout_inputs(prompts: Batch) -> Batch:
-    """What a backend reads: the prompt tensors, plus the per-row fields agent loops use."""
-    keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
-    return prompts.select(keys)
 
 
 def group_ids(batch: Batch) -> torch.Tensor:

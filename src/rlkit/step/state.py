@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import yaml
 
-from rlkit.recipe import recipe_to_dict
 from rlkit.model.state_file import load_state_file, to_plain
+from rlkit.recipe import recipe_to_dict
 from rlkit.step.context import StepContext
 
 __all__ = ["resume", "save", "write_run_info"]

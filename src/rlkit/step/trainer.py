@@ -32,8 +32,8 @@ from rlkit.runtime.build import Runtime
 from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.runtime.watchdog import PhaseWatch
 from rlkit.step import state
-from rlkit.step.ahead import RolloutPipeline, generated_ahead, pipeline_depth, staleness_bound
 from rlkit.step.advantage import advantage
+from rlkit.step.ahead import RolloutPipeline, generated_ahead, pipeline_depth, staleness_bound
 from rlkit.step.baseline import greedy_baseline
 from rlkit.step.compute import old_log_prob, ref_log_prob, sync_weights, update_actor, update_critic, values
 from rlkit.step.context import StepContext

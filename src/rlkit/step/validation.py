@@ -14,8 +14,8 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.eval.metrics import Samples, core_metrics, samples_from
+from rlkit.rollout.base import rollout_inputs
 from rlkit.step.context import StepContext
-from rlkit.step.generate import rollout_inputs
 from rlkit.step.reward import reward_of
 
 __all__ = ["validate"]
