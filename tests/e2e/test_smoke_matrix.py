@@ -244,7 +244,7 @@ def test_offpolicy_smoke_run(smoke_runs):
         assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
         assert step["training/rollout_actor_probs_pearson_corr"] > 0.99
         # Clip-Cov cut floor(0.2 N) tokens (fewer where the ratio clip binds): the selection reached the loss
-        assert 0.0 < step["actor/clip_cov_frac"] <= 0.2 + 1e-6
+        assert 0.0 < step["actor/pg_clipfrac"] <= 0.2 + 1e-6
         assert step["critic/advantages/max"] >= step["critic/advantages/min"]
     # the run's recipe names OTB (its function raises without old_log_prob and sum_pi_squared: they were passed)
     saved = (out / "checkpoints" / "global_step_2" / "recipe.yaml").read_text()
