@@ -1,17 +1,18 @@
-"""Every registered estimator, policy loss and rollout correction through `rlkit run` (issue 26's untested doors).
+"""Every registered estimator, policy loss and rollout correction through `rlkit run` (issue 26's untested
+doors).
 
-The names come from the registry when the tests are collected, so a component registered later (a built-in or an
-installed plugin) is covered without an edit here. One component per run, each run as cheap as an honest run can
-be: the tiny model, 2 prompts x 2 samples, 6 response tokens, one step, one colocated worker, jsonl only, no
-validation (the last step's checkpoint is always written). The graded reward (tests/fixtures/graded_score.py)
-makes rewards vary within groups from step 1, so every run has a gradient.
+The names come from the registry when the tests are collected, so a component registered later (a built-in
+or an installed plugin) is covered without an edit here. One component per run, each run as cheap as an honest
+run can be: the tiny model, 2 prompts x 2 samples, 6 response tokens, one step, one colocated worker, jsonl
+only, no validation (the last step's checkpoint is always written). The graded reward
+(tests/fixtures/graded_score.py) makes rewards vary within groups from step 1, so every run has a gradient.
 
-What proves a component ran: an estimator's advantages are finite and the update has a gradient (ReMax: its greedy
-baseline phase ran and every baseline is > 0, so each advantage is below its sample's score); a policy loss logs
-each of its own metrics (learnt by calling the loss on a small batch), finite and in range; a rollout correction
-logs each of its own metrics under ``rollout_corr/`` (learnt the same way), finite.
+What proves a component ran: an estimator's advantages are finite and the update has a gradient (ReMax: its
+greedy baseline phase ran and every baseline is > 0, so each advantage is below its sample's score); a
+policy loss logs each of its own metrics (learnt by calling the loss on a small batch), finite and in range; a
+rollout correction logs each of its own metrics under ``rollout_corr/`` (learnt the same way), finite.
 
-The full matrix (one run each, ~30 runs) is behind the ``e2e`` marker; the default run keeps ``DEFAULT``: ReMax
+The full matrix (one run each, 31 runs) is behind the ``e2e`` marker; the default run keeps ``DEFAULT``: ReMax
 (its greedy phase runs nowhere else), one policy loss and one rollout correction.
 """
 
@@ -36,21 +37,26 @@ data:
 actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 4}}
 rollout: {{n: 2}}
 resources: {{object_store_memory_mb: 128, pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-trainer: {{total_steps: 1, val_before_train: false, merge_at_end: false, output_dir: {out}, experiment_name: doors}}
+trainer:
+  total_steps: 1
+  val_before_train: false
+  output_dir: {out}
+  experiment_name: doors
 tracking: {{backends: [jsonl]}}
 """
 
-# what a component needs beside its name to run on the tiny recipe (nothing else is tuned): recipe sections, and
-# the component's own parameters
+# what a component needs beside its name to run on the tiny recipe (nothing else is tuned): recipe sections,
+# and the component's own parameters
 NEEDS: dict[tuple[str, str], str] = {
     ("estimator", "ppo"): "critic: {optim: {lr: 1.0e-3}, ppo_micro_batch_size_per_rank: 4}\n",
-    ("policy_loss", "clip_cov"): ", clip_cov_ratio: 0.2, clip_cov_lb: -10.0, clip_cov_ub: 10.0",  # cuts exist
+    ("policy_loss", "clip_cov"): ", clip_cov_ratio: 0.2, clip_cov_lb: -10.0, clip_cov_ub: 10.0",  # cuts
     ("policy_loss", "kl_cov"): ", kl_cov_ratio: 0.2",
 }
 # DAPO's overlong shaping starts 64 tokens before the maximum by default: more than the 6 tokens here
 REWARD = {("estimator", "dapo"): ", overlong_buffer: {len: 2}"}
 DEFAULT = {("estimator", "remax"), ("policy_loss", "kl_cov"), ("rollout_correction", "seq_mis")}
-KINDS = {"estimator": "estimators", "policy_loss": "policy_losses", "rollout_correction": "rollout_corrections"}
+KINDS = {"estimator": "estimators", "policy_loss": "policy_losses",
+         "rollout_correction": "rollout_corrections"}
 
 
 def _components() -> list:
@@ -86,7 +92,8 @@ def _own_metrics(fn, with_advantages: bool) -> set[str]:
 
 
 def _check_estimator(name: str, step: dict) -> None:
-    assert math.isfinite(step["critic/advantages/mean"]) and step["critic/advantages/max"] >= step["critic/advantages/min"]
+    assert math.isfinite(step["critic/advantages/mean"])
+    assert step["critic/advantages/max"] >= step["critic/advantages/min"]
     if name == "remax":  # A = score - greedy score, every greedy score > 0 (graded): A below every score
         assert step["critic/advantages/max"] < step["critic/score/max"], step
         assert step["critic/advantages/min"] < step["critic/score/min"], step

@@ -107,7 +107,7 @@ def test_kl_cov_ppo_kl_is_the_mean_absolute_log_ratio_hand_worked():
 
 def test_geo_mean_with_advantages_that_vary_within_a_sequence_hand_worked():
     """One row, A = [1, -1], log r = [0.5, -0.6], range [-0.4, 0.4] in log space.
-    Token 0 (A > 0): min(0.5, 0.4) = 0.4. Token 1 (A < 0): -min(0.6, 0.4) = -0.4... i.e. max(-0.6, -0.4) = -0.4.
+    Token 0 (A > 0): c = min(0.5, 0.4) = 0.4. Token 1 (A < 0): c = -min(0.6, 0.4) = -0.4.
     rho = exp((0.4 - 0.4) / 2) = 1; Abar = 0: loss 0. Both tokens are outside the range: clipfrac 1/2
     (A > 0) and clipfrac_lower 1/2 (A < 0). veRL's loop gives the same numbers."""
     lp, old = t([[0.5, -0.6]]), torch.zeros(1, 2, **F64)
@@ -180,4 +180,5 @@ def test_geo_mean_under_token_mean_weights_sequences_by_length():
     n = mask.sum(-1)
     token_mean = float(agg_loss(per_token, mask, "token-mean"))
     assert token_mean == pytest.approx(float((n * seq_loss).sum() / n.sum()), abs=1e-12)
-    assert len(set(n.tolist())) > 1 and token_mean != pytest.approx(verl_geo_mean(log_prob, old, adv, mask, .4, .4)[0])
+    verl = verl_geo_mean(log_prob, old, adv, mask, 0.4, 0.4)[0]
+    assert len(set(n.tolist())) > 1 and token_mean != pytest.approx(verl)
