@@ -107,6 +107,28 @@ def test_sync_run_matches_the_sync_reference(straight_run):
     check_sync_reference_exactly(rows, checkpoint, reference)
 
 
+def test_sync_reference_checks_can_fail_and_skip_visibly(monkeypatch, tmp_path):
+    """No run: the recording's own rows pass the tolerance check with float noise (rtol 1e-5) and fail it with a
+    1% change of one metric or of the weights' norm; off the fingerprint the exact check skips naming both."""
+    import copy
+
+    reference = json.loads(SYNC_REFERENCE.read_text())
+    monkeypatch.setattr(sys.modules[__name__], "_weights_norm", lambda checkpoint: reference["weights_norm"])
+    noisy = [{k: v * (1 + 1e-5) if isinstance(v, float) else v for k, v in r.items()} for r in reference["records"]]
+    check_sync_reference_within_tolerance(noisy, tmp_path, reference)
+    changed = copy.deepcopy(reference["records"])
+    changed[2]["actor/grad_norm"] *= 1.01
+    with pytest.raises(AssertionError, match="actor/grad_norm"):
+        check_sync_reference_within_tolerance(changed, tmp_path, reference)
+    monkeypatch.setattr(sys.modules[__name__], "_weights_norm", lambda checkpoint: reference["weights_norm"] * 1.01)
+    with pytest.raises(AssertionError, match="final weights"):
+        check_sync_reference_within_tolerance(reference["records"], tmp_path, reference)
+    elsewhere = reference | {"fingerprint": reference["fingerprint"] | {"torch": "0.0.0", "cpu_model": "other"}}
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        check_sync_reference_exactly(reference["records"], tmp_path, elsewhere)
+    assert "'torch': ('0.0.0', " in str(skipped.value) and "other" in str(skipped.value)
+
+
 def test_run_end_to_end_then_merge(straight_run, tmp_path):
     result, out = straight_run
     assert result.returncode == 0, result.stderr[-3000:]
