@@ -4,7 +4,9 @@ Each recipe in recipes/ runs in its own subprocess and working folder, sharing o
 per session (``RLKIT_CACHE``). ``EXPECTED`` names, per recipe, the metrics that prove its parts ran; a recipe
 without an entry fails ``test_every_recipe_has_an_entry`` (add one when you add a recipe). On top of the table,
 what a recipe declares is checked generically: a KL loss must log ``actor/kl_loss``, a critic
-``critic/vf_loss``. One recipe (quickstart, which merges at the end) is also resumed from its checkpoint.
+``critic/vf_loss``; and ``_values`` checks what every run's metrics say (finite, shares in [0, 1], scores in the
+scorer's range, a gradient where advantages are non-zero, KL > 0 once the actor moved), with the graded reward
+in the runs of ``GRADED`` so those checks have something to see. One recipe (quickstart, which merges at the end) is also resumed from its checkpoint.
 ``EXTRA_RUNS`` run a recipe with overrides: DAPO's refill budget error, and the off-policy doors (a rollout
 correction, Clip-Cov, the optimal token baseline) in one quickstart run.
 """
