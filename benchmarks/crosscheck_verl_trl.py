@@ -75,12 +75,12 @@ for trial in range(200):
     l1 = lp.clone().requires_grad_(True); vl, vm = V["compute_policy_loss_kl_cov"](old, l1, a, mask, "token-mean", cfg)
     l2 = lp.clone().requires_grad_(True); pt, m = P.kl_cov(l2, old, a, mask, kl_cov_ratio=0.2, ppo_kl_coef=1.0)
     rl = agg_loss(pt, mask, "token-mean"); rec("kl_cov loss", vl.detach(), rl.detach())
-    vl.backward(); rl.backward(); rec("kl_cov grad", l1.grad, l2.grad); rec("kl_cov ppo_kl_abs", vm["actor/ppo_kl"], m["ppo_kl_abs"])
+    vl.backward(); rl.backward(); rec("kl_cov grad", l1.grad, l2.grad); rec("kl_cov ppo_kl", vm["actor/ppo_kl"], m["ppo_kl"])
     # clip_cov with every valid unclipped token a candidate and ratio 1.0: deterministic (all candidates cut)
     cfg.policy_loss.clip_cov_ratio = 1.0
     vl, vm = V["compute_policy_loss_clip_cov"](old, lp, a, mask, "token-mean", cfg)
     pt, m = P.clip_cov(lp, old, a, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9)
-    rec("clip_cov loss", vl, agg_loss(pt, mask, "token-mean")); rec("clip_cov frac", vm["actor/pg_clipfrac"], m["clip_cov_frac"])
+    rec("clip_cov loss", vl, agg_loss(pt, mask, "token-mean")); rec("clip_cov pg_clipfrac", vm["actor/pg_clipfrac"], m["pg_clipfrac"])
     # geo_mean: veRL mean over B == seq-mean-token-mean when no empty sequences
     cfg.clip_ratio_low = cfg.clip_ratio_high = 0.4
     l1 = lp.clone().requires_grad_(True); vl, vm = V["compute_policy_loss_geo_mean"](old, l1, seq_adv, mask, "token-mean", cfg)

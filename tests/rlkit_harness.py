@@ -39,6 +39,11 @@ trainer:
 tracking: {{backends: [{backends}]}}
 """
 
+# A graded reward (tests/fixtures/graded_score.py): the tiny model's rewards vary within groups from step 1, so
+# the update moves the weights and Adam's moments are non-zero (the arithmetic score of the tiny model is 0).
+GRADED_SCORE = Path(__file__).resolve().parent / "fixtures" / "graded_score.py"
+GRADED_REWARD = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}}}\n"
+
 # Metrics that differ between two identical runs (wall-clock timings, memory, throughput).
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "time")
 
@@ -105,6 +110,35 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float =
     rc = proc.poll()
     tail = proc.stderr.read()[-3000:] if rc is not None and proc.stderr is not None else ""
     raise AssertionError(f"step {step} was not logged within {timeout} s (rc={rc}); stderr tail:\n{tail}")
+
+
+def optimizer_state(checkpoint: Path) -> dict[str, "torch.Tensor"]:
+    """The actor's optimizer state in ``checkpoint/actor/dcp`` (CPU tensors): ``optim.state.<param>.<exp_avg |
+    exp_avg_sq | step>`` and the other ``optim.*`` tensors, read without a process group."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(checkpoint / "actor" / "dcp"))
+    entries = reader.read_metadata().state_dict_metadata
+    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items()
+             if key.startswith("optim.") and isinstance(meta, TensorStorageMetadata)}
+    assert state, f"{checkpoint}: no optimizer state in the actor's checkpoint"
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def moment_norms(state: dict) -> dict[str, float]:
+    """L2 norms of Adam's first and second moments over every parameter (``optimizer_state``)."""
+    return {moment: sum(float(v.double().pow(2).sum()) for k, v in state.items() if k.endswith("." + moment)) ** 0.5
+            for moment in ("exp_avg", "exp_avg_sq")}
+
+
+def differing_tensors(a: dict, b: dict) -> list[str]:
+    """Names whose tensors differ (bitwise) or exist on one side only."""
+    import torch
+
+    return sorted(set(a) ^ set(b)) + [k for k in sorted(set(a) & set(b)) if not torch.equal(a[k], b[k])]
 
 
 def ray_session(out: Path) -> dict:

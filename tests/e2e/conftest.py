@@ -1,6 +1,8 @@
 """Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session.
 
-Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability).
+Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability). The recipe scores
+with the graded reward of tests/fixtures/graded_score.py: the tiny model's rewards vary within groups from step 1,
+so every step has a non-zero gradient and Adam's moments are non-zero (arithmetic would score 0 throughout).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rlkit_harness import GRADED_SCORE
 
 RECIPE = """\
 model: {{path: {model}}}
@@ -24,6 +27,7 @@ resources:
   pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
 trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e, merge_at_end: true}}
 tracking: {{backends: [console, mlflow, jsonl]}}
+reward: {{custom_score: {{path: {score}}}}}
 """
 
 
@@ -42,7 +46,7 @@ def write_recipe(tiny_assets, tmp_path):
 
     def write(out: Path, name: str = "recipe.yaml") -> Path:
         path = tmp_path / name
-        path.write_text(RECIPE.format(model=model, data=data, out=out))
+        path.write_text(RECIPE.format(model=model, data=data, out=out, score=GRADED_SCORE))
         return path
 
     return write
@@ -58,5 +62,5 @@ def straight_run(tiny_assets, tmp_path_factory):
     model, data = tiny_assets
     root = tmp_path_factory.mktemp("straight")
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(model=model, data=data, out=root / "out"))
+    recipe.write_text(RECIPE.format(model=model, data=data, out=root / "out", score=GRADED_SCORE))
     return run("run", str(recipe)), root / "out"

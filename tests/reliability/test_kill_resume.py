@@ -2,7 +2,9 @@
 
 What must hold after every kill: no checkpoint folder without COMPLETE, every checkpoint loads; no process
 of the killed run's Ray session survives; and the resumed run reports, for every step, exactly what an
-uninterrupted run with the same seed reported, and ends with bit-identical weights.
+uninterrupted run with the same seed reported, and ends with bit-identical weights and optimizer state. The recipe
+scores with a graded reward (tests/fixtures/graded_score.py): every step has a gradient and Adam's moments are
+non-zero before any kill, so a resume that failed to restore them would show.
 
 Kill points come from a fault plan ``<phase>:<step>`` given to the test-only entry
 ``python -m rlkit.testing.faults PLAN -- run ...`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
@@ -20,9 +22,13 @@ from pathlib import Path
 
 import pytest
 from rlkit_harness import (
+    GRADED_REWARD,
     check_checkpoints,
+    differing_tensors,
     finish,
     last_record_per_step,
+    moment_norms,
+    optimizer_state,
     ray_session,
     run,
     same_weights,
@@ -44,10 +50,14 @@ def reference(assets, tmp_path_factory) -> Path:
     """An uninterrupted run of the tiny recipe (keeps every checkpoint)."""
     model, data = assets
     out = tmp_path_factory.mktemp("reference") / "out"
-    recipe = write_recipe(out.parent / "recipe.yaml", model, data, out, steps=STEPS)
+    recipe = write_recipe(out.parent / "recipe.yaml", model, data, out, steps=STEPS, extra=GRADED_REWARD)
     result = run("run", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert check_checkpoints(out) == list(range(1, STEPS + 1))
+    steps = last_record_per_step(out)  # the update did something from step 1: a gradient, non-zero Adam moments
+    assert all(steps[s]["actor/grad_norm"] > 0 for s in steps), steps
+    norms = moment_norms(optimizer_state(out / "checkpoints" / "global_step_1"))
+    assert norms["exp_avg"] > 0 and norms["exp_avg_sq"] > 0, norms
     wait_until_reaped(ray_session(out), REAP_TIMEOUT_S)  # a clean exit leaves nothing either
     return out
 
@@ -59,8 +69,11 @@ def assert_matches_reference(out: Path, reference: Path) -> None:
         diff = {k: (got[step].get(k), want[step].get(k)) for k in set(got[step]) | set(want[step])
                 if got[step].get(k) != want[step].get(k)}
         assert not diff, f"step {step} differs from the uninterrupted run: {diff}"
-    for step in check_checkpoints(out):  # every checkpoint left equals the reference's, bit for bit
-        assert same_weights(out / "checkpoints" / f"global_step_{step}", reference / "checkpoints" / f"global_step_{step}")
+    for step in check_checkpoints(out):  # every checkpoint left equals the reference's, bit for bit: weights and
+        ours, theirs = out / "checkpoints" / f"global_step_{step}", reference / "checkpoints" / f"global_step_{step}"
+        assert same_weights(ours, theirs)
+        differ = differing_tensors(optimizer_state(ours), optimizer_state(theirs))  # Adam's exp_avg, exp_avg_sq, step
+        assert not differ, f"step {step}: optimizer state differs from the uninterrupted run: {differ[:10]}"
 
 
 def kill_then_check(recipe: Path, out: Path, *, fault: str | None = None, delay_s: float | None = None) -> dict:
@@ -88,7 +101,7 @@ def kill_then_check(recipe: Path, out: Path, *, fault: str | None = None, delay_
 def test_kill_chain_resumes_exactly(recipe, tmp_path, reference):
     """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a resume."""
     out = tmp_path / "out"
-    path = recipe(out, steps=STEPS)
+    path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     for fault, checkpoints in (("update_actor:2", [1]), ("checkpoint_write:3", [1, 2]), ("gen:4", [1, 2, 3])):
         info = kill_then_check(path, out, fault=fault)
         assert info["rc"] == -signal.SIGKILL, info
@@ -117,7 +130,7 @@ def test_twenty_random_kill_points(recipe, tmp_path, reference):
     fired too late finishes the run, which then starts over from nothing. Seed: RLKIT_KILL_SEED (0).
     """
     out = tmp_path / "out"
-    path = recipe(out, steps=STEPS)
+    path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     rng = random.Random(int(os.environ.get("RLKIT_KILL_SEED", "0")))
     report: list[dict] = []
     while sum(r["rc"] == -signal.SIGKILL for r in report) < 20:
@@ -136,7 +149,7 @@ def test_twenty_random_kill_points(recipe, tmp_path, reference):
 def test_worker_killed_mid_run_restarts_from_checkpoint(recipe, tmp_path, reference):
     """SIGKILL the actor's Ray worker after step 2: with trainer.max_restarts=1 the run restarts by itself."""
     out = tmp_path / "out"
-    path = recipe(out, steps=STEPS)
+    path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     proc = start("run", str(path), "trainer.max_restarts=1")
     wait_for_step(out, 2, proc)
     first = ray_session(out)
@@ -153,7 +166,7 @@ def test_worker_killed_mid_run_restarts_from_checkpoint(recipe, tmp_path, refere
 @pytest.mark.slow  # the same message path is shown in the default run by the NaN test (test_faults.py)
 def test_worker_killed_without_restarts_stops_naming_role_rank_and_checkpoint(recipe, tmp_path):
     out = tmp_path / "out"
-    path = recipe(out, steps=STEPS)
+    path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     proc = start("run", str(path))
     complete = out / "checkpoints" / "global_step_1" / "COMPLETE"
     while not complete.exists():

@@ -238,7 +238,9 @@ def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     draws, None = torch's global one), as veRL does per micro-batch; the loss then depends on the
     micro-batch split. ``selected`` given (``clip_cov_selection`` over the whole mini-batch, sliced):
     those tokens are cut where the ratio clip does not bind, and the loss is split-invariant.
-    Metrics: pg_clipfrac (share where the ratio clip binds), clip_cov_frac (share cut), ppo_kl.
+    Metrics (veRL's names mean veRL's quantities): pg_clipfrac (share of valid tokens cut by the
+    covariance rule, veRL's ``actor/pg_clipfrac`` for clip_cov), ppo_kl (k1, ``mean(-log r)``), and
+    ratio_clipfrac (rlkit's own: share where the PPO ratio clip binds, what pg_clipfrac means for ppo_clip).
     """
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     ratio = torch.exp(log_ratio)
@@ -256,8 +258,8 @@ def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     per_token = torch.maximum(pg_losses1, pg_losses2) * (~cut).to(log_prob.dtype)
     dtype = log_prob.dtype
     metrics = {
-        "pg_clipfrac": float(masked_mean(clipped.to(dtype), response_mask)),
-        "clip_cov_frac": float(masked_mean(cut.to(dtype), response_mask)),
+        "pg_clipfrac": float(masked_mean(cut.to(dtype), response_mask)),
+        "ratio_clipfrac": float(masked_mean(clipped.to(dtype), response_mask)),
         "ppo_kl": _ppo_kl(log_ratio, response_mask),
     }
     return per_token, metrics
@@ -272,8 +274,9 @@ def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_
     valid tokens with the largest covariance ``(A - mean A)(log_prob - mean log_prob)`` (ties: the
     earlier token in row-major order). ``selected`` None: ranked within this call, as veRL (depends on
     the micro-batch split); given (``kl_cov_selection`` over the whole mini-batch, sliced): split-invariant.
-    Metrics: ppo_kl (k1, as every loss), ppo_kl_abs (mean |log r|, what veRL logs as ppo_kl),
-    kl_cov_frac (share of valid tokens penalised).
+    Metrics (veRL's names mean veRL's quantities): ppo_kl (``mean |log r|`` over valid tokens, veRL's
+    ``actor/ppo_kl`` for kl_cov, not the k1 of the other losses), ppo_kl_k1 (rlkit's own: ``mean(-log r)``,
+    what ppo_kl means for every other loss), kl_cov_frac (share of valid tokens penalised).
     """
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     ratio = torch.exp(log_ratio)
@@ -287,8 +290,8 @@ def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_
     per_token = torch.where(selected, pg_losses_kl, pg_losses)
     dtype = log_prob.dtype
     metrics = {
-        "ppo_kl": _ppo_kl(log_ratio, response_mask),
-        "ppo_kl_abs": float(masked_mean(log_ratio.detach().abs(), response_mask)),
+        "ppo_kl": float(masked_mean(log_ratio.detach().abs(), response_mask)),
+        "ppo_kl_k1": _ppo_kl(log_ratio, response_mask),
         "kl_cov_frac": float(masked_mean(selected.to(dtype), response_mask)),
     }
     return per_token, metrics

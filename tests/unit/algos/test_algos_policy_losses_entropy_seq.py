@@ -39,11 +39,11 @@ def test_clip_cov_hand_worked():
     torch.testing.assert_close(loss, t([[0.0, 0.0, -0.5, 0.5]]))
     loss.sum().backward()
     torch.testing.assert_close(log_prob.grad, t([[0.0, 0.0, -0.5, 0.5]]))
-    assert m["clip_cov_frac"] == 0.5 and m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
+    assert m["pg_clipfrac"] == 0.5 and m["ratio_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
     # ub 1.5 < cov 2: nothing is a candidate, plain PPO
     loss, m = P.clip_cov(t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=1.5)
     torch.testing.assert_close(loss, t([[-2.0, 2.0, -0.5, 0.5]]))
-    assert m["clip_cov_frac"] == 0.0
+    assert m["pg_clipfrac"] == 0.0
 
 
 def test_clip_cov_draws_its_subset_from_the_generator():
@@ -68,7 +68,7 @@ def test_clip_cov_never_cuts_a_ratio_clipped_token():
     log_prob = t(LOGP)
     loss, m = P.clip_cov(log_prob, old, t(ADV), torch.ones(1, 4, **F64), clip_cov_ratio=1.0)
     assert float(loss[0, 0]) == pytest.approx(-2.4) and float(loss[0, 1]) == 0.0
-    assert m["pg_clipfrac"] == 0.25 and m["clip_cov_frac"] == 0.25
+    assert m["ratio_clipfrac"] == 0.25 and m["pg_clipfrac"] == 0.25
 
 
 def test_mini_batch_selections_hand_worked():
@@ -81,7 +81,7 @@ def test_mini_batch_selections_hand_worked():
                                           generator=torch.Generator().manual_seed(0))
     assert sel.tolist() == [[False, True, False, False]]
     loss, m = P.clip_cov(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, selected=sel)
-    assert float(loss[0, 1]) == 0.0 and m["clip_cov_frac"] == 0.25  # the loss cuts exactly the selection
+    assert float(loss[0, 1]) == 0.0 and m["pg_clipfrac"] == 0.25  # the loss cuts exactly the selection
     sel = P.kl_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, kl_cov_ratio=0.25)
     assert sel.tolist() == [[True, False, False, False]]
 
@@ -97,7 +97,7 @@ def test_kl_cov_hand_worked():
     torch.testing.assert_close(loss, t([[-2 * e + 0.5, 2.0, -0.5, 0.5]]))
     loss.sum().backward()
     torch.testing.assert_close(log_prob.grad, t([[-2 * e + 1, 2.0, -0.5, 0.5]]))
-    assert m == pytest.approx({"ppo_kl": -0.125, "ppo_kl_abs": 0.125, "kl_cov_frac": 0.25})
+    assert m == pytest.approx({"ppo_kl": 0.125, "ppo_kl_k1": -0.125, "kl_cov_frac": 0.25})
 
 
 def test_geo_mean_hand_worked():
@@ -187,7 +187,7 @@ def test_clip_cov_matches_loop(inputs, ratio, bounds, seed):
     keep = torch.tensor([[0.0 if (i, j) in cut else 1.0 for j in range(mask.shape[1])] for i in range(mask.shape[0])],
                         **F64)
     torch.testing.assert_close(loss, t(ppo) * keep)
-    assert m["clip_cov_frac"] == pytest.approx(len(cut) / float(mask.sum()))
+    assert m["pg_clipfrac"] == pytest.approx(len(cut) / float(mask.sum()))
 
 
 @given(loss_inputs(), st.sampled_from([0.01, 0.2, 0.5, 1.0]), st.sampled_from([0.0, 1.0, 3.0]))

@@ -11,8 +11,7 @@ import pytest
 from rlkit.data import generate_arithmetic, preprocess_gsm8k, preprocess_math500
 from rlkit.errors import DataError
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not (DATA / "gsm8k").is_dir(), reason="shared data not present")
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"  # rows cut from the real files (README there)
 
 
 def _check_schema(row: dict, data_source: str) -> None:
@@ -25,11 +24,10 @@ def _check_schema(row: dict, data_source: str) -> None:
     assert {"split", "index"} <= set(row["extra_info"])
 
 
-@needs_data
 def test_gsm8k_real_data(tmp_path):
     out = preprocess_gsm8k(DATA / "gsm8k", tmp_path, instruction="Put the answer after ####.")
     train, test = pq.read_table(out["train"]).to_pylist(), pq.read_table(out["test"]).to_pylist()
-    assert (len(train), len(test)) == (7473, 1319)
+    assert (len(train), len(test)) == (11, 8)
     for rows, split in ((train, "train"), (test, "test")):
         _check_schema(rows[0], "openai/gsm8k")
         assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
@@ -38,19 +36,19 @@ def test_gsm8k_real_data(tmp_path):
         assert all("," not in r["reward_model"]["ground_truth"] for r in rows)
     # The first training problem: Natalia sold 48 clips in April and half as many in May -> 72.
     assert train[0]["reward_model"]["ground_truth"] == "72"
-    assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in train) == 3
+    assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in train) == 3  # all three of the real file
+    assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in test) == 2  # both of the real file
 
 
-@needs_data
 def test_math500_real_data(tmp_path):
     out = preprocess_math500(DATA / "math500", tmp_path)
     assert set(out) == {"test"} and not (tmp_path / "train.parquet").exists()
     rows = pq.read_table(out["test"]).to_pylist()
-    assert len(rows) == 500
+    assert len(rows) == 8
     _check_schema(rows[0], "HuggingFaceH4/MATH-500")
     assert rows[0]["prompt"][0]["content"].endswith("within \\boxed{}.")
     assert rows[0]["extra_info"]["unique_id"].startswith("test/")
-    assert len({r["extra_info"]["unique_id"] for r in rows}) == 500
+    assert len({r["extra_info"]["unique_id"] for r in rows}) == 8
 
 
 def _write(path: Path, lines: list[bytes]) -> Path:

@@ -107,9 +107,9 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
                 "actor/pg_clipfrac"):
         assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
     assert one["metrics"]["actor/pg_clipfrac"] > 0  # the clipped branch was exercised
-    if "actor/clip_cov_frac" in one["metrics"]:  # the same tokens were cut, and some were
-        assert one["metrics"]["actor/clip_cov_frac"] == pytest.approx(two["metrics"]["actor/clip_cov_frac"], abs=1e-9)
-        assert one["metrics"]["actor/clip_cov_frac"] > 0
+    if "actor/ratio_clipfrac" in one["metrics"]:  # clip_cov (pg_clipfrac: the share cut): the same tokens were cut
+        assert one["metrics"]["actor/pg_clipfrac"] == pytest.approx(two["metrics"]["actor/pg_clipfrac"], abs=1e-9)
+        assert one["metrics"]["actor/pg_clipfrac"] > 0
     assert one["state"].keys() == two["state"].keys()
     initial = load_file(Path(model_dir) / "model.safetensors")
     moved = 0.0

@@ -70,7 +70,7 @@ def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_
         batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"] - 0.3 * batch["response_mask"]
         results.append((actor.update(batch), actor.full_state_dict()))
     (m1, s1), (m2, s2) = results
-    frac = "actor/clip_cov_frac" if component["name"] == "clip_cov" else "actor/kl_cov_frac"
+    frac = "actor/pg_clipfrac" if component["name"] == "clip_cov" else "actor/kl_cov_frac"
     assert m1[frac] > 0
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", frac):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
