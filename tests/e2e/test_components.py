@@ -25,7 +25,7 @@ import torch
 from rlkit_harness import GRADED_SCORE, records
 from rlkit_harness import run as run_rlkit
 
-from rlkit.registry import build_registries
+from rlkit.plugin.registry import build_registries
 
 BASE = """\
 model: {{path: {model}}}

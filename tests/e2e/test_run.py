@@ -50,7 +50,7 @@ RTOL, ATOL = 1e-3, 1e-6
 
 def _weights_norm(checkpoint: Path) -> float:
     """L2 norm over the actor's full state dict: the tolerance stand-in for the exact digest."""
-    from rlkit.merge import load_actor_state_dict
+    from rlkit.runtime.merge import load_actor_state_dict
 
     state = load_actor_state_dict(checkpoint)
     return float(sum(state[name].detach().double().pow(2).sum() for name in sorted(state)) ** 0.5)
