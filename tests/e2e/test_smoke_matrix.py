@@ -37,6 +37,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
                    "actor/pg_loss", "rollout_corr/bypass", "training/rollout_probs_diff_max"),
     "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
+    "reasoning_gym": ("reward_extra/correct/mean", "reward_extra/format/mean", "actor/grad_norm", "critic/score/max"),
 }
 
 
@@ -49,6 +50,16 @@ def _dapo_refilled(steps: list[dict], out: Path) -> None:
 
 def _tool_turns(steps: list[dict], out: Path) -> None:
     assert all(s["num_turns/min"] >= 1 and s["num_turns/max"] <= 5 for s in steps)
+
+
+def _environment_scored(steps: list[dict], out: Path) -> None:
+    """The reasoning-gym environment gave the rows and scored them: its task's score_answer (0..1, partial credit
+    for a response containing the answer) spread over the batch, and the update had a gradient."""
+    assert (out / "environment" / "train.parquet").is_file()
+    for s in steps:
+        assert s["reward/errors"] == 0.0 and 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.0
+        assert s["actor/grad_norm"] > 0
+    assert any(s["critic/score/max"] > s["critic/score/min"] for s in steps), steps
 
 
 def _own_process(role: str):
@@ -117,7 +128,7 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
 
 
-CHECKS = {"quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+CHECKS = {"reasoning_gym": _environment_scored, "quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
