@@ -37,6 +37,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
                    "actor/pg_loss", "rollout_corr/bypass", "training/rollout_probs_diff_max"),
     "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
+    "textarena": ("num_turns/mean", "env/errors", "env/truncated", "reward_extra/finished/mean",
+                  "training/rollout_probs_diff_max"),
     "reasoning_gym": ("reward_extra/correct/mean", "reward_extra/format/mean", "actor/grad_norm", "critic/score/max"),
 }
 
@@ -142,6 +144,9 @@ EXTRA_RUNS = {
                                  "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
     # a LoRA actor with a rollout pool of its own: the pushes carry the adapter alone
     "async_lora": ("grpo_async", ["actor.lora={rank: 4, alpha: 8}", "trainer.merge_at_end=false"]),
+    # room for whole game turns: the tiny tokenizer spends ~1 token per character of the game's replies
+    "textarena_turns": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
+                                      "rollout.agent.max_turns=3"]),
 }
 
 
@@ -163,7 +168,8 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
-             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora"}
+             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora",
+             "test_textarena_multi_turn_smoke_run": "textarena_turns"}
     wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
@@ -304,3 +310,20 @@ def test_smoke_with_smollm2(tmp_path):
     assert "model: smollm2" in result.stderr
     steps = [r for r in records(tmp_path / "outputs/smoke/grpo") if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2] and "actor/kl_loss" in steps[-1]
+
+
+@pytest.mark.timeout(1200)
+def test_textarena_multi_turn_smoke_run(smoke_runs):
+    """A TextArena game (GuessTheNumber-v0) through the environment agent loop: every episode had more than one
+    assistant turn (the game's replies in between, as masked user turns: tests/unit/rollout/test_environment.py),
+    the game's reward reached the reward manager without errors, and the actor's recomputed log-probs on the
+    multi-turn sequences agree with the rollout's (fp32 decode: float noise only)."""
+    result, out = smoke_runs["textarena_turns"].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for s in steps:
+        assert s["num_turns/min"] >= 2 and s["num_turns/max"] <= 3, s
+        assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0
+        assert s["reward_extra/finished/mean"] > 0  # games ended by themselves and gave their reward
+        assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
