@@ -268,3 +268,16 @@ def test_the_conformance_check_plays_and_scores(registries):
 
     with pytest.raises(ContractError, match="finite number"):
         check_environment(EnvironmentSpec(name="broken", cls=Broken))
+
+
+def test_the_step_and_validation_keep_the_generations_own_fields():
+    """join_generation (the training step) keeps a generation's per-sample fields the prompts lack (env_reward)."""
+    from rlkit.step.generate import join_generation
+
+    repeated = Batch({"input_ids": torch.ones(2, 3, dtype=torch.long)},
+                     non_tensors={"uid": ["a", "b"], "data_source": ["guess", "guess"]})
+    gen = Batch({"responses": torch.ones(2, 4, dtype=torch.long)},
+                non_tensors={"env_reward": [{"score": 1.0}, {"error": "x"}], "data_source": ["other", "other"]})
+    batch, _ = join_generation(repeated, gen)
+    assert list(batch["env_reward"]) == [{"score": 1.0}, {"error": "x"}]
+    assert list(batch["data_source"]) == ["guess", "guess"]  # the prompts' own fields win
