@@ -1,4 +1,5 @@
-"""The rlkit-textarena plugin on the real textarena 0.7.4: GuessTheNumber-v0 as a multi-turn environment, offline."""
+"""The rlkit-textarena plugin on the real textarena 0.7.4: GuessTheNumber-v0 as a multi-turn environment,
+offline."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from rlkit.testing import check_environment
 
 
 def test_a_game_passes_the_conformance_check():
-    seen = check_environment("textarena", answers=["[10]", "[15]", "[5]", "[12]"], max_turns=12, size=3, val_size=1)
+    seen = check_environment(
+        "textarena", answers=["[10]", "[15]", "[5]", "[12]"], max_turns=12, size=3, val_size=1
+    )
     assert seen["rows"] == 3 and all(1 <= t <= 12 for t in seen["turns"])
     assert all(0.0 <= s <= 1.0 for s in seen["scores"])
 
@@ -17,8 +20,9 @@ def test_an_episode_replies_with_the_games_new_lines_and_rewards_a_win():
     from rlkit.data.environment import build_environment
 
     registries = build_registries()
-    env, problems = resolve("data.environment", "environments", {"name": "textarena", "size": 1, "val_size": 0},
-                            registries)
+    env, problems = resolve(
+        "data.environment", "environments", {"name": "textarena", "size": 1, "val_size": 0}, registries
+    )
     assert not problems
     game = build_environment(env)
     row = game.rows("train")[0]

@@ -1,4 +1,5 @@
-"""An environment's rows (``data.environment``): built from its resolved component, checked, written as parquet.
+"""An environment's rows (``data.environment``): built from its resolved component, checked, written to
+parquet.
 
 The run writes them once, on the driver, to ``<output_dir>/environment/{train,val}.parquet`` and reads
 them back with ``RLDataset`` like any data file, so every row-level feature (prompt-length policy,
@@ -15,8 +16,13 @@ from rlkit.data._io import write_rows
 from rlkit.errors import RlkitError
 from rlkit.plugin.registry import load_object
 
-__all__ = ["EnvironmentError_", "build_environment", "environment_rows", "write_environment_rows",
-           "ENVIRONMENT_AGENT"]
+__all__ = [
+    "EnvironmentError_",
+    "build_environment",
+    "environment_rows",
+    "write_environment_rows",
+    "ENVIRONMENT_AGENT",
+]
 
 ENVIRONMENT_AGENT = "environment"  # the agent loop multi-turn environments run in (registry `agent_loops`)
 
@@ -26,7 +32,7 @@ class EnvironmentError_(RlkitError):  # noqa: N801 - the builtin name Environmen
 
 
 def build_environment(resolved: Any) -> Any:
-    """``cls(params=...)`` (``params`` only when the spec declares a params model) for a resolved environment."""
+    """``cls(params=...)`` (``params`` only with a params model on the spec) for a resolved environment."""
     spec = resolved.spec
     cls = load_object(spec.cls)
     try:
@@ -34,8 +40,10 @@ def build_environment(resolved: Any) -> Any:
     except RlkitError:
         raise
     except Exception as exc:
-        raise EnvironmentError_(f"environment '{resolved.name}' (from {resolved.source}) failed to start: "
-                                f"{type(exc).__name__}: {exc}. Check data.environment's parameters.") from exc
+        raise EnvironmentError_(
+            f"environment '{resolved.name}' (from {resolved.source}) failed to start: "
+            f"{type(exc).__name__}: {exc}. Check data.environment's parameters."
+        ) from exc
 
 
 def environment_rows(resolved: Any, split: str, env: Any = None) -> list[dict[str, Any]]:
@@ -46,13 +54,21 @@ def environment_rows(resolved: Any, split: str, env: Any = None) -> list[dict[st
     out = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), list) or not row["prompt"]:
-            raise EnvironmentError_(f"environment '{resolved.name}': {split} row {i} is not a dict with a non-empty "
-                                    "'prompt' list of {role, content} messages; fix its rows() method.")
+            raise EnvironmentError_(
+                f"environment '{resolved.name}': {split} row {i} is not a dict with a non-empty "
+                "'prompt' list of {role, content} messages; fix its rows() method."
+            )
         extra = {**dict(row.get("extra_info") or {}), "environment": resolved.name}
         if resolved.spec.multi_turn:
             extra["agent_name"] = ENVIRONMENT_AGENT
-        out.append({**row, "data_source": resolved.name, "reward_model": dict(row.get("reward_model") or
-                    {"style": "rule", "ground_truth": ""}), "extra_info": extra})
+        out.append(
+            {
+                **row,
+                "data_source": resolved.name,
+                "reward_model": dict(row.get("reward_model") or {"style": "rule", "ground_truth": ""}),
+                "extra_info": extra,
+            }
+        )
     return out
 
 
@@ -62,7 +78,9 @@ def write_environment_rows(resolved: Any, folder: Path) -> tuple[list[str], list
     folder.mkdir(parents=True, exist_ok=True)
     train = environment_rows(resolved, "train", env)
     if not train:
-        raise EnvironmentError_(f"environment '{resolved.name}' gave no train rows; check its size parameter.")
+        raise EnvironmentError_(
+            f"environment '{resolved.name}' gave no train rows; check its size parameter."
+        )
     write_rows(train, folder / "train.parquet")
     val = environment_rows(resolved, "val", env)
     if val:

@@ -18,7 +18,9 @@ from rlkit.errors import RlkitError
 
 __all__ = ["EnvironmentScore", "ENV_REWARD_KEY"]
 
-ENV_REWARD_KEY = "env_reward"  # a multi-turn episode's reward, per sample (non-tensor field and extra_info key)
+ENV_REWARD_KEY = (
+    "env_reward"  # a multi-turn episode's reward, per sample (non-tensor field and extra_info key)
+)
 
 
 class EnvironmentScore:
@@ -31,7 +33,9 @@ class EnvironmentScore:
     def __getstate__(self) -> dict[str, Any]:
         return {"resolved": self.resolved, "_env": None}  # the environment is rebuilt where it is used
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    ) -> Any:
         extra = extra_info or {}
         if ENV_REWARD_KEY in extra:
             reward = extra[ENV_REWARD_KEY]
@@ -39,8 +43,10 @@ class EnvironmentScore:
                 raise RlkitError(f"environment '{self.resolved.name}': the episode failed: {reward['error']}")
             return reward
         if self.resolved.spec.multi_turn:
-            raise RlkitError(f"environment '{self.resolved.name}' is multi-turn but this sample has no episode "
-                             "reward: run its rows with the `environment` agent loop (rollout.agent).")
+            raise RlkitError(
+                f"environment '{self.resolved.name}' is multi-turn but this sample has no episode "
+                "reward: run its rows with the `environment` agent loop (rollout.agent)."
+            )
         if self._env is None:
             self._env = build_environment(self.resolved)
         return self._env.score(solution_str, ground_truth, extra_info)

@@ -35,7 +35,7 @@ class _ReplyTimeout(Exception):
 
 
 async def _in_thread(fn: Any, *args: Any, timeout_s: float) -> Any:
-    """``fn(*args)`` in a daemon thread, awaited at most ``timeout_s`` (a hung call is left behind, never joined)."""
+    """``fn(*args)`` in a daemon thread, awaited at most ``timeout_s``."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
@@ -64,22 +64,45 @@ async def _in_thread(fn: Any, *args: Any, timeout_s: float) -> Any:
 class EnvironmentAgentLoop(ToolAgentLoop):
     """One episode per call of ``run``; ``params`` (``EnvironmentAgentParams``) carries the environment."""
 
-    def __init__(self, generator: Any, tokenizer: Any, tools: Any = None, *, max_response_length: int = 256,
-                 sampling: dict | None = None, params: Any = None):
+    def __init__(
+        self,
+        generator: Any,
+        tokenizer: Any,
+        tools: Any = None,
+        *,
+        max_response_length: int = 256,
+        sampling: dict | None = None,
+        params: Any = None,
+    ):
         if params is None or params.environment is None:
-            raise RlkitError("the `environment` agent loop needs an environment: set data.environment in the recipe "
-                             "(docs/environments.md).")
-        super().__init__(generator, tokenizer, None, max_turns=params.max_turns,
-                         max_response_length=max_response_length, sampling=sampling)
+            raise RlkitError(
+                "the `environment` agent loop needs an environment: set data.environment in the recipe "
+                "(docs/environments.md)."
+            )
+        super().__init__(
+            generator,
+            tokenizer,
+            None,
+            max_turns=params.max_turns,
+            max_response_length=max_response_length,
+            sampling=sampling,
+        )
         self.params = params
         self.resolved = params.environment
         self.env = build_environment(self.resolved)
 
-    async def run(self, messages: list[dict], tools_kwargs: dict | None = None, prompt_ids: list[int] | None = None,
-                  extra_info: dict | None = None) -> Trajectory:
+    async def run(
+        self,
+        messages: list[dict],
+        tools_kwargs: dict | None = None,
+        prompt_ids: list[int] | None = None,
+        extra_info: dict | None = None,
+    ) -> Trajectory:
         messages = [dict(m) for m in messages]
-        traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else self.prompt_ids(messages),
-                          messages=messages)
+        traj = Trajectory(
+            prompt_ids=list(prompt_ids) if prompt_ids is not None else self.prompt_ids(messages),
+            messages=messages,
+        )
         timeout = self.params.reply_timeout_s
         try:
             episode = await _in_thread(self.env.episode, dict(extra_info or {}), timeout_s=timeout)
@@ -94,7 +117,7 @@ class EnvironmentAgentLoop(ToolAgentLoop):
         traj.state = AgentState.DONE
         if len(traj.response_ids) > self.max_response_length:  # the last reply overshot
             for name in ("response_ids", "response_mask", "log_probs"):
-                setattr(traj, name, getattr(traj, name)[:self.max_response_length])
+                setattr(traj, name, getattr(traj, name)[: self.max_response_length])
         return traj
 
     async def _turns(self, traj: Trajectory, episode: Any) -> bool:
@@ -105,8 +128,9 @@ class EnvironmentAgentLoop(ToolAgentLoop):
                 traj.finish_reason = "length"
                 return False
             traj.state = AgentState.GENERATING
-            ids, logps, reason = await self.generator.generate_ids(traj.prompt_ids + traj.response_ids,
-                                                                   {**self.sampling, "max_new_tokens": budget})
+            ids, logps, reason = await self.generator.generate_ids(
+                traj.prompt_ids + traj.response_ids, {**self.sampling, "max_new_tokens": budget}
+            )
             traj.extend(ids, 1, logps)
             traj.num_turns += 1
             content = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -122,4 +146,3 @@ class EnvironmentAgentLoop(ToolAgentLoop):
             user = [{"role": "user", "content": truncate(str(reply or ""), self.params.max_reply_chars)}]
             traj.extend(self._delta_ids(traj.messages, user, ids), 0)
             traj.messages += user
-

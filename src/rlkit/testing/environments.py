@@ -10,9 +10,11 @@ from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_environment"]
 
-_CONTRACT = ("rows(split) -> veRL rows; score(solution_str, ground_truth, extra_info) -> number | dict with 'score'; "
-             "multi_turn: episode(extra_info) -> Episode with step(text) -> (reply, done) and reward() "
-             "(rlkit.plugin.protocols.Environment, docs/environments.md)")
+_CONTRACT = (
+    "rows(split) -> veRL rows; score(solution_str, ground_truth, extra_info) -> number | dict with 'score'; "
+    "multi_turn: episode(extra_info) -> Episode with step(text) -> (reply, done) and reward() "
+    "(rlkit.plugin.protocols.Environment, docs/environments.md)"
+)
 
 
 def _fail(name: str, problem: str) -> ContractError:
@@ -24,12 +26,20 @@ def _check_score(name: str, value: Any, where: str) -> float:
     if isinstance(value, dict) and "score" not in value:
         raise _fail(name, f"{where} returned a dict without 'score' (keys {sorted(value)})")
     if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(float(raw)):
-        raise _fail(name, f"{where} returned {raw!r}; a finite number (or a dict with one under 'score') is needed")
+        raise _fail(
+            name, f"{where} returned {raw!r}; a finite number (or a dict with one under 'score') is needed"
+        )
     return float(raw)
 
 
-def check_environment(cls_or_spec: Any, *, registries: Any = None, answers: list[str] | None = None,
-                      max_turns: int = 4, **params: Any) -> dict[str, Any]:
+def check_environment(
+    cls_or_spec: Any,
+    *,
+    registries: Any = None,
+    answers: list[str] | None = None,
+    max_turns: int = 4,
+    **params: Any,
+) -> dict[str, Any]:
     """Build the environment as a run does and check its rows, scores and (multi-turn) episodes; raise
     ``ContractError``. ``answers``: assistant texts to score / play (default: the empty string and
     ``"no"``); every row's ``reward_model.ground_truth`` is scored too when it is a string (it should
@@ -66,7 +76,9 @@ def _play(name: str, env: Any, extra: dict, answers: list[str], max_turns: int, 
     for turn in range(max_turns):
         out = episode.step(answers[turn % len(answers)])
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], bool)):
-            raise _fail(name, f"Episode.step returned {out!r}; a tuple (reply: str | None, done: bool) is needed")
+            raise _fail(
+                name, f"Episode.step returned {out!r}; a tuple (reply: str | None, done: bool) is needed"
+            )
         turns += 1
         if out[1]:
             break

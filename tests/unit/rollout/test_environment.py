@@ -27,7 +27,6 @@ from rlkit.rollout.environment import EnvironmentAgentLoop
 from rlkit.testing import ContractError, check_environment
 
 
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from rlkit.model.load import load_tokenizer
@@ -80,8 +79,10 @@ class GuessEnv:
     def rows(self, split):
         if split != "train":
             return []
-        return [{"prompt": [{"role": "user", "content": "Guess my number (1-9)."}], "extra_info": {"secret": s}}
-                for s in (3, 7)]
+        return [
+            {"prompt": [{"role": "user", "content": "Guess my number (1-9)."}], "extra_info": {"secret": s}}
+            for s in (3, 7)
+        ]
 
     def score(self, solution_str, ground_truth, extra_info):
         raise AssertionError("a multi-turn environment is scored through its episodes")
@@ -94,16 +95,18 @@ class ParityEnv:
     """Single-turn: is the number even? Rubric: correct (weight 1) and brevity (weight 0.5)."""
 
     def rows(self, split):
-        return [{"prompt": [{"role": "user", "content": f"Is {n} even? yes/no"}],
-                 "reward_model": {"style": "rule", "ground_truth": "yes" if n % 2 == 0 else "no"}}
-                for n in range(4 if split == "train" else 2)]
+        return [
+            {
+                "prompt": [{"role": "user", "content": f"Is {n} even? yes/no"}],
+                "reward_model": {"style": "rule", "ground_truth": "yes" if n % 2 == 0 else "no"},
+            }
+            for n in range(4 if split == "train" else 2)
+        ]
 
     def score(self, solution_str, ground_truth, extra_info):
         correct = float(solution_str.strip().lower() == ground_truth)
         brief = float(len(solution_str) <= 3)
         return {"score": correct + 0.5 * brief, "correct": correct, "brief": brief}
-
-
 
 
 class GuessParams(BaseModel):
@@ -114,9 +117,12 @@ class GuessParams(BaseModel):
 class _Plugin:
     @rlkit.hookimpl
     def rlkit_register_environments(self):
-        return [EnvironmentSpec(name="guess", cls=GuessEnv, params=GuessParams, multi_turn=True,
-                                description="guess a number"),
-                EnvironmentSpec(name="parity", cls=ParityEnv, description="even or odd")]
+        return [
+            EnvironmentSpec(
+                name="guess", cls=GuessEnv, params=GuessParams, multi_turn=True, description="guess a number"
+            ),
+            EnvironmentSpec(name="parity", cls=ParityEnv, description="even or odd"),
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +131,12 @@ def registries():
 
 
 def _recipe(tiny_model_dir, registries, *overrides, check_files=False):
-    raw = {"model": {"path": str(tiny_model_dir)}, "data": {"train_batch_size": 2},
-           "actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 2}}
+    raw = {
+        "model": {"path": str(tiny_model_dir)},
+        "data": {"train_batch_size": 2},
+        "actor": {"ppo_mini_batch_size": 2},
+        "rollout": {"n": 2},
+    }
     return validate_recipe(raw, list(overrides), registries=registries, check_files=check_files)
 
 
@@ -160,31 +170,40 @@ def test_validation_refuses_bad_environment_recipes(tiny_model_dir, registries):
 
 
 def test_rows_are_written_with_the_environment_as_data_source(tmp_path, registries):
-    from rlkit.data.environment import write_environment_rows
     import pyarrow.parquet as pq
+
+    from rlkit.data.environment import write_environment_rows
 
     guess, _ = resolve("data.environment", "environments", "guess", registries)
     train, val = write_environment_rows(guess, tmp_path / "g")
     rows = pq.read_table(train[0]).to_pylist()
     assert val == [] and [r["data_source"] for r in rows] == ["guess", "guess"]
-    assert [r["extra_info"]["agent_name"] for r in rows] == ["environment"] * 2  # multi-turn rows name the loop
+    assert [r["extra_info"]["agent_name"] for r in rows] == [
+        "environment"
+    ] * 2  # multi-turn rows name the loop
     parity, _ = resolve("data.environment", "environments", "parity", registries)
     train, val = write_environment_rows(parity, tmp_path / "p")
-    assert len(pq.read_table(val[0])) == 2 and "agent_name" not in pq.read_table(train[0]).to_pylist()[0]["extra_info"]
+    assert (
+        len(pq.read_table(val[0])) == 2
+        and "agent_name" not in pq.read_table(train[0]).to_pylist()[0]["extra_info"]
+    )
 
 
 def _loop(tokenizer, policy, registries, max_len=200, **params):
-    env, _ = resolve("data.environment", "environments", {"name": "guess", "mode": params.pop("mode", "")},
-                     registries)
+    env, _ = resolve(
+        "data.environment", "environments", {"name": "guess", "mode": params.pop("mode", "")}, registries
+    )
     loop, problems = resolve("rollout.agent", "agent_loops", {"name": "environment", **params}, registries)
     assert not problems
-    return EnvironmentAgentLoop(policy, tokenizer, max_response_length=max_len,
-                                params=loop.params.with_environment(env))
+    return EnvironmentAgentLoop(
+        policy, tokenizer, max_response_length=max_len, params=loop.params.with_environment(env)
+    )
 
 
 def _play(loop, secret=7):
-    return asyncio.run(loop.run([{"role": "user", "content": "Guess my number (1-9)."}], {},
-                                extra_info={"secret": secret}))
+    return asyncio.run(
+        loop.run([{"role": "user", "content": "Guess my number (1-9)."}], {}, extra_info={"secret": secret})
+    )
 
 
 def test_an_episode_masks_the_environment_replies_and_keeps_its_reward(tokenizer, registries):
@@ -220,19 +239,38 @@ def test_bad_environments_are_counted_not_fatal(tokenizer, registries):
 
 
 def test_the_rollout_hands_episode_rewards_to_the_reward_manager(tokenizer, registries, tiny_model_dir):
-    recipe = _recipe(tiny_model_dir, registries, "data.environment=guess",
-                     "rollout.agent={name: environment, max_turns: 2}")
+    recipe = _recipe(
+        tiny_model_dir,
+        registries,
+        "data.environment=guess",
+        "rollout.agent={name: environment, max_turns: 2}",
+    )
     pipeline = compose(recipe, registries)
     policy = ScriptedPolicy(tokenizer, ["3", "7"])
     rows = GuessEnv().rows("train")
-    encoded = [tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)["input_ids"] for r in rows]
-    prompts = Batch({"input_ids": torch.tensor(encoded), "attention_mask": torch.ones(2, len(encoded[0]))},
-                    non_tensors={"raw_prompt": [r["prompt"] for r in rows],
-                                 "extra_info": [{**r["extra_info"], "agent_name": "environment"} for r in rows]})
-    rollout = AgentLoopRollout(policy, tokenizer, rollout_config=RolloutConfig(), max_response_length=64,
-                               loops=dict(pipeline.agent_loops), default_agent=pipeline.default_agent,
-                               generate_ids=True)
+    encoded = [
+        tokenizer(
+            tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for r in rows
+    ]
+    prompts = Batch(
+        {"input_ids": torch.tensor(encoded), "attention_mask": torch.ones(2, len(encoded[0]))},
+        non_tensors={
+            "raw_prompt": [r["prompt"] for r in rows],
+            "extra_info": [{**r["extra_info"], "agent_name": "environment"} for r in rows],
+        },
+    )
+    rollout = AgentLoopRollout(
+        policy,
+        tokenizer,
+        rollout_config=RolloutConfig(),
+        max_response_length=64,
+        loops=dict(pipeline.agent_loops),
+        default_agent=pipeline.default_agent,
+        generate_ids=True,
+    )
     out = rollout.generate(prompts, n=1)
     # secret 3 is guessed in turn 1; secret 7 in turn 2 (the turn limit)
     assert [r["won"] for r in out.non_tensors["env_reward"]] == [1.0, 1.0]
@@ -246,7 +284,10 @@ def test_the_rollout_hands_episode_rewards_to_the_reward_manager(tokenizer, regi
     out.non_tensors["env_reward"][1] = {"error": "the game crashed"}
     with NaiveRewardManager(tokenizer, EnvironmentScore(pipeline.environment), default_score=-1.0) as manager:
         result = manager(out)
-    assert result.metrics["reward/errors"] == 1.0 and result.token_level_scores.sum(dim=1).tolist() == [1.0, -1.0]
+    assert result.metrics["reward/errors"] == 1.0 and result.token_level_scores.sum(dim=1).tolist() == [
+        1.0,
+        -1.0,
+    ]
 
 
 def test_a_single_turn_environment_scores_by_its_rubric(registries):
@@ -271,13 +312,17 @@ def test_the_conformance_check_plays_and_scores(registries):
 
 
 def test_the_step_and_validation_keep_the_generations_own_fields():
-    """join_generation (the training step) keeps a generation's per-sample fields the prompts lack (env_reward)."""
+    """join_generation (the training step) keeps the generation's per-sample fields the prompts lack."""
     from rlkit.step.generate import join_generation
 
-    repeated = Batch({"input_ids": torch.ones(2, 3, dtype=torch.long)},
-                     non_tensors={"uid": ["a", "b"], "data_source": ["guess", "guess"]})
-    gen = Batch({"responses": torch.ones(2, 4, dtype=torch.long)},
-                non_tensors={"env_reward": [{"score": 1.0}, {"error": "x"}], "data_source": ["other", "other"]})
+    repeated = Batch(
+        {"input_ids": torch.ones(2, 3, dtype=torch.long)},
+        non_tensors={"uid": ["a", "b"], "data_source": ["guess", "guess"]},
+    )
+    gen = Batch(
+        {"responses": torch.ones(2, 4, dtype=torch.long)},
+        non_tensors={"env_reward": [{"score": 1.0}, {"error": "x"}], "data_source": ["other", "other"]},
+    )
     batch, _ = join_generation(repeated, gen)
     assert list(batch["env_reward"]) == [{"score": 1.0}, {"error": "x"}]
     assert list(batch["data_source"]) == ["guess", "guess"]  # the prompts' own fields win

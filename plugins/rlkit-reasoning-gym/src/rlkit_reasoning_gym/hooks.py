@@ -20,6 +20,12 @@ def rlkit_register_environments() -> list[EnvironmentSpec]:
 
 @hookimpl
 def rlkit_register_compute_scores() -> list[ComputeScoreSpec]:
-    # rows written by `rlkit data reasoning-gym` carry their parameters; this scores them without data.environment
-    return [ComputeScoreSpec(name="reasoning_gym", fn="rlkit_reasoning_gym.env:compute_score",
-                             description="reasoning-gym rows from parquet (their extra_info.params)")]
+    # rows written by `rlkit data reasoning-gym` carry their parameters: this scores them without
+    # data.environment
+    return [
+        ComputeScoreSpec(
+            name="reasoning_gym",
+            fn="rlkit_reasoning_gym.env:compute_score",
+            description="reasoning-gym rows from parquet (their extra_info.params)",
+        )
+    ]

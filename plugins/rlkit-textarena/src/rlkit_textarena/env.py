@@ -34,8 +34,10 @@ def _make(env_id: str) -> Any:
     try:
         return ta.make(env_id)
     except Exception as exc:
-        raise RlkitError(f"data.environment (textarena): cannot make game {env_id!r}: {type(exc).__name__}: {exc}. "
-                         "Use a single-player game that runs locally, e.g. GuessTheNumber-v0.") from exc
+        raise RlkitError(
+            f"data.environment (textarena): cannot make game {env_id!r}: {type(exc).__name__}: {exc}. "
+            "Use a single-player game that runs locally, e.g. GuessTheNumber-v0."
+        ) from exc
 
 
 class TextArenaEpisode:
@@ -56,7 +58,11 @@ class TextArenaEpisode:
             self.result = self.env.close()
             return None, True
         _, observation = self.env.get_observation()
-        new = str(observation)[len(str(self.seen)):] if str(observation).startswith(str(self.seen)) else str(observation)
+        new = (
+            str(observation)[len(str(self.seen)) :]
+            if str(observation).startswith(str(self.seen))
+            else str(observation)
+        )
         self.seen = observation
         lines = [line for line in new.strip().split("\n") if not line.startswith("[Player]")]
         return "\n".join(lines).strip() or "(no reply)", False
@@ -66,8 +72,12 @@ class TextArenaEpisode:
             return {"score": 0.0, "won": 0.0, "finished": 0.0}
         rewards, info = self.result
         value = float(rewards.get(0, 0.0))
-        return {"score": value, "won": float(value >= 1.0), "finished": 1.0,
-                "turns": float((info.get(0) or {}).get("turn_count", 0))}
+        return {
+            "score": value,
+            "won": float(value >= 1.0),
+            "finished": 1.0,
+            "turns": float((info.get(0) or {}).get("turn_count", 0)),
+        }
 
 
 class TextArenaEnv:
@@ -82,13 +92,20 @@ class TextArenaEnv:
         rows = []
         for i in range(size):
             seed = first + i
-            rows.append({"prompt": [{"role": "user", "content": TextArenaEpisode(p.env_id, seed).opening()}],
-                         "ability": "game", "reward_model": {"style": "rule", "ground_truth": ""},
-                         "extra_info": {"split": split, "seed": seed, "env_id": p.env_id}})
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": TextArenaEpisode(p.env_id, seed).opening()}],
+                    "ability": "game",
+                    "reward_model": {"style": "rule", "ground_truth": ""},
+                    "extra_info": {"split": split, "seed": seed, "env_id": p.env_id},
+                }
+            )
         return rows
 
     def score(self, solution_str: str, ground_truth: Any, extra_info: dict | None) -> Any:
-        raise RlkitError("textarena is multi-turn: its episodes are scored when they end (the environment agent loop)")
+        raise RlkitError(
+            "textarena is multi-turn: its episodes are scored when they end (the environment agent loop)"
+        )
 
     def episode(self, extra_info: dict) -> TextArenaEpisode:
         return TextArenaEpisode(str(extra_info.get("env_id") or self.params.env_id), int(extra_info["seed"]))

@@ -14,6 +14,6 @@ def rlkit_register_environments() -> list[EnvironmentSpec]:
             cls="rlkit_textarena.env:TextArenaEnv",
             params="rlkit_textarena.env:TextArenaParams",
             multi_turn=True,
-            description="a single-player TextArena game (GuessTheNumber-v0, ...): its messages are user turns",
+            description="a single-player TextArena game (GuessTheNumber-v0, ...): its lines are user turns",
         ),
     ]
