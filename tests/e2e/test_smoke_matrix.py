@@ -147,6 +147,12 @@ EXTRA_RUNS = {
     # room for whole game turns: the tiny tokenizer spends ~1 token per character of the game's replies
     "textarena_turns": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
                                       "rollout.agent.max_turns=3"]),
+    # the same episodes generated ahead in a rollout pool of its own (trainer.mode async)
+    "textarena_async": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
+                                      "rollout.agent.max_turns=3", "trainer.mode=async",
+                                      "resources.pools={train: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}, "
+                                      "generate: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}}",
+                                      "resources.roles={actor_rollout_ref: train, rollout: generate}"]),
 }
 
 
@@ -170,10 +176,12 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
              "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora",
              "test_textarena_multi_turn_smoke_run": "textarena_turns"}
+    needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
     wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
-        run = spec.params["name"] if name == "test_recipe_smoke_run" and spec is not None else needs.get(name)
+        run = spec.params["name"] if name in {"test_recipe_smoke_run", *needs_param} and spec is not None \
+            else needs.get(name)
         if run is not None and run not in wanted:
             wanted.append(run)
     root = tmp_path_factory.mktemp("smoke-runs")
@@ -313,12 +321,15 @@ def test_smoke_with_smollm2(tmp_path):
 
 
 @pytest.mark.timeout(1200)
-def test_textarena_multi_turn_smoke_run(smoke_runs):
+@pytest.mark.parametrize("name", ["textarena_turns", "textarena_async"])
+def test_textarena_multi_turn_smoke_run(name, smoke_runs):
     """A TextArena game (GuessTheNumber-v0) through the environment agent loop: every episode had more than one
     assistant turn (the game's replies in between, as masked user turns: tests/unit/rollout/test_environment.py),
     the game's reward reached the reward manager without errors, and the actor's recomputed log-probs on the
-    multi-turn sequences agree with the rollout's (fp32 decode: float noise only)."""
-    result, out = smoke_runs["textarena_turns"].result()
+    multi-turn sequences agree with the rollout's (fp32 decode: float noise only) — in sync mode and with the
+    episodes generated ahead in a rollout pool (async; the tiny model's games score 0, so its weights do not move
+    and a stale sample's log-probs still agree)."""
+    result, out = smoke_runs[name].result()
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
