@@ -17,7 +17,7 @@ TORCH = "torch==2.13.0"
 def _install(session: nox.Session, *extras: str) -> None:
     session.install(TORCH)
     session.install("-e", f".[{','.join(('test', *extras))}]", "-e", "plugins/rlkit-example", "-e", "plugins/rlkit-sglang",
-                    "-e", "plugins/rlkit-vllm")
+                    "-e", "plugins/rlkit-vllm", "-e", "plugins/rlkit-reasoning-gym", "-e", "plugins/rlkit-textarena")
 
 
 @nox.session

@@ -40,6 +40,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
                    "actor/pg_loss", "rollout_corr/bypass", "training/rollout_probs_diff_max"),
     "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
+    "textarena": ("num_turns/mean", "env/errors", "env/truncated", "reward_extra/finished/mean",
+                  "training/rollout_probs_diff_max"),
+    "reasoning_gym": ("reward_extra/correct/mean", "reward_extra/format/mean", "actor/grad_norm", "critic/score/max"),
 }
 
 
@@ -52,6 +55,16 @@ def _dapo_refilled(steps: list[dict], out: Path) -> None:
 
 def _tool_turns(steps: list[dict], out: Path) -> None:
     assert all(s["num_turns/min"] >= 1 and s["num_turns/max"] <= 5 for s in steps)
+
+
+def _environment_scored(steps: list[dict], out: Path) -> None:
+    """The reasoning-gym environment gave the rows and scored them: its task's score_answer (0..1, partial credit
+    for a response containing the answer) spread over the batch, and the update had a gradient."""
+    assert (out / "environment" / "train.parquet").is_file()
+    for s in steps:
+        assert s["reward/errors"] == 0.0 and 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.0
+        assert s["actor/grad_norm"] > 0
+    assert any(s["critic/score/max"] > s["critic/score/min"] for s in steps), steps
 
 
 def _own_process(role: str):
@@ -159,7 +172,7 @@ def _values(name: str, steps: list[dict]) -> None:
         assert all(s["critic/score/max"] > s["critic/score/min"] and s["actor/grad_norm"] > 0 for s in steps), steps
 
 
-CHECKS = {"quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
+CHECKS = {"reasoning_gym": _environment_scored, "quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
           "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
@@ -173,6 +186,15 @@ EXTRA_RUNS = {
                                  "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
     # a LoRA actor with a rollout pool of its own: the pushes carry the adapter alone
     "async_lora": ("grpo_async", ["actor.lora={rank: 4, alpha: 8}", "trainer.merge_at_end=false"]),
+    # room for whole game turns: the tiny tokenizer spends ~1 token per character of the game's replies
+    "textarena_turns": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
+                                      "rollout.agent.max_turns=3"]),
+    # the same episodes generated ahead in a rollout pool of its own (trainer.mode async)
+    "textarena_async": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
+                                      "rollout.agent.max_turns=3", "trainer.mode=async",
+                                      "resources.pools={train: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}, "
+                                      "generate: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}}",
+                                      "resources.roles={actor_rollout_ref: train, rollout: generate}"]),
 }
 
 
@@ -194,11 +216,14 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
     needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
-             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora"}
+             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora",
+             "test_textarena_multi_turn_smoke_run": "textarena_turns"}
+    needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
     wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
-        run = spec.params["name"] if name == "test_recipe_smoke_run" and spec is not None else needs.get(name)
+        run = spec.params["name"] if name in {"test_recipe_smoke_run", *needs_param} and spec is not None \
+            else needs.get(name)
         if run is not None and run not in wanted:
             wanted.append(run)
     root = tmp_path_factory.mktemp("smoke-runs")
@@ -337,3 +362,23 @@ def test_smoke_with_smollm2(tmp_path):
     assert "model: smollm2" in result.stderr
     steps = [r for r in records(tmp_path / "outputs/smoke/grpo") if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2] and "actor/kl_loss" in steps[-1]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", ["textarena_turns", "textarena_async"])
+def test_textarena_multi_turn_smoke_run(name, smoke_runs):
+    """A TextArena game (GuessTheNumber-v0) through the environment agent loop: every episode had more than one
+    assistant turn (the game's replies in between, as masked user turns: tests/unit/rollout/test_environment.py),
+    the game's reward reached the reward manager without errors, and the actor's recomputed log-probs on the
+    multi-turn sequences agree with the rollout's (fp32 decode: float noise only) — in sync mode and with the
+    episodes generated ahead in a rollout pool (async; the tiny model's games score 0, so its weights do not move
+    and a stale sample's log-probs still agree)."""
+    result, out = smoke_runs[name].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for s in steps:
+        assert s["num_turns/min"] >= 2 and s["num_turns/max"] <= 3, s
+        assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0
+        assert s["reward_extra/finished/mean"] > 0  # games ended by themselves and gave their reward
+        assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4

@@ -130,6 +130,10 @@ def test_role(name):
 
 def test_every_kind_is_covered():
     covered = {"estimators", "policy_losses", "reward_managers", "compute_scores", "rollout_backends", "agent_loops",
-               "tools", "trackers", "roles", "rollout_corrections"}
+               "tools", "trackers", "roles", "rollout_corrections",
+               # none built in: check_environment runs on the plugins' (tests/plugins/test_reasoning_gym_plugin.py,
+               # test_textarena_plugin.py) and on the test environments of tests/unit/rollout/test_environment.py
+               "environments"}
     assert covered == {kind for kind, _ in BUILTINS.items()}
+    assert BUILTINS.environments.names() == []
     assert set(SCORE_EXAMPLES) == set(names("compute_scores")) and set(TOOL_CALLS) == set(names("tools"))

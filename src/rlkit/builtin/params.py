@@ -7,9 +7,9 @@ validation checks them against these models, and the component receives the vali
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr
 
 __all__ = [
     "Params",
@@ -98,3 +98,24 @@ class PythonToolParams(Params):
 class ToolAgentParams(Params):
     max_turns: PositiveInt = Field(4, description="assistant turns per trajectory")
     max_tool_response_chars: PositiveInt = Field(2000, description="a tool's answer is cut to this many characters")
+
+
+class EnvironmentAgentParams(Params):
+    """``rollout.agent: {name: environment, ...}``; the environment itself comes from ``data.environment``
+    (the composition root attaches it, ``with_environment``)."""
+
+    max_turns: PositiveInt = Field(8, description="assistant turns per episode; an episode still open is truncated")
+    reply_timeout_s: PositiveFloat = Field(10.0, description="seconds one environment reply may take; past "
+                                           "that the episode ends with an error (counted in env/errors)")
+    max_reply_chars: PositiveInt = Field(2000, description="an environment reply is cut to this many characters")
+    _environment: Any = PrivateAttr(None)
+
+    def with_environment(self, environment: Any) -> EnvironmentAgentParams:
+        """A copy carrying ``environment`` (a ``rlkit.recipe.compose.Resolved`` of registry `environments`)."""
+        out = self.model_copy()
+        out._environment = environment
+        return out
+
+    @property
+    def environment(self) -> Any:
+        return self._environment

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlkit.builtin.params import HFRolloutParams, ToolAgentParams
+from rlkit.builtin.params import EnvironmentAgentParams, HFRolloutParams, ToolAgentParams
 from rlkit.plugin.hookspecs import hookimpl
 from rlkit.plugin.specs import AgentLoopSpec, RolloutBackendSpec
 
@@ -34,5 +34,12 @@ def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
             params=ToolAgentParams,
             uses_tools=True,
             description="Hermes-style tool calls between assistant turns; tool tokens masked out of the loss",
+        ),
+        AgentLoopSpec(
+            name="environment",
+            cls="rlkit.rollout.environment:EnvironmentAgentLoop",
+            params=EnvironmentAgentParams,
+            uses_environment=True,
+            description="multi-turn episodes of data.environment: its replies are user turns, masked out of the loss",
         ),
     ]

@@ -3,6 +3,10 @@
     rlkit data gsm8k --input ../shared/data/gsm8k --output data/gsm8k      # train + test.parquet
     rlkit data math500 --input ../shared/data/math500 --output data/math500  # test.parquet only
     rlkit data arithmetic --output data/arithmetic --train-size 2000 --test-size 50 --seed 0
+    rlkit data reasoning-gym --task leg_counting --size 512 --seed 1 --output data/leg_counting
+
+``reasoning-gym`` writes the rows the ``reasoning_gym`` environment gives a run (plugin rlkit-reasoning-gym;
+docs/environments.md): the same function makes both.
 """
 
 from __future__ import annotations
@@ -47,6 +51,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--ops", default="+", help="operators to use, from '+-' (default '+')")
     sub.add_argument("--instruction", default=synthetic.DEFAULT_INSTRUCTION, help="text appended to each question")
     sub.set_defaults(func=_run_arithmetic)
+
+    what = "rows of a reasoning-gym task (plugin rlkit-reasoning-gym): train.parquet (+ test.parquet)"
+    sub = kinds.add_parser("reasoning-gym", help=what, description=what + "; the same rows data.environment gives.")
+    sub.add_argument("--task", required=True, help="reasoning-gym task, e.g. leg_counting or basic_arithmetic")
+    sub.add_argument("--size", type=int, default=256, help="training rows (default 256)")
+    sub.add_argument("--val-size", type=int, default=32, help="test rows, seed + 1 (default 32; 0 = none)")
+    sub.add_argument("--seed", type=int, default=1, help="seed of the training rows (default 1)")
+    sub.add_argument("--output", required=True, help="folder to write the parquet files to")
+    sub.set_defaults(func=_run_reasoning_gym)
 
 
 def _output_folder(path: str) -> str:
@@ -97,4 +110,25 @@ def _run_arithmetic(args: argparse.Namespace) -> int:
         ops=tuple(args.ops),
         instruction=args.instruction,
     )
+    return _report(written)
+
+
+def _run_reasoning_gym(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlkit.data.environment import write_environment_rows
+    from rlkit.errors import RecipeError
+    from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
+
+    component = {"name": "reasoning_gym", "task": args.task, "size": args.size, "val_size": args.val_size,
+                 "seed": args.seed}
+    resolved, problems = resolve("rlkit data reasoning-gym", "environments", component, build_registries())
+    if problems:
+        raise RecipeError(problems)
+    out = Path(args.output)
+    train, val = write_environment_rows(resolved, out)
+    written = {"train": train[0]}
+    if val:
+        written["test"] = str(Path(val[0]).replace(out / "test.parquet"))
     return _report(written)

@@ -107,8 +107,10 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("reward.reward_model.path", lambda old, raw, plan: plan.reward_model_path),
     Rule("reward.reward_model.micro_batch_size_per_rank", 8),
     # data and sizes
-    Rule("data.train_files", lambda old, raw, plan: plan.train_files, always=True),
+    Rule("data.train_files", lambda old, raw, plan: plan.train_files or DELETE, always=True),
     Rule("data.val_files", lambda old, raw, plan: plan.val_files),
+    Rule("data.environment.size", lambda old, raw, plan: min(old, TRAIN_ROWS)),  # an environment's own rows
+    Rule("data.environment.val_size", lambda old, raw, plan: min(old, VAL_ROWS)),
     Rule("data.max_prompt_length", lambda old, raw, plan: min(old, 512)),
     Rule("data.max_response_length", RESPONSE_LENGTH, always=True),
     Rule("data.train_batch_size", BATCH, always=True),
@@ -183,6 +185,9 @@ def plan_smoke(raw: dict, name: str, names: dict[str, str], model: str = "tiny")
     data_dir = Path("outputs/smoke") / name / "data"
     real = bool(train) and all(Path(f).expanduser().is_file() for f in train + val)
     tag = "recipe" if real else "synthetic"
+    if get_path(raw, "data.environment") is not None:  # the environment gives the rows: no files to make
+        return SmokePlan(name=name, model=model, model_path=model_path, reward_model_path=reward_model_path,
+                         data_dir=data_dir, train_source=[], val_source=[], data_source="(the environment's)")
     return SmokePlan(name=name, model=model, model_path=model_path, reward_model_path=reward_model_path, data_dir=data_dir, train_source=train,
                      val_source=val,
                      data_source=infer_data_source(train, names, bool(get_path(raw, "reward.reward_model.enable"))),
@@ -235,7 +240,7 @@ def format_swaps(swaps: list[Swap], plan: SmokePlan) -> str:
 
     width = max((len(s.key) for s in swaps), default=0)
     data = "a few rows of the recipe's own files" if "recipe-" in (plan.train_files or [""])[0] else \
-        f"a synthetic set labelled {plan.data_source}"
+        f"a synthetic set labelled {plan.data_source}" if plan.train_files else "the environment's own rows"
     lines = [f"--smoke: {len(swaps)} keys swapped for a laptop run (model: {plan.model}; data: {data}); "
              "the algorithm is unchanged"]
     lines += [f"  {s.key:<{width}}  {show(s.old)} → {show(s.new)}" for s in swaps]
@@ -268,6 +273,8 @@ def prepare_smoke(plan: SmokePlan, reward_model: bool = False) -> None:
         _build_tiny(Path(plan.model_path))
     if reward_model:
         _build_tiny(Path(plan.reward_model_path), reward=True)
+    if not plan.train_files:  # data.environment gives the rows
+        return
     if plan.train_files and "recipe-" in plan.train_files[0]:
         _subset(plan.train_source, plan.train_files[0], TRAIN_ROWS)
         if plan.val_files:

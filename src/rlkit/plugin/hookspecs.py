@@ -12,6 +12,7 @@ import pluggy
 from rlkit.plugin.specs import (
     AgentLoopSpec,
     ComputeScoreSpec,
+    EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
     RewardManagerSpec,
@@ -79,6 +80,11 @@ def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
     """Rollout corrections (``algorithm.rollout_correction``): token_tis, seq_tis, token_mis, seq_mis, icepop, decoupled."""
 
 
+@hookspec
+def rlkit_register_environments() -> list[EnvironmentSpec]:
+    """Environments (``data.environment``): rows, their score, and for multi-turn ones the replies."""
+
+
 # registry kind -> (hook name, spec type). The single source of truth for the registries.
 REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "estimators": ("rlkit_register_estimators", EstimatorSpec),
@@ -91,4 +97,5 @@ REGISTRY_KINDS: dict[str, tuple[str, type]] = {
     "tools": ("rlkit_register_tools", ToolSpec),
     "agent_loops": ("rlkit_register_agent_loops", AgentLoopSpec),
     "rollout_corrections": ("rlkit_register_rollout_corrections", RolloutCorrectionSpec),
+    "environments": ("rlkit_register_environments", EnvironmentSpec),
 }

@@ -20,6 +20,7 @@ roles              ``ActorRolloutRefRole``, ``RolloutRole``, ``RefRole``, ``Crit
 agent_loops        ``AgentLoop``        ``cls(generator, tokenizer, tools, *, max_response_length,
                                         sampling[, params])``
 tools              ``Tool``             ``cls()`` (``[, params]``)
+environments       ``Environment``      ``cls()`` (``[, params]``); multi-turn ones make ``Episode`` objects
 =================  ===================  ============================================================
 
 ``[, params]``: passed (as ``params=``, the validated pydantic model) only when the spec declares a
@@ -68,6 +69,8 @@ __all__ = [
     "ROLE_KWARGS",
     "AgentLoop",
     "Tool",
+    "Environment",
+    "Episode",
 ]
 
 
@@ -392,3 +395,36 @@ class Tool(Protocol):
     async def execute(self, arguments: dict[str, Any], **tools_kwargs: Any) -> ToolResult:
         """One call; ``tools_kwargs``: the data row's ``extra_info.tools_kwargs[name]``."""
         ...
+
+
+# ----- environments ---------------------------------------------------------------------------------
+@runtime_checkable
+class Episode(Protocol):
+    """One multi-turn episode of an environment (``Environment.episode``), driven by the ``environment``
+    agent loop (``rlkit.rollout.environment``): after each assistant turn the loop calls ``step`` with the
+    turn's text; the returned reply becomes a user turn (masked out of the loss) unless the episode is done."""
+
+    def step(self, assistant_text: str) -> tuple[str | None, bool]:
+        """``(reply, done)``: the environment's next user message (None or "" when done) and whether the
+        episode ended. May raise or hang: the loop times it out and counts it (``env/errors``)."""
+        ...
+
+    def reward(self) -> float | dict[str, float]:
+        """The episode's reward: a number, or a rubric's parts with ``score`` (each part logged)."""
+        ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A source of rows and their scores (registry ``environments``; docs/environments.md).
+
+    ``rows(split)`` → veRL rows (``data_source`` = the spec's name, ``prompt`` messages,
+    ``reward_model.ground_truth``, ``extra_info``), ``split`` ``"train"`` or ``"val"`` (an empty list: no
+    validation rows). ``score(solution_str, ground_truth, extra_info)`` → a number, or a dict with ``score``
+    and the rubric's weighted parts (each logged as ``reward_extra/<part>``); it runs in the reward
+    manager's scoring child. A spec with ``multi_turn`` also has ``episode(extra_info) -> Episode``.
+    """
+
+    def rows(self, split: str) -> list[dict[str, Any]]: ...
+
+    def score(self, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None) -> Any: ...

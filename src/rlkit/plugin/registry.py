@@ -31,6 +31,10 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
                                      "(docs/sglang.md)"),
     ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e "
                                    "plugins/rlkit-vllm), plus vLLM itself (docs/vllm.md)"),
+    ("environments", "reasoning_gym"): ("pip install -e plugins/rlkit-reasoning-gym (it installs reasoning-gym; "
+                                        "docs/environments.md)"),
+    ("environments", "textarena"): ("pip install -e plugins/rlkit-textarena (it installs textarena; "
+                                    "docs/environments.md)"),
 }
 
 
@@ -131,6 +135,7 @@ class Registries:
     tools: Registry
     agent_loops: Registry
     rollout_corrections: Registry
+    environments: Registry
 
     def __init__(self, plugins: PluginSet):
         self.plugins = plugins

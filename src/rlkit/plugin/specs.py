@@ -52,6 +52,7 @@ __all__ = [
     "ToolSpec",
     "AgentLoopSpec",
     "RolloutCorrectionSpec",
+    "EnvironmentSpec",
 ]
 
 
@@ -164,6 +165,8 @@ class AgentLoopSpec(Spec):
 
     cls: type | str | None = None
     uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model
+    # True: ``run`` also takes ``extra_info=`` (the row's) and its params carry the recipe's data.environment
+    uses_environment: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,3 +183,13 @@ class RolloutCorrectionSpec(Spec):
     # True: its params model has a bool ``bypass`` (and its function a ``bypass`` keyword: pi_old := pi_rollout); set,
     # the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and the call (rlkit.step.correction)
     bypass: bool = False
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec(Spec):
+    """An environment (``data.environment``): ``cls(params=...)`` (``params`` only with a params model) giving
+    its rows, their score and, with ``multi_turn``, an episode per row (contract:
+    ``rlkit.plugin.protocols.Environment``; docs/environments.md). Its rows carry ``data_source`` = ``name``."""
+
+    cls: type | str | None = None
+    multi_turn: bool = False  # True: rows run through the `environment` agent loop, the env replying each turn

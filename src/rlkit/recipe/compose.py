@@ -41,6 +41,7 @@ COMPONENT_KEYS = {
     "rollout.backend": "rollout_backends",
     "rollout.agent": "agent_loops",
     "algorithm.rollout_correction": "rollout_corrections",
+    "data.environment": "environments",
 }
 # recipe key -> registry kind, for keys holding a list of Components
 COMPONENT_LISTS = {"rollout.tools": "tools", "tracking.backends": "trackers"}
@@ -99,6 +100,7 @@ class Pipeline:
     score_fns: Mapping[str, Callable[..., Any]]  # data_source (and aliases) -> compute_score
     roles: Mapping[str, PlacedRole] = field(default_factory=dict)  # slot -> role
     rollout_correction: Resolved | None = None  # algorithm.rollout_correction (None = off)
+    environment: Resolved | None = None  # data.environment: gives the rows, scores its data_source
 
     def role(self, slot: str) -> PlacedRole | None:
         return self.roles.get(slot)
@@ -214,6 +216,12 @@ def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tupl
     return placed, problems
 
 
+def _with_environment(loop: Resolved, environment: Resolved) -> Resolved:
+    if not getattr(loop.spec, "uses_environment", False) or loop.params is None:
+        return loop
+    return Resolved(loop.kind, loop.name, loop.spec, loop.params.with_environment(environment), loop.source)
+
+
 def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., Any] | None = None) -> Pipeline:
     """Resolve every component of a validated recipe (raises ``RecipeError`` if one does not resolve)."""
     estimator = _must("algorithm.estimator", "estimators", recipe.algorithm.estimator, registries)
@@ -226,6 +234,12 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
              for e in registries.agent_loops}  # a data row may name any loop; it runs with default params
     if default is not None:
         loops[default.name] = default
+    environment = (_must("data.environment", "environments", recipe.data.environment, registries)
+                   if recipe.data.environment is not None else None)
+    if environment is not None:  # the loops that run its episodes carry it (rlkit.rollout.environment)
+        loops = {name: _with_environment(loop, environment) for name, loop in loops.items()}
+        if environment.spec.multi_turn and default is None:
+            default = loops.get("environment")
     correction = recipe.algorithm.rollout_correction
     scores: dict[str, Callable[..., Any]] = {}
     for entry in registries.compute_scores:
@@ -243,6 +257,7 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
                        for i, t in enumerate(recipe.tracking.backends)),
         score_fns=scores,
         roles=roles,
+        environment=environment,
         rollout_correction=(_must("algorithm.rollout_correction", "rollout_corrections", correction, registries)
                             if correction is not None else None),
     )

@@ -89,7 +89,12 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train_files: list[str] = Field(description="parquet files in veRL's row schema")
+    train_files: list[str] = Field(default_factory=list, description="parquet files in veRL's row schema "
+                                   "(required unless data.environment gives the rows)")
+    environment: Component | None = Field(
+        None, description="an environment (registry `environments`) and its parameters, e.g. {name: reasoning_gym, "
+        "task: leg_counting}: it gives the rows (train_files/val_files must then be empty) and scores them "
+        "(docs/environments.md)")
     val_files: list[str] = Field(default_factory=list, description="parquet files for validation; empty = no validation")
     prompt_key: str = Field("prompt", description="column holding the chat messages")
     max_prompt_length: PositiveInt = Field(512, description="prompt tokens after the chat template")

@@ -121,7 +121,10 @@ def _message(err: dict) -> str:
 def _default_name(key: str) -> str | None:
     """The schema's default component name at ``key`` (``actor.policy_loss`` → ``ppo_clip``)."""
     section, field = key.split(".")
-    default = Recipe.model_fields[section].default_factory().__class__.model_fields[field].default
+    factory = Recipe.model_fields[section].default_factory
+    if factory is None:  # a required section (data): its optional components default to none
+        return None
+    default = factory().__class__.model_fields[field].default
     return getattr(default, "name", None)
 
 
@@ -239,6 +242,7 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     for role, pool in recipe.resources.roles.items():
         if pool not in recipe.resources.pools:
             problems.append((f"resources.roles.{role}", f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}"))
+    problems += _check_environment(recipe, registries)
     ob = recipe.reward.overlong_buffer
     if ob.enable and ob.len > recipe.data.max_response_length:
         problems.append(("reward.overlong_buffer.len", f"{ob.len} tokens does not fit in data.max_response_length="
@@ -379,6 +383,23 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
                          f"module only; the {slot} pool has {ranks} ranks, so its module is FSDP-sharded and decodes "
                          "in the actor's own dtype. Set rollout.backend.dtype=auto (or float32), or give "
                          f"{slot} a pool of 1 bundle"))
+    return problems
+
+
+def _check_environment(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
+    """data.environment gives the rows (so no files beside it); without it, train_files are needed."""
+    data, env = recipe.data, recipe.data.environment
+    if env is None:
+        return [] if data.train_files else [("data.train_files", "required: give parquet files, or set "
+                                             "data.environment to take the rows from an environment")]
+    problems = [(f"data.{key}", f"data.environment '{env.name}' gives the rows; remove data.{key}")
+                for key in ("train_files", "val_files") if getattr(data, key)]
+    agent = recipe.rollout.agent
+    if env.name in registries.environments and registries.environments.get(env.name).multi_turn \
+            and agent is not None and agent.name in registries.agent_loops \
+            and not registries.agent_loops.get(agent.name).uses_environment:
+        problems.append(("rollout.agent", f"environment '{env.name}' is multi-turn: its episodes run in the "
+                         f"`environment` agent loop, not '{agent.name}'; remove rollout.agent or set it to environment"))
     return problems
 
 

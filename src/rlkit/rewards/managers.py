@@ -227,7 +227,12 @@ class RewardManager:
 
     @staticmethod
     def _extra_info(batch: Batch, i: int) -> dict | None:
-        return batch["extra_info"][i] if "extra_info" in batch else None
+        """The row's ``extra_info``; with a multi-turn environment's ``env_reward`` (the episode's reward,
+        ``rlkit.rewards.environment``) added to it."""
+        extra = batch["extra_info"][i] if "extra_info" in batch else None
+        if "env_reward" in batch and batch["env_reward"][i] is not None:
+            extra = {**(extra or {}), "env_reward": batch["env_reward"][i]}
+        return extra
 
     def _metrics(self, outcomes: Sequence[ScoreOutcome], scores: torch.Tensor) -> dict[str, float]:
         return {

@@ -169,8 +169,12 @@ class Trajectory:
     num_turns: int = 0  # assistant turns
     tool_calls: int = 0
     tool_errors: int = 0
-    finish_reason: str = ""  # "stop" | "length" | "max_turns"
+    finish_reason: str = ""  # "stop" | "length" | "max_turns" (| "env_error" | "env_timeout")
     state: AgentState = AgentState.PENDING
+    reward: Any = None  # an environment's episode reward (number or rubric dict; {"error": ...} when it failed)
+    env_errors: int = 0
+    env_timeouts: int = 0
+    env_truncated: bool = False  # cut by the turn or token limit before the environment said done
 
     def extend(self, ids: list[int], mask_value: int, log_probs: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -285,6 +289,11 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
             out[f"{key}/mean"] = sum(values) / len(values)
             out[f"{key}/max"] = float(max(values))
             out[f"{key}/min"] = float(min(values))
+    episodes = [t for t in trajectories if t.reward is not None]  # the environment loop's (rlkit.rollout.environment)
+    if episodes:
+        out |= {"env/errors": float(sum(t.env_errors for t in episodes)),
+                "env/timeouts": float(sum(t.env_timeouts for t in episodes)),
+                "env/truncated": float(sum(t.env_truncated for t in episodes))}
     return out
 
 
@@ -362,8 +371,9 @@ class AgentLoopRollout:
             # A loop with tools re-renders the messages with the tool schemas; otherwise the given ids are the prompt.
             prompt_ids = loop.prompt_ids(raw) if (raw and loop.schemas) else row_ids
             messages = raw if raw else [{"role": "user", "content": self.tokenizer.decode(row_ids)}]
+            row = {"extra_info": extra} if self.loops[agent].spec.uses_environment else {}
             for _ in range(n):
-                jobs.append(loop.run(messages, extra.get("tools_kwargs") or {}, prompt_ids=prompt_ids))
+                jobs.append(loop.run(messages, extra.get("tools_kwargs") or {}, prompt_ids=prompt_ids, **row))
         return list(await asyncio.gather(*jobs))
 
     def _assemble(self, trajectories: list[Trajectory], t_len: int) -> Batch:
@@ -391,6 +401,8 @@ class AgentLoopRollout:
         batch.tensors["attention_mask"] = torch.cat([prompt_mask, attention], dim=1)
         batch.non_tensors["num_turns"] = _objects([t.num_turns for t in trajectories])
         batch.non_tensors["tool_call_counts"] = _objects([t.tool_calls for t in trajectories])
+        if any(t.reward is not None for t in trajectories):  # the reward manager's per-sample env_reward
+            batch.non_tensors["env_reward"] = _objects([t.reward for t in trajectories])
         return batch
 
 

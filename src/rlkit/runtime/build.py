@@ -29,6 +29,7 @@ import torch
 from rlkit.algos import make_kl_controller
 from rlkit.batch import Batch
 from rlkit.data.dataset import RLDataset
+from rlkit.data.environment import write_environment_rows
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.errors import RlkitError
 from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
@@ -37,6 +38,7 @@ from rlkit.recipe.compose import Pipeline, PlacedRole, Resolved, compose
 from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
 from rlkit.plugin.registry import Registries, load_object
 from rlkit.rewards.dispatch import make_score_fn
+from rlkit.rewards.environment import EnvironmentScore
 from rlkit.rewards.steps import OverlongShaping, RewardStep
 from rlkit.runtime.tracking import TrackerConfig, Tracking, start_tracker
 
@@ -223,7 +225,7 @@ class Runtime:
         out.mkdir(parents=True, exist_ok=True)
         hw = _plan_hardware(recipe, pipeline)
         tokenizer = load_tokenizer(recipe.model)
-        train_loader, val_loader = _loaders(recipe, tokenizer)
+        train_loader, val_loader = _loaders(recipe, tokenizer, pipeline, out)
         per_epoch = len(train_loader)
         total_steps = recipe.trainer.total_steps or per_epoch * recipe.trainer.total_epochs
         tracking, mlflow_uri = _tracking(recipe, pipeline, out, total_steps, run_ids or {})
@@ -388,17 +390,23 @@ class Runtime:
             self.tracking.finish(status)
 
 
-def _loaders(recipe: Recipe, tokenizer: Any) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+def _loaders(recipe: Recipe, tokenizer: Any, pipeline: Pipeline,
+             out: Path) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+    """The train (and val) loaders: over data.train_files / val_files, or over the rows data.environment gives
+    (written once to ``<output_dir>/environment/``, rlkit.data.environment)."""
     data = recipe.data
+    train_files, val_files = data.train_files, data.val_files
+    if pipeline.environment is not None:
+        train_files, val_files = write_environment_rows(pipeline.environment, out / "environment")
 
     def dataset(files: list[str]) -> RLDataset:
         return RLDataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                          prompt_length_policy=data.prompt_length_policy)
 
-    train = StatefulDataLoader(dataset(data.train_files), data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    train = StatefulDataLoader(dataset(train_files), data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
     val = None
-    if data.val_files:
-        val_set = dataset(data.val_files)
+    if val_files:
+        val_set = dataset(val_files)
         val = StatefulDataLoader(val_set, data.val_batch_size or len(val_set), shuffle=False, drop_last=False)
     return train, val
 
@@ -410,7 +418,10 @@ def _reward_step(recipe: Recipe, pipeline: Pipeline, tokenizer: Any) -> RewardSt
     custom = reward.custom_score.model_dump() if reward.custom_score else None
     rm = reward.reward_model
     fallback = rm.enable and rm.combine == "fallback"
-    score_fn = make_score_fn(pipeline.score_fns, custom, batch_call=spec.batched_scores,
+    sources = dict(pipeline.score_fns)
+    if pipeline.environment is not None:  # its rows' data_source is its name: the environment scores them
+        sources[pipeline.environment.name] = EnvironmentScore(pipeline.environment)
+    score_fn = make_score_fn(sources, custom, batch_call=spec.batched_scores,
                              unknown_score=0.0 if fallback else None)
     manager = pipeline.reward_manager.build(tokenizer, score_fn, num_examine=reward.num_examine,
                                             default_score=reward.default_score, timeout_s=reward.timeout_s)

@@ -42,7 +42,9 @@ def join_generation(repeated: Batch, gen: Batch) -> tuple[Batch, dict[str, float
     """The repeated prompts' per-row fields with the generation's tensors and a ``group_id`` [B]; the
     generation's own metrics."""
     metrics = gen.meta.pop("metrics", {})  # agent loops: num_turns/*, tool_call_counts/*
-    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, gen.meta))
+    # the generation's own per-sample fields too (env_reward, num_turns), where the prompts have no such field
+    extra = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}
+    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, extra, gen.meta))
     batch["group_id"] = group_ids(batch)
     return batch, metrics
 

@@ -24,6 +24,10 @@ def reward_of(batch: Batch, ctx: StepContext) -> Any:
 def score(batch: Batch, ctx: StepContext) -> tuple[Batch, dict[str, float]]:
     result = reward_of(batch, ctx)
     batch["token_level_scores"] = result.token_level_scores
+    metrics = dict(result.metrics)
     for key, values in result.extra.items():
         batch[f"reward_extra/{key}"] = list(values)
-    return batch, dict(result.metrics)
+        numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if numbers:  # a rubric's parts (environments): their batch means
+            metrics[f"reward_extra/{key}/mean"] = sum(numbers) / len(numbers)
+    return batch, metrics

@@ -32,7 +32,8 @@ def validate(ctx: StepContext) -> dict[str, float]:
         gen = rt.actor.call("generate_sequences", rollout_inputs(repeated), balance=False, n=1,
                             do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
         gen.meta.pop("metrics", None)
-        batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, {}, {}))
+        own = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}  # env_reward, num_turns
+        batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, own, {}))
         result = reward_of(batch, ctx)
         samples.extend(samples_from(batch, result, eos))
         if len(rows) < recipe.tracking.log_generations:

@@ -27,6 +27,8 @@ component, the problem and the contract; usable from pytest, unittest or a scrip
 ``check_tracker``             every ``Tracker`` method, and resuming its run id
 ``check_role``                the methods and constructor keywords of the slot a role fills
 ``check_tool``                ``schema()``, a call through ``call_tool``, bad arguments as failed results
+``check_environment``         rows (veRL schema, data_source = its name), finite scores, the ground truth
+                              above a wrong answer; multi-turn: ``(reply, done)`` steps and a reward
 ============================  ===================================================================
 
 The protocols the checks enforce are in ``rlkit.plugin.protocols``. With pytest, add
@@ -40,6 +42,7 @@ from __future__ import annotations
 from rlkit.testing._common import ContractError
 from rlkit.testing.algos import check_estimator, check_policy_loss, check_rollout_correction
 from rlkit.testing.components import check_role, check_tool, check_tracker
+from rlkit.testing.environments import check_environment
 from rlkit.testing.rewards import (
     check_compute_score,
     check_reward_manager,
@@ -62,4 +65,5 @@ __all__ = [
     "check_tracker",
     "check_role",
     "check_tool",
+    "check_environment",
 ]

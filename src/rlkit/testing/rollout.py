@@ -242,13 +242,41 @@ def _check_capabilities(name: str, backend: Any, spec: Any, capabilities: dict, 
         _check_layout(name, backend.generate(prompts, n=1), prompts, tokenizer, 1, max_new)
 
 
+class _TwoRepliesEpisode:
+    """The default environment of ``check_agent_loop`` for a loop declaring ``uses_environment``."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def step(self, assistant_text: str) -> tuple[str | None, bool]:
+        self.turns += 1
+        return ("Go on.", False) if self.turns < 3 else (None, True)
+
+    def reward(self) -> float:
+        return float(self.turns)
+
+
+class _TwoRepliesEnv:
+    def rows(self, split: str) -> list[dict]:
+        return [{"prompt": [{"role": "user", "content": QUESTIONS[0]}]}] if split == "train" else []
+
+    def score(self, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
+        return 0.0
+
+    def episode(self, extra_info: dict) -> _TwoRepliesEpisode:
+        return _TwoRepliesEpisode()
+
+
 def check_agent_loop(spec_or_name: Any, generator: Any, tokenizer: Any, *, tools: dict | None = None,
-                     registries: Any = None, max_response_length: int = 12, **params: Any) -> None:
+                     registries: Any = None, max_response_length: int = 12, environment: Any = None,
+                     **params: Any) -> None:
     """Check an agent loop against ``rlkit.plugin.protocols.AgentLoop``; raise ``ContractError``.
 
     ``generator``: a ``rlkit.plugin.protocols.GeneratesIds`` (``HFTurnGenerator(HFRollout(...))`` on a tiny
     model, or a backend declaring ``generate_ids``); ``tools``: name → tool, offered when the spec
-    declares ``uses_tools``. Built as ``AgentLoopRollout`` builds it; ``run`` is awaited with and
+    declares ``uses_tools``; ``environment``: a resolved environment (``rlkit.recipe.compose.Resolved``) for a
+    loop declaring ``uses_environment`` (default: one that replies twice, then ends). Built as
+    ``AgentLoopRollout`` builds it; ``run`` is awaited with and
     without given ``prompt_ids``. Checked: the constructor, ``schemas``, ``prompt_ids(messages)`` →
     ints, and a ``Trajectory`` whose prompt is the one given, whose ``response_ids``,
     ``response_mask`` (0/1, starting with the policy's tokens) and ``log_probs`` (<= 0, 0 where
@@ -265,6 +293,14 @@ def check_agent_loop(spec_or_name: Any, generator: Any, tokenizer: Any, *, tools
 
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "do_sample": True, "stop": []}
     offered = (tools or {}) if loop_c.spec.uses_tools else None
+    if loop_c.spec.uses_environment:  # as the composition root does: the loop's params carry the environment
+        from dataclasses import replace
+
+        from rlkit.plugin.specs import EnvironmentSpec
+
+        environment = environment or resolve_component(
+            "environments", EnvironmentSpec(name="conformance", cls=_TwoRepliesEnv, multi_turn=True), {})
+        loop_c = replace(loop_c, params=loop_c.params.with_environment(environment))
     try:
         loop = loop_c.build(generator, tokenizer, offered, max_response_length=max_response_length, sampling=sampling)
     except TypeError as exc:

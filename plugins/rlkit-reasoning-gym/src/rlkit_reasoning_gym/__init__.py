@@ -1,0 +1,1 @@
+"""reasoning-gym tasks as an rlkit environment (docs/environments.md)."""

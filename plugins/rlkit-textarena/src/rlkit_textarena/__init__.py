@@ -1,0 +1,1 @@
+"""TextArena games as multi-turn rlkit environments (docs/environments.md)."""
