@@ -31,7 +31,7 @@ LoRA (``actor.lora``; the module carries a PEFT adapter), ``lora_mode``:
 - ``merged`` (servers on CPU, or attached ones without LoRA): SGLang 0.5.15's LoRA layers allocate
   pinned memory, which needs a CUDA driver (the server dies at start: docs/sglang.md), so the actor
   merges (``W + scale · B A``, ``rlkit.workers.lora.merged_state_dict``) and pushes full weights through
-  ``/update_weights_from_disk``, at start and after each update; said once in the log.
+  the weight sync (``weight_sync``), at start and after each update; said once in the log.
 
 ``rollout/weight_sync_bytes``: the tensor bytes the last sync moved (either mode, and without LoRA).
 
