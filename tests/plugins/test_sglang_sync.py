@@ -19,8 +19,8 @@ pytest.importorskip("rlkit_sglang", reason="pip install -e plugins/rlkit-sglang"
 from rlkit_sglang.launch import GUARD  # noqa: E402
 from rlkit_sglang.sync import RunFolder, buckets, flattened_bucket_payload, sweep_stale  # noqa: E402
 
-# What SGLang's scheduler does with the payload (model_runner._update_weights_from_flattened_bucket), in a process
-# that inherits nothing from this one: unpickle, rebuild each tensor from its byte range, then let go.
+# What SGLang's scheduler does with the payload (model_runner._update_weights_from_flattened_bucket), in a
+# process that inherits nothing from this one: unpickle, rebuild each tensor from its byte range, let go.
 READER = """
 import base64, json, pickle, sys, torch, torch.multiprocessing
 bucket = pickle.loads(base64.b64decode(sys.stdin.read()))
@@ -37,13 +37,18 @@ def _segments() -> set[str]:
 
 
 def test_flattened_bucket_is_read_by_another_process_and_its_shared_memory_freed():
-    named = [("a.weight", torch.randn(3, 4)), ("b.bias", torch.arange(5, dtype=torch.int64)),
-             ("c.half", torch.randn(2, 3).to(torch.bfloat16))]
+    named = [
+        ("a.weight", torch.randn(3, 4)),
+        ("b.bias", torch.arange(5, dtype=torch.int64)),
+        ("c.half", torch.randn(2, 3).to(torch.bfloat16)),
+    ]
     before = _segments()
     payload, buffer = flattened_bucket_payload(named)
     assert len(_segments() - before) == 1  # one buffer for the bucket
     assert len(payload) < 2000  # the handle and metadata travel, not the tensors
-    out = subprocess.run([sys.executable, "-c", READER], input=payload, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", READER], input=payload, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r[:3] for r in rows] == [[name, str(t.dtype), list(t.shape)] for name, t in named]
@@ -74,15 +79,19 @@ def test_run_folder_is_one_folder_removed_by_remove(tmp_path):
 
 
 def test_run_folder_is_removed_at_interpreter_exit(tmp_path):
-    code = (f"from rlkit_sglang.sync import RunFolder\nf = RunFolder({str(tmp_path)!r})\n"
-            "open(f.create() + '/w', 'w').write('x')\nprint(f.path)\nraise SystemExit(3)\n")
+    code = (
+        f"from rlkit_sglang.sync import RunFolder\nf = RunFolder({str(tmp_path)!r})\n"
+        "open(f.create() + '/w', 'w').write('x')\nprint(f.path)\nraise SystemExit(3)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3 and out.stdout.strip().startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_killed_runs_folder_is_swept_by_the_next(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f"rlkit-sglang-{int(dead.stdout)}-abc"
     stale.mkdir()
     live = tmp_path / f"rlkit-sglang-{os.getppid()}-def"  # a live process's folder stays
@@ -98,10 +107,12 @@ def test_guard_removes_the_folder_when_its_launcher_is_killed(tmp_path):
     folder = tmp_path / "rlkit-sglang-run"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    launcher = ("import os, subprocess, sys, time\n"
-                f"p = subprocess.Popen([sys.executable, {GUARD!r}, str(os.getpid()), '--remove', {str(folder)!r}, "
-                "sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
-                "print(p.pid, flush=True)\ntime.sleep(300)\n")
+    launcher = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, {GUARD!r}, str(os.getpid()), '--remove', {str(folder)!r}, "
+        "sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+        "print(p.pid, flush=True)\ntime.sleep(300)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
     guard = int(proc.stdout.readline())
     time.sleep(1.0)

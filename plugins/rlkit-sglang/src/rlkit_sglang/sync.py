@@ -32,12 +32,21 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["BUCKET_BYTES", "RunFolder", "buckets", "flattened_bucket_payload", "file_system_sharing", "sweep_stale"]
+__all__ = [
+    "BUCKET_BYTES",
+    "RunFolder",
+    "buckets",
+    "flattened_bucket_payload",
+    "file_system_sharing",
+    "sweep_stale",
+]
 
 BUCKET_BYTES = 1 << 30  # one request (and one shared-memory buffer) per GiB of weights
 
 
-def buckets(named: list[tuple[str, torch.Tensor]], limit: int = BUCKET_BYTES) -> list[list[tuple[str, torch.Tensor]]]:
+def buckets(
+    named: list[tuple[str, torch.Tensor]], limit: int = BUCKET_BYTES
+) -> list[list[tuple[str, torch.Tensor]]]:
     """Consecutive groups of at most ``limit`` bytes (a larger tensor is a group of its own), in order."""
     groups: list[list[tuple[str, torch.Tensor]]] = []
     size = limit
@@ -81,9 +90,17 @@ def flattened_bucket_payload(named: list[tuple[str, torch.Tensor]]) -> tuple[str
         metadata, start = [], 0
         for (name, tensor), size in zip(named, sizes):
             source = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            buffer[start:start + size].copy_(source)
-            metadata.append(SimpleNamespace(name=name, shape=tensor.shape, dtype=tensor.dtype, start_idx=start,
-                                            end_idx=start + size, numel=size))
+            buffer[start : start + size].copy_(source)
+            metadata.append(
+                SimpleNamespace(
+                    name=name,
+                    shape=tensor.shape,
+                    dtype=tensor.dtype,
+                    start_idx=start,
+                    end_idx=start + size,
+                    numel=size,
+                )
+            )
             start += size
         out = io.BytesIO()
         ForkingPickler(out).dump({"flattened_tensor": buffer, "metadata": metadata})
