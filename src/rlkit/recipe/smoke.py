@@ -38,8 +38,9 @@ from rlkit.recipe.load import get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import Recipe
 from rlkit.recipe.validate import validate_recipe
 
-__all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "ENGINE_RULES", "smoke_rules", "SmokePlan", "Rule", "Swap", "plan_smoke", "smoke_recipe",
-           "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES", "infer_data_source"]
+__all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "ENGINE_RULES", "smoke_rules", "SmokePlan",
+           "Rule", "Swap", "plan_smoke", "smoke_recipe", "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES",
+           "infer_data_source"]
 
 DELETE = object()  # a rule value: remove the key (its default applies)
 
@@ -148,7 +149,7 @@ SMOKE_RULES: tuple[Rule, ...] = (
 )
 
 
-# With --keep-backend: the rollout backend is kept; its launch sizes (where the recipe sets them) fit one CPU node.
+# With --keep-backend: the rollout backend is kept; its launch sizes (where the recipe sets them) shrink.
 ENGINE_RULES: tuple[Rule, ...] = (
     Rule("rollout.backend.launch.num_replicas", 1),
     Rule("rollout.backend.launch.tp_size", 1),
@@ -271,7 +272,8 @@ def score_names(registries) -> dict[str, str]:
 
 
 def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, registries,
-                      model: str = "tiny", check_files: bool = True, keep_backend: bool = False) -> tuple[Recipe, str]:
+                      model: str = "tiny", check_files: bool = True,
+                      keep_backend: bool = False) -> tuple[Recipe, str]:
     """The smoke version of a recipe file, validated (overrides applied after the smoke rules), and the
     table of what was swapped. Writes the smoke model and data first (cached), so the files exist.
     ``keep_backend``: the recipe's rollout backend is kept (never swapped for ``hf``, also when its plugin
@@ -286,7 +288,8 @@ def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] =
         kept = backend.get("name") if isinstance(backend, dict) else str(backend)
     prepare_smoke(plan, reward_model=has_path(smoked, "reward.reward_model.path"))
     source = f"{path} (--smoke{' --keep-backend' if keep_backend else ''})"
-    recipe = validate_recipe(smoked, list(overrides), source=source, registries=registries, check_files=check_files)
+    recipe = validate_recipe(smoked, list(overrides), source=source, registries=registries,
+                             check_files=check_files)
     return recipe, format_swaps(swaps, plan, kept)
 
 

@@ -4,11 +4,11 @@ Usage: ``python _guard.py PARENT_PID [--remove PATH]... CMD...`` — run as a fi
 SGLang venv has no rlkit), as the leader of the server's own process group (``start_new_session``).
 Exits with the server's exit code; on SIGTERM, or when ``PARENT_PID`` is no longer its parent, it sends
 SIGTERM to the group, then SIGKILL after 10 s. When the parent died, each ``--remove`` folder (the
-run's weights folder, which the parent would have removed) is deleted first. The server itself gets SIGKILL if this guard dies first (Linux
-``PR_SET_PDEATHSIG``, set in the child: this process has one thread, so ``preexec_fn`` is safe here) —
-measured: when a Ray worker is stopped, Ray SIGKILLs what the worker left behind, this guard included,
-and a server without it survived. SGLang's scheduler and detokenizer die with the server (SGLang sets
-the same signal on them). Standard library only.
+run's weights folder, which the parent would have removed) is deleted first. The server itself gets SIGKILL if
+this guard dies first (Linux ``PR_SET_PDEATHSIG``, set in the child: this process has one thread, so
+``preexec_fn`` is safe here) — measured: when a Ray worker is stopped, Ray SIGKILLs what the worker left
+behind, this guard included, and a server without it survived. SGLang's scheduler and detokenizer die with the
+server (SGLang sets the same signal on them). Standard library only.
 """
 
 import ctypes

@@ -277,7 +277,8 @@ class SglangRollout:
             payload, buffer = flattened_bucket_payload(group)
             try:
                 for client in self.clients:
-                    client.update_weights_from_tensor([payload] * self.tp_size, flush_cache=i == len(groups) - 1)
+                    client.update_weights_from_tensor([payload] * self.tp_size,
+                                                      flush_cache=i == len(groups) - 1)
             finally:
                 del buffer
 

@@ -103,14 +103,16 @@ class LocalServer:
     """One SGLang server process group on this node; healthy when the constructor returns."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], *, host: str, port: int, log_path: str,
-                 startup_timeout_s: float = 600.0, separate_python: bool = False, remove: tuple[str, ...] = ()):
+                 startup_timeout_s: float = 600.0, separate_python: bool = False,
+                 remove: tuple[str, ...] = ()):
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
         full_env = {**os.environ, **env}
         if separate_python:  # our source paths must not shadow the SGLang venv's packages
             full_env.pop("PYTHONPATH", None)
         with open(log_path, "ab") as log:
-            cleanup = [arg for path in remove for arg in ("--remove", path)]  # the guard's, if this process dies
+            # folders the guard deletes if this process dies
+            cleanup = [arg for path in remove for arg in ("--remove", path)]
             self.proc = subprocess.Popen([cmd[0], GUARD, str(os.getpid()), *cleanup, *cmd], stdout=log,
                                          stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
         try:
@@ -162,7 +164,8 @@ class LocalServer:
 
 
 def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
-                   lora: tuple[int, list[str]] | None = None, remove: tuple[str, ...] = ()) -> list[LocalServer]:
+                   lora: tuple[int, list[str]] | None = None,
+                   remove: tuple[str, ...] = ()) -> list[LocalServer]:
     """Start ``params.num_replicas`` servers of ``model_path`` on ``device`` (one after another: each
     loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure.
     ``lora``: see ``server_command``; ``remove``: folders the servers' guards delete if this process dies."""

@@ -67,11 +67,13 @@ class SglangParams(BaseModel):
     timeout_s: PositiveFloat = Field(600.0, description="per request")
     retries: int = Field(3, ge=0, description="per request, on connection errors")
     weight_sync: Literal["auto", "tensor", "disk"] = Field(
-        "auto", description="tensor: in memory (/update_weights_from_tensor over shared memory; same host only); "
-                            "disk: one folder per run, rewritten in place (/update_weights_from_disk); "
-                            "auto: tensor for launched servers, disk for attached ones (urls)")
-    weights_dir: str | None = Field(None, description="where the run's weights folder is made (disk sync, LoRA "
-                                                      "adapters; removed at exit); default: the temp dir")
+        "auto",
+        description="tensor: in memory (/update_weights_from_tensor over shared memory; same host only); "
+                    "disk: one folder per run, rewritten in place (/update_weights_from_disk); "
+                    "auto: tensor for launched servers, disk for attached ones (urls)")
+    weights_dir: str | None = Field(
+        None, description="where the run's weights folder is made (disk sync, LoRA adapters; removed at "
+                          "exit); default: the temp dir")
 
     @model_validator(mode="after")
     def _memory_release_needs_cuda(self) -> SglangParams:
