@@ -162,7 +162,8 @@ def _footprint(backend) -> dict:
 
     root = Path(backend.weights_dir)
     files = [f for f in root.rglob("*") if f.is_file()] if root.exists() else []
-    return {"tmp": sorted(e for e in os.listdir(tempfile.gettempdir()) if e.startswith("rlkit-sglang")),
+    mine = f"rlkit-sglang-{os.getpid()}-"  # other processes on the machine may make their own
+    return {"tmp": sorted(e for e in os.listdir(tempfile.gettempdir()) if e.startswith(mine)),
             "weights_files": sorted(str(f.relative_to(root)) for f in files),
             "weights_bytes": sum(f.stat().st_size for f in files),
             "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_"))}

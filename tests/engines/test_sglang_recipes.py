@@ -47,10 +47,17 @@ def _server_pids(port: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def _run_folders() -> set[str]:
+    """The temp dir's run weights folders (``rlkit-sglang-<pid>-*``; other processes on a shared machine may
+    make folders of other names there, e.g. an older rlkit-sglang's ``rlkit-sglang-weights-*``)."""
+    pattern = re.compile(r"rlkit-sglang-\d+-")
+    return {e for e in os.listdir(tempfile.gettempdir()) if pattern.match(e)}
+
+
 @pytest.mark.parametrize("name", GPU_RECIPES)
 def test_gpu_recipe_runs_with_its_sglang_rollout(name, sglang_python, tmp_path, record_property):
     logs = tmp_path / "sglang-logs"
-    tmp_before = {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("rlkit-sglang")}
+    tmp_before = _run_folders()
     cmd = [
         sys.executable,
         "-m",
@@ -94,7 +101,7 @@ def test_gpu_recipe_runs_with_its_sglang_rollout(name, sglang_python, tmp_path, 
     while _server_pids(port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _server_pids(port), "the run left its SGLang server running"
-    tmp_after = {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("rlkit-sglang")}
+    tmp_after = _run_folders()
     assert not tmp_after - tmp_before and not list(tmp_path.glob("**/rlkit-sglang-*")), (
         "a weights folder was left"
     )
