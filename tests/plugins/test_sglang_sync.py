@@ -125,3 +125,29 @@ def test_guard_removes_the_folder_when_its_launcher_is_killed(tmp_path):
     assert not folder.exists()
     while os.path.exists(f"/proc/{guard}") and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def test_weight_sync_setting_decides_the_path():
+    """``weight_sync``: auto = tensor for launched servers (same host), disk for attached ones; an explicit
+    value wins; anything else is refused at validation."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+    from rlkit_sglang.backend import SglangRollout
+    from rlkit_sglang.client import SglangClient
+    from rlkit_sglang.params import SglangParams
+
+    from rlkit.recipe.schema import RolloutConfig
+
+    tok = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    clients = [SglangClient("http://127.0.0.1:9")]
+
+    def built(**params) -> SglangRollout:
+        return SglangRollout(tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=4, clients=clients,
+                             params=SglangParams(**params))
+
+    assert built().weight_sync == "disk"  # given clients: servers it did not launch
+    assert built(urls=["http://127.0.0.1:9"]).weight_sync == "disk"
+    assert built(weight_sync="tensor").weight_sync == "tensor"
+    with pytest.raises(ValidationError, match="weight_sync"):
+        SglangParams(weight_sync="nfs")
