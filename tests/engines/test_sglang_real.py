@@ -155,12 +155,30 @@ def test_greedy_parity_with_the_hf_backend(backend, hf):
     assert gap < 1e-4, f"greedy log-probs differ from the HF backend's by {gap:.2e}"
 
 
-def test_weight_sync_changes_outputs_and_restores_them(backend, hf):
-    """update_weights writes the module as an HF folder and every server loads it (/update_weights_from_disk):
-    perturbed weights give the HF backend's outputs for the perturbed model; the originals give the old ones."""
+def _footprint(backend) -> dict:
+    """What a sync could leave behind: rlkit-sglang entries in the temp dir, the bytes under the run's weights
+    root, this process's shared-memory segments."""
+    import tempfile
+
+    root = Path(backend.weights_dir)
+    files = [f for f in root.rglob("*") if f.is_file()] if root.exists() else []
+    mine = f"rlkit-sglang-{os.getpid()}-"  # other processes on the machine may make their own
+    return {"tmp": sorted(e for e in os.listdir(tempfile.gettempdir()) if e.startswith(mine)),
+            "weights_files": sorted(str(f.relative_to(root)) for f in files),
+            "weights_bytes": sum(f.stat().st_size for f in files),
+            "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_"))}
+
+
+@pytest.mark.parametrize("path", ["tensor", "disk"])
+def test_weight_sync_changes_outputs_restores_them_and_leaves_nothing(backend, hf, path, monkeypatch):
+    """Six syncs (perturbed, original, ...): perturbed weights give the HF backend's outputs for the perturbed
+    model, the originals the first outputs again; nothing grows on disk or in shared memory from one sync to
+    the next. ``tensor``: /update_weights_from_tensor (what a launched server gets); ``disk``: the run's one
+    folder, rewritten in place (/update_weights_from_disk)."""
     import copy
 
     module, tok = hf
+    monkeypatch.setattr(backend, "weight_sync", path)
     prompts = _prompts(tok)
     before = backend.generate(prompts, n=1, do_sample=False)
     perturbed = copy.deepcopy(module)
@@ -168,18 +186,30 @@ def test_weight_sync_changes_outputs_and_restores_them(backend, hf):
     with torch.no_grad():
         for p in perturbed.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    ref = hf_greedy(perturbed, tok, prompts, backend.max_response_length)
+    footprints = []
     try:
-        backend.update_weights(perturbed)
-        after = backend.generate(prompts, n=1, do_sample=False)
-        assert not torch.equal(after["responses"], before["responses"])
-        ref = hf_greedy(perturbed, tok, prompts, backend.max_response_length)
-        assert torch.equal(after["responses"], ref["responses"])
-        assert (after["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item() < 1e-4
+        for i in range(6):
+            backend.update_weights(perturbed if i % 2 == 0 else module)
+            footprints.append(_footprint(backend))
+            if i == 4:
+                after = backend.generate(prompts, n=1, do_sample=False)
+                assert not torch.equal(after["responses"], before["responses"])
+                assert torch.equal(after["responses"], ref["responses"])
+                assert (after["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item() < 1e-4
     finally:
         backend.update_weights(module)
     restored = backend.generate(prompts, n=1, do_sample=False)
     assert torch.equal(restored["responses"], before["responses"])
     assert (restored["rollout_log_probs"] - before["rollout_log_probs"]).abs().max().item() < 1e-5
+    assert all(f == footprints[0] for f in footprints), footprints  # nothing grows from sync to sync
+    assert footprints[0]["shm"] == []  # every buffer was let go by the server and by us
+    assert backend.sync_bytes > 500e6  # SmolLM2-135M in fp32 went through each time
+    if path == "tensor":
+        assert backend.folder.path is None  # nothing written at all
+    else:  # one folder, the model's size, rewritten in place
+        own = Path(backend.folder.path)
+        assert 500e6 < sum(f.stat().st_size for f in own.rglob("*") if f.is_file()) < 700e6
 
 
 def test_flush_cache_keeps_the_outputs(backend, hf):
@@ -254,10 +284,11 @@ def test_rlkit_run_trains_through_a_real_sglang_server(sglang_python, model_dir,
         assert r["response_length/mean"] > 0 and "actor/pg_loss" in r and "critic/score/mean" in r
     (log,) = logs.glob("sglang-*.log")
     text = log.read_text(errors="replace")
-    assert len(re.findall(r"POST /update_weights_from_disk HTTP/1.1\" 200", text)) >= 2  # a sync per step
+    assert len(re.findall(r"POST /update_weights_from_tensor HTTP/1.1\" 200", text)) >= 2  # a sync per step
     assert len(re.findall(r"POST /generate HTTP/1.1\" 200", text)) >= 2
     port = log.stem.split("-")[1]
     deadline = time.monotonic() + 30  # stopped with the run (shutdown, or the guard when the worker exits)
     while _server_pids(port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _server_pids(port)
+    assert not list(tmp_path.glob("**/rlkit-sglang-*")), "the run left a weights folder behind"

@@ -12,6 +12,10 @@ roles share a pool, the agent loop and its tools) and swaps only what a laptop c
   step" when the recipe has them);
 - the resources: CPU, every pool one node × one bundle × one CPU, HF rollout, float32, fp32 autocast.
 
+``keep_backend`` (``--smoke --keep-backend``): the recipe's rollout backend stays (SGLang, vLLM: its plugin
+must be installed, else validation names the package); only its sizes shrink (``ENGINE_RULES``: one
+replica, tensor parallel 1, no GPU memory fraction). The printed table says what was kept.
+
 The transform is ``SMOKE_RULES`` — a list of (key, new value) rules applied to the raw recipe mapping
 before validation — so a new recipe key needs a new rule, not new code. Overrides on the command line
 are applied after it (they win). ``smoke_recipe(raw, plan)`` is pure; ``prepare_smoke(plan)`` writes
@@ -34,8 +38,9 @@ from rlkit.recipe.load import get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import Recipe
 from rlkit.recipe.validate import validate_recipe
 
-__all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "SmokePlan", "Rule", "Swap", "plan_smoke", "smoke_recipe",
-           "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES", "infer_data_source"]
+__all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "ENGINE_RULES", "smoke_rules", "SmokePlan",
+           "Rule", "Swap", "plan_smoke", "smoke_recipe", "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES",
+           "infer_data_source"]
 
 DELETE = object()  # a rule value: remove the key (its default applies)
 
@@ -146,6 +151,22 @@ SMOKE_RULES: tuple[Rule, ...] = (
 )
 
 
+# With --keep-backend: the rollout backend is kept; its launch sizes (where the recipe sets them) shrink.
+ENGINE_RULES: tuple[Rule, ...] = (
+    Rule("rollout.backend.launch.num_replicas", 1),
+    Rule("rollout.backend.launch.tp_size", 1),
+    Rule("rollout.backend.launch.mem_fraction_static", DELETE),  # GPU memory: no meaning on CPU
+)
+BACKEND_KEY = "rollout.backend"
+
+
+def smoke_rules(keep_backend: bool = False) -> tuple[Rule, ...]:
+    """``SMOKE_RULES``, or with ``keep_backend`` the same without the backend swap plus ``ENGINE_RULES``."""
+    if not keep_backend:
+        return SMOKE_RULES
+    return tuple(r for r in SMOKE_RULES if r.path != BACKEND_KEY) + ENGINE_RULES
+
+
 # ----- data ---------------------------------------------------------------------------------------
 # data_source → (instruction, a correct response for answer {answer}); unknown sources get the first.
 SYNTHETIC_STYLES: dict[str, tuple[str, str]] = {
@@ -231,8 +252,9 @@ def smoke_recipe(raw: dict, plan: SmokePlan, rules: tuple[Rule, ...] = SMOKE_RUL
     return out, swaps
 
 
-def format_swaps(swaps: list[Swap], plan: SmokePlan) -> str:
-    """The table ``--smoke`` prints: one ``key: old → new`` line per swap."""
+def format_swaps(swaps: list[Swap], plan: SmokePlan, kept: str | None = None) -> str:
+    """The table ``--smoke`` prints: one ``key: old → new`` line per swap; ``kept``: the rollout backend
+    kept by ``--keep-backend``."""
 
     def show(value: Any) -> str:
         text = str(value)
@@ -244,6 +266,8 @@ def format_swaps(swaps: list[Swap], plan: SmokePlan) -> str:
     lines = [f"--smoke: {len(swaps)} keys swapped for a laptop run (model: {plan.model}; data: {data}); "
              "the algorithm is unchanged"]
     lines += [f"  {s.key:<{width}}  {show(s.old)} → {show(s.new)}" for s in swaps]
+    if kept is not None:
+        lines.append(f"  {BACKEND_KEY:<{width}}  kept: {kept} (--keep-backend)")
     return "\n".join(lines)
 
 
@@ -253,17 +277,25 @@ def score_names(registries) -> dict[str, str]:
 
 
 def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, registries,
-                      model: str = "tiny", check_files: bool = True) -> tuple[Recipe, str]:
+                      model: str = "tiny", check_files: bool = True,
+                      keep_backend: bool = False) -> tuple[Recipe, str]:
     """The smoke version of a recipe file, validated (overrides applied after the smoke rules), and the
-    table of what was swapped. Writes the smoke model and data first (cached), so the files exist."""
+    table of what was swapped. Writes the smoke model and data first (cached), so the files exist.
+    ``keep_backend``: the recipe's rollout backend is kept (never swapped for ``hf``, also when its plugin
+    is missing: validation then reports the unknown backend)."""
     raw = load_yaml(path)
     names = score_names(registries)
     plan = plan_smoke(raw, Path(path).stem, names, model)
-    smoked, swaps = smoke_recipe(raw, plan)
+    smoked, swaps = smoke_recipe(raw, plan, smoke_rules(keep_backend))
+    kept = None
+    if keep_backend:
+        backend = get_path(raw, BACKEND_KEY, "hf")
+        kept = backend.get("name") if isinstance(backend, dict) else str(backend)
     prepare_smoke(plan, reward_model=has_path(smoked, "reward.reward_model.path"))
-    recipe = validate_recipe(smoked, list(overrides), source=f"{path} (--smoke)", registries=registries,
+    source = f"{path} (--smoke{' --keep-backend' if keep_backend else ''})"
+    recipe = validate_recipe(smoked, list(overrides), source=source, registries=registries,
                              check_files=check_files)
-    return recipe, format_swaps(swaps, plan)
+    return recipe, format_swaps(swaps, plan, kept)
 
 
 # ----- the files a plan names ---------------------------------------------------------------------

@@ -11,8 +11,11 @@ beside its name, ``rollout.backend: {name: sglang, ...}``:
   only when every server runs on CUDA with the memory saver (what launched servers were given, what
   attached ones report in ``/server_info``); otherwise they are no-ops, said once in the log. Asking
   for it where a server cannot (CPU) is an error at validation (``launch.device: cpu``) or at start;
-- ``timeout_s`` (600), ``retries`` (3): per request; ``weights_dir``: where ``update_weights``
-  writes the weights servers reload (default: a temporary folder).
+- ``timeout_s`` (600), ``retries`` (3): per request;
+- ``weight_sync`` (``auto``: ``tensor`` for launched servers, ``disk`` for attached ones): how
+  ``update_weights`` reaches the servers, with no files left behind (``rlkit_sglang.sync``): in memory
+  through ``/update_weights_from_tensor`` (a shared-memory buffer per GiB, same host), or through one
+  folder per run under ``weights_dir`` (default: the temp dir), rewritten in place, removed at exit.
 
 Launched servers are watched: a request in flight to a server whose process died raises
 ``SglangServerError`` at once. ``shutdown()`` (also at garbage collection or exit) ends their process
@@ -28,7 +31,7 @@ LoRA (``actor.lora``; the module carries a PEFT adapter), ``lora_mode``:
 - ``merged`` (servers on CPU, or attached ones without LoRA): SGLang 0.5.15's LoRA layers allocate
   pinned memory, which needs a CUDA driver (the server dies at start: docs/sglang.md), so the actor
   merges (``W + scale · B A``, ``rlkit.model.lora.merged_state_dict``) and pushes full weights through
-  ``/update_weights_from_disk``, at start and after each update; said once in the log.
+  the weight sync (``weight_sync``), at start and after each update; said once in the log.
 
 ``rollout/weight_sync_bytes``: the tensor bytes the last sync moved (either mode, and without LoRA).
 
@@ -44,9 +47,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import shutil
-import tempfile
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -67,6 +68,7 @@ from rlkit.model.lora import (
 )
 from rlkit_sglang.client import GenerateOutput, SglangClient, SglangServerError
 from rlkit_sglang.params import CPU_MEMORY_RELEASE, MEMORY_RELEASE_FIX, SglangParams, memory_release_problem
+from rlkit_sglang.sync import RunFolder, buckets, flattened_bucket_payload
 
 __all__ = ["SglangRollout"]
 
@@ -96,13 +98,17 @@ class SglangRollout:
         params = params if params is not None else SglangParams()
         self._servers: list[Any] = []
         self._finalizer = None
+        self.weights_dir = params.weights_dir
+        self.folder = RunFolder(params.weights_dir)  # the run's one weights folder (disk sync, adapters)
+        self.weight_sync = params.weight_sync if params.weight_sync != "auto" else (
+            "disk" if params.urls or clients is not None else "tensor")
+        self.tp_size = 1 if params.urls or clients is not None else params.launch.tp_size
         if clients is None:
             clients = self._attach(params) if params.urls else self._launch(params, torch.device(device).type)
         else:
             self.memory_release = bool(params.memory_release)
         self.clients = clients
         self._next = itertools.cycle(range(len(clients)))
-        self.weights_dir = params.weights_dir
         if self.lora_mode == "adapter":
             self._load_adapter(adapter_state_dict(module))
             log.info("sglang: LoRA rank %d through SGLang's own LoRA loading (/load_lora_adapter): each sync "
@@ -136,7 +142,8 @@ class SglangRollout:
             self._no_lora_why = CPU_LORA
         elif self.lora is not None:
             self.lora_mode, lora = "adapter", (self.lora.r, sorted(self.lora.target_modules))
-        self._servers = launch_servers(launch, model_path, device, lora)
+        folders = (self.folder.create(),) if self.weight_sync == "disk" or lora is not None else ()
+        self._servers = launch_servers(launch, model_path, device, lora, remove=folders)
         self._finalizer = weakref.finalize(self, _stop_all, list(self._servers))  # at GC or exit
         log.info("sglang: %d server(s) of %s on %s: %s (logs: %s)", len(self._servers), model_path, device,
                  [s.url for s in self._servers], [s.log_path for s in self._servers])
@@ -240,8 +247,9 @@ class SglangRollout:
 
     # ----- weights and memory --------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
-        """Write the weights as an HF folder and have every server reload it (/update_weights_from_disk);
-        with LoRA, the module's adapter (or an adapter-only state dict) becomes the servers' new adapter."""
+        """Push the weights into every server: in memory (``weight_sync: tensor``) or through the run's folder
+        (``disk``); with LoRA, the module's adapter (or an adapter-only state dict) becomes the servers' new
+        adapter."""
         module = weights if isinstance(weights, nn.Module) else self.module
         if self.lora_mode == "adapter":
             self._load_adapter(weights if isinstance(weights, dict) else adapter_state_dict(module))
@@ -252,12 +260,27 @@ class SglangRollout:
         state = weights if isinstance(weights, dict) else _full_state_dict(module)
         if self.lora_mode == "merged":  # an adapter-only dict lands on the module's own base
             state = merged_state_dict({**(_full_state_dict(module) if isinstance(weights, dict) else {}), **state}, self.lora)
-        folder = self.weights_dir or tempfile.mkdtemp(prefix="rlkit-sglang-weights-")
-        os.makedirs(folder, exist_ok=True)
-        module.save_pretrained(folder, state_dict={k: v.detach().cpu() for k, v in state.items()})
         self.sync_bytes = state_bytes(state)
+        if self.weight_sync == "tensor":
+            self._push_tensors(_tied_dropped(module, state))
+            return
+        folder = self.folder.create()  # the same folder every sync: save_pretrained rewrites it in place
+        module.save_pretrained(folder, state_dict={k: v.detach().cpu() for k, v in state.items()})
         for client in self.clients:
             client.update_weights_from_disk(folder)
+
+    def _push_tensors(self, state: dict[str, torch.Tensor]) -> None:
+        """``/update_weights_from_tensor`` per bucket of ``state``, the cache flushed after the last one;
+        each bucket's shared-memory buffer is dropped (the segment unlinked) once every server answered."""
+        groups = buckets(list(state.items()))
+        for i, group in enumerate(groups):
+            payload, buffer = flattened_bucket_payload(group)
+            try:
+                for client in self.clients:
+                    client.update_weights_from_tensor([payload] * self.tp_size,
+                                                      flush_cache=i == len(groups) - 1)
+            finally:
+                del buffer
 
     def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
         """Write the adapter tensors of ``state`` as a PEFT folder; every server loads it under a new name,
@@ -265,7 +288,7 @@ class SglangRollout:
         from pathlib import Path
 
         self.lora_version += 1
-        root = Path(self.weights_dir or self._adapter_root())
+        root = Path(self.folder.create())
         folder = root / f"adapter-v{self.lora_version}"
         self.sync_bytes = write_adapter_folder(folder, state, self.lora)
         name, previous = f"rlkit-actor-v{self.lora_version}", self.lora_name
@@ -276,11 +299,6 @@ class SglangRollout:
             for client in self.clients:
                 client.unload_lora_adapter(previous)
             shutil.rmtree(root / f"adapter-v{self.lora_version - 1}", ignore_errors=True)
-
-    def _adapter_root(self) -> str:
-        if getattr(self, "_tmp", None) is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="rlkit-sglang-lora-")  # removed at exit
-        return self._tmp.name
 
     def release_memory(self) -> None:
         """Before training (colocated hybrid engine): free the servers' GPU memory. A no-op when memory
@@ -300,10 +318,12 @@ class SglangRollout:
             client.flush_cache()
 
     def shutdown(self) -> None:
-        """Stop the servers this backend launched, by process group (attached servers are left running)."""
+        """Stop the servers this backend launched, by process group (attached servers are left running), and
+        remove the run's weights folder."""
         if self._finalizer is not None:
             self._finalizer()  # runs _stop_all once
         self._servers = []
+        self.folder.remove()
 
 
 def _stop_all(servers: list) -> None:
@@ -326,6 +346,15 @@ def _server_memory_report(client: SglangClient) -> tuple[str | None, bool | None
         return None, None, False
     saver = info.get("enable_memory_saver")
     return info.get("device"), (bool(saver) if saver is not None else None), bool(info.get("enable_lora"))
+
+
+def _tied_dropped(module: nn.Module | None, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the output embedding when the model ties it to the input one (what save_pretrained
+    leaves out too: the server's model has one tensor for both)."""
+    config = getattr(module, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        return {k: v for k, v in state.items() if k != "lm_head.weight"}
+    return state
 
 
 def _full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ Endpoints and fields follow SGLang 0.5 (``sglang/srt/managers/io_struct.py``,
   ``return_logprob`` ``output_token_logprobs`` = ``[[logprob, token_id, text | None], ...]``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "load_format", "flush_cache"}`` → ``{"success",
   "message"}``;
+- ``POST /update_weights_from_tensor`` ``{"serialized_named_tensors": [base64, one per TP rank],
+  "load_format": "flattened_bucket", "flush_cache"}`` → ``{"success", "message"}`` (``rlkit_sglang.sync``);
 - ``POST /load_lora_adapter`` ``{"lora_name", "lora_path"}`` / ``/unload_lora_adapter`` ``{"lora_name"}``
   → ``{"success", "error_message", ...}``; ``/generate`` then takes ``"lora_path": lora_name``;
 - ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` ``{"tags": [...] | None}``;
@@ -205,6 +207,16 @@ class SglangClient:
         if not isinstance(answer, dict) or not answer.get("success", False):
             raise SglangServerError(f"SGLang server {self.url} refused /update_weights_from_disk "
                                     f"({model_path}): {answer}")
+        return answer
+
+    def update_weights_from_tensor(self, payloads: list[str], *, load_format: str | None = "flattened_bucket",
+                                   flush_cache: bool = True) -> dict:
+        """Load weights from ``payloads`` (SGLang's serialized tensors, one per TP rank of the server)."""
+        answer = self.request("POST", "/update_weights_from_tensor",
+                              {"serialized_named_tensors": payloads, "load_format": load_format,
+                               "flush_cache": flush_cache})
+        if not isinstance(answer, dict) or not answer.get("success", False):
+            raise SglangServerError(f"SGLang server {self.url} refused /update_weights_from_tensor: {answer}")
         return answer
 
     def load_lora_adapter(self, lora_name: str, lora_path: str) -> Any:

@@ -103,14 +103,17 @@ class LocalServer:
     """One SGLang server process group on this node; healthy when the constructor returns."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], *, host: str, port: int, log_path: str,
-                 startup_timeout_s: float = 600.0, separate_python: bool = False):
+                 startup_timeout_s: float = 600.0, separate_python: bool = False,
+                 remove: tuple[str, ...] = ()):
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
         full_env = {**os.environ, **env}
         if separate_python:  # our source paths must not shadow the SGLang venv's packages
             full_env.pop("PYTHONPATH", None)
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([cmd[0], GUARD, str(os.getpid()), *cmd], stdout=log,
+            # folders the guard deletes if this process dies
+            cleanup = [arg for path in remove for arg in ("--remove", path)]
+            self.proc = subprocess.Popen([cmd[0], GUARD, str(os.getpid()), *cleanup, *cmd], stdout=log,
                                          stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
         try:
             self._wait_healthy(startup_timeout_s)
@@ -161,10 +164,11 @@ class LocalServer:
 
 
 def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
-                   lora: tuple[int, list[str]] | None = None) -> list[LocalServer]:
+                   lora: tuple[int, list[str]] | None = None,
+                   remove: tuple[str, ...] = ()) -> list[LocalServer]:
     """Start ``params.num_replicas`` servers of ``model_path`` on ``device`` (one after another: each
     loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure.
-    ``lora``: see ``server_command``."""
+    ``lora``: see ``server_command``; ``remove``: folders the servers' guards delete if this process dies."""
     servers: list[LocalServer] = []
     log_dir = Path(params.log_dir or os.getcwd())
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +179,7 @@ def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
             servers.append(LocalServer(cmd, env, host=params.host, port=port,
                                        log_path=str(log_dir / f"sglang-{port}.log"),
                                        startup_timeout_s=params.startup_timeout_s,
-                                       separate_python=params.python is not None))
+                                       separate_python=params.python is not None, remove=remove))
     except BaseException:
         for server in servers:
             server.stop()

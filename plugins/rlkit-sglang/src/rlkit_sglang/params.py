@@ -66,7 +66,14 @@ class SglangParams(BaseModel):
                                                            "the memory saver on; true on a server that cannot → error")
     timeout_s: PositiveFloat = Field(600.0, description="per request")
     retries: int = Field(3, ge=0, description="per request, on connection errors")
-    weights_dir: str | None = Field(None, description="where update_weights writes the weights servers reload (default: a temp folder)")
+    weight_sync: Literal["auto", "tensor", "disk"] = Field(
+        "auto",
+        description="tensor: in memory (/update_weights_from_tensor over shared memory; same host only); "
+                    "disk: one folder per run, rewritten in place (/update_weights_from_disk); "
+                    "auto: tensor for launched servers, disk for attached ones (urls)")
+    weights_dir: str | None = Field(
+        None, description="where the run's weights folder is made (disk sync, LoRA adapters; removed at "
+                          "exit); default: the temp dir")
 
     @model_validator(mode="after")
     def _memory_release_needs_cuda(self) -> SglangParams:
