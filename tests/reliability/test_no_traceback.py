@@ -86,6 +86,13 @@ def sweep_cases(base: Path, tmp: Path) -> dict[str, list[list[str]]]:
             ["serve", str(not_model), "--host", "0.0.0.0"],
             ["serve", str(not_model), "--port", "http"],
         ],
+        "eval": [
+            ["eval", str(tmp / "no_model"), "--data", str(tmp / "no.parquet")],
+            ["eval", str(not_model), "--data", str(tmp / "no.parquet")],
+            ["eval", str(base.parent), "--data", str(base), "--n", "zero"],
+            ["eval", str(base.parent)],
+            ["eval", "--compare", str(tmp / "a.json")],
+        ],
     }
 
 
