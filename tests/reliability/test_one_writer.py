@@ -1,4 +1,4 @@
-"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.build.RunLock``) before it
+"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.lock.RunLock``) before it
 writes.
 
 A second run into a busy folder refuses at once, naming the holder; a lock left by a killed run is taken over
@@ -26,7 +26,7 @@ from rlkit_harness import (
     wait_until_reaped,
 )
 
-from rlkit.runtime.build import LOCK_FILE, OutputBusyError, RunLock
+from rlkit.runtime.lock import LOCK_FILE, OutputBusyError, RunLock
 
 
 def test_a_held_lock_refuses_a_second_holder_naming_the_first(tmp_path):
@@ -57,7 +57,7 @@ def test_the_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, cap
     """A real process takes the lock and SIGKILLs itself: the kernel frees the flock, its record names it."""
     path = tmp_path / LOCK_FILE
     code = (
-        f"import os, signal; from rlkit.runtime.build import RunLock; RunLock.acquire({str(path)!r}, 'x'); "
+        f"import os, signal; from rlkit.runtime.lock import RunLock; RunLock.acquire({str(path)!r}, 'x'); "
         "os.kill(os.getpid(), signal.SIGKILL)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,13 +13,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from rlkit.model.state_file import CheckpointMismatchError, load_state_file
-from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.cli.recipe import add_smoke_args, load_from_args
 from rlkit.errors import RlkitError, WorkerError
-from rlkit.recipe.hub import resolve_recipe_models
-from rlkit.recipe import Recipe
+from rlkit.model.state_file import CheckpointMismatchError, load_state_file
 from rlkit.plugin.registry import Registries, build_registries
+from rlkit.recipe import Recipe
+from rlkit.recipe.hub import resolve_recipe_models
+from rlkit.runtime.checkpoint import CheckpointManager
 from rlkit.runtime.stop import StopHandler
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
     The output folder is locked first (``rlkit.runtime.build.lock_run_outputs``): a second run into it refuses at
     once.
     ``hooks``: ``rlkit.step.hooks.RunHooks`` (the reliability tests' fault injection), None for a plain run."""
-    from rlkit.runtime.build import lock_run_outputs
+    from rlkit.runtime.lock import lock_run_outputs
 
     locks = lock_run_outputs(recipe)
     try:
