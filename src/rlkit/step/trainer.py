@@ -19,6 +19,7 @@ the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: retu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class Trainer:
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
 
         def run(name: str | None, phase, batch, *args) -> Batch:
-            with timer(name) if name else _nothing():
+            with timer(name) if name else contextlib.nullcontext():
                 batch, more = phase(batch, ctx, *args)
             metrics.update(more)
             return batch
@@ -196,11 +197,3 @@ class Trainer:
         self.rt.tracking.log_text(str(out.resolve()), "merged_model_path.txt")
         log.info("merged the final actor into %s", out)
         return out
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
