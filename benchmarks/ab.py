@@ -46,9 +46,12 @@ def plans(change: str, on: bool):
     from rlkit.rollout.decode import DecodePlan
 
     off = not on
-    forward = ForwardPlan(share_prefix=not (change == "prefix" and off), pack=not (change == "pack" and off),
-                          fused_head=not (change == "fusedhead" and off),
-                          plain_at_world_size_1=not (change == "fsdp" and off))
+    forward = ForwardPlan(
+        share_prefix=not (change == "prefix" and off),
+        pack=not (change == "pack" and off),
+        fused_head=not (change == "fusedhead" and off),
+        plain_at_world_size_1=not (change == "fsdp" and off),
+    )
     return forward, DecodePlan(share_prefill=not (change == "prefill" and off))
 
 
@@ -75,7 +78,9 @@ def variant(change: str, on: bool):
 
 def main() -> None:
     one_thread()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--change", required=True)
     parser.add_argument("--phase", default="update")
@@ -86,13 +91,24 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--eos", action="store_true",
-                        help="responses end at eos (unequal lengths, as in a real run); default: all --tokens long")
-    parser.add_argument("--only", choices=("off", "on"), default=None,
-                        help="build and time one variant alone, then print the process's peak RSS")
-    parser.add_argument("--warmup-tokens", type=int, default=0,
-                        help="warm up each variant on one prompt: this many tokens and a forward pass "
-                        "(0 = one full round). The optimizer's first-step allocation then falls in A's and B's first rep")
+    parser.add_argument(
+        "--eos",
+        action="store_true",
+        help="responses end at eos (unequal lengths, as in a real run); default: all --tokens long",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("off", "on"),
+        default=None,
+        help="build and time one variant alone, then print the process's peak RSS",
+    )
+    parser.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=0,
+        help="warm up each variant on one prompt: this many tokens and a forward pass "
+        "(0 = one full round). The optimizer's first-step allocation then falls in A's and B's first rep",
+    )
     args = parser.parse_args()
     machine = hardware_line()
     import torch
@@ -103,9 +119,9 @@ def main() -> None:
     import torch.distributed as dist
 
     from rlkit.batch import Batch
+    from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
-    from rlkit.plugin.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
 
@@ -117,27 +133,49 @@ def main() -> None:
         bf16 = args.dtype == "bf16" or (args.change == "precision" and on)
         decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
         with variant(args.change, on):
-            cfg = ActorConfig(mixed_precision="bf16" if bf16 else "fp32",
-                              ppo_micro_batch_size_per_rank=args.samples if (args.change == "micro" and on)
-                              else (args.micro or args.samples), ppo_mini_batch_size=1)
+            cfg = ActorConfig(
+                mixed_precision="bf16" if bf16 else "fp32",
+                ppo_micro_batch_size_per_rank=args.samples
+                if (args.change == "micro" and on)
+                else (args.micro or args.samples),
+                ppo_mini_batch_size=1,
+            )
             backend = {"name": "hf", "dtype": decode}
             # components resolved as the driver resolves them (rlkit.recipe.compose), built as the worker builds them
-            (loss, p1), (engine, p2) = (resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
-                                        resolve("rollout.backend", "rollout_backends", backend, registries))
+            (loss, p1), (engine, p2) = (
+                resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
+                resolve("rollout.backend", "rollout_backends", backend, registries),
+            )
             assert not p1 and not p2, p1 + p2
             forward_plan, decode_plan = plans(args.change, on)
-            actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10,
-                              forward_plan=forward_plan)
-            rollout = engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=args.tokens,
-                                   rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend),
-                                   decode_plan=decode_plan)
+            actor = FSDPActor(
+                ModelConfig(path=args.model),
+                cfg,
+                loss,
+                rollout_n=args.samples,
+                total_steps=10,
+                forward_plan=forward_plan,
+            )
+            rollout = engine.build(
+                module=actor.module,
+                tokenizer=actor.tokenizer,
+                seed=1,
+                max_response_length=args.tokens,
+                rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend),
+                decode_plan=decode_plan,
+            )
             if args.change == "attn" and on:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
     tok = built[variants[0]][0].tokenizer
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-                                     tokenize=False, add_generation_prompt=True)
-             for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))][: args.prompts]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
+    ][: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     n = args.samples // len(texts)  # prompts × n samples (default 4 × 4, the benchmark's SmolLM2 workload)
@@ -154,10 +192,14 @@ def main() -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
-            if args.phase == "log_prob" or small:  # a small update would not fill a mini-batch: warm up a forward
+            if (
+                args.phase == "log_prob" or small
+            ):  # a small update would not fill a mini-batch: warm up a forward
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
-                executed[on] = actor.update(b).get("perf/flops/actor", 0.0)  # rlkit.model.flops, as a run counts
+                executed[on] = actor.update(b).get(
+                    "perf/flops/actor", 0.0
+                )  # rlkit.model.flops, as a run counts
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
@@ -166,7 +208,7 @@ def main() -> None:
         run(on, bool(args.warmup_tokens), False)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.reps):
-        for on in (variants if r % 2 == 0 else variants[::-1]):
+        for on in variants if r % 2 == 0 else variants[::-1]:
             times[on].append(run(on))
     report: list[str] = []
 
@@ -175,8 +217,11 @@ def main() -> None:
         report.append(text)
 
     def save() -> None:
-        record = {"args": vars(args), "wall_s": {"off": times[False], "on": times[True]},
-                  "cpu_s": {"off": cpu_s[False], "on": cpu_s[True]}}
+        record = {
+            "args": vars(args),
+            "wall_s": {"off": times[False], "on": times[True]},
+            "cpu_s": {"off": cpu_s[False], "on": cpu_s[True]},
+        }
         print("results:", save_results(f"ab-{args.change}", record, "\n\n".join(report)))
 
     emit(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
@@ -184,24 +229,32 @@ def main() -> None:
         import resource
 
         on = variants[0]
-        emit(f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
-             f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+        emit(
+            f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
+            f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB"
+        )
         save()
         dist.destroy_process_group()
         return
     a, b = statistics.median(times[False]), statistics.median(times[True])
-    emit(f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
-         f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})")
+    emit(
+        f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
+        f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})"
+    )
     if args.phase == "update":
         peak = matmul_peak_flops("fp32")
         for on, seconds in ((False, a), (True, b)):
             flops = executed[on]
-            emit(f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed (perf/flops/actor), {flops / seconds / 1e9:.1f} GFLOP/s "
-                 f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul probe {peak / 1e9:.1f} GFLOP/s")
+            emit(
+                f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed (perf/flops/actor), {flops / seconds / 1e9:.1f} GFLOP/s "
+                f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul probe {peak / 1e9:.1f} GFLOP/s"
+            )
         emit(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
     ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
-    emit(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
-         f"is the wall time on an idle machine)")
+    emit(
+        f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
+        f"is the wall time on an idle machine)"
+    )
     save()
     dist.destroy_process_group()
 

@@ -50,8 +50,13 @@ VAL_KEY = "val-core/rlkit/arithmetic/score/mean@1"
 # overrides that make recipes/grpo_async.yaml (async, two 1-CPU pools) into each mode
 MODE_OVERRIDES = {
     # sync is the quickstart as it is: on-policy, so no rollout correction (and no old-log-prob pass it forces)
-    "sync": ["trainer.mode=sync", "~trainer.max_staleness", "~resources.roles.rollout", "~resources.pools.generate",
-             "resources.pools.train.cpus_per_bundle=2"],
+    "sync": [
+        "trainer.mode=sync",
+        "~trainer.max_staleness",
+        "~resources.roles.rollout",
+        "~resources.pools.generate",
+        "resources.pools.train.cpus_per_bundle=2",
+    ],
     "one_step_off": ["trainer.mode=one_step_off", "~trainer.max_staleness"],
     "async": [],
 }
@@ -83,20 +88,37 @@ def label(mode: str, corr: str, bypass: bool) -> str:
 def run_one(mode: str, corr: str, bypass: bool, seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     name = f"{mode}-{corr}{'-bypass' if bypass else ''}-seed{seed}"
     out = workdir / name
-    overrides = MODE_OVERRIDES[mode] + [CORRECTIONS[(corr, bypass)]] + [
-        f"data.max_response_length={args.response_length}", f"rollout.n={args.n}",
-        f"data.train_batch_size={args.batch}",
-        f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.total_steps={args.steps}",
-        f"trainer.test_freq={args.test_freq}", "trainer.save_freq=-1", f"trainer.output_dir={out}",
-        "trainer.resume=never", f"trainer.experiment_name=async_modes_{name}",
-        "resources.threads_per_worker=auto",
-        "tracking.backends=[console, jsonl]"]
+    overrides = (
+        MODE_OVERRIDES[mode]
+        + [CORRECTIONS[(corr, bypass)]]
+        + [
+            f"data.max_response_length={args.response_length}",
+            f"rollout.n={args.n}",
+            f"data.train_batch_size={args.batch}",
+            f"trainer.seed={seed}",
+            f"data.seed={seed}",
+            f"trainer.total_steps={args.steps}",
+            f"trainer.test_freq={args.test_freq}",
+            "trainer.save_freq=-1",
+            f"trainer.output_dir={out}",
+            "trainer.resume=never",
+            f"trainer.experiment_name=async_modes_{name}",
+            "resources.threads_per_worker=auto",
+            "tracking.backends=[console, jsonl]",
+        ]
+    )
     if args.smoke:
         overrides = ["--smoke", *overrides, "trainer.val_before_train=true"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlkit", "run", str(RECIPE), *overrides], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit", "run", str(RECIPE), *overrides],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=args.timeout,
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -110,11 +132,19 @@ def run_one(mode: str, corr: str, bypass: bool, seed: int, args: argparse.Namesp
     n_samples = 16 if args.smoke else args.batch * args.n  # --smoke: 4 prompts x 4
     samples = [n_samples / t for t in later]
     return {
-        "mode": mode, "correction": corr, "bypass": bypass, "label": label(mode, corr, bypass), "seed": seed,
-        "wall_s": wall, "steps": len(steps), "samples_per_step": n_samples,
-        "s_per_step_mean": statistics.mean(later), "s_per_step": per_step,
+        "mode": mode,
+        "correction": corr,
+        "bypass": bypass,
+        "label": label(mode, corr, bypass),
+        "seed": seed,
+        "wall_s": wall,
+        "steps": len(steps),
+        "samples_per_step": n_samples,
+        "s_per_step_mean": statistics.mean(later),
+        "s_per_step": per_step,
         "samples_per_s": statistics.mean(samples),
-        "gen_wait_s": [r.get("timing_s/gen") for r in steps], "gen_worker_s": [r.get("perf/worker_s/gen") for r in steps],
+        "gen_wait_s": [r.get("timing_s/gen") for r in steps],
+        "gen_worker_s": [r.get("perf/worker_s/gen") for r in steps],
         "old_log_prob_s": [r.get("timing_s/old_log_prob") for r in steps],
         "update_s": [r.get("timing_s/update_actor") for r in steps],
         "response_length_mean": [r.get("response_length/mean") for r in steps],
@@ -133,16 +163,20 @@ def _mean_later(values: list) -> float:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| configuration | seed | samples/s | s/step (steps 2..) | gen wait / on worker s | old-log-prob s | "
-             "update s | response len | wall s | staleness | dropped | greedy val by step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | seed | samples/s | s/step (steps 2..) | gen wait / on worker s | old-log-prob s | "
+        "update s | response len | wall s | staleness | dropped | greedy val by step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         val = ", ".join(f"{s}: {v:.2f}" for s, v in r["val"])
-        lines.append(f"| {r['label']} | {r['seed']} | {r['samples_per_s']:.2f} | {r['s_per_step_mean']:.2f} | "
-                     f"{_mean_later(r['gen_wait_s']):.2f} / {_mean_later(r['gen_worker_s']):.2f} | "
-                     f"{_mean_later(r['old_log_prob_s']):.2f} | {_mean_later(r['update_s']):.2f} | "
-                     f"{_mean_later(r['response_length_mean']):.1f} | {r['wall_s']:.0f} | "
-                     f"{statistics.mean(r['staleness_mean']):.2f} | {r['dropped_stale']:.0f} | {val} |")
+        lines.append(
+            f"| {r['label']} | {r['seed']} | {r['samples_per_s']:.2f} | {r['s_per_step_mean']:.2f} | "
+            f"{_mean_later(r['gen_wait_s']):.2f} / {_mean_later(r['gen_worker_s']):.2f} | "
+            f"{_mean_later(r['old_log_prob_s']):.2f} | {_mean_later(r['update_s']):.2f} | "
+            f"{_mean_later(r['response_length_mean']):.1f} | {r['wall_s']:.0f} | "
+            f"{statistics.mean(r['staleness_mean']):.2f} | {r['dropped_stale']:.0f} | {val} |"
+        )
     by_label = throughput_by_label(results)
     base = statistics.mean(by_label["sync"]) if by_label.get("sync") else None
     if base:
@@ -192,42 +226,73 @@ def plot(results: list[dict], path: Path) -> bool:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--correction", nargs="+", default=["decoupled"], choices=("none", "decoupled"),
-                   help="one_step_off / async: the rollout correction (sync runs without one)")
-    p.add_argument("--bypass", nargs="+", default=["on"], choices=("on", "off"),
-                   help="decoupled in bypass mode (no old-log-prob pass) and/or not (cap 5, with the pass)")
+    p.add_argument(
+        "--correction",
+        nargs="+",
+        default=["decoupled"],
+        choices=("none", "decoupled"),
+        help="one_step_off / async: the rollout correction (sync runs without one)",
+    )
+    p.add_argument(
+        "--bypass",
+        nargs="+",
+        default=["on"],
+        choices=("on", "off"),
+        help="decoupled in bypass mode (no old-log-prob pass) and/or not (cap 5, with the pass)",
+    )
     p.add_argument("--response-length", type=int, default=16, help="data.max_response_length")
     p.add_argument("--n", type=int, default=8, help="rollout.n (group size)")
     p.add_argument("--batch", type=int, default=8, help="data.train_batch_size (prompts per step)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--test-freq", type=int, default=2, help="greedy validation every N steps (and before training)")
-    p.add_argument("--smoke", action="store_true", help="tiny model instead of SmolLM2 (checks the harness only)")
+    p.add_argument(
+        "--test-freq", type=int, default=2, help="greedy validation every N steps (and before training)"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model instead of SmolLM2 (checks the harness only)"
+    )
     p.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / ".work" / "async_modes")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if not (args.workdir / "data" / "arithmetic" / "train.parquet").exists() and not args.smoke:
-        subprocess.run([sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"],
-                       cwd=args.workdir, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"],
+            cwd=args.workdir,
+            check=True,
+        )
     machine = hardware_line()
     load_before = os.getloadavg()
     print(machine, f"\nload average before: {load_before}", flush=True)
     results = []
     for seed in args.seeds:
-        for mode, corr, bypass in configs(args):  # interleaved by seed: slow drift in the load hits every mode
+        for mode, corr, bypass in configs(
+            args
+        ):  # interleaved by seed: slow drift in the load hits every mode
             results.append(run_one(mode, corr, bypass, seed, args, args.workdir))
             r = results[-1]
-            print(f"{r['label']} seed {seed}: {r['samples_per_s']:.2f} samples/s, {r['s_per_step_mean']:.2f} s/step, "
-                  f"val {r['val']}", flush=True)
+            print(
+                f"{r['label']} seed {seed}: {r['samples_per_s']:.2f} samples/s, {r['s_per_step_mean']:.2f} s/step, "
+                f"val {r['val']}",
+                flush=True,
+            )
     load_after = os.getloadavg()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = REPO / "benchmarks" / "results" / f"{stamp}-async-modes{'-smoke' if args.smoke else ''}"
     text = table(results)
     command = "python benchmarks/async_modes.py " + " ".join(sys.argv[1:])
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "load_before": load_before,
-                                                    "load_after": load_after, "command": command,
-                                                    "results": results}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "machine": machine,
+                "load_before": load_before,
+                "load_after": load_after,
+                "command": command,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     md = f"`{command}`\n\n{machine}\n\nload average before {load_before}, after {load_after}\n\n{text}\n"
     if plot(results, out.with_suffix(".png")):
         md += f"\n![throughput and greedy validation]({out.with_suffix('.png').name})\n"

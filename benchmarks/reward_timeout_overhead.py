@@ -56,10 +56,18 @@ def main() -> None:
     items = [("rlkit/arithmetic", f"The answer is {i % 17}.", str(i % 13), None) for i in range(args.batch)]
     managers = {
         "inline (driver, no timeout)": (NaiveRewardManager(None, score), lambda m: m.score_all(items)),
-        "naive (1 child, per-sample timeout)": (NaiveRewardManager(None, score), lambda m: m._score_with_timeout(items)),
-        "parallel (2 children)": (ParallelRewardManager(None, score, num_workers=2),
-                                  lambda m: m._score_with_timeout(items)),
-        "batch (1 child, one call)": (BatchRewardManager(None, batched(score)), lambda m: m._score_with_timeout(items)),
+        "naive (1 child, per-sample timeout)": (
+            NaiveRewardManager(None, score),
+            lambda m: m._score_with_timeout(items),
+        ),
+        "parallel (2 children)": (
+            ParallelRewardManager(None, score, num_workers=2),
+            lambda m: m._score_with_timeout(items),
+        ),
+        "batch (1 child, one call)": (
+            BatchRewardManager(None, batched(score)),
+            lambda m: m._score_with_timeout(items),
+        ),
     }
     report(cpu_facts())
     report(f"batch of {args.batch} samples, {args.repeats} repeats (after 5 warm-up calls); ms per batch:")
@@ -67,8 +75,10 @@ def main() -> None:
     for name, (manager, call) in managers.items():
         for _ in range(5):
             outcomes = call(manager)
-        assert [o.score for o in outcomes] == [o.score for o in managers["inline (driver, no timeout)"][1](
-            managers["inline (driver, no timeout)"][0])]
+        assert [o.score for o in outcomes] == [
+            o.score
+            for o in managers["inline (driver, no timeout)"][1](managers["inline (driver, no timeout)"][0])
+        ]
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -77,7 +87,11 @@ def main() -> None:
         manager.close()
         median = statistics.median(times)
         base = median if base is None else base
-        extra = "" if median == base else f"   (+{median - base:.2f} ms, +{(median - base) / args.batch * 1e3:.0f} µs/sample)"
+        extra = (
+            ""
+            if median == base
+            else f"   (+{median - base:.2f} ms, +{(median - base) / args.batch * 1e3:.0f} µs/sample)"
+        )
         report(f"  {name:38s} median {median:7.2f}  p90 {sorted(times)[int(0.9 * len(times))]:7.2f}{extra}")
     report.save({"args": vars(args)})
 

@@ -32,21 +32,49 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
     samples = w.completions
     return {
         "model": {"path": w.model},
-        "data": {"train_files": [w.data], "max_prompt_length": w.max_prompt_length, "max_response_length": w.tokens,
-                 "train_batch_size": w.prompts, "seed": w.seed, "shuffle": False},
+        "data": {
+            "train_files": [w.data],
+            "max_prompt_length": w.max_prompt_length,
+            "max_response_length": w.tokens,
+            "train_batch_size": w.prompts,
+            "seed": w.seed,
+            "shuffle": False,
+        },
         "algorithm": {"estimator": "grpo", "use_kl_in_reward": False},
-        "actor": {"optim": {"lr": w.lr, "warmup_steps": 0, "weight_decay": 0.0}, "loss_agg_mode": "token-mean",
-                  "ppo_epochs": 1, "ppo_mini_batch_size": w.prompts, "ppo_micro_batch_size_per_rank": samples,
-                  "use_kl_loss": False, "entropy_coeff": 0.0,
-                  "mixed_precision": "bf16" if w.dtype == "bf16" else "fp32"},
-        "rollout": {"n": w.group, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "ignore_eos": True,
-                    "log_prob_micro_batch_size_per_rank": samples,
-                    # TRL: bf16 autocast; fp32 is set, not left to auto (an AMX machine would decode in bf16)
-                    "backend": {"name": "hf", "dtype": {"bf16": "bfloat16", "fp16w": "float16"}.get(w.dtype, "float32")}},
-        "resources": {"threads_per_worker": 1, "pools": {"global": {"nodes": 1, "bundles_per_node": 1,
-                                                                    "cpus_per_bundle": 1}}},
-        "trainer": {"total_steps": w.warmup + w.steps, "val_before_train": False, "seed": w.seed,
-                    "output_dir": out_dir, "resume": "never"},
+        "actor": {
+            "optim": {"lr": w.lr, "warmup_steps": 0, "weight_decay": 0.0},
+            "loss_agg_mode": "token-mean",
+            "ppo_epochs": 1,
+            "ppo_mini_batch_size": w.prompts,
+            "ppo_micro_batch_size_per_rank": samples,
+            "use_kl_loss": False,
+            "entropy_coeff": 0.0,
+            "mixed_precision": "bf16" if w.dtype == "bf16" else "fp32",
+        },
+        "rollout": {
+            "n": w.group,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "ignore_eos": True,
+            "log_prob_micro_batch_size_per_rank": samples,
+            # TRL: bf16 autocast; fp32 is set, not left to auto (an AMX machine would decode in bf16)
+            "backend": {
+                "name": "hf",
+                "dtype": {"bf16": "bfloat16", "fp16w": "float16"}.get(w.dtype, "float32"),
+            },
+        },
+        "resources": {
+            "threads_per_worker": 1,
+            "pools": {"global": {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1}},
+        },
+        "trainer": {
+            "total_steps": w.warmup + w.steps,
+            "val_before_train": False,
+            "seed": w.seed,
+            "output_dir": out_dir,
+            "resume": "never",
+        },
         "tracking": {"backends": ["console", "jsonl"]},
     }
 
@@ -55,13 +83,18 @@ def main() -> None:
     launched = time.perf_counter()  # start-up counts imports, as a user waits for them
     one_thread()
     w, out = workload_args(__doc__)
-    for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-                       "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}.items():
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }.items():
         os.environ.setdefault(key, value)
     import yaml
 
-    from rlkit.recipe import load_recipe
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe import load_recipe
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
 
@@ -84,20 +117,36 @@ def main() -> None:
                 metrics = trainer.step(prompts, batches)
                 runtime.tracking.log(metrics, trainer.global_step)
                 wall = time.perf_counter() - start
-                assert metrics["response_length/min"] == w.tokens, "every completion must have the full length"
+                assert metrics["response_length/min"] == w.tokens, (
+                    "every completion must have the full length"
+                )
                 if i >= w.warmup:
                     steps.append(phases(metrics, wall))
         finally:
             runtime.close()
     peak = max(peak, matmul_peak_flops(w.dtype))
-    write_result(out, w, "rlkit", steps, {"startup_s": startup_s, "peak_flops": peak, "n_params": runtime.n_params,
-                                          "bandwidth": memory_bandwidth(),
-                                          "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"]))})
+    write_result(
+        out,
+        w,
+        "rlkit",
+        steps,
+        {
+            "startup_s": startup_s,
+            "peak_flops": peak,
+            "n_params": runtime.n_params,
+            "bandwidth": memory_bandwidth(),
+            "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
+        },
+    )
 
 
 def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:
     """Per-step seconds: ``step`` (Trainer.step + logging), each phase, and what ran inside the worker."""
-    out = {"step": wall, "tokens": metrics["perf/total_num_tokens"], "prompt_max": metrics["prompt_length/max"]}
+    out = {
+        "step": wall,
+        "tokens": metrics["perf/total_num_tokens"],
+        "prompt_max": metrics["prompt_length/max"],
+    }
     for key, value in metrics.items():
         if key.startswith("timing_s/") and key != "timing_s/step":
             out[key.split("/", 1)[1]] = value

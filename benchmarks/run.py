@@ -47,14 +47,22 @@ TRL_PINS = ["torch==2.13.0", "trl==1.16.0"]
 
 # workload -> (model, prompts, group, tokens): tiny measures framework cost, SmolLM2 a real model's compute;
 # smollm2-64 / -256 grow the completions (the decode loop's share of the step grows with them).
-WORKLOADS = {"tiny": ("tiny", 8, 8, 32), "smollm2": ("smollm2", 4, 4, 32), "smollm2-64": ("smollm2", 2, 4, 64),
-             "smollm2-256": ("smollm2", 2, 4, 256)}
+WORKLOADS = {
+    "tiny": ("tiny", 8, 8, 32),
+    "smollm2": ("smollm2", 4, 4, 32),
+    "smollm2-64": ("smollm2", 2, 4, 64),
+    "smollm2-256": ("smollm2", 2, 4, 256),
+}
 
 
 def ensure_trl_venv() -> Path:
     python = TRL_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import torch, trl; assert '+cpu' in torch.__version__ or not torch.cuda.is_available();"
-             "print(torch.__version__, trl.__version__)"]
+    probe = [
+        str(python),
+        "-c",
+        "import torch, trl; assert '+cpu' in torch.__version__ or not torch.cuda.is_available();"
+        "print(torch.__version__, trl.__version__)",
+    ]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
     print(f"making {TRL_VENV} ({' '.join(TRL_PINS)}) ...", flush=True)
@@ -80,17 +88,54 @@ def prepare(models: list[str]) -> tuple[dict[str, str], str]:
         paths["smollm2"] = str(smollm2_dir())
     data = WORK / "arithmetic"
     if not (data / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "rlkit", "data", "arithmetic", "--output", str(data),
-                        "--train-size", "64", "--test-size", "8"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlkit",
+                "data",
+                "arithmetic",
+                "--output",
+                str(data),
+                "--train-size",
+                "64",
+                "--test-size",
+                "8",
+            ],
+            check=True,
+        )
     return paths, str(data / "train.parquet")
 
 
-def run_one(framework: str, python: str, model: str, name: str, dtype: str, data: str, args, out: Path) -> dict:
+def run_one(
+    framework: str, python: str, model: str, name: str, dtype: str, data: str, args, out: Path
+) -> dict:
     model_name, prompts, group, tokens = WORKLOADS[name]
     script = HERE / ("trl_grpo.py" if framework == "trl" else "rlkit_grpo.py")
-    cmd = [python, str(script), "--model", model, "--model-name", model_name, "--dtype", dtype, "--data", data,
-           "--prompts", str(prompts), "--group", str(group), "--tokens", str(tokens), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--out", str(out)]
+    cmd = [
+        python,
+        str(script),
+        "--model",
+        model,
+        "--model-name",
+        model_name,
+        "--dtype",
+        dtype,
+        "--data",
+        data,
+        "--prompts",
+        str(prompts),
+        "--group",
+        str(group),
+        "--tokens",
+        str(tokens),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--out",
+        str(out),
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if framework == "rlkit@base":  # another rlkit version (a worktree's src/) ahead of the installed one
         env["PYTHONPATH"] = str(Path(args.base_src).resolve())
@@ -106,18 +151,28 @@ def summarise(runs: list[dict], model_dir: str) -> dict:
     """Medians over every measured step of every run of one framework × workload × dtype, with the rooflines."""
     steps = [s for r in runs for s in r["steps"]]
     for s in steps:
-        if "worker_gen" in s:  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+        if (
+            "worker_gen" in s
+        ):  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
             s["overhead"] = s["step"] - s["worker_gen"] - s["worker_update_actor"]
     w = runs[0]["workload"]
     med = {k: statistics.median(s[k] for s in steps if k in s) for k in sorted({k for s in steps for k in s})}
     update = med.get("update_actor", med.get("update"))
     peak = statistics.median(r["peak_flops"] for r in runs)
     generated = w["prompts"] * w["group"] * w["tokens"]
-    out = {"step": med["step"], "gen": med["gen"], "update": update, "n_steps": len(steps),
-           "gen_tok_s": generated / med["gen"], "step_ms_per_token": 1e3 * med["step"] / generated,
-           "gen_ms_per_token": 1e3 * med["gen"] / generated,
-           "update_flops_s": runs[0]["update_flops"] / update, "peak_flops": peak,
-           "startup_s": statistics.median(r["startup_s"] for r in runs), "phases": med}
+    out = {
+        "step": med["step"],
+        "gen": med["gen"],
+        "update": update,
+        "n_steps": len(steps),
+        "gen_tok_s": generated / med["gen"],
+        "step_ms_per_token": 1e3 * med["step"] / generated,
+        "gen_ms_per_token": 1e3 * med["gen"] / generated,
+        "update_flops_s": runs[0]["update_flops"] / update,
+        "peak_flops": peak,
+        "startup_s": statistics.median(r["startup_s"] for r in runs),
+        "phases": med,
+    }
     out["update_peak_frac"] = out["update_flops_s"] / peak
     out |= rooflines(runs, model_dir, med, peak)
     if "overhead" in med:
@@ -130,10 +185,14 @@ def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
     """``bounds`` of one framework × workload × dtype, from the runs' recorded bandwidth and model."""
     bandwidth = statistics.median(r.get("bandwidth", 0.0) for r in runs) or memory_bandwidth()
     shape = model_shape(model_dir, runs[0]["n_params"])
-    return bounds(runs[0]["workload"], runs[0]["framework"], shape, med, peak, bandwidth, runs[0]["update_flops"])
+    return bounds(
+        runs[0]["workload"], runs[0]["framework"], shape, med, peak, bandwidth, runs[0]["update_flops"]
+    )
 
 
-def bounds(w: dict, framework: str, shape, med: dict, peak: float, bandwidth: float, model_flops: float) -> dict:
+def bounds(
+    w: dict, framework: str, shape, med: dict, peak: float, bandwidth: float, model_flops: float
+) -> dict:
     """Decode: the generation's bound, per step max(bytes / bandwidth, FLOPs / peak), prefill included
     (``common.decode_roofline``; fp32 weights, or the bf16 / fp16 decode copy); update: model FLOPs (6 · params ·
     all tokens, both toolkits) and executed FLOPs (``rlkit.model.flops``: rlkit in the cheapest of its layouts,
@@ -145,26 +204,58 @@ def bounds(w: dict, framework: str, shape, med: dict, peak: float, bandwidth: fl
     rlkit = framework.startswith("rlkit")
     half = w["dtype"] == "bf16" or (w["dtype"] == "fp16w" and rlkit)
     kv = 2 if w["dtype"] == "bf16" else 4
-    decode = decode_roofline(shape, completions, prompt_mean, w["tokens"], 2 if half else 4, bandwidth, peak,
-                             prompts=w["prompts"], kv_bytes=kv)
+    decode = decode_roofline(
+        shape,
+        completions,
+        prompt_mean,
+        w["tokens"],
+        2 if half else 4,
+        bandwidth,
+        peak,
+        prompts=w["prompts"],
+        kv_bytes=kv,
+    )
     update = med.get("update_actor", med.get("update"))
     width = med.get("prompt_max", round(prompt_mean))
     executed, layout = executed_update_flops(
-        shape, prompts=w["prompts"], completions=completions, prompt_width=width, tokens=w["tokens"],
-        layout="best" if rlkit else "padded", head_rows=None if rlkit else completions * (w["tokens"] + 1))
+        shape,
+        prompts=w["prompts"],
+        completions=completions,
+        prompt_width=width,
+        tokens=w["tokens"],
+        layout="best" if rlkit else "padded",
+        head_rows=None if rlkit else completions * (w["tokens"] + 1),
+    )
     steps = decode["decode_steps"]
-    kind = ("compute" if decode["compute_bound_steps"] == steps else
-            "bandwidth" if decode["compute_bound_steps"] == 0 else f"compute {decode['compute_bound_steps']}/{steps}")
-    return {"bandwidth": bandwidth, "decode_bytes_per_token": decode["bytes_per_token"],
-            "gen_bound_s": decode["gen_bound_s"], "prefill_bound_s": decode["prefill_bound_s"], "gen_bound_kind": kind,
-            "gen_roofline_frac": decode["gen_bound_s"] / med["gen"], "update_model_flops": model_flops,
-            "update_bound_s": model_flops / peak, "update_executed_flops": executed, "update_layout": layout,
-            "update_executed_bound_s": executed / peak, "update_executed_frac": executed / peak / update}
+    kind = (
+        "compute"
+        if decode["compute_bound_steps"] == steps
+        else "bandwidth"
+        if decode["compute_bound_steps"] == 0
+        else f"compute {decode['compute_bound_steps']}/{steps}"
+    )
+    return {
+        "bandwidth": bandwidth,
+        "decode_bytes_per_token": decode["bytes_per_token"],
+        "gen_bound_s": decode["gen_bound_s"],
+        "prefill_bound_s": decode["prefill_bound_s"],
+        "gen_bound_kind": kind,
+        "gen_roofline_frac": decode["gen_bound_s"] / med["gen"],
+        "update_model_flops": model_flops,
+        "update_bound_s": model_flops / peak,
+        "update_executed_flops": executed,
+        "update_layout": layout,
+        "update_executed_bound_s": executed / peak,
+        "update_executed_frac": executed / peak / update,
+    }
 
 
 def table(summary: dict) -> str:
-    lines = ["| workload | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s rlkit / TRL "
-             "(% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |", "|" + "---|" * 10]
+    lines = [
+        "| workload | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s rlkit / TRL "
+        "(% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |",
+        "|" + "---|" * 10,
+    ]
     for key, s in summary.items():
         r, t = s["rlkit"], s["trl"]
         if "rlkit@base" in s:
@@ -173,60 +264,102 @@ def table(summary: dict) -> str:
                 f"| {key[0]} | {key[1]} (rlkit@base) | {b['step']:.2f} | {t['step']:.2f} | {b['step'] / t['step']:.2f} | "
                 f"{b['gen_tok_s']:.0f} / - | {b['update_flops_s'] / 1e9:.1f} ({100 * b['update_peak_frac']:.0f}%) / - | "
                 f"{b['peak_flops'] / 1e9:.0f} | {b['overhead_s']:.2f} s ({100 * b['overhead_frac']:.1f}%) | "
-                f"{b['startup_s']:.0f} / - |")
+                f"{b['startup_s']:.0f} / - |"
+            )
         lines.append(
             f"| {key[0]} | {key[1]} | {r['step']:.2f} | {t['step']:.2f} | **{r['step'] / t['step']:.2f}** | "
             f"{r['gen_tok_s']:.0f} / {t['gen_tok_s']:.0f} | {r['update_flops_s'] / 1e9:.1f} "
             f"({100 * r['update_peak_frac']:.0f}%) / {t['update_flops_s'] / 1e9:.1f} ({100 * t['update_peak_frac']:.0f}%) | "
             f"{r['peak_flops'] / 1e9:.0f} | {r['overhead_s']:.2f} s ({100 * r['overhead_frac']:.1f}%) | "
-            f"{r['startup_s']:.0f} / {t['startup_s']:.0f} |")
-    lines += ["", "rlkit phases (median s): | workload | dtype | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
+            f"{r['startup_s']:.0f} / {t['startup_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "rlkit phases (median s): | workload | dtype | " + " | ".join(PHASES) + " |",
+        "|" + "---|" * (2 + len(PHASES)),
+    ]
     for key, s in summary.items():
         for fw in [f for f in ("rlkit@base", "rlkit") if f in s]:
             ph = s[fw]["phases"]
-            lines.append(f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
-                         + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES) + " |")
+            lines.append(
+                f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
+                + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES)
+                + " |"
+            )
     return "\n".join(lines + ["", roofline_table(summary)])
 
 
 def roofline_table(summary: dict) -> str:
     """The cost curve (workloads by completion length) and each measurement beside its roofline."""
-    lines = ["Cost curve and rooflines (per generated token; gen bound = prefill + per step max(bytes / bandwidth, "
-             "FLOPs / peak); update bound = FLOPs / peak; peak = the run's best-of 1024² matmul probe; executed FLOPs: "
-             "rlkit.model.flops, rlkit in its cheapest layout, TRL padded):", "",
-             "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound ms/token "
-             "(KiB/token; bound by) | gen % of bound | update s | update bound s (model FLOPs) | update bound s "
-             "(executed; layout) | update % of probe peak (executed) |", "|" + "---|" * 13]
+    lines = [
+        "Cost curve and rooflines (per generated token; gen bound = prefill + per step max(bytes / bandwidth, "
+        "FLOPs / peak); update bound = FLOPs / peak; peak = the run's best-of 1024² matmul probe; executed FLOPs: "
+        "rlkit.model.flops, rlkit in its cheapest layout, TRL padded):",
+        "",
+        "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound ms/token "
+        "(KiB/token; bound by) | gen % of bound | update s | update bound s (model FLOPs) | update bound s "
+        "(executed; layout) | update % of probe peak (executed) |",
+        "|" + "---|" * 13,
+    ]
     order = sorted(summary, key=lambda k: (WORKLOADS[k[0]][0], k[1], WORKLOADS[k[0]][3]))
     for key in order:
         _, prompts, group, tokens = WORKLOADS[key[0]]
         for fw, s in summary[key].items():
-            executed = (f"{s['update_executed_bound_s']:.2f} ({s['update_layout']}) | "
-                        f"{100 * s['update_executed_frac']:.0f}%")
+            executed = (
+                f"{s['update_executed_bound_s']:.2f} ({s['update_layout']}) | "
+                f"{100 * s['update_executed_frac']:.0f}%"
+            )
             bound_ms = 1e3 * s["gen_bound_s"] / (prompts * group * tokens)
-            lines.append(f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} | "
-                         f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}; "
-                         f"{s['gen_bound_kind']}) | "
-                         f"{100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | {s['update_bound_s']:.2f} | {executed} |")
+            lines.append(
+                f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} | "
+                f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}; "
+                f"{s['gen_bound_kind']}) | "
+                f"{100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | {s['update_bound_s']:.2f} | {executed} |"
+            )
     return "\n".join(lines)
 
 
-PHASES = ["step", "gen", "worker_gen", "reward", "old_log_prob", "adv", "update_actor", "worker_update_actor",
-          "sync_weights", "overhead"]
+PHASES = [
+    "step",
+    "gen",
+    "worker_gen",
+    "reward",
+    "old_log_prob",
+    "adv",
+    "update_actor",
+    "worker_update_actor",
+    "sync_weights",
+    "overhead",
+]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", "--models", dest="workloads", default="tiny,smollm2",
-                        help=f"comma-separated, of: {', '.join(WORKLOADS)}")
-    parser.add_argument("--dtypes", default="fp32,bf16", help="of: fp32, bf16 (autocast in both toolkits), fp16w "
-                        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workloads",
+        "--models",
+        dest="workloads",
+        default="tiny,smollm2",
+        help=f"comma-separated, of: {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--dtypes",
+        default="fp32,bf16",
+        help="of: fp32, bf16 (autocast in both toolkits), fp16w "
+        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per run")
     parser.add_argument("--label", default="", help="name of this run in benchmarks/results/")
-    parser.add_argument("--base-src", default="", help="also run rlkit from this src/ folder (e.g. a git worktree "
-                        "of an older commit: before/after in one invocation), reported as rlkit@base")
+    parser.add_argument(
+        "--base-src",
+        default="",
+        help="also run rlkit from this src/ folder (e.g. a git worktree "
+        "of an older commit: before/after in one invocation), reported as rlkit@base",
+    )
     args = parser.parse_args()
     workloads, dtypes = args.workloads.split(","), args.dtypes.split(",")
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -236,8 +369,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    print(machine_line(matmul_peak_flops("fp32"), memory_bandwidth())
-          + f"; load average at the start {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        machine_line(matmul_peak_flops("fp32"), memory_bandwidth())
+        + f"; load average at the start {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     trl_python = str(ensure_trl_venv())
     paths, data = prepare(sorted({WORKLOADS[w][0] for w in workloads}))
     stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
@@ -252,16 +388,28 @@ def main() -> None:
                 for fw in order:
                     python = trl_python if fw == "trl" else sys.executable
                     out = raw_dir / f"{name}-{dtype}-{fw}-{r}.json"
-                    runs[fw].append(run_one(fw, python, paths[WORKLOADS[name][0]], name, dtype, data, args, out))
+                    runs[fw].append(
+                        run_one(fw, python, paths[WORKLOADS[name][0]], name, dtype, data, args, out)
+                    )
             results[(name, dtype)] = runs
-    summary = {key: {fw: summarise(rs, paths[WORKLOADS[key[0]][0]]) for fw, rs in runs.items()}
-               for key, runs in results.items()}
+    summary = {
+        key: {fw: summarise(rs, paths[WORKLOADS[key[0]][0]]) for fw, rs in runs.items()}
+        for key, runs in results.items()
+    }
     machine = hardware()
-    md = (machine_line(matmul_peak_flops("fp32"), memory_bandwidth(), machine)
-          + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n" + table(summary))
+    md = (
+        machine_line(matmul_peak_flops("fp32"), memory_bandwidth(), machine)
+        + f"; load average at the end {os.getloadavg()[0]:.2f}\n\n"
+        + table(summary)
+    )
     print(md)
-    record = {"stamp": stamp, "args": vars(args), "workloads": {w: WORKLOADS[w] for w in workloads}, "hardware": machine,
-              "summary": {f"{k[0]}-{k[1]}": v for k, v in summary.items()}}
+    record = {
+        "stamp": stamp,
+        "args": vars(args),
+        "workloads": {w: WORKLOADS[w] for w in workloads},
+        "hardware": machine,
+        "summary": {f"{k[0]}-{k[1]}": v for k, v in summary.items()},
+    }
     print("results:", save_results(args.label or "run", record, md))
 
 

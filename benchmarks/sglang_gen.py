@@ -26,7 +26,9 @@ from common import Report, hardware_line  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sglang-python", default=os.environ.get("RLKIT_SGLANG_PYTHON", "/work/engines/sglang/bin/python"))
+    ap.add_argument(
+        "--sglang-python", default=os.environ.get("RLKIT_SGLANG_PYTHON", "/work/engines/sglang/bin/python")
+    )
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=32)
@@ -53,17 +55,36 @@ def main() -> None:
     prompts = chat_prompts(tok, questions)
     config = RolloutConfig(n=args.n, temperature=1.0)
     no_eos = [-1]  # a stop id that never occurs: every row decodes exactly --tokens tokens
-    hf = HFRollout(module=module, tokenizer=tok, rollout_config=config, max_response_length=args.tokens,
-                   eos_token_ids=no_eos)
+    hf = HFRollout(
+        module=module,
+        tokenizer=tok,
+        rollout_config=config,
+        max_response_length=args.tokens,
+        eos_token_ids=no_eos,
+    )
     start = time.perf_counter()
-    sg = SglangRollout(module=module, tokenizer=tok, rollout_config=config, max_response_length=args.tokens,
-                       params=SglangParams(model_path=path, launch={
-                           "python": args.sglang_python, "device": "cpu", "threads": args.threads,
-                           "log_dir": str(HERE / ".work")}))
+    sg = SglangRollout(
+        module=module,
+        tokenizer=tok,
+        rollout_config=config,
+        max_response_length=args.tokens,
+        params=SglangParams(
+            model_path=path,
+            launch={
+                "python": args.sglang_python,
+                "device": "cpu",
+                "threads": args.threads,
+                "log_dir": str(HERE / ".work"),
+            },
+        ),
+    )
     startup = time.perf_counter() - start
     sg.stop_token_ids = []
     plain = sg.sampling_params
-    sg.sampling_params = lambda **kw: {**plain(**kw), "ignore_eos": True}  # SGLang also stops at the model's eos
+    sg.sampling_params = lambda **kw: {
+        **plain(**kw),
+        "ignore_eos": True,
+    }  # SGLang also stops at the model's eos
     try:
         for backend in (hf, sg):  # warm-up (first-call allocations, the server's first batch)
             backend.generate(prompts, max_new_tokens=4)
@@ -80,8 +101,10 @@ def main() -> None:
         sg.shutdown()
     tokens = args.prompts * args.n * args.tokens
     report(hardware_line())
-    report(f"{args.prompts} prompts x n={args.n} x {args.tokens} tokens, {args.threads} thread(s); "
-          f"SGLang start-up {startup:.0f} s; load {os.getloadavg()[0]:.1f}")
+    report(
+        f"{args.prompts} prompts x n={args.n} x {args.tokens} tokens, {args.threads} thread(s); "
+        f"SGLang start-up {startup:.0f} s; load {os.getloadavg()[0]:.1f}"
+    )
     report("| backend | tok/s (median) | runs (s) |\n|---|---|---|")
     for name, secs in times.items():
         report(f"| {name} | {tokens / statistics.median(secs):.1f} | {', '.join(f'{s:.2f}' for s in secs)} |")

@@ -49,12 +49,18 @@ def main() -> None:
 
     peak = matmul_peak_flops(w.dtype)
     rows = pd.read_parquet(w.data).head(w.prompts)
-    dataset = Dataset.from_list([{"prompt": [dict(m) for m in r.prompt], "ground_truth": str(r.reward_model["ground_truth"])}
-                                 for r in rows.itertuples()])
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [dict(m) for m in r.prompt], "ground_truth": str(r.reward_model["ground_truth"])}
+            for r in rows.itertuples()
+        ]
+    )
 
     def reward(completions, ground_truth, **_):
-        return [arithmetic_reward(c[0]["content"] if isinstance(c, list) else c, gt)
-                for c, gt in zip(completions, ground_truth, strict=True)]
+        return [
+            arithmetic_reward(c[0]["content"] if isinstance(c, list) else c, gt)
+            for c, gt in zip(completions, ground_truth, strict=True)
+        ]
 
     times: dict[str, float] = {}
     steps: list[dict[str, float]] = []
@@ -76,7 +82,9 @@ def main() -> None:
             mask = result["completion_mask"]
             assert int(mask.sum(-1).min()) == w.tokens, "every completion must have the full length"
             tokens_seen.append(int(result["prompt_mask"].sum() + mask.sum()))
-            prompt_width.append(int(result["prompt_mask"].shape[1]))  # left-padded prompts: every row runs this many
+            prompt_width.append(
+                int(result["prompt_mask"].shape[1])
+            )  # left-padded prompts: every row runs this many
             return result
 
     class StepTimer(TrainerCallback):
@@ -87,36 +95,85 @@ def main() -> None:
         def on_step_end(self, args, state, control, **kwargs):
             wall = time.perf_counter() - times["t0"]
             if state.global_step > w.warmup:
-                steps.append({"step": wall, "gen": times["gen"], "gen_score": times["gen_score"],
-                              "update": wall - times["gen_score"], "tokens": float(tokens_seen[-1]),
-                              "prompt_max": float(prompt_width[-1])})
+                steps.append(
+                    {
+                        "step": wall,
+                        "gen": times["gen"],
+                        "gen_score": times["gen_score"],
+                        "update": wall - times["gen_score"],
+                        "tokens": float(tokens_seen[-1]),
+                        "prompt_max": float(prompt_width[-1]),
+                    }
+                )
 
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         config = GRPOConfig(
-            output_dir=tmp, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True,
-            seed=w.seed, data_seed=w.seed, max_steps=w.warmup + w.steps, learning_rate=w.lr,
-            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            per_device_train_batch_size=w.completions, gradient_accumulation_steps=1, steps_per_generation=1,
-            num_generations=w.group, num_iterations=1, beta=0.0, loss_type="dapo", scale_rewards="group",
-            max_completion_length=w.tokens, temperature=1.0, top_p=1.0, top_k=0, shuffle_dataset=False,
-            generation_kwargs={"min_new_tokens": w.tokens}, bf16=w.dtype == "bf16",
-            model_init_kwargs={"dtype": "float32"}, dataloader_num_workers=0,
+            output_dir=tmp,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            use_cpu=True,
+            seed=w.seed,
+            data_seed=w.seed,
+            max_steps=w.warmup + w.steps,
+            learning_rate=w.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            per_device_train_batch_size=w.completions,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_generations=w.group,
+            num_iterations=1,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            max_completion_length=w.tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            shuffle_dataset=False,
+            generation_kwargs={"min_new_tokens": w.tokens},
+            bf16=w.dtype == "bf16",
+            model_init_kwargs={"dtype": "float32"},
+            dataloader_num_workers=0,
         )
         # the fast tokenizer as saved (rlkit loads it the same way): AutoTokenizer may swap in the model
         # type's own class, which tokenizes the tiny model's prompts 2 tokens longer
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(w.model) if w.model_name == "tiny" else \
-            AutoTokenizer.from_pretrained(w.model)
+        tokenizer = (
+            PreTrainedTokenizerFast.from_pretrained(w.model)
+            if w.model_name == "tiny"
+            else AutoTokenizer.from_pretrained(w.model)
+        )
         tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(w.model, dtype="float32")
-        trainer = Timed(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                        processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer = Timed(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepTimer()],
+        )
         startup_s = time.perf_counter() - launched
         trainer.train()
     n_params = sum(p.numel() for p in model.parameters())
     peak = max(peak, matmul_peak_flops(w.dtype))
-    write_result(out, w, "trl", steps, {"startup_s": startup_s, "peak_flops": peak, "n_params": n_params,
-                                        "bandwidth": memory_bandwidth(),
-                                        "update_flops": update_flops(n_params, tokens_seen[-1])})
+    write_result(
+        out,
+        w,
+        "trl",
+        steps,
+        {
+            "startup_s": startup_s,
+            "peak_flops": peak,
+            "n_params": n_params,
+            "bandwidth": memory_bandwidth(),
+            "update_flops": update_flops(n_params, tokens_seen[-1]),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,13 @@ def main() -> None:
     model = load_model(cfg, tokenizer=tokenizer).eval()
     config = RolloutConfig(n=1, temperature=1.0, ignore_eos=True)
     t0 = time.perf_counter()
-    engine = VllmRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens,
-                         params=VllmParams(dtype="float32", max_model_len=512))
+    engine = VllmRollout(
+        module=model,
+        tokenizer=tokenizer,
+        rollout_config=config,
+        max_response_length=args.tokens,
+        params=VllmParams(dtype="float32", max_model_len=512),
+    )
     report(f"vllm engine start (folder write + LLM): {time.perf_counter() - t0:.1f} s", flush=True)
 
     questions = tuple(f"What is {i} + {i + 3}?" for i in range(args.prompts))
@@ -69,11 +74,16 @@ def main() -> None:
             t0 = time.perf_counter()
             engine.update_weights(model)
             times.append(time.perf_counter() - t0)
-        changed = not torch.equal(engine.generate(prompts, n=1, do_sample=False, max_new_tokens=8)["responses"], before)
+        changed = not torch.equal(
+            engine.generate(prompts, n=1, do_sample=False, max_new_tokens=8)["responses"], before
+        )
         model.load_state_dict(original)
         engine.update_weights(model)
-        report(f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
-              f" output changed: {changed}", flush=True)
+        report(
+            f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
+            f" output changed: {changed}",
+            flush=True,
+        )
 
     hf = HFRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens)
     for name, backend in (("hf", hf), ("vllm", engine), ("hf", hf), ("vllm", engine)):
@@ -81,7 +91,10 @@ def main() -> None:
         out = backend.generate(prompts, n=1, temperature=1.0)
         seconds = time.perf_counter() - t0
         tokens = int(out["response_mask"].sum())
-        report(f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s", flush=True)
+        report(
+            f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s",
+            flush=True,
+        )
     engine.close()
     report(f"load after {os.getloadavg()[0]:.1f}")
     report.save({"args": vars(args)})

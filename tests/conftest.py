@@ -35,19 +35,38 @@ def ray_cluster():
 # subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures it uses.
 HEAVY_DIRS = ("e2e", "reliability", "engines", "plugins")
 HEAVY_FILES = {  # subprocess runs of the CLI, MLflow's migrations, a Ray cluster of their own (measured: > 10 s each)
-    "test_cli.py", "test_mlflow_store.py", "test_cluster.py", "test_smoke.py", "test_pytest_plugin.py",
+    "test_cli.py",
+    "test_mlflow_store.py",
+    "test_cluster.py",
+    "test_smoke.py",
+    "test_pytest_plugin.py",
 }
 HEAVY_FIXTURES = {
-    "ray_cluster", "tiny_model_dir", "rlkit_tiny_model_dir", "rlkit_tiny_model",
-    "rlkit_tokenizer", "gloo_world1", "two_ranks", "two_nodes", "straight_run", "smoke_runs", "serve_thread",
-    "tok_and_model", "tokenizer", "tiny_assets",
+    "ray_cluster",
+    "tiny_model_dir",
+    "rlkit_tiny_model_dir",
+    "rlkit_tiny_model",
+    "rlkit_tokenizer",
+    "gloo_world1",
+    "two_ranks",
+    "two_nodes",
+    "straight_run",
+    "smoke_runs",
+    "serve_thread",
+    "tok_and_model",
+    "tokenizer",
+    "tiny_assets",
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = item.path.relative_to(config.rootpath / "tests").parts
-        if parts[0] in HEAVY_DIRS or parts[-1] in HEAVY_FILES or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if (
+            parts[0] in HEAVY_DIRS
+            or parts[-1] in HEAVY_FILES
+            or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
             item.add_marker(pytest.mark.heavy)
     _skip_cuda_without_a_gpu(items)
 

@@ -48,9 +48,20 @@ GRADED_REWARD = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}}}\n"
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "time")
 
 
-def write_recipe(path: Path, model: Path, data: Path, out: Path, *, steps: int = 4, keep: int = 10,
-                 backends: str = "jsonl", extra: str = "") -> Path:
-    path.write_text(RECIPE.format(model=model, data=data, out=out, steps=steps, keep=keep, backends=backends) + extra)
+def write_recipe(
+    path: Path,
+    model: Path,
+    data: Path,
+    out: Path,
+    *,
+    steps: int = 4,
+    keep: int = 10,
+    backends: str = "jsonl",
+    extra: str = "",
+) -> Path:
+    path.write_text(
+        RECIPE.format(model=model, data=data, out=out, steps=steps, keep=keep, backends=backends) + extra
+    )
     return path
 
 
@@ -58,16 +69,27 @@ def rlkit_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 
-def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None, cwd: Path | None = None,
-          fault: str | None = None) -> subprocess.Popen:
+def start(
+    *args: str,
+    env: dict[str, str] | None = None,
+    preexec_fn=None,
+    cwd: Path | None = None,
+    fault: str | None = None,
+) -> subprocess.Popen:
     """`python -m rlkit ARGS` in the background (in ``cwd``); stdout and stderr are read by ``finish``.
 
     ``fault``: a fault plan (``gen:3,nan_adv:2``; src/rlkit/testing/faults.py), run through the test-only
     entry ``python -m rlkit.testing.faults PLAN -- ARGS``."""
     entry = ["rlkit.testing.faults", fault, "--"] if fault else ["rlkit"]
-    return subprocess.Popen([sys.executable, "-m", *entry, *args], env=env or rlkit_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
-                            cwd=cwd)
+    return subprocess.Popen(
+        [sys.executable, "-m", *entry, *args],
+        env=env or rlkit_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+        cwd=cwd,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -76,12 +98,20 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.Completed
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"rlkit did not finish within {timeout} s; stderr tail:\n{err[-3000:]}") from None
+        raise AssertionError(
+            f"rlkit did not finish within {timeout} s; stderr tail:\n{err[-3000:]}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300, preexec_fn=None,
-        cwd: Path | None = None, fault: str | None = None) -> subprocess.CompletedProcess:
+def run(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    preexec_fn=None,
+    cwd: Path | None = None,
+    fault: str | None = None,
+) -> subprocess.CompletedProcess:
     return finish(start(*args, env=env, preexec_fn=preexec_fn, cwd=cwd, fault=fault), timeout)
 
 
@@ -112,7 +142,7 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"step {step} was not logged within {timeout} s (rc={rc}); stderr tail:\n{tail}")
 
 
-def optimizer_state(checkpoint: Path) -> dict[str, "torch.Tensor"]:
+def optimizer_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The actor's optimizer state in ``checkpoint/actor/dcp`` (CPU tensors): ``optim.state.<param>.<exp_avg |
     exp_avg_sq | step>`` and the other ``optim.*`` tensors, read without a process group."""
     import torch
@@ -121,8 +151,11 @@ def optimizer_state(checkpoint: Path) -> dict[str, "torch.Tensor"]:
 
     reader = dcp.FileSystemReader(str(checkpoint / "actor" / "dcp"))
     entries = reader.read_metadata().state_dict_metadata
-    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items()
-             if key.startswith("optim.") and isinstance(meta, TensorStorageMetadata)}
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in entries.items()
+        if key.startswith("optim.") and isinstance(meta, TensorStorageMetadata)
+    }
     assert state, f"{checkpoint}: no optimizer state in the actor's checkpoint"
     dcp.load(state, storage_reader=reader, no_dist=True)
     return state
@@ -130,8 +163,11 @@ def optimizer_state(checkpoint: Path) -> dict[str, "torch.Tensor"]:
 
 def moment_norms(state: dict) -> dict[str, float]:
     """L2 norms of Adam's first and second moments over every parameter (``optimizer_state``)."""
-    return {moment: sum(float(v.double().pow(2).sum()) for k, v in state.items() if k.endswith("." + moment)) ** 0.5
-            for moment in ("exp_avg", "exp_avg_sq")}
+    return {
+        moment: sum(float(v.double().pow(2).sum()) for k, v in state.items() if k.endswith("." + moment))
+        ** 0.5
+        for moment in ("exp_avg", "exp_avg_sq")
+    }
 
 
 def differing_tensors(a: dict, b: dict) -> list[str]:
@@ -203,7 +239,9 @@ def check_checkpoints(out: Path) -> list[int]:
         step = int(child.name.rsplit("_", 1)[1])
         assert state["global_step"] == step, child
         weights = load_actor_state_dict(child)
-        assert weights and all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point()), child
+        assert weights and all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point()), (
+            child
+        )
         steps.append(step)
     return sorted(steps)
 

@@ -21,7 +21,9 @@ __all__ = ["hookimpl", "hookspec", "RlkitError", "compute_score", "__version__"]
 __version__ = "0.1.0"
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> Any:
     """Score ``solution_str`` with the function registered for ``data_source`` (built-in or plugin)."""
     from rlkit.rewards.dispatch import compute_score as _dispatch
 

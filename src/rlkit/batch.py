@@ -58,9 +58,13 @@ class Batch:
     def _build_tensordict(self, tensors: dict[str, torch.Tensor]) -> TensorDict:
         for key, value in tensors.items():
             if not isinstance(value, torch.Tensor):
-                raise BatchError(f"tensor field '{key}' is a {type(value).__name__}; put non-tensor values in non_tensors.")
+                raise BatchError(
+                    f"tensor field '{key}' is a {type(value).__name__}; put non-tensor values in non_tensors."
+                )
             if value.dim() == 0:
-                raise BatchError(f"tensor field '{key}' is a scalar; batch fields need a leading batch dimension (put scalars in meta).")
+                raise BatchError(
+                    f"tensor field '{key}' is a scalar; batch fields need a leading batch dimension (put scalars in meta)."
+                )
         sizes = {k: v.shape[0] for k, v in tensors.items()}
         if len(set(sizes.values())) > 1:
             raise BatchError(f"tensor fields disagree on the batch size: {sizes}.")
@@ -73,7 +77,9 @@ class Batch:
 
     def _check(self) -> None:
         if self.tensors.batch_dims != 1:
-            raise BatchError(f"tensors must have exactly one batch dimension, got batch_size={list(self.tensors.batch_size)}.")
+            raise BatchError(
+                f"tensors must have exactly one batch dimension, got batch_size={list(self.tensors.batch_size)}."
+            )
         n = len(self)
         bad = {k: len(v) for k, v in self.non_tensors.items() if len(v) != n or v.ndim != 1}
         if bad:
@@ -97,13 +103,17 @@ class Batch:
                 return self.tensors[item]
             if item in self.non_tensors:
                 return self.non_tensors[item]
-            raise KeyError(f"batch has no field '{item}'. Fields: {', '.join(sorted(self.keys())) or '(none)'}.")
+            raise KeyError(
+                f"batch has no field '{item}'. Fields: {', '.join(sorted(self.keys())) or '(none)'}."
+            )
         return self._index(item)
 
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             if value.dim() == 0 or value.shape[0] != len(self):
-                raise BatchError(f"field '{key}' has shape {tuple(value.shape)}; the batch size is {len(self)}.")
+                raise BatchError(
+                    f"field '{key}' has shape {tuple(value.shape)}; the batch size is {len(self)}."
+                )
             self.non_tensors.pop(key, None)
             self.tensors[key] = value
         else:
@@ -184,7 +194,9 @@ class Batch:
         meta = dict(self.meta)
         for key, value in other.meta.items():
             if key in meta and meta[key] != value:
-                raise BatchError(f"union: meta '{key}' differs between the two batches ({meta[key]!r} vs {value!r}).")
+                raise BatchError(
+                    f"union: meta '{key}' differs between the two batches ({meta[key]!r} vs {value!r})."
+                )
             meta[key] = value
         return Batch(tensors, non_tensors, meta)
 
@@ -205,7 +217,8 @@ class Batch:
                 raise BatchError(
                     f"concat: field '{key}' has per-sample shapes {shapes} in batches 0..{len(batches) - 1}; pad them "
                     "to one width first (rollout batches: rlkit.rollout.base.concat_rollouts pads prompts on the "
-                    "left and responses on the right).")
+                    "left and responses on the right)."
+                )
         tensors = torch.cat([b.tensors for b in batches]) if batches[0].tensors.keys() else None
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in batches[0].non_tensors}
         return Batch(tensors, non_tensors, batches[0].meta)

@@ -44,12 +44,34 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CpuInfo", "MatmulProbe", "PrecisionDecision", "BF16_MIN_SPEEDUP", "cpu_info", "probe_matmul", "matmul_flops",
-    "cached_probe", "decide_cpu", "decide_cuda", "precision_decision", "concrete_mixed_precision",
-    "concrete_decode_dtype", "fp16_weights_unavailable", "resolve_precision", "ResolvedPrecision", "worker_threads",
+    "CpuInfo",
+    "MatmulProbe",
+    "PrecisionDecision",
+    "BF16_MIN_SPEEDUP",
+    "cpu_info",
+    "probe_matmul",
+    "matmul_flops",
+    "cached_probe",
+    "decide_cpu",
+    "decide_cuda",
+    "precision_decision",
+    "concrete_mixed_precision",
+    "concrete_decode_dtype",
+    "fp16_weights_unavailable",
+    "resolve_precision",
+    "ResolvedPrecision",
+    "worker_threads",
     "usable_cpus",
-    "oversubscription", "hardware_summary", "RunHardware", "plan_run", "warn_once",
-    "DevicePlan", "device_plan", "dist_backend", "cuda_missing", "gpu_memory_metrics",
+    "oversubscription",
+    "hardware_summary",
+    "RunHardware",
+    "plan_run",
+    "warn_once",
+    "DevicePlan",
+    "device_plan",
+    "dist_backend",
+    "cuda_missing",
+    "gpu_memory_metrics",
 ]
 
 log = logging.getLogger("rlkit.hardware")
@@ -58,8 +80,21 @@ BF16_MIN_SPEEDUP = 2.0  # bf16 matmul / fp32 matmul speed at which bf16 pays for
 BF16_BAND = (BF16_MIN_SPEEDUP / 1.5, BF16_MIN_SPEEDUP * 1.5)  # probe readings inside: the flags decide
 PROBE_ROUNDS = 5
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm (``Features: bf16``)
-RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
-                  "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+RELEVANT_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+    "bf16",
+)
 MIXED_PRECISION = ("fp32", "bf16")
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
 _CACHE_VERSION = 1
@@ -93,7 +128,13 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
         key, sep, value = line.partition(":")
         if sep and key.strip() not in fields:  # the first processor's values
             fields[key.strip()] = value.strip()
-    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware") or fields.get("CPU part") or "unknown"
+    model = (
+        fields.get("model name")
+        or fields.get("Model")
+        or fields.get("Hardware")
+        or fields.get("CPU part")
+        or "unknown"
+    )
     present = set((fields.get("flags") or fields.get("Features") or "").split())
     return CpuInfo(model=re.sub(r"\s+", " ", model), flags=tuple(f for f in RELEVANT_FLAGS if f in present))
 
@@ -113,8 +154,9 @@ class MatmulProbe:
         return self.bf16_flops / self.fp32_flops if self.fp32_flops > 0 else 0.0
 
 
-def matmul_flops(dtype: Any, *, size: int = 256, threads: int | None = None, budget_s: float = 0.08,
-                 max_reps: int = 200) -> float:
+def matmul_flops(
+    dtype: Any, *, size: int = 256, threads: int | None = None, budget_s: float = 0.08, max_reps: int = 200
+) -> float:
     """FLOP/s of ``size``² @ ``size``² in ``dtype`` (a torch dtype): one warm-up, then repeats until
     ``budget_s`` has passed (at least one; ``budget_s=0``: exactly ``max_reps``); on ``threads`` torch
     threads (None: as set). 0 on failure."""
@@ -176,9 +218,13 @@ def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_ma
         entries = data["entries"] if data.get("version") == _CACHE_VERSION else {}
         hit = entries.get(key)
         if hit is not None:
-            return MatmulProbe(fp32_flops=float(hit["fp32_flops"]), bf16_flops=float(hit["bf16_flops"]),
-                               size=int(hit["size"]), threads=int(hit["threads"]),
-                               ratios=tuple(float(r) for r in hit.get("ratios", ())))
+            return MatmulProbe(
+                fp32_flops=float(hit["fp32_flops"]),
+                bf16_flops=float(hit["bf16_flops"]),
+                size=int(hit["size"]),
+                threads=int(hit["threads"]),
+                ratios=tuple(float(r) for r in hit.get("ratios", ())),
+            )
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -186,8 +232,12 @@ def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_ma
         entries = {}
     result = probe()
     entries = entries if isinstance(entries, dict) else {}
-    entries[key] = asdict(result) | {"cpu_model": cpu.model, "flags": list(cpu.flags), "torch": torch.__version__,
-                                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entries[key] = asdict(result) | {
+        "cpu_model": cpu.model,
+        "flags": list(cpu.flags),
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -234,16 +284,26 @@ def bf16_rule(native: tuple[str, ...], ratio: float) -> tuple[bool, str]:
 def decide_cpu(cpu: CpuInfo, probe: MatmulProbe) -> PrecisionDecision:
     """bf16 or fp32 by ``bf16_rule``: the flags, and where the CPU has native bf16, the probe."""
     ratio = probe.ratio
-    speed = f"{ratio:.2f}x fp32" if ratio >= 1 else (f"{1 / ratio:.0f}x slower than fp32" if ratio > 0 else "failed")
+    speed = (
+        f"{ratio:.2f}x fp32"
+        if ratio >= 1
+        else (f"{1 / ratio:.0f}x slower than fp32" if ratio > 0 else "failed")
+    )
     rounds = f", rounds {'/'.join(f'{r:.2f}' for r in probe.ratios)}" if len(probe.ratios) > 1 else ""
     measured = f"bf16 matmul measured {speed} ({probe.size}², {probe.threads} thread{rounds})"
     native = "/".join(cpu.native_bf16)
     has = f"has native bf16 ({native})" if native else "has no native bf16 (no amx_bf16/avx512_bf16)"
     fast, rule = bf16_rule(cpu.native_bf16, ratio)
     return PrecisionDecision(
-        mixed_precision="bf16" if fast else "fp32", decode_dtype="bfloat16" if fast else "float32", device="cpu",
-        reason=f"CPU {cpu.model} {has}; {measured}; rule {rule} -> {'bf16' if fast else 'fp32'}", ratio=ratio,
-        cpu=cpu, probe=probe, rule=rule)
+        mixed_precision="bf16" if fast else "fp32",
+        decode_dtype="bfloat16" if fast else "float32",
+        device="cpu",
+        reason=f"CPU {cpu.model} {has}; {measured}; rule {rule} -> {'bf16' if fast else 'fp32'}",
+        ratio=ratio,
+        cpu=cpu,
+        probe=probe,
+        rule=rule,
+    )
 
 
 def decide_cuda(bf16_supported: bool, name: str) -> PrecisionDecision:
@@ -285,12 +345,16 @@ def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
     if value is not None and value not in DECODE_DTYPES:
         from rlkit.errors import RlkitError
 
-        raise RlkitError(f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32, bfloat16 "
-                         f"or float16 (auto: bfloat16 where this device's bf16 is fast).")
+        raise RlkitError(
+            f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32, bfloat16 "
+            f"or float16 (auto: bfloat16 where this device's bf16 is fast)."
+        )
     if value == "float16" and _device_type(device) == "cpu" and (reason := fp16_weights_unavailable()):
         from rlkit.errors import RlkitError
 
-        raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32 (or auto).")
+        raise RlkitError(
+            f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32 (or auto)."
+        )
     return value
 
 
@@ -300,8 +364,10 @@ def fp16_weights_unavailable() -> str | None:
 
     engines = torch.backends.quantized.supported_engines
     if "fbgemm" not in engines:
-        return (f"this torch build has no fbgemm (quantized engines: {engines}); fbgemm's fp16-weight GEMM needs "
-                "an x86-64 CPU with AVX2")
+        return (
+            f"this torch build has no fbgemm (quantized engines: {engines}); fbgemm's fp16-weight GEMM needs "
+            "an x86-64 CPU with AVX2"
+        )
     return None
 
 
@@ -315,20 +381,28 @@ class ResolvedPrecision:
 
     def params(self) -> dict[str, Any]:
         """Run parameters (logged under ``resolved.``)."""
-        out: dict[str, Any] = {"mixed_precision": self.mixed_precision, "decode_dtype": self.decode_dtype or "n/a",
-                               "precision_reason": self.decision.reason}
+        out: dict[str, Any] = {
+            "mixed_precision": self.mixed_precision,
+            "decode_dtype": self.decode_dtype or "n/a",
+            "precision_reason": self.decision.reason,
+        }
         d = self.decision
         if d.cpu is not None and d.probe is not None:
-            out |= {"cpu_model": d.cpu.model, "cpu_flags": " ".join(d.cpu.flags) or "-",
-                    "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
-                    "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2),
-                    "bf16_ratio": round(d.probe.ratio, 3), "precision_rule": d.rule,
-                    "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.ratios) or "-"}
+            out |= {
+                "cpu_model": d.cpu.model,
+                "cpu_flags": " ".join(d.cpu.flags) or "-",
+                "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
+                "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2),
+                "bf16_ratio": round(d.probe.ratio, 3),
+                "precision_rule": d.rule,
+                "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.ratios) or "-",
+            }
         return out
 
 
-def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: str, *,
-                      decision: PrecisionDecision | None = None) -> ResolvedPrecision:
+def resolve_precision(
+    mixed_precision: str, decode_dtype: str | None, device: str, *, decision: PrecisionDecision | None = None
+) -> ResolvedPrecision:
     """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable.
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
@@ -338,14 +412,25 @@ def resolve_precision(mixed_precision: str, decode_dtype: str | None, device: st
     dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype, d.device)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely < 2x
-    slow = d.device == "cpu" and not d.bf16_fast and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
-    for key, value, asked, fp32 in (("actor.mixed_precision", mp, mixed_precision, "fp32"),
-                                    ("rollout.backend.dtype", dd, decode_dtype, "float32")):
+    slow = (
+        d.device == "cpu"
+        and not d.bf16_fast
+        and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
+    )
+    for key, value, asked, fp32 in (
+        ("actor.mixed_precision", mp, mixed_precision, "fp32"),
+        ("rollout.backend.dtype", dd, decode_dtype, "float32"),
+    ):
         if slow and asked != "auto" and value in ("bf16", "bfloat16"):
-            warnings.append(f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
-                            f"set {key}=auto (or {fp32}).")
-    explicit = tuple(k for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
-                     if asked not in ("auto", None))
+            warnings.append(
+                f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
+                f"set {key}=auto (or {fp32})."
+            )
+    explicit = tuple(
+        k
+        for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
+        if asked not in ("auto", None)
+    )
     return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit)
 
 
@@ -372,8 +457,9 @@ def usable_cpus() -> int:
     return cpus
 
 
-def oversubscription(*, pool_cpus: float, worker_threads_total: int, cores: int | None = None,
-                     load_1min: float | None = None) -> str | None:
+def oversubscription(
+    *, pool_cpus: float, worker_threads_total: int, cores: int | None = None, load_1min: float | None = None
+) -> str | None:
     """One line with the numbers when the run asks for more CPUs or threads than there are cores, or the
     machine is already busy (1-minute load above the cores); None when it fits."""
     cores = cores or usable_cpus()
@@ -391,9 +477,13 @@ def oversubscription(*, pool_cpus: float, worker_threads_total: int, cores: int 
         problems.append(f"the 1-minute load average is already {load_1min:.1f}")
     if not problems:
         return None
-    return (f"this machine has {cores} usable cores but " + " and ".join(problems) + ": threads will wait for each "
-            "other and steps will be slower (torch's threads spin against other busy processes). Lower "
-            "resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work.")
+    return (
+        f"this machine has {cores} usable cores but "
+        + " and ".join(problems)
+        + ": threads will wait for each "
+        "other and steps will be slower (torch's threads spin against other busy processes). Lower "
+        "resources.pools.*.cpus_per_bundle / threads_per_worker, or stop the other work."
+    )
 
 
 def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
@@ -403,9 +493,15 @@ def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
 
     cpu = cpu_info()
     probe = probe_matmul() if fresh else cached_probe(cpu)
-    return {"cpu_model": cpu.model, "cpu_flags": list(cpu.flags), "torch": torch.__version__,
-            "matmul_gflops_fp32": round(probe.fp32_flops / 1e9, 2), "matmul_gflops_bf16": round(probe.bf16_flops / 1e9, 2),
-            "matmul_probe": f"{probe.size}² on {probe.threads} thread", "cores": usable_cpus()}
+    return {
+        "cpu_model": cpu.model,
+        "cpu_flags": list(cpu.flags),
+        "torch": torch.__version__,
+        "matmul_gflops_fp32": round(probe.fp32_flops / 1e9, 2),
+        "matmul_gflops_bf16": round(probe.bf16_flops / 1e9, 2),
+        "matmul_probe": f"{probe.size}² on {probe.threads} thread",
+        "cores": usable_cpus(),
+    }
 
 
 # ----- one run ------------------------------------------------------------------------------------
@@ -424,11 +520,15 @@ class RunHardware:
     def summary(self) -> str:
         """The line printed at start."""
         p = self.precision
-        mark = {k: " (set in the recipe)" if k in p.explicit else "" for k in ("mixed_precision", "decode_dtype")}
+        mark = {
+            k: " (set in the recipe)" if k in p.explicit else "" for k in ("mixed_precision", "decode_dtype")
+        }
         decode = f", rollout decode {p.decode_dtype}{mark['decode_dtype']}" if p.decode_dtype else ""
         threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
-        return (f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per worker: "
-                f"{threads}. auto: {p.decision.reason}")
+        return (
+            f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per worker: "
+            f"{threads}. auto: {p.decision.reason}"
+        )
 
 
 def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtype: str | None) -> RunHardware:
@@ -442,15 +542,18 @@ def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtyp
     for pool in placed.values():
         per_pool[pool] = per_pool.get(pool, 0) + 1
     shares = {slot: 1.0 / per_pool[pool] for slot, pool in placed.items()}
-    threads = {slot: worker_threads(res.threads_per_worker, res.pools[placed[slot]].cpus_per_bundle, share)
-               for slot, share in shares.items()}
+    threads = {
+        slot: worker_threads(res.threads_per_worker, res.pools[placed[slot]].cpus_per_bundle, share)
+        for slot, share in shares.items()
+    }
     warning = None
     if res.ray_address is None:  # a local cluster: the workers run on this machine's cores
         pools = res.pools
         ranks = {slot: pools[placed[slot]].nodes * pools[placed[slot]].bundles_per_node for slot in shares}
         warning = oversubscription(
             pool_cpus=sum(p.nodes * p.bundles_per_node * p.cpus_per_bundle for p in pools.values()),
-            worker_threads_total=sum(threads[slot] * ranks[slot] for slot in shares))
+            worker_threads_total=sum(threads[slot] * ranks[slot] for slot in shares),
+        )
     precision = resolve_precision(recipe.actor.mixed_precision, decode_dtype, device)
     return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
 
@@ -498,9 +601,11 @@ def cuda_missing(requested: str, cuda_available: bool | None = None) -> str | No
     if available:
         return None
     build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build (no CUDA)"
-    return (f"resources.device is 'cuda' but torch {torch.__version__} ({build}) sees no GPU on this "
-            f"machine. Set resources.device=cpu (or auto), run on a GPU node, or install a CUDA build of "
-            f"torch.")
+    return (
+        f"resources.device is 'cuda' but torch {torch.__version__} ({build}) sees no GPU on this "
+        f"machine. Set resources.device=cpu (or auto), run on a GPU node, or install a CUDA build of "
+        f"torch."
+    )
 
 
 def device_plan(requested: str = "auto", *, cuda_available: bool | None = None) -> DevicePlan:
@@ -526,5 +631,7 @@ def gpu_memory_metrics(device: Any) -> dict[str, float]:
 
     if _device_type(device) != "cuda":
         return {}
-    return {"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-            "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
+    return {
+        "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+        "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30,
+    }

@@ -32,7 +32,9 @@ tracking: {{backends: [jsonl]}}
 
 
 @pytest.mark.e2e
-def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound_refuses(tiny_assets, tmp_path):
+def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound_refuses(
+    tiny_assets, tmp_path
+):
     model, data = tiny_assets
     recipe = tmp_path / "async.yaml"
     straight = tmp_path / "straight"
@@ -64,8 +66,14 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
 
     # resumed in one_step_off (bound 1): step 3's saved batch is 2 versions behind, so it is dropped and regenerated
     strict = tmp_path / "strict"
-    result = run_rlkit("run", str(recipe), f"trainer.output_dir={strict}", f"trainer.resume={step1}",
-                       "trainer.mode=one_step_off", "~trainer.max_staleness")
+    result = run_rlkit(
+        "run",
+        str(recipe),
+        f"trainer.output_dir={strict}",
+        f"trainer.resume={step1}",
+        "trainer.mode=one_step_off",
+        "~trainer.max_staleness",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in records(strict) if "training/global_step" in r]
     assert [(s["async/dropped_stale"], s["async/staleness_max"]) for s in steps] == [(0.0, 1.0), (1.0, 0.0)]

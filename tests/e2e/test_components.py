@@ -57,8 +57,11 @@ REWARD = {("estimator", "dapo"): ", overlong_buffer: {len: 2}"}
 # the graded score is in [0, 1]; DAPO's overlong shaping subtracts up to its penalty_factor (1) from it
 SCORE_LOW = {("estimator", "dapo"): -1.0}
 DEFAULT = {("estimator", "remax"), ("policy_loss", "kl_cov"), ("rollout_correction", "seq_mis")}
-KINDS = {"estimator": "estimators", "policy_loss": "policy_losses",
-         "rollout_correction": "rollout_corrections"}
+KINDS = {
+    "estimator": "estimators",
+    "policy_loss": "policy_losses",
+    "rollout_correction": "rollout_corrections",
+}
 
 
 def _components() -> list:

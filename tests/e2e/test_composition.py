@@ -44,18 +44,28 @@ def _run(tmp_path: Path, tiny_assets, extra: str, data: Path | None = None) -> l
 
 
 def test_ppo_with_actor_and_critic_colocated_in_one_pool(tmp_path, tiny_assets):
-    steps = _run(tmp_path, tiny_assets, """\
+    steps = _run(
+        tmp_path,
+        tiny_assets,
+        """\
 algorithm: {estimator: {name: ppo, lam: 0.95}}
 critic: {lora: {rank: 4, alpha: 8}, optim: {lr: 1.0e-3}}
 resources: {object_store_memory_mb: 128, pools: {global: {nodes: 1, bundles_per_node: 1}}}
-""")
+""",
+    )
     for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
         assert key in steps[-1], key
-    assert all(s["critic/lora_trainable_params"] > 0 for s in steps)  # critic.lora: the adapter (+ value head)
+    assert all(
+        s["critic/lora_trainable_params"] > 0 for s in steps
+    )  # critic.lora: the adapter (+ value head)
     assert (tmp_path / "out" / "checkpoints" / "global_step_2" / "critic" / "adapter_config.json").is_file()
-    for step in steps:  # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
+    for (
+        step
+    ) in steps:  # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
         assert step["training/rollout_probs_diff_valid"] == 1.0
-        assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        assert (
+            0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        )
         assert abs(step["rollout_corr/kl"]) < 1e-3
     assert set(ray_session(tmp_path / "out")["worker_pids"]) == {"actor_rollout_ref", "critic"}
 
@@ -69,7 +79,10 @@ def test_reward_model_and_separate_ref_on_their_own_pool(tmp_path, tiny_assets):
     table = table.set_column(0, "data_source", pa.array(["open/ended"] * len(table)))
     data = tmp_path / "open.parquet"
     pq.write_table(table, data)
-    steps = _run(tmp_path, tiny_assets, f"""\
+    steps = _run(
+        tmp_path,
+        tiny_assets,
+        f"""\
 algorithm: {{estimator: grpo}}
 actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8, use_kl_loss: true}}
 reward: {{reward_model: {{enable: true, path: {rm}}}}}
@@ -77,7 +90,9 @@ resources:
   object_store_memory_mb: 128
   pools: {{train: {{nodes: 1, bundles_per_node: 1}}, aux: {{nodes: 1, bundles_per_node: 1}}}}
   roles: {{actor_rollout_ref: train, ref: aux, reward_model: aux}}
-""", data=data)
+""",
+        data=data,
+    )
     for step in steps:
         assert step["reward/rm_scores/used_fraction"] == 1.0
         assert step["reward/errors"] == 0.0  # no "unknown data_source" errors: the model covers them
@@ -88,10 +103,10 @@ resources:
     assert set(ray_session(tmp_path / "out")["worker_pids"]) == {"actor_rollout_ref", "ref", "reward_model"}
 
 
-SCORE = '''\
+SCORE = """\
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return float(len(solution_str) % 3)  # varied scores within a group
-'''
+"""
 
 
 def test_third_party_estimator_receives_its_parameter(tmp_path, tiny_assets):
@@ -99,11 +114,15 @@ def test_third_party_estimator_receives_its_parameter(tmp_path, tiny_assets):
     score.write_text(SCORE)
     # group_quantile (plugins/rlkit-example) with quantile 0: the baseline is each group's minimum,
     # so no advantage is negative; the default (0.5, the median) would make some negative.
-    steps = _run(tmp_path, tiny_assets, f"""\
+    steps = _run(
+        tmp_path,
+        tiny_assets,
+        f"""\
 algorithm: {{estimator: {{name: group_quantile, quantile: 0.0}}}}
 reward: {{custom_score: {{path: {score}}}}}
 resources: {{object_store_memory_mb: 128, pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-""")
+""",
+    )
     assert all(s["critic/advantages/min"] >= 0.0 for s in steps)
     assert any(s["critic/advantages/max"] > 0.0 for s in steps)
 
@@ -111,10 +130,13 @@ resources: {{object_store_memory_mb: 128, pools: {{global: {{nodes: 1, bundles_p
 def test_a_pool_that_can_never_be_placed_fails_fast_naming_pool_roles_and_resources(tmp_path, tiny_assets):
     model, data_dir = tiny_assets
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(BASE.format(model=model, data=data_dir / "train.parquet", out=tmp_path / "out") + """\
+    recipe.write_text(
+        BASE.format(model=model, data=data_dir / "train.parquet", out=tmp_path / "out")
+        + """\
 algorithm: {estimator: ppo}
 resources: {object_store_memory_mb: 128, pools: {global: {nodes: 2, bundles_per_node: 1}}}
-""")
+"""
+    )
     # One local Ray node: a pool asking for two distinct nodes can never be placed. The check runs before
     # any placement group waits (run_rlkit's own timeout is the hang guard, not a timing assertion).
     result = run_rlkit("run", str(recipe), timeout=120)

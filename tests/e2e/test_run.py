@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkit_harness import differing_tensors, last_record_per_step, moment_norms, optimizer_state, records, rlkit_env
+from rlkit_harness import (
+    differing_tensors,
+    last_record_per_step,
+    moment_norms,
+    optimizer_state,
+    records,
+    rlkit_env,
+)
 from rlkit_harness import run as run_rlkit
 
 SYNC_REFERENCE = Path(__file__).parent / "sync_reference.json"  # (not under data/: .gitignore)
@@ -25,8 +32,12 @@ def _fingerprint() -> dict:
     from rlkit.hardware import cpu_info
 
     cpu = cpu_info()
-    return {"cpu_model": cpu.model, "cpu_flags": sorted(cpu.flags), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "cpu_model": cpu.model,
+        "cpu_flags": sorted(cpu.flags),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def _weights_digest(checkpoint: Path) -> str:
@@ -66,23 +77,36 @@ def _resolved_precision(out: Path) -> dict:
 def record_sync_reference(rows: list[dict], checkpoint: Path) -> None:
     """RLKIT_RECORD_SYNC_REFERENCE=<commit> pytest tests/e2e/test_run.py -k sync_reference: re-record after a
     deliberate change of a sync run's numbers (the recording names its machine and library versions)."""
-    SYNC_REFERENCE.write_text(json.dumps({"recorded_from": os.environ["RLKIT_RECORD_SYNC_REFERENCE"],
-                                          "fingerprint": _fingerprint(), "records": rows,
-                                          "weights_sha256": _weights_digest(checkpoint),
-                                          "weights_norm": _weights_norm(checkpoint),
-                                          "precision": _resolved_precision(checkpoint.parents[1])}, indent=1) + "\n")
+    SYNC_REFERENCE.write_text(
+        json.dumps(
+            {
+                "recorded_from": os.environ["RLKIT_RECORD_SYNC_REFERENCE"],
+                "fingerprint": _fingerprint(),
+                "records": rows,
+                "weights_sha256": _weights_digest(checkpoint),
+                "weights_norm": _weights_norm(checkpoint),
+                "precision": _resolved_precision(checkpoint.parents[1]),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def check_sync_reference_within_tolerance(rows: list[dict], checkpoint: Path, reference: dict) -> None:
     """Every metric of the recording (metrics added since may appear beside them) and the final weights' norm,
     within RTOL/ATOL: runs on every machine."""
-    where = f"differs from {SYNC_REFERENCE.name} (recorded from {reference['recorded_from']}) beyond rtol {RTOL}"
+    where = (
+        f"differs from {SYNC_REFERENCE.name} (recorded from {reference['recorded_from']}) beyond rtol {RTOL}"
+    )
     assert [r["step"] for r in rows] == [r["step"] for r in reference["records"]], where
     for row, ref in zip(rows, reference["records"], strict=True):
         for key, want in ref.items():
             assert key in row, f"step {ref['step']}: {key} missing; {where}"
             assert row[key] == pytest.approx(want, rel=RTOL, abs=ATOL), f"step {ref['step']}: {key}: {where}"
-    assert _weights_norm(checkpoint) == pytest.approx(reference["weights_norm"], rel=RTOL), f"final weights: {where}"
+    assert _weights_norm(checkpoint) == pytest.approx(reference["weights_norm"], rel=RTOL), (
+        f"final weights: {where}"
+    )
 
 
 def check_sync_reference_exactly(rows: list[dict], checkpoint: Path, reference: dict) -> None:
@@ -90,12 +114,17 @@ def check_sync_reference_exactly(rows: list[dict], checkpoint: Path, reference: 
     fingerprints (float results differ there; the tolerance comparison still ran)."""
     here, there = _fingerprint(), reference["fingerprint"]
     if here != there:
-        differ = {k: (there.get(k), here.get(k)) for k in sorted(set(here) | set(there))
-                  if k != "cpu_flags" and here.get(k) != there.get(k)}
+        differ = {
+            k: (there.get(k), here.get(k))
+            for k in sorted(set(here) | set(there))
+            if k != "cpu_flags" and here.get(k) != there.get(k)
+        }
         flags = sorted(set(here.get("cpu_flags", ())) ^ set(there.get("cpu_flags", ())))
-        pytest.skip(f"exact sync reference: this machine's fingerprint differs from the recording's "
-                    f"(recorded vs here: {differ}; cpu flags on one side only: {flags}); recorded {there}; here "
-                    f"{here}. The tolerance comparison (rtol {RTOL}) ran.")
+        pytest.skip(
+            f"exact sync reference: this machine's fingerprint differs from the recording's "
+            f"(recorded vs here: {differ}; cpu flags on one side only: {flags}); recorded {there}; here "
+            f"{here}. The tolerance comparison (rtol {RTOL}) ran."
+        )
     where = f"differs from {SYNC_REFERENCE.name} (recorded from {reference['recorded_from']})"
     for row, ref in zip(rows, reference["records"], strict=True):
         assert {k: row.get(k) for k in ref} == ref, f"step {ref['step']}: {where}"
@@ -113,9 +142,11 @@ def test_sync_run_matches_the_sync_reference(straight_run):
         record_sync_reference(rows, checkpoint)
     reference = json.loads(SYNC_REFERENCE.read_text())
     if _resolved_precision(out) != reference["precision"]:
-        pytest.skip(f"sync reference: this run's auto precision resolved to {_resolved_precision(out)}, the "
-                    f"recording's to {reference['precision']} (params.json 'resolved'); runs in different precisions "
-                    "are not comparable, even within a tolerance")
+        pytest.skip(
+            f"sync reference: this run's auto precision resolved to {_resolved_precision(out)}, the "
+            f"recording's to {reference['precision']} (params.json 'resolved'); runs in different precisions "
+            "are not comparable, even within a tolerance"
+        )
     check_sync_reference_within_tolerance(rows, checkpoint, reference)
     check_sync_reference_exactly(rows, checkpoint, reference)
 
@@ -127,16 +158,22 @@ def test_sync_reference_checks_can_fail_and_skip_visibly(monkeypatch, tmp_path):
 
     reference = json.loads(SYNC_REFERENCE.read_text())
     monkeypatch.setattr(sys.modules[__name__], "_weights_norm", lambda checkpoint: reference["weights_norm"])
-    noisy = [{k: v * (1 + 1e-5) if isinstance(v, float) else v for k, v in r.items()} for r in reference["records"]]
+    noisy = [
+        {k: v * (1 + 1e-5) if isinstance(v, float) else v for k, v in r.items()} for r in reference["records"]
+    ]
     check_sync_reference_within_tolerance(noisy, tmp_path, reference)
     changed = copy.deepcopy(reference["records"])
     changed[2]["actor/grad_norm"] *= 1.01
     with pytest.raises(AssertionError, match="actor/grad_norm"):
         check_sync_reference_within_tolerance(changed, tmp_path, reference)
-    monkeypatch.setattr(sys.modules[__name__], "_weights_norm", lambda checkpoint: reference["weights_norm"] * 1.01)
+    monkeypatch.setattr(
+        sys.modules[__name__], "_weights_norm", lambda checkpoint: reference["weights_norm"] * 1.01
+    )
     with pytest.raises(AssertionError, match="final weights"):
         check_sync_reference_within_tolerance(reference["records"], tmp_path, reference)
-    elsewhere = reference | {"fingerprint": reference["fingerprint"] | {"torch": "0.0.0", "cpu_model": "other"}}
+    elsewhere = reference | {
+        "fingerprint": reference["fingerprint"] | {"torch": "0.0.0", "cpu_model": "other"}
+    }
     with pytest.raises(pytest.skip.Exception) as skipped:
         check_sync_reference_exactly(reference["records"], tmp_path, elsewhere)
     assert "'torch': ('0.0.0', " in str(skipped.value) and "other" in str(skipped.value)
@@ -149,7 +186,13 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
 
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "global_seqlen/mean"):
+    for key in (
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "critic/score/mean",
+        "response_length/mean",
+        "global_seqlen/mean",
+    ):
         assert key in steps[-1], key
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     for step in (r for r in raw if "training/global_step" in r):  # records() drops perf/*: read the file
@@ -172,16 +215,26 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     decision = precision_decision("cpu")
     params = run.data.params
     assert params["actor.mixed_precision"] == "auto" and params["resources.threads_per_worker"] == "auto"
-    assert (params["resolved.mixed_precision"], params["resolved.decode_dtype"]) == (decision.mixed_precision,
-                                                                                     decision.decode_dtype)
+    assert (params["resolved.mixed_precision"], params["resolved.decode_dtype"]) == (
+        decision.mixed_precision,
+        decision.decode_dtype,
+    )
     assert params["resolved.precision_reason"] == decision.reason
     assert params["resolved.precision_rule"] == decision.rule and params["resolved.peak_source"]
     resolved = json.loads((out / "run_info.json").read_text())["resolved"]
-    assert resolved["precision_rule"] == decision.rule and resolved["peak_source"] == params["resolved.peak_source"]
+    assert (
+        resolved["precision_rule"] == decision.rule
+        and resolved["peak_source"] == params["resolved.peak_source"]
+    )
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
-    assert f"rlkit: precision {decision.mixed_precision}, rollout decode {decision.decode_dtype}" in result.stdout
+    assert (
+        f"rlkit: precision {decision.mixed_precision}, rollout decode {decision.decode_dtype}"
+        in result.stdout
+    )
     assert decision.reason in result.stdout
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} >= {"generations/step_0.md"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} >= {
+        "generations/step_0.md"
+    }
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"recipe.yaml", "merged_model_path.txt"} <= artifacts
     assert (out / "hf_model" / "config.json").is_file()  # trainer.merge_at_end
@@ -200,8 +253,12 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     trained = load_actor_state_dict(out / "checkpoints" / "global_step_4")
     assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items() if k in trained)
     tokenizer = AutoTokenizer.from_pretrained(merged)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 2?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     generated = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert generated.shape[1] == ids["input_ids"].shape[1] + 4
 
@@ -212,8 +269,12 @@ def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recip
 
     killed = tmp_path / "killed"
     recipe = write_recipe(killed, "b.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(recipe)], env=rlkit_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlkit", "run", str(recipe)],
+        env=rlkit_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline:  # kill once step 2 is logged: mid-run, after a checkpoint
         metrics = killed / "metrics.jsonl"
@@ -229,8 +290,10 @@ def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recip
     before = [r for r in records(killed) if "training/global_step" in r]
     assert before and all(r["critic/score/max"] > r["critic/score/min"] for r in before), before
     assert all(r["actor/grad_norm"] > 0 for r in before), [r["actor/grad_norm"] for r in before]
-    newest = max((p for p in (killed / "checkpoints").glob("global_step_*") if (p / "COMPLETE").exists()),
-                 key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    newest = max(
+        (p for p in (killed / "checkpoints").glob("global_step_*") if (p / "COMPLETE").exists()),
+        key=lambda p: int(p.name.rsplit("_", 1)[1]),
+    )
     norms = moment_norms(optimizer_state(newest))
     assert norms["exp_avg"] > 0 and norms["exp_avg_sq"] > 0, (newest.name, norms)
 
@@ -249,8 +312,10 @@ def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recip
     b = load_actor_state_dict(killed / "checkpoints" / "global_step_4")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # and Adam's state (exp_avg, exp_avg_sq, step of every parameter) after the resumed steps, bit for bit
-    want, got = optimizer_state(straight / "checkpoints" / "global_step_4"), optimizer_state(killed / "checkpoints"
-                                                                                          / "global_step_4")
+    want, got = (
+        optimizer_state(straight / "checkpoints" / "global_step_4"),
+        optimizer_state(killed / "checkpoints" / "global_step_4"),
+    )
     assert not differing_tensors(want, got), differing_tensors(want, got)[:10]
     assert moment_norms(want)["exp_avg"] > 0
 
@@ -260,8 +325,15 @@ def test_tool_agent_recipe_runs_on_cpu(write_recipe, tmp_path):
     """rollout.agent=tool with the HF backend: the multi-turn loop runs inside the training step."""
     out = tmp_path / "agent"
     recipe = write_recipe(out)
-    result = run_rlkit("run", str(recipe), "rollout.agent=tool", "rollout.agent.max_turns=2", "rollout.tools=[calculator]",
-                       "trainer.total_steps=2", "trainer.merge_at_end=false")
+    result = run_rlkit(
+        "run",
+        str(recipe),
+        "rollout.agent=tool",
+        "rollout.agent.max_turns=2",
+        "rollout.tools=[calculator]",
+        "trainer.total_steps=2",
+        "trainer.merge_at_end=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     last = records(out)[-1]
     assert last["num_turns/min"] >= 1 and last["num_turns/max"] <= 2
@@ -279,8 +351,12 @@ def test_lora_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_pa
 
     killed = tmp_path / "killed"
     recipe = write_recipe(killed, "b.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(recipe), *lora], env=rlkit_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlkit", "run", str(recipe), *lora],
+        env=rlkit_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline:
         metrics = killed / "metrics.jsonl"

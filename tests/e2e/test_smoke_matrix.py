@@ -30,19 +30,53 @@ RECIPES = {p.stem: p for p in sorted((REPO / "recipes").glob("*.yaml"))}
 EXPECTED: dict[str, tuple[str, ...]] = {
     "quickstart": ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "critic/advantages/mean"),
     "grpo": ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean"),
-    "ppo": ("critic/vf_loss", "critic/values/mean", "critic/vf_clipfrac", "actor/pg_loss", "critic/returns/mean"),
-    "dapo": ("train/num_gen_batches", "train/filter_groups_kept", "train/filter_groups_dropped",
-             "reward/overlong_penalty/mean", "reward/overlong_ratio", "actor/pg_clipfrac"),
-    "grpo_tool_agent": ("num_turns/mean", "num_turns/min", "num_turns/max", "tool_call_counts/mean",
-                        "actor/kl_loss"),
+    "ppo": (
+        "critic/vf_loss",
+        "critic/values/mean",
+        "critic/vf_clipfrac",
+        "actor/pg_loss",
+        "critic/returns/mean",
+    ),
+    "dapo": (
+        "train/num_gen_batches",
+        "train/filter_groups_kept",
+        "train/filter_groups_dropped",
+        "reward/overlong_penalty/mean",
+        "reward/overlong_ratio",
+        "actor/pg_clipfrac",
+    ),
+    "grpo_tool_agent": (
+        "num_turns/mean",
+        "num_turns/min",
+        "num_turns/max",
+        "tool_call_counts/mean",
+        "actor/kl_loss",
+    ),
     "grpo_reward_model": ("reward/rm_scores/mean", "reward/rm_scores/used_fraction", "actor/kl_loss"),
     "grpo_separate_ref": ("actor/kl_loss", "actor/pg_loss"),
-    "grpo_async": ("async/staleness_mean", "async/staleness_max", "async/dropped_stale", "async/weights_version",
-                   "actor/pg_loss", "rollout_corr/bypass", "training/rollout_probs_diff_max"),
+    "grpo_async": (
+        "async/staleness_mean",
+        "async/staleness_max",
+        "async/dropped_stale",
+        "async/weights_version",
+        "actor/pg_loss",
+        "rollout_corr/bypass",
+        "training/rollout_probs_diff_max",
+    ),
     "quickstart_lora": ("actor/lora_trainable_params", "actor/kl_loss", "actor/pg_loss"),
-    "textarena": ("num_turns/mean", "env/errors", "env/truncated", "reward_extra/finished/mean",
-                  "training/rollout_probs_diff_max"),
-    "reasoning_gym": ("reward_extra/correct/mean", "reward_extra/format/mean", "actor/grad_norm", "critic/score/max"),
+    "textarena": (
+        "num_turns/mean",
+        "env/errors",
+        "env/truncated",
+        "reward_extra/finished/mean",
+        "training/rollout_probs_diff_max",
+    ),
+    "reasoning_gym": (
+        "reward_extra/correct/mean",
+        "reward_extra/format/mean",
+        "actor/grad_norm",
+        "critic/score/max",
+    ),
 }
 
 
@@ -79,7 +113,9 @@ def _own_process(role: str):
 
 def _reward_model_scored(steps: list[dict], out: Path) -> None:
     _own_process("reward_model")(steps, out)
-    assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)  # synthetic rows: the model scores them
+    assert all(
+        s["reward/rm_scores/used_fraction"] > 0 for s in steps
+    )  # synthetic rows: the model scores them
 
 
 def _generated_ahead(steps: list[dict], out: Path) -> None:
@@ -93,10 +129,14 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     # model scores 0, so GRPO's update leaves the weights unchanged and step 2's stale sample cannot show a
     # mismatch here; tests/unit/test_offpolicy.py covers the phase.)
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = [r for r in raw if "training/global_step" in r]  # records() drops timing_s/*: read the file itself
+    timed = [
+        r for r in raw if "training/global_step" in r
+    ]  # records() drops timing_s/*: read the file itself
     assert all("timing_s/update_actor" in r and "timing_s/old_log_prob" not in r for r in timed), timed
     assert all(s["rollout_corr/bypass"] == 1.0 for s in steps)
-    assert all(s["rollout/weight_sync_bytes"] > 0 for s in steps)  # full weights pushed (the LoRA run: adapter only)
+    assert all(
+        s["rollout/weight_sync_bytes"] > 0 for s in steps
+    )  # full weights pushed (the LoRA run: adapter only)
     assert not any(k.startswith("rollout_corr/rollout_is") for k in steps[0]), sorted(steps[0])
     assert steps[0]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[0]["rollout_corr/kl"]) < 1e-3
@@ -110,24 +150,32 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert steps[0]["actor/kl_loss"] == 0.0 and steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
+    assert steps[0]["actor/kl_loss"] == 0.0 and steps[1]["actor/kl_loss"] > 0, [
+        s["actor/kl_loss"] for s in steps
+    ]
     assert 0 < steps[-1]["actor/lora_trainable_params"]
     assert (out / "checkpoints" / "global_step_2" / "actor" / "adapter_config.json").is_file()
     adapter = out / "hf_model"  # merge_at_end of a LoRA run: the adapter folder
     assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
     merged = out / "merged"
-    result = run_rlkit("merge", str(out / "checkpoints" / "global_step_2"), "--out", str(merged), "--merge-lora")
+    result = run_rlkit(
+        "merge", str(out / "checkpoints" / "global_step_2"), "--out", str(merged), "--merge-lora"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     base_path = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
     base = AutoModelForCausalLM.from_pretrained(base_path)
     q_base = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
     with_adapter = PeftModel.from_pretrained(base, adapter)
     full = AutoModelForCausalLM.from_pretrained(merged)
-    assert not torch.equal(full.model.layers[0].self_attn.q_proj.weight, q_base)  # the trained adapter is in it
+    assert not torch.equal(
+        full.model.layers[0].self_attn.q_proj.weight, q_base
+    )  # the trained adapter is in it
     tok = AutoTokenizer.from_pretrained(merged)
     ids = tok("1 + 2 =", return_tensors="pt")
     for model in (with_adapter, full):  # both generate
-        assert model.generate(**ids, max_new_tokens=6, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 6
+        assert (
+            model.generate(**ids, max_new_tokens=6, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 6
+        )
     with torch.no_grad():  # the same function: logits equal up to the rounding of W + BA vs W x + B(A x)
         logits = [model(**ids).logits for model in (with_adapter, full)]
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
@@ -138,7 +186,9 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
 # refill check needs uniform groups), grpo_reward_model (the reward model is what it checks), grpo_async and
 # quickstart_lora (their checks read a run whose weights do not move).
 GRADED = {"quickstart", "grpo", "ppo", "grpo_separate_ref", "grpo_tool_agent"}
-SCORE_RANGE = {"dapo": (-1.0, 1.0)}  # else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
+SCORE_RANGE = {
+    "dapo": (-1.0, 1.0)
+}  # else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
 SCORE_RANGE |= {"grpo_reward_model": None}
 
 
@@ -158,7 +208,10 @@ def _values(name: str, steps: list[dict]) -> None:
                 assert 0.0 <= value <= 1.0, f"{name} step {s['step']}: {key} = {value}"
         assert s["actor/entropy"] > 0, s["actor/entropy"]
         for stat in ("score", "rewards", "advantages", "returns"):
-            assert s[f"critic/{stat}/min"] <= s[f"critic/{stat}/mean"] <= s[f"critic/{stat}/max"], (name, stat)
+            assert s[f"critic/{stat}/min"] <= s[f"critic/{stat}/mean"] <= s[f"critic/{stat}/max"], (
+                name,
+                stat,
+            )
         low_high = SCORE_RANGE.get(name, (0.0, 1.0))
         if low_high is not None:
             assert low_high[0] <= s["critic/score/min"] and s["critic/score/max"] <= low_high[1], (name, s)
@@ -166,35 +219,63 @@ def _values(name: str, steps: list[dict]) -> None:
             assert s["actor/grad_norm"] > 0, f"{name} step {s['step']}: advantages non-zero, grad_norm 0"
         if "critic/vf_loss" in s:
             assert s["critic/vf_loss"] >= 0 and s["critic/grad_norm"] > 0, (name, s)
-    if "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0:  # the actor moved: KL to the reference
+    if (
+        "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0
+    ):  # the actor moved: KL to the reference
         assert steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
     if name in GRADED:  # the checks above were not vacuous: rewards varied and the update ran at every step
-        assert all(s["critic/score/max"] > s["critic/score/min"] and s["actor/grad_norm"] > 0 for s in steps), steps
+        assert all(
+            s["critic/score/max"] > s["critic/score/min"] and s["actor/grad_norm"] > 0 for s in steps
+        ), steps
 
 
-CHECKS = {"reasoning_gym": _environment_scored, "quickstart_lora": _lora_trained_and_merges, "dapo": _dapo_refilled, "grpo_async": _generated_ahead, "grpo_tool_agent": _tool_turns, "ppo": _own_process("critic"),
-          "grpo_separate_ref": _own_process("ref"), "grpo_reward_model": _reward_model_scored}
+CHECKS = {
+    "reasoning_gym": _environment_scored,
+    "quickstart_lora": _lora_trained_and_merges,
+    "dapo": _dapo_refilled,
+    "grpo_async": _generated_ahead,
+    "grpo_tool_agent": _tool_turns,
+    "ppo": _own_process("critic"),
+    "grpo_separate_ref": _own_process("ref"),
+    "grpo_reward_model": _reward_model_scored,
+}
 
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
 EXTRA_RUNS = {
     "dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"]),
     # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's sum_pi_squared,
     # sampling from fp16 weights (rlkit.rollout.fp16_weights) the correction has to correct for
-    "offpolicy": ("quickstart", ["algorithm.estimator=optimal_token_baseline", "rollout.backend={name: hf, dtype: float16}",
-                                 "algorithm.rollout_correction={name: token_tis, threshold: 1.5}",
-                                 "actor.policy_loss={name: clip_cov, clip_cov_ratio: 0.2, clip_cov_lb: -10.0, "
-                                 "clip_cov_ub: 10.0}", "trainer.merge_at_end=false", "trainer.test_freq=0"]),
+    "offpolicy": (
+        "quickstart",
+        [
+            "algorithm.estimator=optimal_token_baseline",
+            "rollout.backend={name: hf, dtype: float16}",
+            "algorithm.rollout_correction={name: token_tis, threshold: 1.5}",
+            "actor.policy_loss={name: clip_cov, clip_cov_ratio: 0.2, clip_cov_lb: -10.0, clip_cov_ub: 10.0}",
+            "trainer.merge_at_end=false",
+            "trainer.test_freq=0",
+        ],
+    ),
     # a LoRA actor with a rollout pool of its own: the pushes carry the adapter alone
     "async_lora": ("grpo_async", ["actor.lora={rank: 4, alpha: 8}", "trainer.merge_at_end=false"]),
     # room for whole game turns: the tiny tokenizer spends ~1 token per character of the game's replies
-    "textarena_turns": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
-                                      "rollout.agent.max_turns=3"]),
+    "textarena_turns": (
+        "textarena",
+        ["data.max_response_length=384", "rollout.agent.max_reply_chars=60", "rollout.agent.max_turns=3"],
+    ),
     # the same episodes generated ahead in a rollout pool of its own (trainer.mode async)
-    "textarena_async": ("textarena", ["data.max_response_length=384", "rollout.agent.max_reply_chars=60",
-                                      "rollout.agent.max_turns=3", "trainer.mode=async",
-                                      "resources.pools={train: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}, "
-                                      "generate: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}}",
-                                      "resources.roles={actor_rollout_ref: train, rollout: generate}"]),
+    "textarena_async": (
+        "textarena",
+        [
+            "data.max_response_length=384",
+            "rollout.agent.max_reply_chars=60",
+            "rollout.agent.max_turns=3",
+            "trainer.mode=async",
+            "resources.pools={train: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}, "
+            "generate: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}}",
+            "resources.roles={actor_rollout_ref: train, rollout: generate}",
+        ],
+    ),
 }
 
 
@@ -215,26 +296,44 @@ PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker import
 def smoke_runs(smoke_cache, tmp_path_factory, request):
     """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
     started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
-    needs = {"test_resume_and_merge_after_a_smoke_run": "quickstart", "test_dapo_budget_error": "dapo_budget",
-             "test_offpolicy_smoke_run": "offpolicy", "test_async_lora_smoke_run": "async_lora",
-             "test_textarena_multi_turn_smoke_run": "textarena_turns"}
+    needs = {
+        "test_resume_and_merge_after_a_smoke_run": "quickstart",
+        "test_dapo_budget_error": "dapo_budget",
+        "test_offpolicy_smoke_run": "offpolicy",
+        "test_async_lora_smoke_run": "async_lora",
+        "test_textarena_multi_turn_smoke_run": "textarena_turns",
+    }
     needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
-    wanted: list[str] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
+    wanted: list[
+        str
+    ] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
-        run = spec.params["name"] if name in {"test_recipe_smoke_run", *needs_param} and spec is not None \
+        run = (
+            spec.params["name"]
+            if name in {"test_recipe_smoke_run", *needs_param} and spec is not None
             else needs.get(name)
+        )
         if run is not None and run not in wanted:
             wanted.append(run)
     root = tmp_path_factory.mktemp("smoke-runs")
 
     def one(name: str) -> tuple[subprocess.CompletedProcess, Path]:
         recipe, overrides = EXTRA_RUNS.get(name, (name, []))
-        overrides = [*overrides, f"reward.custom_score={{path: {GRADED_SCORE}}}"] if name in GRADED else overrides
+        overrides = (
+            [*overrides, f"reward.custom_score={{path: {GRADED_SCORE}}}"] if name in GRADED else overrides
+        )
         cwd = root / name
         cwd.mkdir()
-        result = run_rlkit("run", str(RECIPES[recipe]), "--smoke", *overrides, env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
-                           cwd=cwd, timeout=500)
+        result = run_rlkit(
+            "run",
+            str(RECIPES[recipe]),
+            "--smoke",
+            *overrides,
+            env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
+            cwd=cwd,
+            timeout=500,
+        )
         return result, cwd / "outputs/smoke" / recipe
 
     pool = ThreadPoolExecutor(max_workers=PARALLEL)
@@ -245,16 +344,28 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
 
 def test_every_recipe_has_an_entry():
     missing = sorted(set(RECIPES) - set(EXPECTED))
-    assert not missing, f"recipes without expected smoke metrics in tests/e2e/test_smoke_matrix.py EXPECTED: {missing}"
-    assert {"quickstart", "ppo", "grpo", "dapo", "grpo_tool_agent", "grpo_reward_model", "grpo_separate_ref",
-            "grpo_async"} <= set(RECIPES)
+    assert not missing, (
+        f"recipes without expected smoke metrics in tests/e2e/test_smoke_matrix.py EXPECTED: {missing}"
+    )
+    assert {
+        "quickstart",
+        "ppo",
+        "grpo",
+        "dapo",
+        "grpo_tool_agent",
+        "grpo_reward_model",
+        "grpo_separate_ref",
+        "grpo_async",
+    } <= set(RECIPES)
 
 
-@pytest.mark.timeout(1200)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
+@pytest.mark.timeout(
+    1200
+)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_smoke_run(name, smoke_runs):
-    from rlkit.recipe import load_recipe
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe import load_recipe
 
     result, out = smoke_runs[name].result()
     assert result.returncode == 0, result.stderr[-4000:]
@@ -266,7 +377,11 @@ def test_recipe_smoke_run(name, smoke_runs):
     registries = build_registries()
     wanted = list(EXPECTED.get(name, ()))
     wanted += ["actor/kl_loss"] if declared.actor.use_kl_loss else []
-    wanted += ["critic/vf_loss"] if registries.estimators.get(declared.algorithm.estimator.name).needs_critic else []
+    wanted += (
+        ["critic/vf_loss"]
+        if registries.estimators.get(declared.algorithm.estimator.name).needs_critic
+        else []
+    )
     for key in wanted:
         assert key in steps[-1], f"{name}: metric {key} missing; logged: {sorted(steps[-1])}"
     _values(name, steps)
@@ -282,7 +397,10 @@ def test_dapo_budget_error(smoke_runs):
     result, _ = smoke_runs["dapo_budget"].result()
     assert result.returncode == 1
     err = result.stderr
-    assert "algorithm.filter_groups.max_num_gen_batches=1" in err and "algorithm.filter_groups.metric='score'" in err
+    assert (
+        "algorithm.filter_groups.max_num_gen_batches=1" in err
+        and "algorithm.filter_groups.metric='score'" in err
+    )
     assert " x" in err.split("what every group scored", 1)[1]  # e.g. "[-1 -1 -1 -1] x2, [-0.5 0 0 0] x2"
     assert "algorithm.filter_groups.enable=false" in err and "Metrics the scores carry: ['score'" in err
     assert "Traceback" not in err
@@ -306,11 +424,17 @@ def test_offpolicy_smoke_run(smoke_runs):
         # the HF backend samples from the actor's weights rounded to fp16: pi_old / pi_rollout = 1 up to that rounding
         assert 0.99 < step["rollout_corr/rollout_is_mean"] < 1.01
         assert step["training/rollout_probs_diff_max"] > 5e-5  # measured ~3e-4 (fp32 decode: float noise)
-        assert step["rollout_corr/rollout_is_min"] <= step["rollout_corr/rollout_is_mean"] <= step["rollout_corr/rollout_is_max"]
+        assert (
+            step["rollout_corr/rollout_is_min"]
+            <= step["rollout_corr/rollout_is_mean"]
+            <= step["rollout_corr/rollout_is_max"]
+        )
         assert step["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0  # nothing near the cap 1.5
         assert abs(step["rollout_corr/kl"]) < 1e-3 and 0.0 <= step["rollout_corr/k3_kl"] < 1e-3
         assert step["training/rollout_probs_diff_valid"] == 1.0
-        assert 0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        assert (
+            0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2
+        )
         assert step["training/rollout_actor_probs_pearson_corr"] > 0.99
         # Clip-Cov cut floor(0.2 N) tokens (fewer where the ratio clip binds): the selection reached the loss
         assert 0.0 < step["actor/pg_clipfrac"] <= 0.2 + 1e-6
@@ -340,12 +464,24 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
     result, out = smoke_runs["quickstart"].result()
     assert result.returncode == 0, result.stderr[-4000:]
     assert (out / "hf_model" / "config.json").is_file()
-    again = run_rlkit("run", str(RECIPES["quickstart"]), "--smoke", "trainer.resume=auto", "trainer.total_steps=3",
-                      "trainer.merge_at_end=false", env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
-                      cwd=out.parents[2], timeout=500)
+    again = run_rlkit(
+        "run",
+        str(RECIPES["quickstart"]),
+        "--smoke",
+        "trainer.resume=auto",
+        "trainer.total_steps=3",
+        "trainer.merge_at_end=false",
+        env=rlkit_env(RLKIT_CACHE=str(smoke_cache)),
+        cwd=out.parents[2],
+        timeout=500,
+    )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stderr
-    assert [r["step"] for r in records(out) if "training/global_step" in r] == [1, 2, 3]  # step 3 only, appended
+    assert [r["step"] for r in records(out) if "training/global_step" in r] == [
+        1,
+        2,
+        3,
+    ]  # step 3 only, appended
     merged = tmp_path / "merged"
     result = run_rlkit("merge", str(out / "checkpoints" / "global_step_3"), "--out", str(merged))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -357,7 +493,9 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
 @pytest.mark.e2e
 def test_smoke_with_smollm2(tmp_path):
     """`--smoke-model smollm2`: the same laptop profile on SmolLM2-135M (converted once into the user's cache)."""
-    result = run_rlkit("run", str(RECIPES["grpo"]), "--smoke", "--smoke-model", "smollm2", cwd=tmp_path, timeout=600)
+    result = run_rlkit(
+        "run", str(RECIPES["grpo"]), "--smoke", "--smoke-model", "smollm2", cwd=tmp_path, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "model: smollm2" in result.stderr
     steps = [r for r in records(tmp_path / "outputs/smoke/grpo") if "training/global_step" in r]

@@ -33,8 +33,10 @@ DEFAULT_PYTHON = "/work/engines/sglang/bin/python"
 def sglang_python() -> str:
     python = os.environ.get("RLKIT_SGLANG_PYTHON", DEFAULT_PYTHON)
     if not Path(python).exists():
-        pytest.fail(f"no SGLang Python at {python} (RLKIT_SGLANG_PYTHON): build it with "
-                    "plugins/rlkit-sglang/scripts/sglang-cpu.sh (docs/sglang.md)")
+        pytest.fail(
+            f"no SGLang Python at {python} (RLKIT_SGLANG_PYTHON): build it with "
+            "plugins/rlkit-sglang/scripts/sglang-cpu.sh (docs/sglang.md)"
+        )
     return python
 
 
@@ -55,35 +57,49 @@ def set_adapter(module, seed: int, scale: float = 0.05) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
 
 
-def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(sglang_python, model_dir, tmp_path, caplog):
+def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(
+    sglang_python, model_dir, tmp_path, caplog
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlkit.model.lora import adapter_state_dict, apply_lora, base_state_dict, state_bytes
+    from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
     from rlkit.recipe.schema import LoraConfig, RolloutConfig
-    from rlkit.plugin.registry import build_registries
     from rlkit.testing.rollout import chat_prompts
-    from rlkit.model.lora import adapter_state_dict, apply_lora, base_state_dict, state_bytes
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
-    module, _ = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           LoraConfig(rank=8, alpha=16))
+    module, _ = apply_lora(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), LoraConfig(rank=8, alpha=16)
+    )
     module.eval()
     set_adapter(module, seed=1)
     logs = tmp_path / "logs"
-    component = {"name": "sglang", "model_path": model_dir, "weights_dir": str(tmp_path / "weights"),
-                 "launch": {"python": sglang_python, "log_dir": str(logs), "startup_timeout_s": 900}}
+    component = {
+        "name": "sglang",
+        "model_path": model_dir,
+        "weights_dir": str(tmp_path / "weights"),
+        "launch": {"python": sglang_python, "log_dir": str(logs), "startup_timeout_s": 900},
+    }
     built, problems = resolve("rollout.backend", "rollout_backends", component, build_registries())
     assert not problems, problems
-    backend = built.build(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=1, backend=component),
-                          max_response_length=12, device=torch.device("cpu"))
+    backend = built.build(
+        module=module,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(n=1, backend=component),
+        max_response_length=12,
+        device=torch.device("cpu"),
+    )
     try:
         assert backend.lora_mode == "merged" and "LoRA rank 8 with merged weights" in caplog.text
         full_bytes = state_bytes(base_state_dict(module.state_dict()))  # tied head counted under both names
         assert backend.sync_bytes == full_bytes > 20 * state_bytes(adapter_state_dict(module))
         assert backend.clients[0].request("GET", "/server_info")["enable_lora"] in (None, False)
-        prompts = chat_prompts(tok, ("What is 2 + 3?", "Name a colour.", "What is 7 + 1? Answer with a number."))
+        prompts = chat_prompts(
+            tok, ("What is 2 + 3?", "Name a colour.", "What is 7 + 1? Answer with a number.")
+        )
         first = backend.generate(prompts, n=1, do_sample=False)  # the adapter pushed at start is in effect
         assert first.meta["metrics"]["rollout/weight_sync_bytes"] == full_bytes
         assert_same_greedy(first, hf_greedy(module, tok, prompts, 12), atol=1e-3)
@@ -125,9 +141,16 @@ def test_rlkit_run_lora_through_a_real_sglang_server(sglang_python, model_dir, t
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out, logs = tmp_path / "out", tmp_path / "sglang-logs"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out))
-    proc = subprocess.run([sys.executable, "-m", "rlkit", "run", str(recipe)], env=rlkit_env(), capture_output=True,
-                          text=True, timeout=1800)
+    recipe.write_text(
+        RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit", "run", str(recipe)],
+        env=rlkit_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "training/global_step" in r]

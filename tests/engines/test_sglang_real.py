@@ -29,8 +29,10 @@ from rlkit.testing.rollout import hf_greedy
 pytestmark = pytest.mark.engines
 
 DEFAULT_PYTHON = "/work/engines/sglang/bin/python"
-BUILD = ("build it: bash plugins/rlkit-sglang/scripts/sglang-cpu.sh /work/engines/sglang (about 3 min, 6.6 GB, "
-         "registry packages only), or point RLKIT_SGLANG_PYTHON at a Python that has sglang==0.5.15.post1")
+BUILD = (
+    "build it: bash plugins/rlkit-sglang/scripts/sglang-cpu.sh /work/engines/sglang (about 3 min, 6.6 GB, "
+    "registry packages only), or point RLKIT_SGLANG_PYTHON at a Python that has sglang==0.5.15.post1"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,12 @@ def sglang_python() -> str:
     python = os.environ.get("RLKIT_SGLANG_PYTHON", DEFAULT_PYTHON)
     if not Path(python).exists():
         pytest.fail(f"no SGLang Python at {python} (RLKIT_SGLANG_PYTHON): {BUILD}")
-    check = subprocess.run([python, "-c", "import sglang, sys; print(sglang.__version__)"], capture_output=True,
-                           text=True, timeout=120)
+    check = subprocess.run(
+        [python, "-c", "import sglang, sys; print(sglang.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check.returncode != 0:
         pytest.fail(f"{python} cannot import sglang ({check.stderr.strip()[-300:]}): {BUILD}")
     return python
@@ -64,8 +70,8 @@ def hf(model_dir):
 
 
 def _resolve(component):
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     built, problems = resolve("rollout.backend", "rollout_backends", component, build_registries())
     assert not problems, problems
@@ -79,11 +85,20 @@ def backend(sglang_python, model_dir, hf, tmp_path_factory):
 
     module, tok = hf
     logs = tmp_path_factory.mktemp("sglang-logs")
-    component = {"name": "sglang", "model_path": model_dir, "weights_dir": str(logs / "weights"),
-                 "launch": {"python": sglang_python, "log_dir": str(logs), "startup_timeout_s": 900}}
+    component = {
+        "name": "sglang",
+        "model_path": model_dir,
+        "weights_dir": str(logs / "weights"),
+        "launch": {"python": sglang_python, "log_dir": str(logs), "startup_timeout_s": 900},
+    }
     built = _resolve(component)
-    backend = built.build(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=2, backend=component),
-                          max_response_length=12, device=torch.device("cpu"))
+    backend = built.build(
+        module=module,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(n=2, backend=component),
+        max_response_length=12,
+        device=torch.device("cpu"),
+    )
     try:
         yield backend
     finally:
@@ -120,8 +135,18 @@ def test_generate_contract_with_the_rollout_kit(backend, hf):
 
     module, tok = hf
     url = backend.clients[0].url
-    checked = check_rollout_backend("sglang", module, tok, n=2, max_response_length=10, temperature=0.8, top_k=20,
-                                    atol=1e-4, urls=[url], weights_dir=backend.weights_dir)
+    checked = check_rollout_backend(
+        "sglang",
+        module,
+        tok,
+        n=2,
+        max_response_length=10,
+        temperature=0.8,
+        top_k=20,
+        atol=1e-4,
+        urls=[url],
+        weights_dir=backend.weights_dir,
+    )
     assert checked.memory_release is False
 
 
@@ -131,13 +156,21 @@ def test_finish_reasons_stop_ids_and_one_log_prob_per_token(backend, hf):
     row = _prompts(tok)["input_ids"][0].tolist()
     base = {"temperature": 0.0, "no_stop_trim": True, "skip_special_tokens": False}
     long = client.generate([row], {**base, "max_new_tokens": 40, "stop_token_ids": [tok.eos_token_id]})[0]
-    assert long.finish_reason == "stop" and long.matched == tok.eos_token_id and long.token_ids[-1] == tok.eos_token_id
+    assert (
+        long.finish_reason == "stop"
+        and long.matched == tok.eos_token_id
+        and long.token_ids[-1] == tok.eos_token_id
+    )
     assert len(long.logprobs) == len(long.token_ids) and all(lp <= 0 for lp in long.logprobs)
     cut = client.generate([row], {**base, "max_new_tokens": 3})[0]
     assert cut.finish_reason == "length" and cut.token_ids == long.token_ids[:3] and len(cut.logprobs) == 3
     third = long.token_ids[2]
     stopped = client.generate([row], {**base, "max_new_tokens": 40, "stop_token_ids": [third]})[0]
-    assert stopped.finish_reason == "stop" and stopped.matched == third and stopped.token_ids == long.token_ids[:3]
+    assert (
+        stopped.finish_reason == "stop"
+        and stopped.matched == third
+        and stopped.token_ids == long.token_ids[:3]
+    )
     # n samples per input come input-major: [a0, a1, b0, b1]; greedy makes each pair equal to that input's answer.
     short = row[:6]
     pairs = client.generate([row, short], {**base, "max_new_tokens": 5, "n": 2})
@@ -150,7 +183,9 @@ def test_greedy_parity_with_the_hf_backend(backend, hf):
     prompts = _prompts(tok)
     ours = backend.generate(prompts, n=1, do_sample=False)
     ref = hf_greedy(module, tok, prompts, backend.max_response_length)
-    assert torch.equal(ours["responses"], ref["responses"]) and torch.equal(ours["response_mask"], ref["response_mask"])
+    assert torch.equal(ours["responses"], ref["responses"]) and torch.equal(
+        ours["response_mask"], ref["response_mask"]
+    )
     gap = (ours["rollout_log_probs"] - ref["rollout_log_probs"]).abs().max().item()
     assert gap < 1e-4, f"greedy log-probs differ from the HF backend's by {gap:.2e}"
 
@@ -163,10 +198,12 @@ def _footprint(backend) -> dict:
     root = Path(backend.weights_dir)
     files = [f for f in root.rglob("*") if f.is_file()] if root.exists() else []
     mine = f"rlkit-sglang-{os.getpid()}-"  # other processes on the machine may make their own
-    return {"tmp": sorted(e for e in os.listdir(tempfile.gettempdir()) if e.startswith(mine)),
-            "weights_files": sorted(str(f.relative_to(root)) for f in files),
-            "weights_bytes": sum(f.stat().st_size for f in files),
-            "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_"))}
+    return {
+        "tmp": sorted(e for e in os.listdir(tempfile.gettempdir()) if e.startswith(mine)),
+        "weights_files": sorted(str(f.relative_to(root)) for f in files),
+        "weights_bytes": sum(f.stat().st_size for f in files),
+        "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")),
+    }
 
 
 @pytest.mark.parametrize("path", ["tensor", "disk"])
@@ -233,7 +270,9 @@ def test_dead_server_is_an_error_within_seconds(backend, hf):
     killer.start()
     start = time.monotonic()
     row = _prompts(tok)["input_ids"][0].tolist()
-    with pytest.raises(SglangServerError, match="exited") as err:  # the launched server is watched: ~900 tokens
+    with pytest.raises(
+        SglangServerError, match="exited"
+    ) as err:  # the launched server is watched: ~900 tokens
         backend.clients[0].generate([row], {"max_new_tokens": 900, "ignore_eos": True})  # take 20 s or more
     assert server.url in str(err.value) and time.monotonic() - start < 30
     start = time.monotonic()
@@ -262,7 +301,9 @@ tracking: {{backends: [jsonl]}}
 
 
 def _server_pids(port: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"sglang.launch_server.*--port {port}"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-f", f"sglang.launch_server.*--port {port}"], capture_output=True, text=True
+    )
     return [int(p) for p in out.stdout.split()]
 
 
@@ -272,9 +313,16 @@ def test_rlkit_run_trains_through_a_real_sglang_server(sglang_python, model_dir,
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out, logs = tmp_path / "out", tmp_path / "sglang-logs"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out))
-    proc = subprocess.run([sys.executable, "-m", "rlkit", "run", str(recipe)], env=rlkit_env(), capture_output=True,
-                          text=True, timeout=1800)
+    recipe.write_text(
+        RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit", "run", str(recipe)],
+        env=rlkit_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "sglang: memory release off" in proc.stdout + proc.stderr  # decided at start, said in the log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

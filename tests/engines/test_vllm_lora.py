@@ -32,19 +32,23 @@ def model_dir(tmp_path_factory):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rlkit.model.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("vllm_lora_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("vllm_lora_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0
+    )
 
 
 def lora_module(model_dir, seed: int):
     """The tiny model with a rank-8 PEFT adapter on every linear layer, ``lora_B`` drawn at random (seeded) so the
     adapter changes the outputs (a fresh adapter is the identity)."""
     from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import LoraConfig, ModelConfig
     from rlkit.model.lora import apply_lora
+    from rlkit.recipe.schema import LoraConfig, ModelConfig
 
     tokenizer = load_tokenizer(ModelConfig(path=str(model_dir)))
     torch.manual_seed(0)
-    module, _ = apply_lora(load_model(ModelConfig(path=str(model_dir)), tokenizer=tokenizer), LoraConfig(rank=8, alpha=16))
+    module, _ = apply_lora(
+        load_model(ModelConfig(path=str(model_dir)), tokenizer=tokenizer), LoraConfig(rank=8, alpha=16)
+    )
     set_adapter(module, seed)
     return module.eval(), tokenizer
 
@@ -67,36 +71,55 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
     from rlkit_vllm import VllmParams
     from rlkit_vllm.backend import VllmRollout
 
-    from rlkit.recipe.schema import RolloutConfig
     from rlkit.model.lora import adapter_state_dict, state_bytes
+    from rlkit.recipe.schema import RolloutConfig
 
     module, tokenizer = lora_module(model_dir, seed=1)
     prompts = prompts_of(tokenizer)
     params = VllmParams(dtype="float32", kv_cache_gib=0.25, max_model_len=256)
-    engine = VllmRollout(module=module, tokenizer=tokenizer, rollout_config=RolloutConfig(n=1), max_response_length=12,
-                         seed=0, params=params)
+    engine = VllmRollout(
+        module=module,
+        tokenizer=tokenizer,
+        rollout_config=RolloutConfig(n=1),
+        max_response_length=12,
+        seed=0,
+        params=params,
+    )
     try:
         adapter_bytes = state_bytes(adapter_state_dict(module))
         full_bytes = state_bytes(module.state_dict())
         assert engine.lora_request is not None and engine.sync_bytes == adapter_bytes < full_bytes / 3
         first = engine.generate(prompts, n=1, do_sample=False)
-        assert_same_greedy(first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)  # served with the adapter active
+        assert_same_greedy(
+            first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4
+        )  # served with the adapter active
         row = prompts["input_ids"][0][prompts["attention_mask"][0].bool()].tolist()  # [P0], no padding
-        with_base = engine.llm.generate([{"prompt_token_ids": row}],  # no LoRARequest: the base model
-                                        engine.sampling_params(temperature=0, max_new_tokens=12, do_sample=False,
-                                                               stop=[], seed=None), use_tqdm=False)
-        assert list(with_base[0].outputs[0].token_ids) != first["responses"][0][first["response_mask"][0].bool()].tolist()
+        with_base = engine.llm.generate(
+            [{"prompt_token_ids": row}],  # no LoRARequest: the base model
+            engine.sampling_params(temperature=0, max_new_tokens=12, do_sample=False, stop=[], seed=None),
+            use_tqdm=False,
+        )
+        assert (
+            list(with_base[0].outputs[0].token_ids)
+            != first["responses"][0][first["response_mask"][0].bool()].tolist()
+        )
 
         set_adapter(module, seed=2)  # "an update": new adapter values
         engine.update_weights(module)
-        assert engine.sync_bytes == adapter_bytes and engine.weight_syncs == 1 and engine.lora_request.lora_int_id == 2
+        assert (
+            engine.sync_bytes == adapter_bytes
+            and engine.weight_syncs == 1
+            and engine.lora_request.lora_int_id == 2
+        )
         assert engine.llm.llm_engine.list_loras() == {2}  # the old adapter is gone
         second = engine.generate(prompts, n=1, do_sample=False)
         assert second.meta["metrics"]["rollout/weight_sync_bytes"] == adapter_bytes
         assert not torch.equal(second["responses"], first["responses"])
         assert_same_greedy(second, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)
 
-        engine.update_weights({k: v.clone() for k, v in adapter_state_dict(module).items()})  # a state dict: same
+        engine.update_weights(
+            {k: v.clone() for k, v in adapter_state_dict(module).items()}
+        )  # a state dict: same
         assert_same_greedy(engine.generate(prompts, n=1, do_sample=False), second, atol=1e-4)
     finally:
         engine.close()
@@ -110,15 +133,22 @@ def test_rlkit_run_lora_with_rollout_backend_vllm(model_dir, tmp_path):
 
     from rlkit.data import generate_arithmetic
     from rlkit.model.load import load_model
-    from rlkit.recipe.schema import ModelConfig
     from rlkit.model.lora import state_bytes
+    from rlkit.recipe.schema import ModelConfig
 
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out = tmp_path / "out"
     recipe = write_recipe(tmp_path / "recipe.yaml", model_dir, tmp_path / "data", out, steps=2)
-    result = run_rlkit("run", str(recipe), "rollout.backend=vllm", "rollout.backend.kv_cache_gib=0.25",
-                       "rollout.backend.max_model_len=256", "actor.lora={rank: 8, alpha: 16}", "actor.use_kl_loss=true",
-                       timeout=900)
+    result = run_rlkit(
+        "run",
+        str(recipe),
+        "rollout.backend=vllm",
+        "rollout.backend.kv_cache_gib=0.25",
+        "rollout.backend.max_model_len=256",
+        "actor.lora={rank: 8, alpha: 16}",
+        "actor.use_kl_loss=true",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]

@@ -64,7 +64,9 @@ def test_a_bad_vllm_parameter_is_a_validation_error_naming_the_key(tmp_path):
 def test_the_vllm_parameters_reach_the_params_model(tmp_path):
     from rlkit.recipe.validate import load_recipe
 
-    recipe = load_recipe(_recipe(tmp_path, "{name: vllm, weight_sync: folder, max_model_len: 128}"), check_files=False)
+    recipe = load_recipe(
+        _recipe(tmp_path, "{name: vllm, weight_sync: folder, max_model_len: 128}"), check_files=False
+    )
     assert recipe.rollout.backend.name == "vllm"
     assert recipe.rollout.backend.params["weight_sync"] == "folder"
 

@@ -17,10 +17,12 @@ import torch
 
 pytestmark = pytest.mark.engines
 
-BUILD = ("build the vLLM environment and run these tests with `nox -s engines_vllm`, or by hand: "
-         "`bash plugins/rlkit-vllm/build-cpu-env.sh VENV && PIP_CONSTRAINT=VENV/pin.txt VENV/bin/pip install "
-         "-e . -e plugins/rlkit-vllm pytest pytest-timeout`, then `VENV/bin/python -m pytest -m engines "
-         "tests/engines/test_vllm_real.py`")
+BUILD = (
+    "build the vLLM environment and run these tests with `nox -s engines_vllm`, or by hand: "
+    "`bash plugins/rlkit-vllm/build-cpu-env.sh VENV && PIP_CONSTRAINT=VENV/pin.txt VENV/bin/pip install "
+    "-e . -e plugins/rlkit-vllm pytest pytest-timeout`, then `VENV/bin/python -m pytest -m engines "
+    "tests/engines/test_vllm_real.py`"
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +43,9 @@ def model_dir(tmp_path_factory):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rlkit.model.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("vllm_tiny"), arch="qwen2", heads=2, kv_heads=1, eos_norm=3.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,14 @@ def make_backend(model, tokenizer, *, n=2, temperature=1.0, max_response_length=
     from rlkit.recipe.schema import RolloutConfig
 
     params = VllmParams(dtype="float32", kv_cache_gib=0.25, max_model_len=256, **params)
-    return VllmRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(n=n, temperature=temperature),
-                       max_response_length=max_response_length, seed=0, params=params)
+    return VllmRollout(
+        module=model,
+        tokenizer=tokenizer,
+        rollout_config=RolloutConfig(n=n, temperature=temperature),
+        max_response_length=max_response_length,
+        seed=0,
+        params=params,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +87,11 @@ def recomputed_log_probs(model, out) -> torch.Tensor:
     """What the actor computes: log_softmax(logits / temperature) of each response token, [B*n, T]."""
     width = out["prompts"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
-                       position_ids=out["position_ids"]).logits
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
     t = out["responses"].shape[1]
-    logp = torch.log_softmax(logits[:, width - 1:width - 1 + t].float() / out.meta["temperature"], dim=-1)
+    logp = torch.log_softmax(logits[:, width - 1 : width - 1 + t].float() / out.meta["temperature"], dim=-1)
     return logp.gather(-1, out["responses"][..., None]).squeeze(-1) * out["response_mask"]
 
 
@@ -94,10 +105,21 @@ def test_vllm_backend_passes_the_rollout_kit(tiny):
 
     registries = build_registries(make_plugin_manager())
     spec = registries.rollout_backends.get("vllm")
-    assert not spec.memory_release and not spec.generate_ids  # declared unsupported: the kit must not call them
+    assert (
+        not spec.memory_release and not spec.generate_ids
+    )  # declared unsupported: the kit must not call them
     model, tokenizer = tiny
-    engine = check_rollout_backend("vllm", model, tokenizer, registries=registries, top_k=0, atol=1e-4,
-                                   dtype="float32", kv_cache_gib=0.25, max_model_len=256)
+    engine = check_rollout_backend(
+        "vllm",
+        model,
+        tokenizer,
+        registries=registries,
+        top_k=0,
+        atol=1e-4,
+        dtype="float32",
+        kv_cache_gib=0.25,
+        max_model_len=256,
+    )
     engine.close()
 
 
@@ -114,7 +136,9 @@ def test_generate_layout_eos_and_log_probs(backend, tiny):
     assert ended, "no response ended at eos: the eos row of the tiny model should make some stop early"
     eos = tokenizer.eos_token_id
     assert all(int(out["responses"][r, lengths[r] - 1]) == eos for r in ended)
-    assert ((out["responses"][:, :-1] == eos) & (out["response_mask"][:, 1:] == 1)).sum() == 0  # nothing after eos
+    assert (
+        (out["responses"][:, :-1] == eos) & (out["response_mask"][:, 1:] == 1)
+    ).sum() == 0  # nothing after eos
     # one log-prob per response token, <= 0, 0 where masked; the actor's recomputation agrees
     mask = out["response_mask"].bool()
     assert (out["rollout_log_probs"][mask] < 0).all() and (out["rollout_log_probs"][~mask] == 0).all()
@@ -132,7 +156,7 @@ def test_stop_token_ids_end_a_response_at_that_token(backend, tiny):
     _, tokenizer = tiny
     prompts = chat_prompts(tokenizer)
     free = backend.generate(prompts, n=1, do_sample=False, max_new_tokens=12)
-    row = free["responses"][0, :free["response_mask"][0].sum()].tolist()
+    row = free["responses"][0, : free["response_mask"][0].sum()].tolist()
     k = next(i for i in range(2, len(row)) if row[i] not in row[:i])  # a token first seen at position k >= 2
     saved = backend.stop_token_ids
     backend.stop_token_ids = [*saved, row[k]]
@@ -141,8 +165,8 @@ def test_stop_token_ids_end_a_response_at_that_token(backend, tiny):
     finally:
         backend.stop_token_ids = saved
     assert int(stopped["response_mask"][0].sum()) == k + 1
-    assert stopped["responses"][0, :k + 1].tolist() == row[:k + 1]
-    assert (stopped["responses"][0, k + 1:] == backend.pad_token_id).all()
+    assert stopped["responses"][0, : k + 1].tolist() == row[: k + 1]
+    assert (stopped["responses"][0, k + 1 :] == backend.pad_token_id).all()
 
 
 def test_top_k_is_refused_not_misreported(backend, tiny):
@@ -163,7 +187,9 @@ def test_greedy_parity_with_the_hf_backend(backend, tiny):
 
     model, tokenizer = tiny
     prompts = chat_prompts(tokenizer)
-    hf = HFRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(n=1), max_response_length=12)
+    hf = HFRollout(
+        module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(n=1), max_response_length=12
+    )
     expected = hf.generate(prompts, n=2, do_sample=False)
     got = backend.generate(prompts, n=2, do_sample=False)
     assert torch.equal(got["responses"], expected["responses"])
@@ -183,7 +209,9 @@ def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_di
     from rlkit.testing.rollout import chat_prompts
 
     _, tokenizer = tiny
-    model = load_model(ModelConfig(path=str(model_dir)), tokenizer=tokenizer).eval()  # our own copy to perturb
+    model = load_model(
+        ModelConfig(path=str(model_dir)), tokenizer=tokenizer
+    ).eval()  # our own copy to perturb
     engine = make_backend(model, tokenizer, weight_sync=route)
     try:
         prompts = chat_prompts(tokenizer)
@@ -198,7 +226,9 @@ def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_di
         assert not torch.equal(after["responses"], before["responses"])
         assert (recomputed_log_probs(model, after) - after["rollout_log_probs"]).abs().max() < 1e-4
         model.load_state_dict(original)
-        engine.update_weights({k: v.clone() for k, v in original.items()})  # a rollout-only worker: a state dict
+        engine.update_weights(
+            {k: v.clone() for k, v in original.items()}
+        )  # a rollout-only worker: a state dict
         restored = engine.generate(prompts, n=1, do_sample=False)
         assert torch.equal(restored["responses"], before["responses"])
         assert (restored["rollout_log_probs"] - before["rollout_log_probs"]).abs().max() < 1e-5
@@ -219,7 +249,11 @@ def test_rlkit_run_with_rollout_backend_vllm_then_resume(model_dir, tmp_path):
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out = tmp_path / "out"
     recipe = write_recipe(tmp_path / "recipe.yaml", model_dir, tmp_path / "data", out, steps=2)
-    engine = ("rollout.backend=vllm", "rollout.backend.kv_cache_gib=0.25", "rollout.backend.max_model_len=256")
+    engine = (
+        "rollout.backend=vllm",
+        "rollout.backend.kv_cache_gib=0.25",
+        "rollout.backend.max_model_len=256",
+    )
     result = run_rlkit("run", str(recipe), *engine, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
@@ -227,10 +261,14 @@ def test_rlkit_run_with_rollout_backend_vllm_then_resume(model_dir, tmp_path):
     # the engine's own metrics: it generated, and before step 2 it had reloaded the weights of step 1's update
     assert [r["rollout/vllm/weight_syncs"] for r in steps] == [0.0, 1.0]
     for r in steps:
-        assert r["rollout/vllm/generated_tokens"] == pytest.approx(r["response_length/mean"] * 4)  # 2 prompts × n 2
+        assert r["rollout/vllm/generated_tokens"] == pytest.approx(
+            r["response_length/mean"] * 4
+        )  # 2 prompts × n 2
         assert r["response_length/mean"] > 0 and "actor/pg_loss" in r and "critic/score/mean" in r
 
     result = run_rlkit("run", str(recipe), *engine, "trainer.total_steps=3", timeout=900)  # resume: auto
     assert result.returncode == 0, result.stderr[-4000:]
     step3 = [r for r in records(out) if r.get("training/global_step") == 3.0]
-    assert len(step3) == 1 and step3[0]["rollout/vllm/weight_syncs"] == 1.0  # the checkpoint's weights, before step 3
+    assert (
+        len(step3) == 1 and step3[0]["rollout/vllm/weight_syncs"] == 1.0
+    )  # the checkpoint's weights, before step 3

@@ -15,7 +15,9 @@ from rlkit.plugin.registry import build_registries
 
 
 def test_rlkit_plugins_lists_the_example_entries():
-    out = subprocess.run([sys.executable, "-m", "rlkit", "plugins", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlkit", "plugins", "--json"], capture_output=True, text=True, check=True
+    )
     data = json.loads(out.stdout)
     estimators = {e["name"]: e for e in data["registries"]["estimators"]}
     scores = {e["name"]: e for e in data["registries"]["compute_scores"]}
@@ -56,7 +58,11 @@ def test_the_example_plugins_own_test_suite_passes():
     from pathlib import Path
 
     tests = Path(__file__).resolve().parents[2] / "plugins" / "rlkit-example" / "tests"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "failed" not in out.stdout

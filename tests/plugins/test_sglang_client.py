@@ -19,8 +19,8 @@ from rlkit_sglang.backend import SglangRollout  # noqa: E402
 
 def resolved(key: str, kind: str, component):
     """A recipe component as the driver resolves it, from the installed plugins (rlkit-sglang included)."""
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     out, problems = resolve(key, kind, component, build_registries())
     assert not problems, problems
@@ -28,7 +28,9 @@ def resolved(key: str, kind: str, component):
 
 
 def _prompt(tokenizer, text="What is 2 + 3?") -> list[int]:
-    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
@@ -44,16 +46,25 @@ def test_generate_returns_ids_logprobs_and_finish_reason(serve_thread):
         assert all(lp <= 0 for lp in out.logprobs)
         assert out.finish_reason in ("stop", "length")
     # The raw answer carries SGLang 0.5's field names.
-    raw = client.request("POST", "/generate", {"input_ids": prompt, "return_logprob": True,
-                                               "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    raw = client.request(
+        "POST",
+        "/generate",
+        {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 3},
+        },
+    )
     assert raw["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
     lp, tok, text = raw["meta_info"]["output_token_logprobs"][0]
     assert tok == raw["output_ids"][0] and text is None and lp < 0
     # Greedy log-probs equal a forward pass of the same model on prompt ‖ response.
     ids = torch.tensor([prompt + outs[0].token_ids])
     with torch.no_grad():
-        logits = model.rollout.module(input_ids=ids).logits[0, len(prompt) - 1:-1]
-    expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(outs[0].token_ids)[:, None]).squeeze(-1)
+        logits = model.rollout.module(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    expected = (
+        torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(outs[0].token_ids)[:, None]).squeeze(-1)
+    )
     torch.testing.assert_close(torch.tensor(outs[0].logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -123,7 +134,9 @@ def test_backend_returns_the_rollout_batch_layout(serve_thread):
     component = {"name": "sglang", "urls": [url, url]}
     spec = resolved("rollout.backend", "rollout_backends", component)  # built as the worker builds it
     assert spec.spec.generate_ids and spec.spec.memory_release and spec.params.urls == [url, url]
-    backend = spec.build(module=None, tokenizer=tok, rollout_config=RolloutConfig(backend=component), max_response_length=6)
+    backend = spec.build(
+        module=None, tokenizer=tok, rollout_config=RolloutConfig(backend=component), max_response_length=6
+    )
     assert isinstance(backend, SglangRollout) and [c.url for c in backend.clients] == [url, url]
     a, b = _prompt(tok), _prompt(tok, "What is 7 + 1? Think step")
     width = max(len(a), len(b))
@@ -136,13 +149,18 @@ def test_backend_returns_the_rollout_batch_layout(serve_thread):
     assert (out["rollout_log_probs"][out["response_mask"] == 0] == 0).all()
     # The same greedy continuation as the HF backend in the server.
     single = SglangClient(url).generate([a], {"temperature": 0, "max_new_tokens": 6})[0]
-    assert out["responses"][0, :len(single.token_ids)].tolist() == single.token_ids
+    assert out["responses"][0, : len(single.token_ids)].tolist() == single.token_ids
 
 
 def test_server_killed_mid_request_is_a_clear_error_naming_the_url(tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "rlkit", "serve", str(tiny_model_dir), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlkit", "serve", str(tiny_model_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = ""
         deadline = time.monotonic() + 60
@@ -172,16 +190,29 @@ def test_agent_loop_drives_the_sglang_backend_turn_by_turn(serve_thread):
     from rlkit.rollout.agent import AgentLoopRollout
 
     tok = model.tokenizer
-    cfg = RolloutConfig(temperature=0.0, agent={"name": "tool", "max_turns": 2}, tools=["calculator"],
-                        backend={"name": "sglang", "urls": [url]})
+    cfg = RolloutConfig(
+        temperature=0.0,
+        agent={"name": "tool", "max_turns": 2},
+        tools=["calculator"],
+        backend={"name": "sglang", "urls": [url]},
+    )
     backend_c = resolved("rollout.backend", "rollout_backends", cfg.backend)
     backend = backend_c.build(tokenizer=tok, rollout_config=cfg, max_response_length=10)
     prompt = _prompt(tok)
-    batch = Batch({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)})
+    batch = Batch(
+        {"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)}
+    )
     loops = {"tool": resolved("rollout.agent", "agent_loops", cfg.agent)}
-    agent = AgentLoopRollout(backend, tok, rollout_config=cfg, max_response_length=10, loops=loops, default_agent="tool",
-                             tools=(resolved("rollout.tools.0", "tools", "calculator"),),
-                             generate_ids=backend_c.spec.generate_ids)
+    agent = AgentLoopRollout(
+        backend,
+        tok,
+        rollout_config=cfg,
+        max_response_length=10,
+        loops=loops,
+        default_agent="tool",
+        tools=(resolved("rollout.tools.0", "tools", "calculator"),),
+        generate_ids=backend_c.spec.generate_ids,
+    )
     assert agent.generator is backend  # the sglang backend is its own TurnGenerator
     out = agent.generate(batch)
     direct = backend.generate(batch)  # greedy: the loop's single turn equals the batch call

@@ -17,6 +17,12 @@ def test_sglang_backend_passes_the_rollout_kit(serve_thread, tmp_path):
     registries = build_registries(make_plugin_manager())
     spec = registries.rollout_backends.get("sglang")
     assert spec.generate_ids and spec.memory_release  # so the kit checks both capabilities
-    backend = check_rollout_backend("sglang", model.rollout.module, model.tokenizer, registries=registries,
-                                    urls=[url], weights_dir=str(tmp_path / "weights"))
+    backend = check_rollout_backend(
+        "sglang",
+        model.rollout.module,
+        model.tokenizer,
+        registries=registries,
+        urls=[url],
+        weights_dir=str(tmp_path / "weights"),
+    )
     assert backend.clients[0].url == url.rstrip("/")

@@ -22,8 +22,8 @@ from rlkit_sglang.params import SglangLaunchParams, SglangParams  # noqa: E402
 
 
 def _resolve(component):
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     return resolve("rollout.backend", "rollout_backends", component, build_registries())
 
@@ -33,13 +33,23 @@ def test_cpu_command_has_the_cpu_flags_and_no_memory_saver():
     cmd, env = server_command(params, "/models/m", "cpu", 31000)
     assert cmd[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
     joined = " ".join(cmd)
-    for flag in ("--device cpu", "--attention-backend torch_native", "--disable-overlap-schedule", "--sleep-on-idle",
-                 "--dtype float32", "--max-total-tokens 4096", "--context-length 1024", "--port 31000"):
+    for flag in (
+        "--device cpu",
+        "--attention-backend torch_native",
+        "--disable-overlap-schedule",
+        "--sleep-on-idle",
+        "--dtype float32",
+        "--max-total-tokens 4096",
+        "--context-length 1024",
+        "--port 31000",
+    ):
         assert flag in joined
     assert "--enable-memory-saver" not in cmd and "--mem-fraction-static" not in cmd
     assert env == {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "2"}
     cuda, cuda_env = server_command(SglangLaunchParams(), "/models/m", "cuda", 31000)
-    assert cuda[0] == sys.executable and "--enable-memory-saver" in cuda and "--dtype bfloat16" in " ".join(cuda)
+    assert (
+        cuda[0] == sys.executable and "--enable-memory-saver" in cuda and "--dtype bfloat16" in " ".join(cuda)
+    )
     assert cuda_env == {} and "--device" not in cuda
     off, _ = server_command(SglangLaunchParams(enable_memory_saver=False), "/models/m", "cuda", 31000)
     assert "--enable-memory-saver" not in off
@@ -48,7 +58,10 @@ def test_cpu_command_has_the_cpu_flags_and_no_memory_saver():
 def test_memory_release_on_cpu_is_refused_at_validation():
     for component, match in (
         ({"name": "sglang", "launch": {"device": "cpu", "enable_memory_saver": True}}, "CUDA-only"),
-        ({"name": "sglang", "memory_release": True, "launch": {"device": "cpu"}}, "memory_release=true.*CUDA-only"),
+        (
+            {"name": "sglang", "memory_release": True, "launch": {"device": "cpu"}},
+            "memory_release=true.*CUDA-only",
+        ),
     ):
         _, problems = _resolve(component)
         assert problems and any(re.search(match, str(p)) for p in problems), problems
@@ -64,7 +77,9 @@ def test_memory_saver_asked_for_a_cpu_worker_is_refused_at_start(tmp_path):
 
     params = SglangParams(model_path=str(tmp_path), launch={"enable_memory_saver": True})  # device auto
     with pytest.raises(RlkitError, match="enable_memory_saver=true, but the servers run on cpu"):
-        SglangRollout(tokenizer=None, rollout_config=RolloutConfig(), max_response_length=4, device="cpu", params=params)
+        SglangRollout(
+            tokenizer=None, rollout_config=RolloutConfig(), max_response_length=4, device="cpu", params=params
+        )
 
 
 def test_memory_release_follows_what_the_server_reports(serve_thread):
@@ -91,7 +106,14 @@ def test_a_server_that_exits_at_start_is_an_error_with_its_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('no CUDA here', flush=True); sys.exit(3)"]
     start = time.monotonic()
     with pytest.raises(SglangServerError, match=r"exited \(code 3.*no CUDA here"):
-        LocalServer(cmd, {}, host="127.0.0.1", port=_free_port(), log_path=str(tmp_path / "s.log"), startup_timeout_s=60)
+        LocalServer(
+            cmd,
+            {},
+            host="127.0.0.1",
+            port=_free_port(),
+            log_path=str(tmp_path / "s.log"),
+            startup_timeout_s=60,
+        )
     assert time.monotonic() - start < 30  # not the startup timeout
 
 
@@ -109,10 +131,18 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_launched_server_killed_mid_request_raises_at_once_and_stops_by_group(tmp_path):
     port = _free_port()
-    server = LocalServer([sys.executable, "-c", HUNG_SERVER, str(port)], {}, host="127.0.0.1", port=port,
-                         log_path=str(tmp_path / "s.log"), startup_timeout_s=60)
+    server = LocalServer(
+        [sys.executable, "-c", HUNG_SERVER, str(port)],
+        {},
+        host="127.0.0.1",
+        port=port,
+        log_path=str(tmp_path / "s.log"),
+        startup_timeout_s=60,
+    )
     try:
-        client = SglangClient(server.url, retries=5, backoff_s=5.0, watch=server.problem)  # no answer for 600 s
+        client = SglangClient(
+            server.url, retries=5, backoff_s=5.0, watch=server.problem
+        )  # no answer for 600 s
         assert client.health() and server.problem() is None
         killer = threading.Timer(0.5, os.killpg, (server.proc.pid, signal.SIGKILL))
         killer.start()
@@ -135,10 +165,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_guard_ends_the_server_when_its_launcher_dies():
-    launcher = ("import os, subprocess, sys, time\n"
-                f"p = subprocess.Popen([sys.executable, {GUARD!r}, str(os.getpid()), sys.executable, '-c', "
-                "'import time; time.sleep(300)'], start_new_session=True)\n"
-                "print(p.pid, flush=True)\ntime.sleep(300)\n")
+    launcher = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, {GUARD!r}, str(os.getpid()), sys.executable, '-c', "
+        "'import time; time.sleep(300)'], start_new_session=True)\n"
+        "print(p.pid, flush=True)\ntime.sleep(300)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
     guard = int(proc.stdout.readline())
     time.sleep(1.0)
@@ -154,8 +186,10 @@ def test_guard_ends_the_server_when_its_launcher_dies():
 
 def test_server_dies_with_a_killed_guard():
     """Ray SIGKILLs what a stopped worker leaves behind, the guard included: the server must not survive it."""
-    guard = subprocess.Popen([sys.executable, GUARD, str(os.getpid()), sys.executable, "-c", "import time; time.sleep(300)"],
-                             start_new_session=True)
+    guard = subprocess.Popen(
+        [sys.executable, GUARD, str(os.getpid()), sys.executable, "-c", "import time; time.sleep(300)"],
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         children: list[int] = []

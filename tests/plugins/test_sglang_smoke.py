@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("rlkit_sglang", reason="pip install -e plugins/rlkit-sglang")
 
-from rlkit.errors import RecipeError  # noqa: E402
 from rlkit.cli.smoke import load_smoke_recipe  # noqa: E402
+from rlkit.errors import RecipeError  # noqa: E402
 from rlkit.plugin.registry import build_registries  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -143,8 +143,13 @@ def test_weight_sync_setting_decides_the_path():
     clients = [SglangClient("http://127.0.0.1:9")]
 
     def built(**params) -> SglangRollout:
-        return SglangRollout(tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=4, clients=clients,
-                             params=SglangParams(**params))
+        return SglangRollout(
+            tokenizer=tok,
+            rollout_config=RolloutConfig(),
+            max_response_length=4,
+            clients=clients,
+            params=SglangParams(**params),
+        )
 
     assert built().weight_sync == "disk"  # given clients: servers it did not launch
     assert built(urls=["http://127.0.0.1:9"]).weight_sync == "disk"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.recipe.compose import compose
-from rlkit.recipe import load_recipe, uses_critic, uses_ref
 from rlkit.plugin.registry import build_registries
+from rlkit.recipe import load_recipe, uses_critic, uses_ref
+from rlkit.recipe.compose import compose
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 
@@ -39,9 +39,14 @@ def test_what_each_recipe_implies(registries):
     assert uses_ref(by_name["grpo"]) and uses_ref(by_name["ppo"]) and not uses_ref(by_name["dapo"])
     dapo = by_name["dapo"]
     assert dapo.actor.policy_loss.params["clip_ratio_high"] == 0.28 and dapo.algorithm.filter_groups.enable
-    assert dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable  # shaping is a reward step
+    assert (
+        dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable
+    )  # shaping is a reward step
     assert by_name["ppo"].algorithm.estimator.params == {"gamma": 1.0, "lam": 1.0}
-    assert by_name["quickstart"].resources.device == "auto" and by_name["quickstart"].rollout.backend.name == "hf"
+    assert (
+        by_name["quickstart"].resources.device == "auto"
+        and by_name["quickstart"].rollout.backend.name == "hf"
+    )
     lora = by_name["quickstart_lora"]  # LoRA's KL reference is the actor with the adapter off (docs/lora.md)
     assert lora.actor.lora.rank == 16 and uses_ref(lora) and lora.rollout.backend.name == "hf"
     agent = by_name["grpo_tool_agent"]

@@ -30,8 +30,13 @@ from rlkit_harness import (
 
 from rlkit.cli import main
 
-GOOD_ROW = {"data_source": "rlkit/arithmetic", "prompt": [{"role": "user", "content": "What is 1 + 1?"}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"index": 0}}
+GOOD_ROW = {
+    "data_source": "rlkit/arithmetic",
+    "prompt": [{"role": "user", "content": "What is 1 + 1?"}],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": "2"},
+    "extra_info": {"index": 0},
+}
 
 
 @pytest.fixture
@@ -39,7 +44,9 @@ def base(assets, tmp_path) -> Path:
     """A valid tiny recipe (its own output folder)."""
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl"))
+    path.write_text(
+        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
+    )
     return path
 
 
@@ -68,40 +75,86 @@ RECIPE_CASES = {
     "wrong type list": (["trainer.total_steps=[1, 2]"], ["trainer.total_steps"]),
     "wrong type mapping": (["model=3"], ["model", "valid dictionary"]),
     "negative batch": (["data.train_batch_size=-1"], ["data.train_batch_size", "greater than 0"]),
-    "unknown key with suggestion": (["actor.loss_agg_mod=token-mean"], ["actor.loss_agg_mod", "Did you mean 'loss_agg_mode'"]),
-    "unknown component parameter": (["actor.policy_loss.clip_ratio_hgh=0.3"],
-                                    ["actor.policy_loss.clip_ratio_hgh", "ppo_clip", "clip_ratio_high"]),
-    "parameter out of range": (["algorithm.estimator={name: ppo, lam: 1.5}"], ["algorithm.estimator.lam", "less than or equal to 1"]),
-    "parameter of a component without any": (["reward.manager={name: naive, num_workers: 2}"],
-                                             ["reward.manager.num_workers", "takes no parameters"]),
+    "unknown key with suggestion": (
+        ["actor.loss_agg_mod=token-mean"],
+        ["actor.loss_agg_mod", "Did you mean 'loss_agg_mode'"],
+    ),
+    "unknown component parameter": (
+        ["actor.policy_loss.clip_ratio_hgh=0.3"],
+        ["actor.policy_loss.clip_ratio_hgh", "ppo_clip", "clip_ratio_high"],
+    ),
+    "parameter out of range": (
+        ["algorithm.estimator={name: ppo, lam: 1.5}"],
+        ["algorithm.estimator.lam", "less than or equal to 1"],
+    ),
+    "parameter of a component without any": (
+        ["reward.manager={name: naive, num_workers: 2}"],
+        ["reward.manager.num_workers", "takes no parameters"],
+    ),
     "unknown section": (["nonsense.key=1"], ["nonsense", "unknown key"]),
     "unknown estimator": (["algorithm.estimator=grpoo"], ["algorithm.estimator", "grpo"]),
     "unknown policy loss": (["actor.policy_loss=ppo_clp"], ["actor.policy_loss", "ppo_clip"]),
     "unknown reward manager": (["reward.manager=navie"], ["reward.manager", "naive"]),
     "unknown tracker": (["tracking.backends=[console, mlflw]"], ["tracking.backends.1", "mlflow"]),
     "unknown rollout backend": (["rollout.backend=tensorrt"], ["rollout.backend", "hf"]),
-    "unknown prompt length policy": (["data.prompt_length_policy=cut"], ["data.prompt_length_policy", "truncate_left"]),
+    "unknown prompt length policy": (
+        ["data.prompt_length_policy=cut"],
+        ["data.prompt_length_policy", "truncate_left"],
+    ),
     "unknown loss aggregation": (["actor.loss_agg_mode=mean"], ["actor.loss_agg_mode", "token-mean"]),
-    "missing train file": (["data.train_files=[/no/such/train.parquet]"], ["data.train_files.0", "/no/such/train.parquet"]),
-    "missing val file": (["data.val_files=[/no/such/val.parquet]"], ["data.val_files.0", "/no/such/val.parquet"]),
-    "missing custom score file": (["reward.custom_score={path: /no/such_score.py}"], ["reward.custom_score.path", "/no/such_score.py"]),
-    "critic option without critic": (["critic.cliprange_value=0.3"], ["critic.cliprange_value", "uses no critic"]),
+    "missing train file": (
+        ["data.train_files=[/no/such/train.parquet]"],
+        ["data.train_files.0", "/no/such/train.parquet"],
+    ),
+    "missing val file": (
+        ["data.val_files=[/no/such/val.parquet]"],
+        ["data.val_files.0", "/no/such/val.parquet"],
+    ),
+    "missing custom score file": (
+        ["reward.custom_score={path: /no/such_score.py}"],
+        ["reward.custom_score.path", "/no/such_score.py"],
+    ),
+    "critic option without critic": (
+        ["critic.cliprange_value=0.3"],
+        ["critic.cliprange_value", "uses no critic"],
+    ),
     "critic enabled for grpo": (["critic.enable=true"], ["critic.enable", "uses no critic"]),
-    "kl loss without reference": (["ref.enable=false", "actor.use_kl_loss=true"], ["ref.enable", "reference model"]),
+    "kl loss without reference": (
+        ["ref.enable=false", "actor.use_kl_loss=true"],
+        ["ref.enable", "reference model"],
+    ),
     "group estimator with n=1": (["rollout.n=1"], ["rollout.n", "2 or more"]),
-    "mini batch does not divide": (["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"], ["actor.ppo_mini_batch_size", "does not divide"]),
-    "unknown pool": (["resources.roles={actor_rollout_ref: gpu_pool}"], ["resources.roles.actor_rollout_ref", "unknown pool"]),
+    "mini batch does not divide": (
+        ["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"],
+        ["actor.ppo_mini_batch_size", "does not divide"],
+    ),
+    "unknown pool": (
+        ["resources.roles={actor_rollout_ref: gpu_pool}"],
+        ["resources.roles.actor_rollout_ref", "unknown pool"],
+    ),
     "override without =": (["badoverride"], ["badoverride", "not an override"]),
     "removing a missing key": (["~nothing.here"], ["~nothing.here", "no key"]),
     # a backend's declared limits (RolloutBackendSpec), refused before any engine starts
-    "vllm with top-k": (["rollout.backend=vllm", "rollout.top_k=20"], ["rollout.top_k", "'vllm'", "rollout.top_k=0"]),
-    "vllm with top-p": (["rollout.backend=vllm", "rollout.top_p=0.9"], ["rollout.top_p", "'vllm'", "rollout.top_p=1.0"]),
-    "vllm with two actor ranks": (["rollout.backend=vllm", "resources.pools={global: {bundles_per_node: 2}}"],
-                                  ["resources.roles.actor_rollout_ref", "at most 1 rank", "has 2"]),
-    "decode copy with a sharded actor": (["rollout.backend={name: hf, dtype: float16}",
-                                          "resources.pools={global: {bundles_per_node: 2}}"],
-                                         ["rollout.backend.dtype", "unsharded", "has 2 ranks", "dtype=auto"]),
-    "two problems at once": (["rollout.n=0", "actor.policy_loss=nope"], ["rollout.n", "actor.policy_loss", "2 problem(s)"]),
+    "vllm with top-k": (
+        ["rollout.backend=vllm", "rollout.top_k=20"],
+        ["rollout.top_k", "'vllm'", "rollout.top_k=0"],
+    ),
+    "vllm with top-p": (
+        ["rollout.backend=vllm", "rollout.top_p=0.9"],
+        ["rollout.top_p", "'vllm'", "rollout.top_p=1.0"],
+    ),
+    "vllm with two actor ranks": (
+        ["rollout.backend=vllm", "resources.pools={global: {bundles_per_node: 2}}"],
+        ["resources.roles.actor_rollout_ref", "at most 1 rank", "has 2"],
+    ),
+    "decode copy with a sharded actor": (
+        ["rollout.backend={name: hf, dtype: float16}", "resources.pools={global: {bundles_per_node: 2}}"],
+        ["rollout.backend.dtype", "unsharded", "has 2 ranks", "dtype=auto"],
+    ),
+    "two problems at once": (
+        ["rollout.n=0", "actor.policy_loss=nope"],
+        ["rollout.n", "actor.policy_loss", "2 problem(s)"],
+    ),
 }
 
 
@@ -147,10 +200,17 @@ def test_resume_from_a_folder_that_is_no_checkpoint(capsys, base, tmp_path):
 # ----- data: `rlkit run` refuses the file before any model or Ray process starts --------------------
 def bad_utf8_table() -> pa.Table:
     content = pa.array([b"What is 1 + 1?", b"\xff\xfe 2 + 2"], pa.binary()).view(pa.string())  # not validated
-    prompt = pa.ListArray.from_arrays(pa.array([0, 1, 2], pa.int32()), pa.StructArray.from_arrays(
-        [pa.array(["user", "user"]), content], names=["role", "content"]))
-    return pa.table({"data_source": ["rlkit/arithmetic"] * 2, "prompt": prompt,
-                     "reward_model": [{"ground_truth": "2"}, {"ground_truth": "4"}]})
+    prompt = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2], pa.int32()),
+        pa.StructArray.from_arrays([pa.array(["user", "user"]), content], names=["role", "content"]),
+    )
+    return pa.table(
+        {
+            "data_source": ["rlkit/arithmetic"] * 2,
+            "prompt": prompt,
+            "reward_model": [{"ground_truth": "2"}, {"ground_truth": "4"}],
+        }
+    )
 
 
 def rows_with(**changes) -> list[dict]:
@@ -160,23 +220,45 @@ def rows_with(**changes) -> list[dict]:
 
 DATA_CASES = {
     "empty file (no rows)": (lambda: pa.Table.from_pylist([GOOD_ROW]).slice(0, 0), ["has no rows"]),
-    "missing reward_model column": (lambda: pa.Table.from_pylist([{k: v for k, v in GOOD_ROW.items() if k != "reward_model"}]),
-                                    ["missing column(s) ['reward_model']"]),
-    "missing prompt column": (lambda: pa.Table.from_pylist([{k: v for k, v in GOOD_ROW.items() if k != "prompt"}]),
-                              ["missing column(s) ['prompt']"]),
-    "prompt is a string": (lambda: pa.Table.from_pylist([{**GOOD_ROW, "prompt": "What is 1 + 1?"}]),
-                           ["column 'prompt' has type string"]),
+    "missing reward_model column": (
+        lambda: pa.Table.from_pylist([{k: v for k, v in GOOD_ROW.items() if k != "reward_model"}]),
+        ["missing column(s) ['reward_model']"],
+    ),
+    "missing prompt column": (
+        lambda: pa.Table.from_pylist([{k: v for k, v in GOOD_ROW.items() if k != "prompt"}]),
+        ["missing column(s) ['prompt']"],
+    ),
+    "prompt is a string": (
+        lambda: pa.Table.from_pylist([{**GOOD_ROW, "prompt": "What is 1 + 1?"}]),
+        ["column 'prompt' has type string"],
+    ),
     "non-UTF-8 text": (bad_utf8_table, ["row 1: a text field is not valid UTF-8"]),
-    "prompt over the limit": (lambda: pa.Table.from_pylist(rows_with(prompt=[{"role": "user", "content": "7 " * 200}])),
-                              ["row 1: the prompt is", "longer than data.max_prompt_length=64"]),
-    "ground truth missing": (lambda: pa.Table.from_pylist(rows_with(reward_model={"style": "rule", "ground_truth": None})),
-                             ["row 1: 'reward_model.ground_truth' is missing"]),
-    "data_source empty": (lambda: pa.Table.from_pylist(rows_with(data_source="")), ["row 1: 'data_source' is missing"]),
-    "message without role": (lambda: pa.Table.from_pylist(rows_with(prompt=[{"role": None, "content": "hi"}])),
-                             ["row 1: 'prompt'[0] has no string 'role'"]),
-    "empty message list": (lambda: pa.Table.from_pylist(rows_with(prompt=[])), ["row 1: 'prompt' is missing or empty"]),
-    "extra_info not a mapping": (lambda: pa.table({**{k: [v, v] for k, v in GOOD_ROW.items() if k != "extra_info"},
-                                                   "extra_info": ["x", "y"]}), ["row 0: 'extra_info' is a str"]),
+    "prompt over the limit": (
+        lambda: pa.Table.from_pylist(rows_with(prompt=[{"role": "user", "content": "7 " * 200}])),
+        ["row 1: the prompt is", "longer than data.max_prompt_length=64"],
+    ),
+    "ground truth missing": (
+        lambda: pa.Table.from_pylist(rows_with(reward_model={"style": "rule", "ground_truth": None})),
+        ["row 1: 'reward_model.ground_truth' is missing"],
+    ),
+    "data_source empty": (
+        lambda: pa.Table.from_pylist(rows_with(data_source="")),
+        ["row 1: 'data_source' is missing"],
+    ),
+    "message without role": (
+        lambda: pa.Table.from_pylist(rows_with(prompt=[{"role": None, "content": "hi"}])),
+        ["row 1: 'prompt'[0] has no string 'role'"],
+    ),
+    "empty message list": (
+        lambda: pa.Table.from_pylist(rows_with(prompt=[])),
+        ["row 1: 'prompt' is missing or empty"],
+    ),
+    "extra_info not a mapping": (
+        lambda: pa.table(
+            {**{k: [v, v] for k, v in GOOD_ROW.items() if k != "extra_info"}, "extra_info": ["x", "y"]}
+        ),
+        ["row 0: 'extra_info' is a str"],
+    ),
 }
 
 
@@ -198,8 +280,12 @@ def test_not_a_parquet_file(capsys, base, tmp_path):
 
 def test_every_row_filtered(capsys, base, tmp_path):
     data = tmp_path / "long.parquet"
-    pq.write_table(pa.Table.from_pylist([{**GOOD_ROW, "prompt": [{"role": "user", "content": "7 " * 200}]}]), data)
-    code, err = cli(capsys, "run", str(base), f"data.train_files=[{data}]", "data.prompt_length_policy=filter")
+    pq.write_table(
+        pa.Table.from_pylist([{**GOOD_ROW, "prompt": [{"role": "user", "content": "7 " * 200}]}]), data
+    )
+    code, err = cli(
+        capsys, "run", str(base), f"data.train_files=[{data}]", "data.prompt_length_policy=filter"
+    )
     assert_refused(code, err, str(data), "no rows left")
 
 
@@ -214,8 +300,10 @@ def test_fewer_rows_than_one_batch(capsys, base, tmp_path):
 def test_subprocess_refusals_exit_1_without_traceback(base, tmp_path):
     data = tmp_path / "empty.parquet"
     pq.write_table(pa.Table.from_pylist([GOOD_ROW]).slice(0, 0), data)
-    for argv, fragment in ((["validate", str(base), "algorithm.estimator=grpoo"], "Did you mean 'grpo'"),
-                           (["run", str(base), f"data.train_files=[{data}]"], "has no rows")):
+    for argv, fragment in (
+        (["validate", str(base), "algorithm.estimator=grpoo"], "Did you mean 'grpo'"),
+        (["run", str(base), f"data.train_files=[{data}]"], "has no rows"),
+    ):
         result = run(*argv, timeout=120)
         assert result.returncode == 1 and fragment in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -233,22 +321,29 @@ def fake_dist(root: Path, name: str, entry_points: str, modules: dict[str, str])
 
 PLUGIN_CASES = {
     "entry point fails to import": (
-        "[rlkit]\nbroken = broken_hooks\n", {"broken_hooks": "import a_module_that_does_not_exist\n"},
-        ["rlkit-bad", "broken = broken_hooks", "a_module_that_does_not_exist"]),
+        "[rlkit]\nbroken = broken_hooks\n",
+        {"broken_hooks": "import a_module_that_does_not_exist\n"},
+        ["rlkit-bad", "broken = broken_hooks", "a_module_that_does_not_exist"],
+    ),
     "two plugins claim one name": (
         "[rlkit]\ndup = dup_hooks\n",
-        {"dup_hooks": """\
+        {
+            "dup_hooks": """\
             import rlkit
             from rlkit.plugin.specs import EstimatorSpec
             from rlkit.algos import estimators
             @rlkit.hookimpl
             def rlkit_register_estimators():
                 return [EstimatorSpec(name="grpo", fn=print)]
-            """},
-        ["grpo", "rlkit-bad"]),
+            """
+        },
+        ["grpo", "rlkit-bad"],
+    ),
     "compute_score entry point names nothing": (
-        "[rlkit.compute_score]\nmy_source = no_such_module:compute_score\n", {},
-        ["my_source", "no_such_module"]),
+        "[rlkit.compute_score]\nmy_source = no_such_module:compute_score\n",
+        {},
+        ["my_source", "no_such_module"],
+    ),
 }
 
 
@@ -287,15 +382,17 @@ def test_misbehaving_score_gets_default_and_is_counted(assets, case, caplog):
 
     fn, message = SCORES[case]
     tokenizer = load_tokenizer(ModelConfig(path=str(assets[0])))
-    batch = Batch({"responses": torch.tensor([[5, 6], [7, 8]]), "response_mask": torch.ones(2, 2, dtype=torch.long)},
-                  {"data_source": ["x", "x"], "reward_model": [{"ground_truth": "1"}] * 2, "extra_info": [{}, {}]})
+    batch = Batch(
+        {"responses": torch.tensor([[5, 6], [7, 8]]), "response_mask": torch.ones(2, 2, dtype=torch.long)},
+        {"data_source": ["x", "x"], "reward_model": [{"ground_truth": "1"}] * 2, "extra_info": [{}, {}]},
+    )
     result = NaiveRewardManager(tokenizer, fn, default_score=-1.0)(batch)
     assert result.token_level_scores.sum(-1).tolist() == [-1.0, -1.0]
     assert result.metrics["reward/errors"] == 2
     assert message in caplog.text
 
 
-MISBEHAVING_SCORE = '''\
+MISBEHAVING_SCORE = """\
 import math, time
 
 CALLS = [0]
@@ -306,7 +403,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if kind == 0:
         time.sleep(30)  # hangs: the parallel manager's timeout gives it the default score
     return [math.nan, None, "one", {{"no_score": 1}}, 1.0 / (kind - 5)][kind - 1] if kind else 0.0
-'''
+"""
 
 
 @pytest.mark.slow  # a full run; the same cases are checked in-process above
@@ -316,9 +413,13 @@ def test_run_survives_scores_that_return_nan_none_strings_raise_or_hang(recipe, 
     out = tmp_path / "out"
     score = tmp_path / "bad_score.py"
     score.write_text(MISBEHAVING_SCORE.format())
-    path = recipe(out, steps=2, extra=f"reward: {{custom_score: {{path: {score}}}, manager: {{name: parallel, "
-                                      "num_workers: 1}, timeout_s: 2.0, "
-                                      "max_error_fraction: 1.0}\n")  # 5 of 6 fail: opt out of the stop
+    path = recipe(
+        out,
+        steps=2,
+        extra=f"reward: {{custom_score: {{path: {score}}}, manager: {{name: parallel, "
+        "num_workers: 1}, timeout_s: 2.0, "
+        "max_error_fraction: 1.0}\n",
+    )  # 5 of 6 fail: opt out of the stop
     result = run("run", str(path))
     assert result.returncode == 0, result.stderr[-3000:]
     records = last_record_per_step(out)

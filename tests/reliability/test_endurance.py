@@ -62,7 +62,8 @@ def test_200_steps_memory_flat_and_ray_gone(recipe, tmp_path):
     steps = [s for s in samples if s[0] > 50]
     total = [d + w for _, d, w, _ in steps]
     report = {
-        "steps": len(samples), "seconds": round(elapsed, 1),
+        "steps": len(samples),
+        "seconds": round(elapsed, 1),
         "driver_mib_first_last": (round(samples[0][1], 1), round(samples[-1][1], 1)),
         "worker_mib_first_last": (round(samples[0][2], 1), round(samples[-1][2], 1)),
         "ray_own_mib_first_last": (round(samples[0][3], 1), round(samples[-1][3], 1)),

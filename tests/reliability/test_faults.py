@@ -22,7 +22,7 @@ from rlkit_harness import (
     wait_until_reaped,
 )
 
-GATE_SCORE = '''\
+GATE_SCORE = """\
 import time
 from pathlib import Path
 
@@ -31,14 +31,16 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     while Path({ckpt!r}).exists() and not Path({gate!r}).exists():
         time.sleep(0.05)
     return 1.0 if solution_str.strip() == str(ground_truth) else 0.0
-'''
+"""
 
 
 def gated(tmp_path: Path, out: Path) -> tuple[str, Path]:
     """Recipe lines for the gate score, and the gate file to create."""
     gate = tmp_path / "gate"
     score = tmp_path / "gate_score.py"
-    score.write_text(GATE_SCORE.format(ckpt=str(out / "checkpoints" / "global_step_1" / "COMPLETE"), gate=str(gate)))
+    score.write_text(
+        GATE_SCORE.format(ckpt=str(out / "checkpoints" / "global_step_1" / "COMPLETE"), gate=str(gate))
+    )
     return f"reward: {{custom_score: {{path: {score}}}}}\n", gate
 
 
@@ -56,10 +58,9 @@ def test_nan_and_inf_updates_are_skipped_counted_then_stop_the_run(recipe, tmp_p
     skipped (weights unchanged, counted), step 3 trains, step 5 is the 2nd in a row and stops the run."""
     out = tmp_path / "out"
     path = recipe(out, steps=5)
-    result = run("run", str(path), "actor.max_nonfinite_in_row=2",
-                 fault="nan_adv:2,inf_adv:4,nan_adv:5")
+    result = run("run", str(path), "actor.max_nonfinite_in_row=2", fault="nan_adv:2,inf_adv:4,nan_adv:5")
     assert result.returncode == 1, result.stderr[-3000:]
-    error = result.stderr[result.stderr.index("error: "):]
+    error = result.stderr[result.stderr.index("error: ") :]
     assert "2 non-finite losses or gradient norms in a row (actor.max_nonfinite_in_row = 2)" in error
     assert "role 'actor_rollout_ref', rank 0, method 'update_actor'" in error
     assert f"the last good checkpoint is {out / 'checkpoints' / 'global_step_4'}" in error
@@ -89,7 +90,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_says_so(recipe
     gate.touch()
     result = finish(proc)
     assert result.returncode == 1, result.stderr[-3000:]
-    error = result.stderr[result.stderr.index("error: "):]
+    error = result.stderr[result.stderr.index("error: ") :]
     assert f"could not write the checkpoint of step 2 under {out / 'checkpoints'}" in error
     assert f"the previous checkpoint {out / 'checkpoints' / 'global_step_1'} is intact" in error
     assert "Free disk space" in error and "Traceback" not in error
@@ -150,7 +151,9 @@ def test_fault_plans_are_armed_only_by_the_test_entry(capsys):
         text = path.read_text()
         assert "RLKIT_FAULT" not in text and "from rlkit.testing" not in text, path
     assert main(["gen:1,update_actr:2", "--", "run", "recipe.yaml"]) == 2
-    assert "bad entry 'update_actr:2'; use <phase>:<step> with a phase of gen, reward" in capsys.readouterr().err
+    assert (
+        "bad entry 'update_actr:2'; use <phase>:<step> with a phase of gen, reward" in capsys.readouterr().err
+    )
     assert main(["gen:1", "run", "recipe.yaml"]) == 2 and "usage:" in capsys.readouterr().err
     import torch
 

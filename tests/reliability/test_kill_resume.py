@@ -54,7 +54,9 @@ def reference(assets, tmp_path_factory) -> Path:
     result = run("run", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert check_checkpoints(out) == list(range(1, STEPS + 1))
-    steps = last_record_per_step(out)  # the update did something from step 1: a gradient, non-zero Adam moments
+    steps = last_record_per_step(
+        out
+    )  # the update did something from step 1: a gradient, non-zero Adam moments
     assert all(steps[s]["actor/grad_norm"] > 0 for s in steps), steps
     norms = moment_norms(optimizer_state(out / "checkpoints" / "global_step_1"))
     assert norms["exp_avg"] > 0 and norms["exp_avg_sq"] > 0, norms
@@ -66,17 +68,29 @@ def assert_matches_reference(out: Path, reference: Path) -> None:
     got, want = last_record_per_step(out), last_record_per_step(reference)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for step in want:
-        diff = {k: (got[step].get(k), want[step].get(k)) for k in set(got[step]) | set(want[step])
-                if got[step].get(k) != want[step].get(k)}
+        diff = {
+            k: (got[step].get(k), want[step].get(k))
+            for k in set(got[step]) | set(want[step])
+            if got[step].get(k) != want[step].get(k)
+        }
         assert not diff, f"step {step} differs from the uninterrupted run: {diff}"
-    for step in check_checkpoints(out):  # every checkpoint left equals the reference's, bit for bit: weights and
-        ours, theirs = out / "checkpoints" / f"global_step_{step}", reference / "checkpoints" / f"global_step_{step}"
+    for step in check_checkpoints(
+        out
+    ):  # every checkpoint left equals the reference's, bit for bit: weights and
+        ours, theirs = (
+            out / "checkpoints" / f"global_step_{step}",
+            reference / "checkpoints" / f"global_step_{step}",
+        )
         assert same_weights(ours, theirs)
-        differ = differing_tensors(optimizer_state(ours), optimizer_state(theirs))  # Adam's exp_avg, exp_avg_sq, step
+        differ = differing_tensors(
+            optimizer_state(ours), optimizer_state(theirs)
+        )  # Adam's exp_avg, exp_avg_sq, step
         assert not differ, f"step {step}: optimizer state differs from the uninterrupted run: {differ[:10]}"
 
 
-def kill_then_check(recipe: Path, out: Path, *, fault: str | None = None, delay_s: float | None = None) -> dict:
+def kill_then_check(
+    recipe: Path, out: Path, *, fault: str | None = None, delay_s: float | None = None
+) -> dict:
     """One interrupted attempt: returns what happened (exit code, checkpoints, seconds to reap Ray)."""
     proc = start("run", str(recipe), fault=fault)
     if delay_s is not None:
@@ -106,7 +120,9 @@ def test_kill_chain_resumes_exactly(recipe, tmp_path, reference):
         info = kill_then_check(path, out, fault=fault)
         assert info["rc"] == -signal.SIGKILL, info
         assert info["checkpoints"] == checkpoints, info
-        if fault.startswith("checkpoint_write"):  # the half-written step 3 is a .tmp- folder, never global_step_3
+        if fault.startswith(
+            "checkpoint_write"
+        ):  # the half-written step 3 is a .tmp- folder, never global_step_3
             assert any(p.name.startswith(".tmp-global_step_3") for p in (out / "checkpoints").iterdir())
     result = run("run", str(path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -177,7 +193,7 @@ def test_worker_killed_without_restarts_stops_naming_role_rank_and_checkpoint(re
     result = finish(proc)
     assert result.returncode == 1
     assert "Traceback (most recent call last)" not in result.stderr.split("error: ", 1)[-1].split("---", 1)[0]
-    error = result.stderr[result.stderr.index("error: "):]
+    error = result.stderr[result.stderr.index("error: ") :]
     assert "role 'actor_rollout_ref', rank 0" in error and "worker process died" in error
     latest = check_checkpoints(out)[-1]
     assert f"the last good checkpoint is {out / 'checkpoints' / f'global_step_{latest}'}" in error

@@ -188,8 +188,8 @@ def test_output_dir_without_write_permission_found_by_validate(capsys, base, tmp
 def test_loading_a_checkpoint_of_other_shapes_names_the_tensor_and_both_shapes(tmp_path):
     import torch
 
-    from rlkit.runtime.checkpoint import CheckpointMismatchError
     from rlkit.model.fsdp import load_checkpoint, save_checkpoint
+    from rlkit.runtime.checkpoint import CheckpointMismatchError
 
     written = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3))
     other = torch.nn.Sequential(torch.nn.Embedding(12, 4), torch.nn.Linear(4, 3))

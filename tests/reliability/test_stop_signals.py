@@ -27,7 +27,7 @@ from rlkit_harness import check_checkpoints, ray_session, rlkit_env, wait_until_
 EXIT_GUARD_S = 30.0  # hang guard only; the measured times are printed
 REAP_GUARD_S = 30.0
 
-GATE_SCORE = '''\
+GATE_SCORE = """\
 import time
 from pathlib import Path
 
@@ -38,7 +38,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         while not Path({gate!r}).exists():
             time.sleep(0.05)
     return 1.0 if solution_str.strip() == str(ground_truth) else 0.0
-'''
+"""
 
 WATCHDOG = "  watchdog: {first_slow_s: 2.0, ping_after_s: 1.0, ping_timeout_s: 1.0}\n"
 
@@ -50,8 +50,12 @@ class Run:
         self.out = out
         self.log = tmp_path / "stderr.txt"
         self.gate, self.waiting = tmp_path / "gate", tmp_path / "waiting"
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlkit", "run", str(recipe), *overrides],
-                                     env=rlkit_env(), stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlkit", "run", str(recipe), *overrides],
+            env=rlkit_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+        )
 
     def stderr(self) -> str:
         return self.log.read_text()
@@ -59,8 +63,9 @@ class Run:
     def wait_for(self, what, description: str, timeout: float = 240) -> None:
         deadline = time.time() + timeout
         while not what():
-            assert self.proc.poll() is None, f"the run ended (rc={self.proc.returncode}) before {description}:\n" \
-                                             f"{self.stderr()[-3000:]}"
+            assert self.proc.poll() is None, (
+                f"the run ended (rc={self.proc.returncode}) before {description}:\n{self.stderr()[-3000:]}"
+            )
             assert time.time() < deadline, f"no {description} within {timeout} s:\n{self.stderr()[-3000:]}"
             time.sleep(0.05)
 
@@ -84,21 +89,29 @@ class Run:
             rc = self.proc.wait(EXIT_GUARD_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"rlkit did not stop within {EXIT_GUARD_S} s:\n{self.stderr()[-3000:]}") from None
+            raise AssertionError(
+                f"rlkit did not stop within {EXIT_GUARD_S} s:\n{self.stderr()[-3000:]}"
+            ) from None
         return rc, time.monotonic() - t0
 
 
-def gated_recipe(recipe, assets, tmp_path: Path, out: Path, *, after: Path | None = None, val: bool = False,
-                 **kw) -> Path:
+def gated_recipe(
+    recipe, assets, tmp_path: Path, out: Path, *, after: Path | None = None, val: bool = False, **kw
+) -> Path:
     """The tiny recipe with the gate score (``after``: a file that arms the gate; default: armed at once),
     MLflow tracking and a watchdog with short limits; ``val``: validate before training."""
     score = tmp_path / "gate_score.py"
-    score.write_text(GATE_SCORE.format(after=str(after or tmp_path), gate=str(tmp_path / "gate"),
-                                       waiting=str(tmp_path / "waiting")))
+    score.write_text(
+        GATE_SCORE.format(
+            after=str(after or tmp_path), gate=str(tmp_path / "gate"), waiting=str(tmp_path / "waiting")
+        )
+    )
     path = recipe(out, backends="jsonl, mlflow", extra=f"reward: {{custom_score: {{path: {score}}}}}\n", **kw)
     text = path.read_text().replace("trainer:\n", "trainer:\n" + WATCHDOG)
     if val:
-        text = text.replace("  train_batch_size: 2\n", f"  train_batch_size: 2\n  val_files: [{assets[1] / 'test.parquet'}]\n")
+        text = text.replace(
+            "  train_batch_size: 2\n", f"  train_batch_size: 2\n  val_files: [{assets[1] / 'test.parquet'}]\n"
+        )
         text = text.replace("val_before_train: false", "val_before_train: true")
     path.write_text(text)
     return path
@@ -118,8 +131,10 @@ def check_stopped(run: Run, rc: int, seconds: float, signum: int, session: dict,
     t0 = time.monotonic()
     reap_s = wait_until_reaped(session, REAP_GUARD_S)
     assert mlflow_status(run.out) == ["KILLED"]
-    print(f"\n{label}: exit {seconds:.2f} s after the signal; Ray session empty {seconds + reap_s:.2f} s after it "
-          f"(measured {time.monotonic() - t0:.2f} s after the exit)")
+    print(
+        f"\n{label}: exit {seconds:.2f} s after the signal; Ray session empty {seconds + reap_s:.2f} s after it "
+        f"(measured {time.monotonic() - t0:.2f} s after the exit)"
+    )
     return reap_s
 
 
@@ -136,9 +151,14 @@ def test_sigint_during_generation_with_a_hung_worker(recipe, assets, tmp_path):
     rc, seconds = run.stop(signal.SIGINT)
     err = run.stderr()
     assert "role 'actor_rollout_ref', rank 0 does not answer a liveness ping within 1 s (pid" in err
-    assert "role 'actor_rollout_ref', method 'generate_sequences'" in err and "rank(s) [0] still working" in err
+    assert (
+        "role 'actor_rollout_ref', method 'generate_sequences'" in err and "rank(s) [0] still working" in err
+    )
     assert "SIGINT received during phase 'gen' of step 1" in err
-    assert f"no checkpoint exists under {out / 'checkpoints'}: running the same command starts from the beginning" in err
+    assert (
+        f"no checkpoint exists under {out / 'checkpoints'}: running the same command starts from the beginning"
+        in err
+    )
     check_stopped(run, rc, seconds, signal.SIGINT, session, "SIGINT in gen (hung worker)")
     assert check_checkpoints(out) == []
 
@@ -164,7 +184,9 @@ def test_sigterm_during_reward_scoring(recipe, assets, tmp_path):
     out = tmp_path / "out"
     ckpt3 = out / "checkpoints" / "global_step_3" / "COMPLETE"
     path = gated_recipe(recipe, assets, tmp_path, out, after=ckpt3, steps=5)
-    path.write_text(path.read_text().replace("first_slow_s: 2.0", "first_slow_s: 2.0, slow_min_s: 1.0, slow_factor: 5.0"))
+    path.write_text(
+        path.read_text().replace("first_slow_s: 2.0", "first_slow_s: 2.0, slow_min_s: 1.0, slow_factor: 5.0")
+    )
     run = Run(path, out, tmp_path)
     run.wait_for(run.waiting.exists, "scoring call at the gate")
     run.wait_for(lambda: "phase 'reward' of step 4 has run" in run.stderr(), "slow-phase report")

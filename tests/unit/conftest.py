@@ -18,7 +18,9 @@ def gloo_world1():
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1
+        )
     yield
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.step.ahead import Generation, RolloutPipeline, StalenessQueue, pipeline_depth, staleness_bound
 from rlkit.errors import RecipeError
 from rlkit.plugin.manager import make_plugin_manager
-from rlkit.recipe import load_recipe
 from rlkit.plugin.registry import build_registries
+from rlkit.recipe import load_recipe
+from rlkit.step.ahead import Generation, RolloutPipeline, StalenessQueue, pipeline_depth, staleness_bound
 
 
 def gen(version: int, serial: int = 0) -> Generation:
@@ -20,7 +20,11 @@ def gen(version: int, serial: int = 0) -> Generation:
 
 
 def test_bound_and_depth_per_mode():
-    assert (staleness_bound("sync", None), staleness_bound("one_step_off", None), staleness_bound("async", None)) == (0, 1, 2)
+    assert (
+        staleness_bound("sync", None),
+        staleness_bound("one_step_off", None),
+        staleness_bound("async", None),
+    ) == (0, 1, 2)
     assert staleness_bound("async", 3) == 3 and pipeline_depth("async", 3) == 3
     assert pipeline_depth("one_step_off", None) == 1 and pipeline_depth("async", None) == 2
 
@@ -97,7 +101,9 @@ def test_pipeline_keeps_depth_ahead_and_each_batch_runs_depth_versions_behind(de
     assert len(gens) == steps  # nothing generated for steps the run will not make
     # every weight push comes after the generations submitted before it (Ray runs them in this order)
     rollout_calls = [c for c in calls if c[0] in ("generate_sequences", "update_weights")]
-    assert rollout_calls[: depth + 2] == [("update_weights", 0)] + [("generate_sequences", None)] * (depth + 1)
+    assert rollout_calls[: depth + 2] == [("update_weights", 0)] + [("generate_sequences", None)] * (
+        depth + 1
+    )
 
 
 def test_pipeline_regenerates_after_dropping_a_stale_queue(monkeypatch):
@@ -105,8 +111,9 @@ def test_pipeline_regenerates_after_dropping_a_stale_queue(monkeypatch):
     monkeypatch.setattr(RolloutPipeline, "check_pushes", lambda self, wait=False: None)
     calls: list = []
     pipe = RolloutPipeline(Recorder(calls), Recorder(calls), depth=1, max_staleness=1)
-    pipe.load_state_dict({"items": [("old0", "b0", 0, 7), ("old1", "b1", 0, 8)], "version": 0, "serial": 9,
-                          "dropped": 0})
+    pipe.load_state_dict(
+        {"items": [("old0", "b0", 0, 7), ("old1", "b1", 0, 8)], "version": 0, "serial": 9, "dropped": 0}
+    )
     pipe.version = 2
     item, dropped = pipe.take(actor_version=2, make_request=make_request, ahead=1)
     assert dropped == 2 and item.request == "prompts9" and item.version == 2 and pipe.queue.dropped == 2
@@ -144,14 +151,25 @@ def test_async_recipe_plans_a_rollout_pool(recipe, registries):
     r = load_recipe(recipe, registries=registries)
     roles = compose(r, registries).roles
     assert (roles["rollout"].pool, roles["actor_rollout_ref"].pool) == ("gen", "train")
-    assert load_recipe(recipe, ["trainer.mode=one_step_off"], registries=registries).trainer.mode == "one_step_off"
+    assert (
+        load_recipe(recipe, ["trainer.mode=one_step_off"], registries=registries).trainer.mode
+        == "one_step_off"
+    )
 
 
 BAD = [
     (["resources.roles={actor_rollout_ref: train}"], "resources.roles.rollout", "rollout pool of its own"),
-    (["resources.roles={actor_rollout_ref: train, rollout: train}"], "resources.roles.rollout", "shares pool 'train'"),
+    (
+        ["resources.roles={actor_rollout_ref: train, rollout: train}"],
+        "resources.roles.rollout",
+        "shares pool 'train'",
+    ),
     (["trainer.mode=sync"], "resources.roles.rollout", "trainer.mode is sync"),
-    (["trainer.mode=sync", "~resources.roles.rollout", "trainer.max_staleness=2"], "trainer.max_staleness", "mode=sync"),
+    (
+        ["trainer.mode=sync", "~resources.roles.rollout", "trainer.max_staleness=2"],
+        "trainer.max_staleness",
+        "mode=sync",
+    ),
     (["trainer.mode=one_step_off", "trainer.max_staleness=2"], "trainer.max_staleness", "exactly 1 version"),
     (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable", "trainer.mode=sync"),
     (["algorithm.estimator=remax"], "algorithm.estimator", "greedy rollout"),
@@ -173,9 +191,13 @@ def test_lora_with_a_rollout_pool_is_accepted_on_hf_and_refused_on_an_engine(rec
     """actor.lora with trainer.mode=async: the hf rollout pool takes the adapter (tests/e2e/test_smoke_matrix.py
     runs it); an engine's rollout pool (its adapter loading from a push is not verified) is refused, naming the fix."""
     assert load_recipe(recipe, ["actor.lora={rank: 4}"], registries=registries).actor.lora.rank == 4
-    with_plugins = build_registries(make_plugin_manager())  # the vllm plugin's spec (tests need no vllm itself)
+    with_plugins = build_registries(
+        make_plugin_manager()
+    )  # the vllm plugin's spec (tests need no vllm itself)
     with pytest.raises(RecipeError) as err:
         load_recipe(recipe, ["actor.lora={rank: 4}", "rollout.backend=vllm"], registries=with_plugins)
     messages = [msg for where, msg in err.value.problems if where == "actor.lora"]
-    assert any("trainer.mode=async runs with rollout.backend=hf only" in m and "set rollout.backend=hf" in m
-               for m in messages), err.value.problems
+    assert any(
+        "trainer.mode=async runs with rollout.backend=hf only" in m and "set rollout.backend=hf" in m
+        for m in messages
+    ), err.value.problems

@@ -39,7 +39,9 @@ def test_failed_write_leaves_previous_intact_and_no_partial(tmp_path):
         writer(b"two")(tmp)
         raise RuntimeError("killed while writing")
 
-    with pytest.raises(CheckpointError, match="killed while writing; the previous checkpoint .*global_step_1 is intact"):
+    with pytest.raises(
+        CheckpointError, match="killed while writing; the previous checkpoint .*global_step_1 is intact"
+    ):
         manager.save(2, crash)
     assert [s for s, _ in manager.steps()] == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]

@@ -16,7 +16,9 @@ def write_recipe(tmp_path, extra: str = "") -> str:
     train = tmp_path / "train.parquet"
     train.write_bytes(b"")
     path = tmp_path / "r.yaml"
-    path.write_text(f"model: {{path: m}}\ndata: {{train_files: [{train}], train_batch_size: 4}}\nrollout: {{n: 2}}\n{extra}")
+    path.write_text(
+        f"model: {{path: m}}\ndata: {{train_files: [{train}], train_batch_size: 4}}\nrollout: {{n: 2}}\n{extra}"
+    )
     return str(path)
 
 

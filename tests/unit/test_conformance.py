@@ -29,11 +29,18 @@ def names(kind: str) -> list[str]:
 
 
 # Non-default parameters, so the params model reaches the component (the kit validates them first).
-ESTIMATOR_PARAMS = {"grpo": {"norm_adv_by_std": False, "epsilon": 1e-3}, "ppo": {"gamma": 0.9, "lam": 0.95},
-                    "reinforce_plus_plus": {"gamma": 0.9}}
-LOSS_PARAMS = {"ppo_clip": {"clip_ratio_high": 0.28, "clip_ratio_c": 2.0}, "sapo": {"tau_pos": 0.5},
-               # ratios that select several tokens of the kit's 8 x 6 batch (the defaults select one)
-               "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -5.0, "clip_cov_ub": 5.0}, "kl_cov": {"kl_cov_ratio": 0.2}}
+ESTIMATOR_PARAMS = {
+    "grpo": {"norm_adv_by_std": False, "epsilon": 1e-3},
+    "ppo": {"gamma": 0.9, "lam": 0.95},
+    "reinforce_plus_plus": {"gamma": 0.9},
+}
+LOSS_PARAMS = {
+    "ppo_clip": {"clip_ratio_high": 0.28, "clip_ratio_c": 2.0},
+    "sapo": {"tau_pos": 0.5},
+    # ratios that select several tokens of the kit's 8 x 6 batch (the defaults select one)
+    "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -5.0, "clip_cov_ub": 5.0},
+    "kl_cov": {"kl_cov_ratio": 0.2},
+}
 CORRECTION_PARAMS = {"decoupled": {"cap": 3.0}, "seq_mis": {"geometric": True, "lower": 0.8, "upper": 1.25}}
 SCORE_EXAMPLES = {
     "openai/gsm8k": [("so #### 3", "3", 1.0), ("#### 4", "3", 0.0)],
@@ -104,10 +111,18 @@ def test_agent_loop(name, tiny):
     from rlkit.rollout.tools.calculator import CalculatorTool
 
     model, tokenizer = tiny
-    backend = HFRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(), max_response_length=12, seed=0)
+    backend = HFRollout(
+        module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(), max_response_length=12, seed=0
+    )
     params = {"max_turns": 2} if BUILTINS.agent_loops.get(name).params is not None else {}
-    check_agent_loop(name, HFTurnGenerator(backend), tokenizer, tools={"calculator": CalculatorTool()},
-                     registries=BUILTINS, **params)
+    check_agent_loop(
+        name,
+        HFTurnGenerator(backend),
+        tokenizer,
+        tools={"calculator": CalculatorTool()},
+        registries=BUILTINS,
+        **params,
+    )
 
 
 @pytest.mark.parametrize("name", names("tools"))
@@ -118,7 +133,9 @@ def test_tool(name):
 
 # MLflow's first SQLite store takes seconds to create (its schema migrations); tests/unit/test_tracking.py runs the
 # MLflow tracker in the default run, this check of it runs with the slow tests (`nox -s slow`).
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mlflow" else n for n in names("trackers")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "mlflow" else n for n in names("trackers")]
+)
 def test_tracker(name, tmp_path):
     check_tracker(name, tmp_path, registries=BUILTINS)
 
@@ -129,11 +146,21 @@ def test_role(name):
 
 
 def test_every_kind_is_covered():
-    covered = {"estimators", "policy_losses", "reward_managers", "compute_scores", "rollout_backends", "agent_loops",
-               "tools", "trackers", "roles", "rollout_corrections",
-               # none built in: check_environment runs on the plugins' (tests/plugins/test_reasoning_gym_plugin.py,
-               # test_textarena_plugin.py) and on the test environments of tests/unit/rollout/test_environment.py
-               "environments"}
+    covered = {
+        "estimators",
+        "policy_losses",
+        "reward_managers",
+        "compute_scores",
+        "rollout_backends",
+        "agent_loops",
+        "tools",
+        "trackers",
+        "roles",
+        "rollout_corrections",
+        # none built in: check_environment runs on the plugins' (tests/plugins/test_reasoning_gym_plugin.py,
+        # test_textarena_plugin.py) and on the test environments of tests/unit/rollout/test_environment.py
+        "environments",
+    }
     assert covered == {kind for kind, _ in BUILTINS.items()}
     assert BUILTINS.environments.names() == []
     assert set(SCORE_EXAMPLES) == set(names("compute_scores")) and set(TOOL_CALLS) == set(names("tools"))

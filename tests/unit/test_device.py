@@ -40,12 +40,19 @@ def test_validate_refuses_cuda_where_there_is_none(monkeypatch, tmp_path):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     (tmp_path / "train.parquet").write_bytes(b"")
-    raw = {"model": {"path": str(tmp_path)}, "data": {"train_files": [str(tmp_path / "train.parquet")]},
-           "rollout": {"n": 2}, "resources": {"device": "cuda"}}
+    raw = {
+        "model": {"path": str(tmp_path)},
+        "data": {"train_files": [str(tmp_path / "train.parquet")]},
+        "rollout": {"n": 2},
+        "resources": {"device": "cuda"},
+    }
     with pytest.raises(RecipeError) as err:
         validate_recipe(raw)
     problems = dict(err.value.problems)
-    assert "sees no GPU" in problems["resources.device"] and "resources.device=cpu" in problems["resources.device"]
+    assert (
+        "sees no GPU" in problems["resources.device"]
+        and "resources.device=cpu" in problems["resources.device"]
+    )
     validate_recipe(raw, check_files=False)  # the machine checks are the ones --no-check-files skips
     validate_recipe(raw, ["resources.device=auto"])
 

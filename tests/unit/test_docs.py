@@ -31,7 +31,11 @@ def measured_tables(text: str) -> list[tuple[int, list[str]]]:
     """(header line index, lines) of each table with a measured quantity in its body."""
     lines, tables, i = text.splitlines(), [], 0
     while i < len(lines):
-        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|$", lines[i + 1].strip()):
+        if (
+            lines[i].startswith("|")
+            and i + 1 < len(lines)
+            and re.match(r"^\|[\s:|-]+\|$", lines[i + 1].strip())
+        ):
             j = i + 2
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
@@ -51,7 +55,9 @@ def table_problems(path: Path) -> list[str]:
         where = f"{path.relative_to(ROOT)}:{start + 1} ({table[0][:60]}...)"
         above = [m for line in lines[max(0, start - 3) : start] for m in _SOURCE.finditer(line)]
         if not above:
-            problems.append(f"{where}: no <!-- results: ...; command: ... --> or <!-- not reproducible: ... --> line")
+            problems.append(
+                f"{where}: no <!-- results: ...; command: ... --> or <!-- not reproducible: ... --> line"
+            )
             continue
         for kind, body in ((m.group(1), m.group(2)) for m in above):
             if kind != "results":
@@ -75,9 +81,14 @@ def test_the_table_check_can_fail(tmp_path):
     docs.mkdir()
     table = "| a | b |\n|---|---|\n| x | 1.5 s |\n"
     (docs / "bare.md").write_text("text\n\n" + table)
-    (docs / "missing.md").write_text("<!-- results: benchmarks/results/nope.json; command: python x -->\n" + table)
-    (docs / "ok.md").write_text("<!-- not reproducible: no results file (measured 2026-11-22, superseded) -->\n"
-                                + table + "\n| config | value |\n|---|---|\n| layers | 2 |\n")
+    (docs / "missing.md").write_text(
+        "<!-- results: benchmarks/results/nope.json; command: python x -->\n" + table
+    )
+    (docs / "ok.md").write_text(
+        "<!-- not reproducible: no results file (measured 2026-11-22, superseded) -->\n"
+        + table
+        + "\n| config | value |\n|---|---|\n| layers | 2 |\n"
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:

@@ -80,25 +80,30 @@ def probe(ratio: float, *rounds: float) -> hw.MatmulProbe:
     return hw.MatmulProbe(fp32_flops=100e9, bf16_flops=100e9 * ratio, ratios=rounds)
 
 
-@pytest.mark.parametrize("cpu,ratio,want,rule", [
-    (ZEN4, 2.00, "fp32", "band"),  # the flip of issue 26: 2.00x one run ...
-    (ZEN4, 1.88, "fp32", "band"),  # ... and 1.88x the next: the same choice now
-    (ZEN4, 2.99, "fp32", "band"),  # just under the top edge: the flags
-    (ZEN4, 3.00, "bf16", "probe"),  # at the top edge
-    (ZEN4, 1.34, "fp32", "band"),
-    (ZEN4, 4 / 3, "fp32", "band"),  # at the bottom edge (2 / 1.5): inside
-    (ZEN4, 1.32, "fp32", "probe"),
-    (SAPPHIRE, 1.5, "bf16", "band"),  # AMX inside the band: the flags say bf16
-    (SAPPHIRE, 1.0, "fp32", "probe"),  # AMX measured no faster than fp32
-    (SAPPHIRE, 7.0, "bf16", "probe"),
-    (EPYC, 5.0, "fp32", "flags"),  # no native bf16: the flags alone, whatever is read
-])
+@pytest.mark.parametrize(
+    "cpu,ratio,want,rule",
+    [
+        (ZEN4, 2.00, "fp32", "band"),  # the flip of issue 26: 2.00x one run ...
+        (ZEN4, 1.88, "fp32", "band"),  # ... and 1.88x the next: the same choice now
+        (ZEN4, 2.99, "fp32", "band"),  # just under the top edge: the flags
+        (ZEN4, 3.00, "bf16", "probe"),  # at the top edge
+        (ZEN4, 1.34, "fp32", "band"),
+        (ZEN4, 4 / 3, "fp32", "band"),  # at the bottom edge (2 / 1.5): inside
+        (ZEN4, 1.32, "fp32", "probe"),
+        (SAPPHIRE, 1.5, "bf16", "band"),  # AMX inside the band: the flags say bf16
+        (SAPPHIRE, 1.0, "fp32", "probe"),  # AMX measured no faster than fp32
+        (SAPPHIRE, 7.0, "bf16", "probe"),
+        (EPYC, 5.0, "fp32", "flags"),  # no native bf16: the flags alone, whatever is read
+    ],
+)
 def test_the_bf16_rule_at_and_near_the_band_edges(tmp_path, cpu, ratio, want, rule):
     d = hw.decide_cpu(hw.cpu_info(write(tmp_path, cpu)), probe(ratio, 1.9, 2.1))
     assert d.mixed_precision == want and d.rule.startswith(rule), d.reason
     assert d.decode_dtype == {"fp32": "float32", "bf16": "bfloat16"}[want]
     assert f"rule {d.rule} -> {want}" in d.reason and "rounds 1.90/2.10" in d.reason
-    failed = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=0.0))
+    failed = hw.decide_cpu(
+        hw.cpu_info(write(tmp_path, SAPPHIRE)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=0.0)
+    )
     assert failed.mixed_precision == "fp32" and "failed" in failed.reason
 
 
@@ -129,8 +134,12 @@ def test_probe_cache_round_trip(tmp_path):
     cache = tmp_path / "sub" / "hardware.json"
     epyc, xeon = hw.cpu_info(write(tmp_path, EPYC)), hw.cpu_info(write(tmp_path, SAPPHIRE))
     assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
-    assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1  # read back, not measured
-    hw.cached_probe(xeon, cache, probe=lambda: FAST_BF16)  # another machine sharing the home folder: its own entry
+    assert (
+        hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
+    )  # read back, not measured
+    hw.cached_probe(
+        xeon, cache, probe=lambda: FAST_BF16
+    )  # another machine sharing the home folder: its own entry
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == 2
     assert {e["cpu_model"] for e in entries.values()} == {"AMD EPYC 7B13", xeon.model}
@@ -138,15 +147,19 @@ def test_probe_cache_round_trip(tmp_path):
     assert hw.cached_probe(xeon, cache, probe=probe) == FAST_BF16 and len(calls) == 1
 
 
-@pytest.mark.parametrize("garbage", ["{not json", '{"version": 1, "entries": {"k": "v"}}', "[1, 2]",
-                                     '{"version": 1, "entries": []}'])
+@pytest.mark.parametrize(
+    "garbage",
+    ["{not json", '{"version": 1, "entries": {"k": "v"}}', "[1, 2]", '{"version": 1, "entries": []}'],
+)
 def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, garbage):
     cache = tmp_path / "hardware.json"
     cache.write_text(garbage)
     epyc = hw.cpu_info(write(tmp_path, EPYC))
     assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == SLOW_BF16
     data = json.loads(cache.read_text())
-    assert data["version"] == 1 and [e["fp32_flops"] for e in data["entries"].values() if "fp32_flops" in e] == [70e9]
+    assert data["version"] == 1 and [
+        e["fp32_flops"] for e in data["entries"].values() if "fp32_flops" in e
+    ] == [70e9]
     assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == SLOW_BF16  # the rewritten file is read
 
 
@@ -161,13 +174,22 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     auto = hw.resolve_precision("auto", "auto", "cpu", decision=slow)
     assert (auto.mixed_precision, auto.decode_dtype, auto.warnings) == ("fp32", "float32", ())
     forced = hw.resolve_precision("bf16", "bfloat16", "cpu", decision=slow)
-    assert (forced.mixed_precision, forced.decode_dtype) == ("bf16", "bfloat16")  # kept: the user asked for it
+    assert (forced.mixed_precision, forced.decode_dtype) == (
+        "bf16",
+        "bfloat16",
+    )  # kept: the user asked for it
     assert len(forced.warnings) == 2 and all("78x slower" in w for w in forced.warnings)
-    assert "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
+    assert (
+        "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
+    )
     fast = hw.decide_cpu(hw.cpu_info(write(tmp_path, SAPPHIRE)), FAST_BF16)
     assert hw.resolve_precision("bf16", None, "cpu", decision=fast).warnings == ()
-    modest = hw.decide_cpu(hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9))
-    assert modest.mixed_precision == "fp32"  # inside the band, no AMX; an explicit bf16 is not slow: no warning
+    modest = hw.decide_cpu(
+        hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9)
+    )
+    assert (
+        modest.mixed_precision == "fp32"
+    )  # inside the band, no AMX; an explicit bf16 is not slow: no warning
     assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
@@ -208,21 +230,41 @@ def test_oversubscription_names_the_numbers():
 
 
 def test_plan_run_resolves_auto_threads_per_role_and_precision():
-    recipe = Recipe.model_validate({
-        "model": {"path": "m"}, "data": {"train_files": ["t.parquet"]},
-        "resources": {"pools": {"global": {"cpus_per_bundle": 4}, "side": {"bundles_per_node": 2, "cpus_per_bundle": 3}}},
-    })
-    assert recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"  # the defaults
-    colocated = {"actor_rollout_ref": "global", "critic": "global"}  # slot -> pool, as Pipeline.roles places them
+    recipe = Recipe.model_validate(
+        {
+            "model": {"path": "m"},
+            "data": {"train_files": ["t.parquet"]},
+            "resources": {
+                "pools": {
+                    "global": {"cpus_per_bundle": 4},
+                    "side": {"bundles_per_node": 2, "cpus_per_bundle": 3},
+                }
+            },
+        }
+    )
+    assert (
+        recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
+    )  # the defaults
+    colocated = {
+        "actor_rollout_ref": "global",
+        "critic": "global",
+    }  # slot -> pool, as Pipeline.roles places them
     plan = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto")
     assert plan.threads == {"actor_rollout_ref": 2, "critic": 2}  # two roles on one pool: half of 4 each
     d = hw.precision_decision("cpu")
-    assert (plan.precision.mixed_precision, plan.precision.decode_dtype) == (d.mixed_precision, d.decode_dtype)
+    assert (plan.precision.mixed_precision, plan.precision.decode_dtype) == (
+        d.mixed_precision,
+        d.decode_dtype,
+    )
     params = plan.params()
     assert params["threads_per_worker.critic"] == 2 and params["precision_reason"] == d.reason
-    split = hw.plan_run(recipe, device="cpu", placed={"actor_rollout_ref": "global", "critic": "side"}, decode_dtype=None)
+    split = hw.plan_run(
+        recipe, device="cpu", placed={"actor_rollout_ref": "global", "critic": "side"}, decode_dtype=None
+    )
     assert split.threads == {"actor_rollout_ref": 4, "critic": 3}
-    fixed = recipe.model_copy(update={"resources": recipe.resources.model_copy(update={"threads_per_worker": 1})})
+    fixed = recipe.model_copy(
+        update={"resources": recipe.resources.model_copy(update={"threads_per_worker": 1})}
+    )
     plan = hw.plan_run(fixed, device="cpu", placed={"actor_rollout_ref": "global"}, decode_dtype=None)
     assert plan.threads == {"actor_rollout_ref": 1} and plan.precision.decode_dtype is None
     if hw.usable_cpus() < 10:  # the pools reserve 4 + 2 x 3 = 10 CPUs

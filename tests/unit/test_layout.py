@@ -121,13 +121,19 @@ def test_no_import_cycles():
 
 
 def test_no_import_points_up_a_room():
-    up = [f"{a} -> {b}" for a, bs in sorted(import_graph().items()) for b in sorted(bs)
-          if a != "rlkit" and room_of(b) > room_of(a)]
+    up = [
+        f"{a} -> {b}"
+        for a, bs in sorted(import_graph().items())
+        for b in sorted(bs)
+        if a != "rlkit" and room_of(b) > room_of(a)
+    ]
     assert up == []
 
 
 def test_the_package_root_holds_only_leaves():
-    root = {name for name in modules() if name.count(".") == 1 and not (SRC / name.replace(".", "/")).is_dir()}
+    root = {
+        name for name in modules() if name.count(".") == 1 and not (SRC / name.replace(".", "/")).is_dir()
+    }
     assert root | {"rlkit"} <= LEAVES | {"rlkit"}, sorted(root - LEAVES)
 
 

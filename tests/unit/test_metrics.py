@@ -15,11 +15,15 @@ def make_batch() -> Batch:
     attention = torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
     response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
     scores = torch.tensor([[0.0, 1.0, 0, 0], [0, 0, 0, 0.5]])
-    return Batch({
-        "attention_mask": attention, "response_mask": response_mask,
-        "token_level_scores": scores, "token_level_rewards": scores - 0.1 * response_mask,
-        "advantages": torch.tensor([[1.0, 1.0, 9.0, 9.0], [-1.0, -1.0, -1.0, -2.0]]),
-    })
+    return Batch(
+        {
+            "attention_mask": attention,
+            "response_mask": response_mask,
+            "token_level_scores": scores,
+            "token_level_rewards": scores - 0.1 * response_mask,
+            "advantages": torch.tensor([[1.0, 1.0, 9.0, 9.0], [-1.0, -1.0, -1.0, -2.0]]),
+        }
+    )
 
 
 def test_data_metrics_by_hand():
@@ -68,12 +72,20 @@ def _grouped_batch(tok, module):
     from rlkit.recipe.schema import RolloutConfig
     from rlkit.rollout.hf import HFRollout
 
-    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)
     eos = int(tok.convert_tokens_to_ids("7"))
-    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=3), max_response_length=10,
-                     eos_token_ids=[eos], seed=2).generate(Batch(dict(enc)))
+    return HFRollout(
+        module=module,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(n=3),
+        max_response_length=10,
+        eos_token_ids=[eos],
+        seed=2,
+    ).generate(Batch(dict(enc)))
 
 
 def _counted(module, batch, layout, monkeypatch, *, fused=True):
@@ -88,8 +100,16 @@ def _counted(module, batch, layout, monkeypatch, *, fused=True):
     plan = forward.ForwardPlan(fused_head=fused, share_prefix=layout == "shared")
     tally = FlopTally(model_dims(module))
     with FlopCounterMode(display=False) as counter:
-        lp, ent = forward.forward_response(module, batch, temperature=1.0, with_entropy=True, entropy_grad=True,
-                                           device=torch.device("cpu"), tally=tally, plan=plan)
+        lp, ent = forward.forward_response(
+            module,
+            batch,
+            temperature=1.0,
+            with_entropy=True,
+            entropy_grad=True,
+            device=torch.device("cpu"),
+            tally=tally,
+            plan=plan,
+        )
         (lp.sum() + 0.1 * ent.sum()).backward()
     ops = counter.get_flop_counts()["Global"]
     attention = sum(v for k, v in ops.items() if any(a in str(k) for a in _ATTENTION_OPS))
@@ -108,10 +128,19 @@ def _split(tally):
 _QV, _MLP = ["q_proj", "v_proj"], ["gate_proj", "up_proj"]
 
 
-@pytest.mark.parametrize("layout,fused,lora", [("padded", True, None), ("shared", True, None),
-                                               ("packed", True, None), ("padded", False, None),
-                                               ("shared", False, None), ("padded", True, _QV),
-                                               ("packed", True, _QV), ("padded", True, _MLP)])
+@pytest.mark.parametrize(
+    "layout,fused,lora",
+    [
+        ("padded", True, None),
+        ("shared", True, None),
+        ("packed", True, None),
+        ("padded", False, None),
+        ("shared", False, None),
+        ("padded", True, _QV),
+        ("packed", True, _QV),
+        ("padded", True, _MLP),
+    ],
+)
 def test_counted_flops_match_the_ops_that_ran(tiny_model_dir, monkeypatch, layout, fused, lora):
     """perf/flops/actor's count of one micro-batch's update, per layout, against FlopCounterMode on the tiny model
     (eager attention): the linear maps within 3% and never above what ran; attention never above what ran and at
@@ -142,9 +171,9 @@ def test_mfu_of_a_plain_update_stays_below_one(tiny_model_dir, monkeypatch):
     import time
 
     from rlkit.hardware import matmul_flops
+    from rlkit.model.flops import stated_peak
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig
-    from rlkit.model.flops import stated_peak
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
@@ -153,7 +182,9 @@ def test_mfu_of_a_plain_update_stays_below_one(tiny_model_dir, monkeypatch):
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        probe = max(matmul_flops(torch.float32, size=1024, threads=1, budget_s=0.0, max_reps=3) for _ in range(3))
+        probe = max(
+            matmul_flops(torch.float32, size=1024, threads=1, budget_s=0.0, max_reps=3) for _ in range(3)
+        )
         peak = stated_peak("cpu", "fp32", 1, probe=probe)
         start = time.perf_counter()
         tally, _, _ = _counted(module, batch, "padded", monkeypatch)
@@ -191,8 +222,10 @@ def _stated_cpu_peak_or_probe(tmp=None):
 
     with tempfile.TemporaryDirectory() as d:
         info = Path(d) / "cpuinfo"
-        info.write_text("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2500.000\n"
-                        "flags\t\t: fpu avx avx2 fma\n")
+        info.write_text(
+            "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2500.000\n"
+            "flags\t\t: fpu avx avx2 fma\n"
+        )
         table = stated_peak("cpu", "fp32", 2, cpuinfo=info, probe=100e9)  # 2 x 32 x 2.5 GHz = 160 GFLOP/s
         assert table.flops == 160e9 and table.source.startswith("table: 2 cores x AVX2+FMA")
         probed = stated_peak("cpu", "fp32", 2, cpuinfo=info, probe=170e9)
@@ -200,7 +233,8 @@ def _stated_cpu_peak_or_probe(tmp=None):
 
 
 def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_stated_peak(
-        tiny_model_dir, gloo_world1, monkeypatch):
+    tiny_model_dir, gloo_world1, monkeypatch
+):
     """FSDPActor.update's perf/flops/actor (ppo_epochs x mini-batches x micro-batches, every layout) is at most what
     FlopCounterMode sees the update run (eager attention) and within 10% of it; perf/mfu/actor divides it by the
     update time and the peak of all ranks."""
@@ -210,8 +244,8 @@ def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_s
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from rlkit.runtime.build import Runtime
     from rlkit.model.flops import Peak
+    from rlkit.runtime.build import Runtime
 
     sys.path.insert(0, str(Path(__file__).parent / "workers"))
     try:
@@ -228,7 +262,12 @@ def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_s
     rt = SimpleNamespace(peak=Peak(1e9, "table: test"), actor=SimpleNamespace(world_size=2))
     mfu = Runtime.perf_metrics(rt, batch, {"update_actor": 4.0}, metrics)
     assert mfu == {"perf/mfu/actor": pytest.approx(executed / 4.0 / 2e9)}
-    assert Runtime.perf_metrics(SimpleNamespace(peak=None, actor=rt.actor), batch, {"update_actor": 4.0}, metrics) == {}
+    assert (
+        Runtime.perf_metrics(
+            SimpleNamespace(peak=None, actor=rt.actor), batch, {"update_actor": 4.0}, metrics
+        )
+        == {}
+    )
 
 
 def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
@@ -263,8 +302,15 @@ def _bench_common():
     return module
 
 
-SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-           "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152}
+SMOLLM2 = {
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+}
 
 
 def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill():
@@ -279,12 +325,16 @@ def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill
     assert wide["compute_bound_steps"] == wide["decode_steps"] == 31 and narrow["compute_bound_steps"] == 0
     half = common.decode_roofline(shape, 8, 44, 32, 2, bandwidth, peak, prompts=2)
     full = common.decode_roofline(shape, 8, 44, 32, 4, bandwidth, peak, prompts=2)
-    assert half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0  # ridge: 5 rows fp16, 10 fp32
+    assert (
+        half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0
+    )  # ridge: 5 rows fp16, 10 fp32
     bandwidth_only = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth)
     step_flops = 2 * (shape.linear + shape.head) * 16
     assert wide["gen_bound_s"] >= bandwidth_only["gen_bound_s"]
     assert wide["gen_bound_s"] >= wide["prefill_bound_s"] + 31 * step_flops / peak > 31 * step_flops / peak
-    assert wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak  # each distinct prompt through the layers
+    assert (
+        wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
+    )  # each distinct prompt through the layers
 
 
 def test_update_bound_counts_executed_flops_per_layout():
@@ -296,6 +346,7 @@ def test_update_bound_counts_executed_flops_per_layout():
     padded, _ = common.executed_update_flops(shape, layout="padded", **kw)
     shared, _ = common.executed_update_flops(shape, layout="shared", **kw)
     best, chosen = common.executed_update_flops(shape, **kw)
-    assert shared < padded and best == min(shared, padded, common.executed_update_flops(shape, layout="packed",
-                                                                                          **kw)[0])
+    assert shared < padded and best == min(
+        shared, padded, common.executed_update_flops(shape, layout="packed", **kw)[0]
+    )
     assert chosen in ("shared", "packed") and best < common.update_flops(134_515_008, 16 * (44 + 32))

@@ -74,7 +74,9 @@ def test_an_existing_store_is_never_replaced(cache, tmp_path):
     before = store.read_bytes()
     assert not prepare_sqlite_store(store)
     assert store.read_bytes() == before
-    second = MlflowTracker(TrackerConfig(project="p", experiment="e2", output_dir=tmp_path / "out2", total_steps=1))
+    second = MlflowTracker(
+        TrackerConfig(project="p", experiment="e2", output_dir=tmp_path / "out2", total_steps=1)
+    )
     assert second.client.get_run(first.run_id).data.metrics == {"x": 1.0}  # same store, first run kept
 
 
@@ -83,7 +85,8 @@ def test_without_a_usable_cache_mlflow_makes_the_store_itself(tmp_path, monkeypa
     blocker.write_text("")
     monkeypatch.setenv("RLKIT_CACHE", str(blocker))  # the template cannot be written under a file
     assert not prepare_sqlite_store(tmp_path / "a" / "mlflow.db")
-    tracker = MlflowTracker(TrackerConfig(project="p", experiment="e", output_dir=tmp_path / "a" / "out",
-                                          total_steps=1))
+    tracker = MlflowTracker(
+        TrackerConfig(project="p", experiment="e", output_dir=tmp_path / "a" / "out", total_steps=1)
+    )
     tracker.log({"y": 2.0}, 1)
     assert tracker.client.get_run(tracker.run_id).data.metrics == {"y": 2.0}

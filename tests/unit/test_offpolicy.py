@@ -14,14 +14,18 @@ import rlkit
 from rlkit.algos import rollout_correction as R
 from rlkit.batch import Batch
 from rlkit.errors import RecipeError
-from rlkit.step.correction import correct_rollout, loss_batch
-from rlkit.recipe.compose import compose
 from rlkit.plugin.manager import make_plugin_manager
-from rlkit.recipe import recipe_to_dict, validate_recipe
 from rlkit.plugin.registry import build_registries
 from rlkit.plugin.specs import RolloutBackendSpec
+from rlkit.recipe import recipe_to_dict, validate_recipe
+from rlkit.recipe.compose import compose
+from rlkit.step.correction import correct_rollout, loss_batch
 
-RAW = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
+RAW = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
+    "rollout": {"n": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +41,25 @@ def test_off_by_default_and_on_by_name_with_parameters(registries):
     assert validate(registries).algorithm.rollout_correction is None
     assert compose(validate(registries), registries).rollout_correction is None
     recipe = validate(registries, "algorithm.rollout_correction={name: token_tis, threshold: 3.0}")
-    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "token_tis", "threshold": 3.0}
+    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {
+        "name": "token_tis",
+        "threshold": 3.0,
+    }
     pipeline = pickle.loads(pickle.dumps(compose(recipe, registries)))  # what the trainer holds
     assert pipeline.rollout_correction.kwargs == {"threshold": 3.0}
     assert pipeline.rollout_correction.spec.output == "weights"
-    short = compose(validate(registries, "algorithm.rollout_correction=seq_mis"), registries).rollout_correction
+    short = compose(
+        validate(registries, "algorithm.rollout_correction=seq_mis"), registries
+    ).rollout_correction
     assert short.kwargs == {"lower": 0.5, "upper": 2.0, "geometric": False}  # defaults from the params model
 
 
 def test_bad_names_and_parameters_are_recipe_errors(registries):
     with pytest.raises(RecipeError) as info:
-        validate(registries, "algorithm.rollout_correction={name: token_tsi}",)
+        validate(
+            registries,
+            "algorithm.rollout_correction={name: token_tsi}",
+        )
     assert "Did you mean 'token_tis'?" in str(info.value)
     with pytest.raises(RecipeError) as info:
         validate(registries, "algorithm.rollout_correction={name: icepop, lower: 6.0}")
@@ -61,7 +73,9 @@ class _NoLogProbBackend:
 
 
 def test_a_backend_without_rollout_log_probs_refuses_a_correction():
-    registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("blind", _NoLogProbBackend()),)))
+    registries = build_registries(
+        make_plugin_manager(entry_points=False, extra_plugins=(("blind", _NoLogProbBackend()),))
+    )
     validate(registries, "rollout.backend=blind")  # fine without a correction
     with pytest.raises(RecipeError) as info:
         validate(registries, "rollout.backend=blind", "algorithm.rollout_correction=token_tis")
@@ -99,7 +113,9 @@ def test_mismatch_metrics_hand_worked():
     mean = sum(d) / 5
     assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(mean)
     assert metrics["training/rollout_probs_diff_max"] == pytest.approx(max(d))
-    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in d) / 4))
+    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(
+        math.sqrt(sum((x - mean) ** 2 for x in d) / 4)
+    )
     # k1: mean(log pi_rollout - log pi_old) = (-0.5 + 0 + 1 - 2 + 0) / 5
     assert metrics["rollout_corr/kl"] == pytest.approx(-0.3)
     k3 = [math.exp(r) - r - 1 for r in (0.5, 0.0, -1.0, 2.0, 0.0)]
@@ -125,8 +141,9 @@ def test_a_weights_correction_adds_weights_and_a_mask_correction_a_loss_mask(reg
     recipe = validate(registries, "algorithm.rollout_correction={name: token_tis, threshold: 2.0}")
     batch, metrics = correct_rollout(_batch(), compose(recipe, registries).rollout_correction)
     # weights min(rho, 2): [e^0.5 -> 1.6487, 1, 0], [e^-1 -> 0.3679, e^2 -> 2 (truncated), 1]
-    torch.testing.assert_close(batch["rollout_is_weights"], torch.tensor([[math.exp(0.5), 1.0, 0.0],
-                                                                          [math.exp(-1.0), 2.0, 1.0]]))
+    torch.testing.assert_close(
+        batch["rollout_is_weights"], torch.tensor([[math.exp(0.5), 1.0, 0.0], [math.exp(-1.0), 2.0, 1.0]])
+    )
     assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)
     assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(2.0))
     assert loss_batch(batch) is batch  # weights leave the mask alone
@@ -136,7 +153,10 @@ def test_a_weights_correction_adds_weights_and_a_mask_correction_a_loss_mask(reg
     assert batch["rollout_rs_mask"].tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 5)
     assert loss_batch(batch)["response_mask"].tolist() == [[1, 1, 0], [0, 0, 1]]
-    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]  # the rest of the step keeps the rollout's
+    assert batch["response_mask"].tolist() == [
+        [1, 1, 0],
+        [1, 1, 1],
+    ]  # the rest of the step keeps the rollout's
 
 
 def test_no_rollout_log_probs_no_metrics():
@@ -155,8 +175,9 @@ def test_decoupled_correction_with_ppo_clip_is_decoupled_ppo(registries):
     log_prob = batch["old_log_prob"] + 0.3 * torch.randn(2, 3, generator=g)
     adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
     per_token, _ = ppo_clip(log_prob, batch["old_log_prob"], adv, batch["response_mask"])
-    expected, _ = R.decoupled_ppo_clip(log_prob, batch["old_log_prob"], batch["rollout_log_probs"], adv,
-                                       batch["response_mask"], cap=5.0)
+    expected, _ = R.decoupled_ppo_clip(
+        log_prob, batch["old_log_prob"], batch["rollout_log_probs"], adv, batch["response_mask"], cap=5.0
+    )
     torch.testing.assert_close(per_token * batch["rollout_is_weights"], expected)
     # the behaviour weight e^2 = 7.39 of row 1, token 1 is above the cap: that token is dropped (weight 0)
     assert batch["rollout_is_weights"][1, 1] == 0
@@ -167,27 +188,42 @@ def test_bypass_is_a_decoupled_parameter(registries):
     from rlkit.step.correction import bypass_on
 
     recipe = validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}")
-    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {"name": "decoupled", "cap": None, "bypass": True}
+    assert recipe_to_dict(recipe)["algorithm"]["rollout_correction"] == {
+        "name": "decoupled",
+        "cap": None,
+        "bypass": True,
+    }
     corr = pickle.loads(pickle.dumps(compose(recipe, registries))).rollout_correction
     assert bypass_on(corr) and corr.kwargs == {"cap": None, "bypass": True}
-    off = compose(validate(registries, "algorithm.rollout_correction={name: decoupled, cap: 5.0}"), registries)
+    off = compose(
+        validate(registries, "algorithm.rollout_correction={name: decoupled, cap: 5.0}"), registries
+    )
     assert not bypass_on(off.rollout_correction) and not bypass_on(None)
     assert [e.spec.name for e in registries.rollout_corrections if e.spec.bypass] == ["decoupled"]
 
 
 def test_bypass_uses_the_rollout_log_probs_as_old_and_adds_no_weights(registries):
-    corr = compose(validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}"),
-                   registries).rollout_correction
+    corr = compose(
+        validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}"), registries
+    ).rollout_correction
     batch = _batch()
     rollout = batch["rollout_log_probs"].clone()
     del batch.tensors["old_log_prob"]  # the trainer ran no old-log-prob pass
     out, metrics = correct_rollout(batch, corr)
     assert torch.equal(out["old_log_prob"], rollout)  # the actor's PPO ratio is pi_theta / pi_rollout
-    assert out.meta["old_log_prob_is_rollout"] is True  # the actor logs the mismatch from its own first log-probs
+    assert (
+        out.meta["old_log_prob_is_rollout"] is True
+    )  # the actor logs the mismatch from its own first log-probs
     assert "rollout_is_weights" not in out and "rollout_rs_mask" not in out and loss_batch(out) is out
-    assert metrics == {"rollout_corr/bypass": 1.0}  # no mismatch of old_log_prob against itself (it would read 0)
-    _, metrics = correct_rollout(_batch(), off := compose(validate(registries, "algorithm.rollout_correction=decoupled"),
-                                                          registries).rollout_correction)
+    assert metrics == {
+        "rollout_corr/bypass": 1.0
+    }  # no mismatch of old_log_prob against itself (it would read 0)
+    _, metrics = correct_rollout(
+        _batch(),
+        off := compose(
+            validate(registries, "algorithm.rollout_correction=decoupled"), registries
+        ).rollout_correction,
+    )
     assert metrics["rollout_corr/bypass"] == 0.0 and off.kwargs == {"cap": None, "bypass": False}
 
 
@@ -195,16 +231,27 @@ def test_bypass_is_refused_where_it_would_do_nothing_or_starve_a_component(regis
     with pytest.raises(RecipeError) as info:
         validate(registries, "algorithm.rollout_correction={name: token_tis, bypass: true}")
     found = " ".join(m for k, m in info.value.problems if k == "algorithm.rollout_correction.bypass")
-    assert "'token_tis' has no bypass mode" in found and "would be 1 on every token" in found and "['decoupled']" in found
+    assert (
+        "'token_tis' has no bypass mode" in found
+        and "would be 1 on every token" in found
+        and "['decoupled']" in found
+    )
     with pytest.raises(RecipeError) as info:
         validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true, cap: 5.0}")
     assert "cap (5.0) has no effect with bypass: true" in str(info.value)
     with pytest.raises(RecipeError) as info:
-        validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: true}",
-                 "algorithm.estimator=optimal_token_baseline")
+        validate(
+            registries,
+            "algorithm.rollout_correction={name: decoupled, bypass: true}",
+            "algorithm.estimator=optimal_token_baseline",
+        )
     found = " ".join(m for k, m in info.value.problems if k == "algorithm.rollout_correction.bypass")
     assert "needs sum_pi_squared" in found and "bypass skips" in found
-    validate(registries, "algorithm.rollout_correction={name: decoupled, bypass: false}", "algorithm.estimator=optimal_token_baseline")
+    validate(
+        registries,
+        "algorithm.rollout_correction={name: decoupled, bypass: false}",
+        "algorithm.estimator=optimal_token_baseline",
+    )
 
 
 class _BypassWithoutField:
@@ -212,15 +259,23 @@ class _BypassWithoutField:
     def rlkit_register_rollout_corrections(self):
         from rlkit.plugin.specs import RolloutCorrectionSpec
 
-        return [RolloutCorrectionSpec(name="half_bypass", fn="rlkit.algos.rollout_correction:token_tis",
-                                      params="rlkit.builtin.algo_params:TokenTISParams", bypass=True)]
+        return [
+            RolloutCorrectionSpec(
+                name="half_bypass",
+                fn="rlkit.algos.rollout_correction:token_tis",
+                params="rlkit.builtin.algo_params:TokenTISParams",
+                bypass=True,
+            )
+        ]
 
 
 def test_a_bypass_spec_needs_its_params_field():
     """The conformance check a plugin runs refuses ``bypass=True`` without a bool ``bypass`` params field."""
     from rlkit.testing import ContractError, check_rollout_correction
 
-    registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("hb", _BypassWithoutField()),)))
+    registries = build_registries(
+        make_plugin_manager(entry_points=False, extra_plugins=(("hb", _BypassWithoutField()),))
+    )
     with pytest.raises(ContractError, match="bypass: bool = Field"):
         check_rollout_correction("half_bypass", registries=registries)
     check_rollout_correction("decoupled", registries=registries)

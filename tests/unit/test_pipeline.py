@@ -7,12 +7,16 @@ import pickle
 import pytest
 
 from rlkit.errors import RecipeError
-from rlkit.recipe.compose import compose, resolve
 from rlkit.plugin.manager import make_plugin_manager
-from rlkit.recipe import recipe_to_dict, validate_recipe
 from rlkit.plugin.registry import build_registries
+from rlkit.recipe import recipe_to_dict, validate_recipe
+from rlkit.recipe.compose import compose, resolve
 
-RAW = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4}, "rollout": {"n": 2}}
+RAW = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
+    "rollout": {"n": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +37,35 @@ def problems(registries, *overrides, raw=None) -> dict[str, str]:
 def test_short_and_long_forms_are_one_component_with_defaults_filled_in(registries):
     recipe = validate(registries)
     assert recipe.algorithm.estimator.name == "grpo"
-    assert recipe.algorithm.estimator.params == {"norm_adv_by_std": True, "epsilon": 1e-6}  # from the params model
+    assert recipe.algorithm.estimator.params == {
+        "norm_adv_by_std": True,
+        "epsilon": 1e-6,
+    }  # from the params model
     shown = recipe_to_dict(recipe)
     assert shown["algorithm"]["estimator"] == {"name": "grpo", "norm_adv_by_std": True, "epsilon": 1e-6}
     assert shown["rollout"]["tools"] == []
 
 
 def test_overrides_reach_parameters_after_a_name_change(registries):
-    recipe = validate(registries, "algorithm.estimator=ppo", "algorithm.estimator.lam=0.9",
-                      "actor.policy_loss.clip_ratio_high=0.3")
+    recipe = validate(
+        registries,
+        "algorithm.estimator=ppo",
+        "algorithm.estimator.lam=0.9",
+        "actor.policy_loss.clip_ratio_high=0.3",
+    )
     assert recipe.algorithm.estimator.params == {"gamma": 1.0, "lam": 0.9}
     assert recipe.actor.policy_loss.name == "ppo_clip"  # a parameter without a name belongs to the default
     assert recipe.actor.policy_loss.params["clip_ratio_high"] == 0.3
 
 
 def test_parameter_errors_name_the_key_the_entry_and_the_plugin(registries):
-    found = problems(registries, "algorithm.estimator.my_param=2", "actor.policy_loss=gpg",
-                     "actor.policy_loss.clip_ratio_high=0.3", "algorithm.estimator.epsilon=-1")
+    found = problems(
+        registries,
+        "algorithm.estimator.my_param=2",
+        "actor.policy_loss=gpg",
+        "actor.policy_loss.clip_ratio_high=0.3",
+        "algorithm.estimator.epsilon=-1",
+    )
     assert "unknown parameter of estimators entry 'grpo'" in found["algorithm.estimator.my_param"]
     assert "rlkit.builtin.algorithms" in found["algorithm.estimator.my_param"]
     assert "Valid: norm_adv_by_std, epsilon" in found["algorithm.estimator.my_param"]
@@ -60,10 +76,16 @@ def test_parameter_errors_name_the_key_the_entry_and_the_plugin(registries):
 def test_estimator_defaults_reach_only_components_that_have_the_parameter(registries):
     dapo = validate(registries, "algorithm.estimator=dapo", "reward.overlong_buffer.len=4")
     assert dapo.actor.policy_loss.params["clip_ratio_high"] == 0.28 and dapo.reward.overlong_buffer.enable
-    with_gpg = validate(registries, "algorithm.estimator=dapo", "actor.policy_loss=gpg", "reward.overlong_buffer.len=4")
+    with_gpg = validate(
+        registries, "algorithm.estimator=dapo", "actor.policy_loss=gpg", "reward.overlong_buffer.len=4"
+    )
     assert with_gpg.actor.policy_loss.params == {}  # gpg has no clip ratio: the default is not forced on it
-    mine = validate(registries, "algorithm.estimator=dapo", "actor.policy_loss.clip_ratio_high=0.4",
-                    "reward.overlong_buffer.len=4")
+    mine = validate(
+        registries,
+        "algorithm.estimator=dapo",
+        "actor.policy_loss.clip_ratio_high=0.4",
+        "reward.overlong_buffer.len=4",
+    )
     assert mine.actor.policy_loss.params["clip_ratio_high"] == 0.4  # the user's value wins
 
 
@@ -71,12 +93,20 @@ def test_third_party_parameter_is_validated_against_the_plugins_model(registries
     recipe = validate(registries, "algorithm.estimator=group_quantile", "algorithm.estimator.quantile=0.25")
     assert recipe.algorithm.estimator.params == {"quantile": 0.25}
     found = problems(registries, "algorithm.estimator=group_quantile", "algorithm.estimator.quantile=2")
-    assert "rlkit_example" in found["algorithm.estimator.quantile"] or "rlkit-example" in found["algorithm.estimator.quantile"]
+    assert (
+        "rlkit_example" in found["algorithm.estimator.quantile"]
+        or "rlkit-example" in found["algorithm.estimator.quantile"]
+    )
 
 
 def test_roles_that_lead_nowhere_are_errors(registries):
-    found = problems(registries, "resources.roles.critic=global", "resources.roles.ref=global",
-                     "resources.roles.reward_model=global", "resources.roles.actor=global")
+    found = problems(
+        registries,
+        "resources.roles.critic=global",
+        "resources.roles.ref=global",
+        "resources.roles.reward_model=global",
+        "resources.roles.actor=global",
+    )
     assert "uses no critic" in found["resources.roles.critic"]
     assert "no KL term uses it" in found["resources.roles.ref"]
     assert "reward_model.enable is false" in found["resources.roles.reward_model"]
@@ -88,24 +118,40 @@ def test_reward_model_needs_a_classification_folder(registries, tmp_path):
     assert "no model folder is given" in found["reward.reward_model.path"]
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
     with pytest.raises(RecipeError) as info:
-        validate_recipe(RAW, ["reward.reward_model.enable=true", f"reward.reward_model.path={tmp_path}"],
-                        registries=registries, check_files=True)
-    assert "must be a *ForSequenceClassification model" in dict(info.value.problems)["reward.reward_model.path"]
+        validate_recipe(
+            RAW,
+            ["reward.reward_model.enable=true", f"reward.reward_model.path={tmp_path}"],
+            registries=registries,
+            check_files=True,
+        )
+    assert (
+        "must be a *ForSequenceClassification model" in dict(info.value.problems)["reward.reward_model.path"]
+    )
 
 
 def test_tools_need_an_agent_loop_that_offers_them(registries):
     assert "no agent loop offers them" in problems(registries, "rollout.tools=[calculator]")["rollout.tools"]
     assert "offers tools but none are listed" in problems(registries, "rollout.agent=tool")["rollout.tools"]
-    recipe = validate(registries, "rollout.agent=tool", "rollout.agent.max_turns=2", "rollout.tools=[calculator]")
+    recipe = validate(
+        registries, "rollout.agent=tool", "rollout.agent.max_turns=2", "rollout.tools=[calculator]"
+    )
     assert recipe.rollout.agent.params == {"max_turns": 2, "max_tool_response_chars": 2000}
 
 
 def test_compose_resolves_every_slot_once_and_pickles(registries):
-    recipe = validate(registries, "algorithm.estimator=ppo", "actor.use_kl_loss=true", "resources.pools={global: {}, aux: {}}",
-                      "resources.roles.ref=aux")
+    recipe = validate(
+        registries,
+        "algorithm.estimator=ppo",
+        "actor.use_kl_loss=true",
+        "resources.pools={global: {}, aux: {}}",
+        "resources.roles.ref=aux",
+    )
     pipeline = compose(recipe, registries)
     assert {slot: (r.role.name, r.pool) for slot, r in pipeline.roles.items()} == {
-        "actor_rollout_ref": ("actor_rollout_ref", "global"), "critic": ("critic", "global"), "ref": ("ref", "aux")}
+        "actor_rollout_ref": ("actor_rollout_ref", "global"),
+        "critic": ("critic", "global"),
+        "ref": ("ref", "aux"),
+    }
     assert pipeline.estimator.kwargs == {"gamma": 1.0, "lam": 1.0}
     assert pipeline.policy_loss.kwargs == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
     assert pipeline.score_fns["gsm8k"] is pipeline.score_fns["openai/gsm8k"]
@@ -120,8 +166,13 @@ def test_resolve_reports_an_unknown_name_with_suggestions(registries):
 
 
 def test_a_misspelled_parameter_gets_a_suggestion_and_an_oversized_overlong_buffer_is_refused(registries):
-    found = problems(registries, "algorithm.estimator.epsilonn=1", "reward.overlong_buffer.enable=true",
-                     "reward.overlong_buffer.len=600", "data.max_response_length=512")
+    found = problems(
+        registries,
+        "algorithm.estimator.epsilonn=1",
+        "reward.overlong_buffer.enable=true",
+        "reward.overlong_buffer.len=600",
+        "data.max_response_length=512",
+    )
     assert "Did you mean 'epsilon'?" in found["algorithm.estimator.epsilonn"]
     assert "does not fit in data.max_response_length=512" in found["reward.overlong_buffer.len"]
 

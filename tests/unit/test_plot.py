@@ -6,16 +6,25 @@ import json
 
 import pytest
 
-from rlkit.errors import RlkitError
 from rlkit.cli.plot import plot_runs, read_history
+from rlkit.errors import RlkitError
 
 
 def write_run(path, offset):
     path.mkdir()
     with (path / "metrics.jsonl").open("w") as f:
         for step in range(1, 4):
-            f.write(json.dumps({"step": step, "time": 0, "critic/score/mean": offset + step / 10,
-                                "val-core/x/score/mean@1": offset}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "time": 0,
+                        "critic/score/mean": offset + step / 10,
+                        "val-core/x/score/mean@1": offset,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 

@@ -55,13 +55,17 @@ def test_extra_plugin_is_registered_with_its_source():
         def rlkit_register_policy_losses(self):
             return [PolicyLossSpec(name="my_loss", fn=_fn, aliases=("mine",))]
 
-    registries = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("mine-plugin", Plugin()),)))
+    registries = build_registries(
+        make_plugin_manager(entry_points=False, extra_plugins=(("mine-plugin", Plugin()),))
+    )
     assert registries.policy_losses.get("mine").name == "my_loss"
     assert registries.policy_losses.entry("my_loss").source.plugin == "mine-plugin"
 
 
 def test_duplicate_name_names_both_plugins():
-    plugins = make_plugin_manager(entry_points=False, extra_plugins=(("first-pkg", _DupEstimator()), ("second-pkg", _DupEstimator())))
+    plugins = make_plugin_manager(
+        entry_points=False, extra_plugins=(("first-pkg", _DupEstimator()), ("second-pkg", _DupEstimator()))
+    )
     with pytest.raises(PluginError) as err:
         build_registries(plugins)
     assert "dup_me" in str(err.value) and "first-pkg" in str(err.value) and "second-pkg" in str(err.value)

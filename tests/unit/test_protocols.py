@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from rlkit.plugin import protocols as P
-from rlkit.recipe.compose import SLOTS, PlacedRole, compose
 from rlkit.plugin.manager import make_plugin_manager
-from rlkit.recipe.schema import Recipe
 from rlkit.plugin.registry import build_registries, load_object
 from rlkit.plugin.specs import RolloutBackendSpec
+from rlkit.recipe.compose import SLOTS, PlacedRole, compose
+from rlkit.recipe.schema import Recipe
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,9 @@ def test_reward_managers(registries):
     for spec, cls in classes(registries, "reward_managers"):
         assert issubclass(cls, P.RewardManager), spec.name
         extra = {"params": None} if spec.params is not None else {}
-        inspect.signature(cls.__init__).bind(None, "tokenizer", "score_fn", num_examine=0, default_score=0.0,
-                                             timeout_s=1.0, **extra)
+        inspect.signature(cls.__init__).bind(
+            None, "tokenizer", "score_fn", num_examine=0, default_score=0.0, timeout_s=1.0, **extra
+        )
     assert issubclass(load_object("rlkit.rewards.parallel:ParallelRewardManager"), P.SupportsClose)
 
 
@@ -47,8 +48,16 @@ def test_rollout_backends_and_their_declared_capabilities(registries):
     for spec, cls in found:
         assert issubclass(cls, P.RolloutBackend), spec.name
         extra = {"params": None} if spec.params is not None else {}
-        inspect.signature(cls.__init__).bind(None, module=None, tokenizer=None, rollout_config=None,
-                                             max_response_length=8, device="cpu", seed=0, **extra)
+        inspect.signature(cls.__init__).bind(
+            None,
+            module=None,
+            tokenizer=None,
+            rollout_config=None,
+            max_response_length=8,
+            device="cpu",
+            seed=0,
+            **extra,
+        )
         for flag, protocol in P.CAPABILITIES.items():
             if getattr(spec, flag):  # declared on the spec → the class must have it
                 assert issubclass(cls, protocol), f"{spec.name} declares {flag}"
@@ -82,12 +91,19 @@ def test_role_kwargs_are_what_the_runtime_passes(registries, estimator):
     """``ROLE_KWARGS[slot]`` documents exactly the keywords ``Runtime._role_kwargs`` builds."""
     from rlkit.runtime.build import Runtime
 
-    recipe = Recipe(model={"path": "tiny"}, data={"train_files": ["train.parquet"]}, algorithm={"estimator": estimator},
-                    rollout={"n": 2}, reward={"reward_model": {"enable": True, "path": "rm"}})
+    recipe = Recipe(
+        model={"path": "tiny"},
+        data={"train_files": ["train.parquet"]},
+        algorithm={"estimator": estimator},
+        rollout={"n": 2},
+        reward={"reward_model": {"enable": True, "path": "rm"}},
+    )
     pipeline = compose(recipe, registries)
     from rlkit.hardware import plan_run
 
-    hardware = plan_run(recipe, device="cpu", placed={s: r.pool for s, r in pipeline.roles.items()}, decode_dtype="auto")
+    hardware = plan_run(
+        recipe, device="cpu", placed={s: r.pool for s, r in pipeline.roles.items()}, decode_dtype="auto"
+    )
     runtime = SimpleNamespace(recipe=recipe, pipeline=pipeline, total_steps=3, hardware=hardware)
     for slot in SLOTS:
         kwargs = Runtime._role_kwargs(runtime, PlacedRole(slot, None, "global"))
@@ -101,7 +117,11 @@ def test_trackers_agent_loops_and_tools(registries, tmp_path):
 
     config = TrackerConfig(project="p", experiment="e", output_dir=tmp_path / "p" / "e", total_steps=1)
     for spec, cls in classes(registries, "trackers"):
-        members = [m for m in ("log_params", "log", "log_artifact", "log_text", "finish") if callable(getattr(cls, m, None))]
+        members = [
+            m
+            for m in ("log_params", "log", "log_artifact", "log_text", "finish")
+            if callable(getattr(cls, m, None))
+        ]
         assert len(members) == 5 and isinstance(getattr(cls, "name", None), str), spec.name
     jsonl = load_object(registries.trackers.get("jsonl").cls)(config)
     assert isinstance(jsonl, P.Tracker)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.model.state_file import CheckpointError, load_state_file, to_plain
 from rlkit.model.fsdp import rng_state, set_rng_state
+from rlkit.model.state_file import CheckpointError, load_state_file, to_plain
 
 
 class _Payload:
@@ -48,9 +48,11 @@ def test_rng_states_numpy_and_batches_round_trip(tmp_path):
     np.random.seed(2)
     random.seed(3)
     saved = rng_state()
-    batch = Batch({"input_ids": torch.arange(6).view(2, 3)},
-                  {"uid": ["a", "b"], "reward_model": [{"ground_truth": "1"}, {"ground_truth": "2"}]},
-                  {"temperature": 1.0, "count": np.int64(4)})
+    batch = Batch(
+        {"input_ids": torch.arange(6).view(2, 3)},
+        {"uid": ["a", "b"], "reward_model": [{"ground_truth": "1"}, {"ground_truth": "2"}]},
+        {"temperature": 1.0, "count": np.int64(4)},
+    )
     state = {"rng": saved, "queue": {"items": [(batch, batch, 3, 7)]}, "arr": np.arange(4, dtype=np.float32)}
     path = tmp_path / "state.pt"
     torch.save(to_plain(state), path)

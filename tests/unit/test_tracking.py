@@ -11,7 +11,9 @@ from rlkit.runtime.tracking import JsonlTracker, MlflowTracker, TrackerConfig, T
 
 @pytest.fixture
 def config(tmp_path):
-    return TrackerConfig(project="proj", experiment="exp", output_dir=tmp_path / "proj" / "exp", total_steps=3)
+    return TrackerConfig(
+        project="proj", experiment="exp", output_dir=tmp_path / "proj" / "exp", total_steps=3
+    )
 
 
 def test_flatten():
@@ -38,7 +40,9 @@ def test_mlflow_records_params_metrics_text_and_resumes(config):
     history = resumed.client.get_metric_history(tracker.run_id, "critic/score/mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.75)]
     assert run.data.metrics["val-core/x/acc/mean_4"] == 0.25  # '@' is not allowed by MLflow
-    assert [a.path for a in resumed.client.list_artifacts(tracker.run_id, "generations")] == ["generations/step_1.txt"]
+    assert [a.path for a in resumed.client.list_artifacts(tracker.run_id, "generations")] == [
+        "generations/step_1.txt"
+    ]
 
 
 def test_jsonl_appends_records(config):

@@ -33,5 +33,8 @@ def test_an_out_of_range_parameter_is_refused_by_the_params_model(rlkit_registri
 
 
 def test_keyword_score_conforms(rlkit_registries):
-    check_compute_score("example/keyword", [("The answer is Paris.", "paris", 1.0), ("London", "paris", 0.0)],
-                        registries=rlkit_registries)
+    check_compute_score(
+        "example/keyword",
+        [("The answer is Paris.", "paris", 1.0), ("London", "paris", 0.0)],
+        registries=rlkit_registries,
+    )

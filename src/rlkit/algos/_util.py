@@ -9,7 +9,15 @@ import torch
 
 from rlkit.errors import RlkitError
 
-__all__ = ["AlgoError", "masked_sum", "masked_mean", "masked_var", "masked_whiten", "group_ids", "group_sizes"]
+__all__ = [
+    "AlgoError",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "group_ids",
+    "group_sizes",
+]
 
 
 class AlgoError(RlkitError, ValueError):

@@ -32,7 +32,9 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
     return token_level_rewards.sum(dim=-1)  # [B]
 
 
-def group_mean_std(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_mean_std(
+    scores: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample group mean, unbiased group std and group size, each [B].
 
     A singleton group gets mean 0 and std 1 (veRL's rule), so its sample keeps its raw score.
@@ -229,7 +231,9 @@ def compute_remax_advantage(
     check_bt("response_mask", response_mask, token_level_rewards)
     if reward_baselines is None or reward_baselines.shape != token_level_rewards.shape[:1]:
         got = None if reward_baselines is None else tuple(reward_baselines.shape)
-        raise AlgoError(f"remax needs reward_baselines of shape [B]={tuple(token_level_rewards.shape[:1])}, got {got}")
+        raise AlgoError(
+            f"remax needs reward_baselines of shape [B]={tuple(token_level_rewards.shape[:1])}, got {got}"
+        )
     mask = response_mask.to(token_level_rewards.dtype)
     returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask  # [B, T], 0 on masked tokens
     advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask

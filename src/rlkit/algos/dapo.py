@@ -55,7 +55,9 @@ def filter_groups(index: torch.Tensor, metric_values: torch.Tensor) -> torch.Ten
     (``max != min``), not ``std > 0`` on floats, so equal scores are always dropped.
     """
     if metric_values.shape != index.shape:
-        raise AlgoError(f"metric_values must have shape {tuple(index.shape)} ([B]), got {tuple(metric_values.shape)}")
+        raise AlgoError(
+            f"metric_values must have shape {tuple(index.shape)} ([B]), got {tuple(metric_values.shape)}"
+        )
     dense, num_groups = group_ids(index)
     values = metric_values.to(torch.float64)
     inf = torch.full((num_groups,), float("inf"), dtype=torch.float64, device=values.device)
@@ -97,7 +99,9 @@ class DynamicSamplingAccumulator:
 
     def __init__(self, target_groups: int, max_num_gen_batches: int, metric: str = "score"):
         if target_groups <= 0:
-            raise AlgoError(f"target_groups (the training batch size in prompts) must be > 0, got {target_groups}.")
+            raise AlgoError(
+                f"target_groups (the training batch size in prompts) must be > 0, got {target_groups}."
+            )
         self.target_groups = target_groups
         self.max_num_gen_batches = max_num_gen_batches
         self.metric = metric

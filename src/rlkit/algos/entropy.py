@@ -39,7 +39,7 @@ def _chunked(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk_size: int) ->
     grad = torch.is_grad_enabled() and logits.requires_grad
     outs = []
     for start in range(0, flat.shape[0], chunk_size):
-        args = (flat[start:start + chunk_size], *(e[start:start + chunk_size] for e in flat_extra))
+        args = (flat[start : start + chunk_size], *(e[start : start + chunk_size] for e in flat_extra))
         outs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     out = torch.cat(outs) if outs else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])

@@ -57,8 +57,10 @@ class EstimatorInputs:
         """The named inputs, or an ``AlgoError`` naming the estimator, the missing input and where it comes from."""
         missing = [name for name in names if getattr(self, name) is None]
         if missing:
-            raise AlgoError(f"estimator {estimator!r} needs {', '.join(missing)} ({why}); its spec must declare it "
-                            "so the advantage phase passes it.")
+            raise AlgoError(
+                f"estimator {estimator!r} needs {', '.join(missing)} ({why}); its spec must declare it "
+                "so the advantage phase passes it."
+            )
         return tuple(getattr(self, name) for name in names)
 
 
@@ -70,13 +72,18 @@ def ppo(x: EstimatorInputs, *, gamma: float = 1.0, lam: float = 1.0) -> tuple[Te
 
 def grpo(x: EstimatorInputs, *, norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
     """GRPO group-normalised outcome advantage (also DAPO's, and Dr.GRPO's with norm_adv_by_std=False)."""
-    return adv.compute_grpo_advantage(x.token_level_rewards, x.response_mask, x.group_id, norm_adv_by_std, epsilon)
+    return adv.compute_grpo_advantage(
+        x.token_level_rewards, x.response_mask, x.group_id, norm_adv_by_std, epsilon
+    )
 
 
-def grpo_passk(x: EstimatorInputs, *, norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+def grpo_passk(
+    x: EstimatorInputs, *, norm_adv_by_std: bool = True, epsilon: float = 1e-6
+) -> tuple[Tensor, Tensor]:
     """Pass@k: only each group's best sample gets ``max - second max``."""
-    return adv.compute_grpo_passk_advantage(x.token_level_rewards, x.response_mask, x.group_id, norm_adv_by_std,
-                                            epsilon)
+    return adv.compute_grpo_passk_advantage(
+        x.token_level_rewards, x.response_mask, x.group_id, norm_adv_by_std, epsilon
+    )
 
 
 def rloo(x: EstimatorInputs) -> tuple[Tensor, Tensor]:
@@ -101,7 +108,9 @@ def reinforce_plus_plus(x: EstimatorInputs, *, gamma: float = 1.0) -> tuple[Tens
 
 def reinforce_plus_plus_baseline(x: EstimatorInputs) -> tuple[Tensor, Tensor]:
     """Group-mean baseline, then batch whitening."""
-    return adv.compute_reinforce_plus_plus_baseline_advantage(x.token_level_rewards, x.response_mask, x.group_id)
+    return adv.compute_reinforce_plus_plus_baseline_advantage(
+        x.token_level_rewards, x.response_mask, x.group_id
+    )
 
 
 def remax(x: EstimatorInputs) -> tuple[Tensor, Tensor]:
@@ -110,21 +119,41 @@ def remax(x: EstimatorInputs) -> tuple[Tensor, Tensor]:
     return adv.compute_remax_advantage(x.token_level_rewards, x.response_mask, baselines)
 
 
-_OTB_WHY = ("sum over the vocabulary of squared probabilities, rlkit.algos.token_baseline.sum_pi_squared_from_logits, "
-            "from the actor's log-prob pass")
+_OTB_WHY = (
+    "sum over the vocabulary of squared probabilities, rlkit.algos.token_baseline.sum_pi_squared_from_logits, "
+    "from the actor's log-prob pass"
+)
 
 
-def optimal_token_baseline(x: EstimatorInputs, *, handle_zero_tail: bool = False,
-                           epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
+def optimal_token_baseline(
+    x: EstimatorInputs, *, handle_zero_tail: bool = False, epsilon: float = 1e-8
+) -> tuple[Tensor, Tensor]:
     """Per-position baseline weighted by cumulative path variance (needs old_log_prob, sum_pi_squared)."""
     old, spp = x.need("optimal_token_baseline", "old_log_prob", "sum_pi_squared", why=_OTB_WHY)
-    return otb.compute_optimal_token_baseline_advantage(x.token_level_rewards, x.response_mask, x.group_id, old, spp,
-                                                        x.rollout_is_weights, handle_zero_tail, epsilon)
+    return otb.compute_optimal_token_baseline_advantage(
+        x.token_level_rewards,
+        x.response_mask,
+        x.group_id,
+        old,
+        spp,
+        x.rollout_is_weights,
+        handle_zero_tail,
+        epsilon,
+    )
 
 
-def tir_optimal_token_baseline(x: EstimatorInputs, *, handle_zero_tail: bool = True,
-                               epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
+def tir_optimal_token_baseline(
+    x: EstimatorInputs, *, handle_zero_tail: bool = True, epsilon: float = 1e-8
+) -> tuple[Tensor, Tensor]:
     """OTB aligned by valid-token index, for multi-turn (tool) responses with masked spans."""
     old, spp = x.need("tir_optimal_token_baseline", "old_log_prob", "sum_pi_squared", why=_OTB_WHY)
-    return otb.compute_tir_optimal_token_baseline_advantage(x.token_level_rewards, x.response_mask, x.group_id, old,
-                                                            spp, x.rollout_is_weights, handle_zero_tail, epsilon)
+    return otb.compute_tir_optimal_token_baseline_advantage(
+        x.token_level_rewards,
+        x.response_mask,
+        x.group_id,
+        old,
+        spp,
+        x.rollout_is_weights,
+        handle_zero_tail,
+        epsilon,
+    )

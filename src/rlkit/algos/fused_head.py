@@ -57,8 +57,18 @@ def _in_slice(labels: torch.Tensor, start: int, width: int) -> tuple[torch.Tenso
 
 class _HeadOutputs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, inv_temp: float, with_entropy: bool, entropy_grad: bool,
-                with_spsq: bool, chunk: int, dtype):
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        labels,
+        inv_temp: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_spsq: bool,
+        chunk: int,
+        dtype,
+    ):
         n_rows, vocab = hidden.shape[0], weight.shape[0]
         f32 = dict(dtype=torch.float32, device=hidden.device)
         top = torch.full((n_rows,), float("-inf"), **f32)  # running max m
@@ -68,7 +78,7 @@ class _HeadOutputs(torch.autograd.Function):
         picked = torch.zeros(n_rows, **f32)
         h = _scaled(hidden, dtype, inv_temp)  # [N, H]
         for start in range(0, vocab, chunk):
-            z = torch.mm(h, weight[start:start + chunk].to(dtype).t()).float()  # [N, v]
+            z = torch.mm(h, weight[start : start + chunk].to(dtype).t()).float()  # [N, v]
             rows, cols = _in_slice(labels, start, z.shape[1])
             picked[rows] = z[rows, cols]
             new_top = torch.maximum(top, z.amax(dim=-1))
@@ -105,7 +115,7 @@ class _HeadOutputs(torch.autograd.Function):
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if want_h else None
         grad_w = torch.empty_like(weight) if want_w else None
         for start in range(0, weight.shape[0], chunk):
-            w = weight[start:start + chunk].to(dtype)  # [v, H]
+            w = weight[start : start + chunk].to(dtype)  # [v, H]
             logp = torch.mm(h, w.t()).float().sub_(lse[:, None])  # log p, [N, v]
             rows, cols = _in_slice(labels, start, logp.shape[1])
             g = _logit_grad(logp, rows, cols, g_lp, None if g_ent is None else (g_ent, entropy)).to(dtype)
@@ -115,14 +125,19 @@ class _HeadOutputs(torch.autograd.Function):
                 else:
                     grad_h += torch.mm(g, w).float()
             if want_w:
-                grad_w[start:start + chunk] = torch.mm(g.t(), h).to(weight.dtype)
+                grad_w[start : start + chunk] = torch.mm(g.t(), h).to(weight.dtype)
         if want_h:
             grad_h = (grad_h * inv_temp if inv_temp != 1.0 else grad_h).to(hidden.dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None
 
 
-def _logit_grad(logp: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, g_lp: torch.Tensor | None,
-                ent: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+def _logit_grad(
+    logp: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    g_lp: torch.Tensor | None,
+    ent: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
     """∂loss/∂z [N, v] of one vocabulary slice from its log p [N, v] (overwritten); ``rows``/``cols``: the labels
     that fall in the slice.
 
@@ -143,9 +158,17 @@ def _logit_grad(logp: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, g_lp
     return grad
 
 
-def head_outputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
-                 with_entropy: bool = False, entropy_grad: bool = False, with_sum_pi_squared: bool = False,
-                 chunk: int | None = None) -> dict[str, torch.Tensor]:
+def head_outputs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    with_sum_pi_squared: bool = False,
+    chunk: int | None = None,
+) -> dict[str, torch.Tensor]:
     """``log_prob`` [N] (and ``entropy``, ``sum_pi_squared`` [N]) of ``labels`` under ``softmax(hidden @ weight.T /
     temperature)``, float32, in vocabulary slices of ``chunk`` columns (default ``default_chunk``; module docstring).
 
@@ -155,10 +178,14 @@ def head_outputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
     tensors' device, sets the matmuls' dtype.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise AlgoError(f"head_outputs: hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
-                        f"and {tuple(weight.shape)}")
+        raise AlgoError(
+            f"head_outputs: hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
+            f"and {tuple(weight.shape)}"
+        )
     if labels.shape != hidden.shape[:1]:
-        raise AlgoError(f"head_outputs: labels must have shape ({hidden.shape[0]},), got {tuple(labels.shape)}")
+        raise AlgoError(
+            f"head_outputs: labels must have shape ({hidden.shape[0]},), got {tuple(labels.shape)}"
+        )
     if temperature <= 0:
         raise AlgoError(f"head_outputs: temperature must be > 0, got {temperature}")
     columns = chunk or default_chunk(hidden.shape[0])
@@ -166,8 +193,17 @@ def head_outputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
         raise AlgoError(f"head_outputs: chunk must be > 0, got {columns}")
     dtype = _autocast_dtype(hidden.device) or weight.dtype
     with torch.autocast(hidden.device.type, enabled=False):
-        lp, ent, spsq = _HeadOutputs.apply(hidden, weight, labels.long(), 1.0 / temperature, with_entropy,
-                                           entropy_grad, with_sum_pi_squared, columns, dtype)
+        lp, ent, spsq = _HeadOutputs.apply(
+            hidden,
+            weight,
+            labels.long(),
+            1.0 / temperature,
+            with_entropy,
+            entropy_grad,
+            with_sum_pi_squared,
+            columns,
+            dtype,
+        )
     out = {"log_prob": lp}
     if with_entropy:
         out["entropy"] = ent if entropy_grad else ent.detach()

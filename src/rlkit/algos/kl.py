@@ -92,8 +92,9 @@ class AdaptiveKLController:
         self.value *= 1 + error * n_steps / self.horizon
 
 
-def make_kl_controller(type: str, kl_coef: float, target_kl: float | None = None,
-                       horizon: float | None = None) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(
+    type: str, kl_coef: float, target_kl: float | None = None, horizon: float | None = None
+) -> FixedKLController | AdaptiveKLController:
     """Build the controller named by ``algorithm.kl_ctrl.type`` ("fixed" or "adaptive")."""
     if type == "fixed":
         return FixedKLController(kl_coef)

@@ -17,10 +17,25 @@ import torch
 
 from rlkit.algos._util import AlgoError, check_bt, masked_mean
 
-__all__ = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "clip_cov", "kl_cov", "geo_mean", "luspo", "vespo",
-           "clip_cov_selection", "kl_cov_selection", "clip_cov_mini_batch_selection", "kl_cov_mini_batch_selection"]
+__all__ = [
+    "ppo_clip",
+    "gspo",
+    "cispo",
+    "gpg",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "luspo",
+    "vespo",
+    "clip_cov_selection",
+    "kl_cov_selection",
+    "clip_cov_mini_batch_selection",
+    "kl_cov_mini_batch_selection",
+]
 
 Tensor = torch.Tensor
+
 
 def _log_ratio(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor) -> Tensor:
     check_bt("old_log_prob", old_log_prob, log_prob)
@@ -34,9 +49,16 @@ def _ppo_kl(log_ratio: Tensor, response_mask: Tensor) -> float:
     return float(masked_mean(-log_ratio.detach(), response_mask))
 
 
-def ppo_clip(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-             clip_ratio_c: float = 3.0) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017) with asymmetric range (DAPO's clip-higher) and
     dual clip (Ye et al. 2020) for negative advantages.
 
@@ -66,8 +88,14 @@ def ppo_clip(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     return per_token, metrics
 
 
-def _seq_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                   clip_ratio_low: float, clip_ratio_high: float) -> tuple[Tensor, dict[str, float]]:
+def _seq_clip_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> tuple[Tensor, dict[str, float]]:
     """GSPO-token: the clipped geometric-mean sequence ratio, with a per-token gradient (gspo and luspo)."""
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     mask = response_mask.to(log_prob.dtype)
@@ -85,8 +113,15 @@ def _seq_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, r
     return per_token, metrics
 
 
-def gspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-         clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+def gspo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, arXiv:2507.18071), the GSPO-token form used by veRL.
 
     Sequence ratio ``s_i = exp(mean_t (log_prob - old_log_prob))`` (geometric mean over valid tokens);
@@ -98,8 +133,15 @@ def gspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_ma
     return _seq_clip_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high)
 
 
-def cispo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-          clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+def cispo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+) -> tuple[Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): clip the importance weight, not the update.
 
     ``L = -sg[clip(r, 1 - low, 1 + high)] * A * log_prob``: every token keeps a gradient
@@ -117,15 +159,23 @@ def cispo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_m
     return per_token, metrics
 
 
-def gpg(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor,
-        response_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+def gpg(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor
+) -> tuple[Tensor, dict[str, float]]:
     """GPG (arXiv:2504.02546): plain policy gradient ``L = -A * log_prob`` (no ratio, no clip)."""
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     return -advantages * log_prob, {"ppo_kl": _ppo_kl(log_ratio, response_mask)}
 
 
-def sapo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-         tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[Tensor, dict[str, float]]:
+def sapo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[Tensor, dict[str, float]]:
     """SAPO (Gao et al. 2025, arXiv:2511.20347): a soft, temperature-controlled gate instead of a clip.
 
     ``f(r) = sigmoid(tau (r - 1)) * 4 / tau`` with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg``;
@@ -141,7 +191,10 @@ def sapo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_ma
     gate_prob = torch.sigmoid(taus * (ratio - 1.0))
     per_token = -(gate_prob * (4.0 / taus)) * advantages
     slope = (4.0 * gate_prob * (1 - gate_prob)).detach()
-    metrics = {"ppo_kl": _ppo_kl(log_ratio, response_mask), "sapo_gate_mean": float(masked_mean(slope, response_mask))}
+    metrics = {
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+        "sapo_gate_mean": float(masked_mean(slope, response_mask)),
+    }
     return per_token, metrics
 
 
@@ -155,9 +208,17 @@ def _covariance(log_prob: Tensor, advantages: Tensor, response_mask: Tensor) -> 
     return (adv - masked_mean(adv, response_mask)) * (logp - masked_mean(logp, response_mask))
 
 
-def clip_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-                       clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
-                       exclude: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+def clip_cov_selection(
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    exclude: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Clip-Cov's tokens [B, T] (bool): ``max(1, floor(clip_cov_ratio * N))`` drawn at random among the
     valid tokens (not in ``exclude``) whose covariance lies strictly inside ``(clip_cov_lb, clip_cov_ub)``.
 
@@ -165,8 +226,10 @@ def clip_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tens
     (then slice the result with the rows) for a selection that does not depend on the micro-batch split.
     """
     if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
-        raise AlgoError(f"clip_cov needs clip_cov_ratio > 0 and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
-                        f"{clip_cov_lb}, {clip_cov_ub}.")
+        raise AlgoError(
+            f"clip_cov needs clip_cov_ratio > 0 and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
+            f"{clip_cov_lb}, {clip_cov_ub}."
+        )
     check_bt("advantages", advantages, log_prob)
     check_bt("response_mask", response_mask, log_prob)
     valid = response_mask > 0
@@ -182,8 +245,9 @@ def clip_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tens
     return selected.reshape(candidates.shape)
 
 
-def kl_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-                     kl_cov_ratio: float = 0.0002) -> Tensor:
+def kl_cov_selection(
+    log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *, kl_cov_ratio: float = 0.0002
+) -> Tensor:
     """KL-Cov's tokens [B, T] (bool): the ``max(1, floor(kl_cov_ratio * N))`` valid tokens with the largest
     covariance (ties: the earlier token in row-major order). Whole mini-batch: see ``clip_cov_selection``.
     """
@@ -201,33 +265,67 @@ def kl_cov_selection(log_prob: Tensor, advantages: Tensor, response_mask: Tensor
     return selected.reshape(log_prob.shape)
 
 
-def clip_cov_mini_batch_selection(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                                  *, generator: torch.Generator | None = None, clip_ratio_low: float = 0.2,
-                                  clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
-                                  clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> Tensor:
+def clip_cov_mini_batch_selection(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+) -> Tensor:
     """Clip-Cov's selection over a whole mini-batch [B, T] (bool), in the registry's selection signature:
     the draw excludes the tokens whose ratio clip binds (as veRL), so ``clip_cov(..., selected=...)`` cuts
     exactly ``max(1, floor(clip_cov_ratio * N))`` tokens when enough candidates exist."""
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask).detach()
     ratio = torch.exp(log_ratio)
-    clipped = (-advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high) > -advantages * ratio)
-    return clip_cov_selection(log_prob, advantages, response_mask, clip_cov_ratio=clip_cov_ratio,
-                              clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub, exclude=clipped, generator=generator)
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high) > -advantages * ratio
+    return clip_cov_selection(
+        log_prob,
+        advantages,
+        response_mask,
+        clip_cov_ratio=clip_cov_ratio,
+        clip_cov_lb=clip_cov_lb,
+        clip_cov_ub=clip_cov_ub,
+        exclude=clipped,
+        generator=generator,
+    )
 
 
-def kl_cov_mini_batch_selection(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                                *, generator: torch.Generator | None = None, kl_cov_ratio: float = 0.0002,
-                                ppo_kl_coef: float = 1.0) -> Tensor:
+def kl_cov_mini_batch_selection(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 1.0,
+) -> Tensor:
     """KL-Cov's selection over a whole mini-batch [B, T] (bool), in the registry's selection signature
     (``generator`` and ``ppo_kl_coef`` are unused: the top-k is deterministic)."""
     check_bt("old_log_prob", old_log_prob, log_prob)
     return kl_cov_selection(log_prob, advantages, response_mask, kl_cov_ratio=kl_cov_ratio)
 
 
-def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002,
-             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, selected: Tensor | None = None,
-             generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
+def clip_cov(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    selected: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv:2505.22617).
 
     PPO's clipped surrogate ``L = max(-A r, -A clip(r, 1 - low, 1 + high))``, except that
@@ -249,9 +347,16 @@ def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     valid = response_mask > 0
     clipped = (pg_losses2 > pg_losses1) & valid
     if selected is None:
-        cut = clip_cov_selection(log_prob, advantages, response_mask, clip_cov_ratio=clip_cov_ratio,
-                                 clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub, exclude=clipped,
-                                 generator=generator)
+        cut = clip_cov_selection(
+            log_prob,
+            advantages,
+            response_mask,
+            clip_cov_ratio=clip_cov_ratio,
+            clip_cov_lb=clip_cov_lb,
+            clip_cov_ub=clip_cov_ub,
+            exclude=clipped,
+            generator=generator,
+        )
     else:
         check_bt("selected", selected, log_prob)
         cut = selected.bool() & valid & ~clipped
@@ -265,9 +370,16 @@ def clip_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     return per_token, metrics
 
 
-def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-           kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0,
-           selected: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def kl_cov(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 1.0,
+    selected: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clip; a KL penalty on the top-covariance tokens.
 
     ``L = -A r`` for every token, plus ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))``
@@ -297,8 +409,15 @@ def kl_cov(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_
     return per_token, metrics
 
 
-def geo_mean(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-             clip_ratio_low: float = 0.4, clip_ratio_high: float = 0.4) -> tuple[Tensor, dict[str, float]]:
+def geo_mean(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.4,
+    clip_ratio_high: float = 0.4,
+) -> tuple[Tensor, dict[str, float]]:
     """GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673).
 
     Each token's log ratio is clipped in **log space** to ``[-low, high]`` pessimistically,
@@ -329,8 +448,15 @@ def geo_mean(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, respons
     return per_token, metrics
 
 
-def luspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-          clip_ratio_low: float = 2e-3, clip_ratio_high: float = 2.5e-3) -> tuple[Tensor, dict[str, float]]:
+def luspo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 2e-3,
+    clip_ratio_high: float = 2.5e-3,
+) -> tuple[Tensor, dict[str, float]]:
     """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv:2602.05261), TRL's ``loss_type="luspo"``.
 
     GSPO's clipped sequence ratio ``L_i = max(-A s_i, -A clip(s_i, 1 - low, 1 + high))``,
@@ -343,9 +469,17 @@ def luspo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_m
     return _seq_clip_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high)
 
 
-def vespo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
-          k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0,
-          lambda_neg: float = 2.0) -> tuple[Tensor, dict[str, float]]:
+def vespo(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
     """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv:2602.10693), as TRL.
 
     Sequence weight ``w_i = prod_t r_t`` (log clamped to ``[log 1e-8, 20]``), reshaped by a Gamma kernel
@@ -355,16 +489,23 @@ def vespo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_m
     Metrics: vespo_phi_mean (token mean of phi), ppo_kl.
     """
     if min(lambda_pos, lambda_neg) <= 0 or min(k_pos, k_neg) < 0:
-        raise AlgoError(f"vespo needs lambda_pos, lambda_neg > 0 and k_pos, k_neg >= 0, got "
-                        f"{lambda_pos}, {lambda_neg}, {k_pos}, {k_neg}.")
+        raise AlgoError(
+            f"vespo needs lambda_pos, lambda_neg > 0 and k_pos, k_neg >= 0, got "
+            f"{lambda_pos}, {lambda_neg}, {k_pos}, {k_neg}."
+        )
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     mask = response_mask.to(log_prob.dtype)
-    log_w = ((log_ratio * mask).sum(dim=-1).clamp(min=math.log(1e-8), max=20.0)).detach().unsqueeze(-1)  # [B, 1]
+    log_w = (
+        ((log_ratio * mask).sum(dim=-1).clamp(min=math.log(1e-8), max=20.0)).detach().unsqueeze(-1)
+    )  # [B, 1]
     nonneg = advantages >= 0
     k = torch.where(nonneg, torch.full_like(log_prob, k_pos), torch.full_like(log_prob, k_neg))
     lam = torch.where(nonneg, torch.full_like(log_prob, lambda_pos), torch.full_like(log_prob, lambda_neg))
     phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     phi = phi.detach()  # [B, T]
     per_token = -phi * advantages * log_prob
-    metrics = {"vespo_phi_mean": float(masked_mean(phi, response_mask)), "ppo_kl": _ppo_kl(log_ratio, response_mask)}
+    metrics = {
+        "vespo_phi_mean": float(masked_mean(phi, response_mask)),
+        "ppo_kl": _ppo_kl(log_ratio, response_mask),
+    }
     return per_token, metrics

@@ -53,8 +53,14 @@ __all__ = [
 Tensor = torch.Tensor
 SAFETY_BOUND = 20.0  # |log ratio| clamp before exp (veRL's): exp(20) ~ 4.9e8
 # what each correction returns: "weights" multiply the per-token loss, a "mask" replaces response_mask
-OUTPUT_KINDS = {"token_tis": "weights", "seq_tis": "weights", "token_mis": "mask", "seq_mis": "mask",
-                "icepop": "weights", "decoupled": "weights"}
+OUTPUT_KINDS = {
+    "token_tis": "weights",
+    "seq_tis": "weights",
+    "token_mis": "mask",
+    "seq_mis": "mask",
+    "icepop": "weights",
+    "decoupled": "weights",
+}
 
 
 def _log_ratio(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> Tensor:
@@ -70,11 +76,16 @@ def _check_bounds(name: str, lower: float, upper: float) -> None:
         raise AlgoError(f"{name}: need 0 <= lower < upper, got lower={lower}, upper={upper}.")
 
 
-def mismatch_metrics(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> dict[str, float]:
+def mismatch_metrics(
+    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor
+) -> dict[str, float]:
     """``kl`` = mean(rollout - old) and ``k3_kl`` = mean(rho - log rho - 1) over valid tokens (veRL's)."""
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)
     k3 = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - log_ratio - 1
-    return {"kl": float(masked_mean(-log_ratio, response_mask)), "k3_kl": float(masked_mean(k3, response_mask))}
+    return {
+        "kl": float(masked_mean(-log_ratio, response_mask)),
+        "k3_kl": float(masked_mean(k3, response_mask)),
+    }
 
 
 # sufficient statistics of the rollout/trainer mismatch over valid tokens (sums add over micro-batches
@@ -94,8 +105,19 @@ def mismatch_stats(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mas
     q = torch.exp(old_log_prob.detach().double()[valid])
     d = (p - q).abs()
     k3 = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - log_ratio - 1
-    sums = [float(valid.sum()), d.sum(), (d * d).sum(), p.sum(), q.sum(), (p * p).sum(), (q * q).sum(),
-            (p * q).sum(), (-log_ratio).sum(), k3.sum(), d.max() if d.numel() else 0.0]
+    sums = [
+        float(valid.sum()),
+        d.sum(),
+        (d * d).sum(),
+        p.sum(),
+        q.sum(),
+        (p * p).sum(),
+        (q * q).sum(),
+        (p * q).sum(),
+        (-log_ratio).sum(),
+        k3.sum(),
+        d.max() if d.numel() else 0.0,
+    ]
     return torch.tensor([float(x) for x in sums], dtype=torch.float64)
 
 
@@ -113,9 +135,15 @@ def mismatch_from_stats(stats: Tensor) -> dict[str, float]:
     var = max(d2 - d * d / n, 0.0) / (n - 1) if n > 1 else 0.0
     cov, var_p, var_q = pq - p * q / n, p2 - p * p / n, q2 - q * q / n
     corr = cov / math.sqrt(var_p * var_q) if var_p > 0 and var_q > 0 else 1.0
-    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_mean": d / n,
-            "training/rollout_probs_diff_max": dmax, "training/rollout_probs_diff_std": math.sqrt(var),
-            "training/rollout_actor_probs_pearson_corr": corr, "rollout_corr/kl": k1 / n, "rollout_corr/k3_kl": k3 / n}
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_mean": d / n,
+        "training/rollout_probs_diff_max": dmax,
+        "training/rollout_probs_diff_std": math.sqrt(var),
+        "training/rollout_actor_probs_pearson_corr": corr,
+        "rollout_corr/kl": k1 / n,
+        "rollout_corr/k3_kl": k3 / n,
+    }
 
 
 def _seq_log_ratio(log_ratio: Tensor, response_mask: Tensor, geometric: bool = False) -> Tensor:
@@ -124,13 +152,19 @@ def _seq_log_ratio(log_ratio: Tensor, response_mask: Tensor, geometric: bool = F
     return total / response_mask.to(log_ratio.dtype).sum(dim=-1).clamp(min=1) if geometric else total
 
 
-def _ratio_metrics(ratio: Tensor, response_mask: Tensor, lower: float, upper: float,
-                   seq_ratio: Tensor | None = None) -> dict[str, float]:
+def _ratio_metrics(
+    ratio: Tensor, response_mask: Tensor, lower: float, upper: float, seq_ratio: Tensor | None = None
+) -> dict[str, float]:
     """IS-ratio statistics; ``seq_ratio`` [B] given: max/min/fractions over non-empty sequences."""
     valid = response_mask > 0
     if not bool(valid.any()):
-        return {"rollout_is_mean": 0.0, "rollout_is_max": 0.0, "rollout_is_min": 0.0,
-                "rollout_is_ratio_fraction_high": 0.0, "rollout_is_ratio_fraction_low": 0.0}
+        return {
+            "rollout_is_mean": 0.0,
+            "rollout_is_max": 0.0,
+            "rollout_is_min": 0.0,
+            "rollout_is_ratio_fraction_high": 0.0,
+            "rollout_is_ratio_fraction_low": 0.0,
+        }
     picked = ratio[valid] if seq_ratio is None else seq_ratio[valid.any(dim=-1)]
     return {
         "rollout_is_mean": float(masked_mean(ratio, response_mask)),
@@ -147,12 +181,15 @@ def _masked_metrics(kept: Tensor, response_mask: Tensor) -> dict[str, float]:
     dropped = valid & (kept == 0)
     nonempty = valid.any(dim=-1)
     seq_frac = float(dropped.any(dim=-1)[nonempty].to(kept.dtype).mean()) if bool(nonempty.any()) else 0.0
-    return {"rollout_rs_masked_fraction": float(masked_mean(dropped.to(kept.dtype), response_mask)),
-            "rollout_rs_seq_masked_fraction": seq_frac}
+    return {
+        "rollout_rs_masked_fraction": float(masked_mean(dropped.to(kept.dtype), response_mask)),
+        "rollout_rs_seq_masked_fraction": seq_frac,
+    }
 
 
-def token_tis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-              threshold: float = 2.0) -> tuple[Tensor, dict[str, float]]:
+def token_tis(
+    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, threshold: float = 2.0
+) -> tuple[Tensor, dict[str, float]]:
     """Token-level truncated IS (Yao et al. 2025, "Your efficient RL framework secretly brings you
     off-policy RL training"): weight ``min(rho_t, C)``, ``C = threshold``.
 
@@ -168,8 +205,9 @@ def token_tis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Te
     return weights, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def seq_tis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-            threshold: float = 2.0) -> tuple[Tensor, dict[str, float]]:
+def seq_tis(
+    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, threshold: float = 2.0
+) -> tuple[Tensor, dict[str, float]]:
     """Sequence-level truncated IS: ``min(prod_t rho_t, C)`` on every valid token of the sequence
     (the product's log clamped to [-20, 20]). Unbiased up to the cap, high variance on long sequences.
 
@@ -185,8 +223,14 @@ def seq_tis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tens
     return weights, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def token_mis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-              lower: float = 0.5, upper: float = 2.0) -> tuple[Tensor, dict[str, float]]:
+def token_mis(
+    old_log_prob: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    lower: float = 0.5,
+    upper: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
     """Token-level masked IS / rejection (Liu et al. 2025, "When speed kills stability"): keep a token
     only if ``lower <= rho_t <= upper``.
 
@@ -200,8 +244,15 @@ def token_mis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Te
     return keep, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def seq_mis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-            lower: float = 0.5, upper: float = 2.0, geometric: bool = False) -> tuple[Tensor, dict[str, float]]:
+def seq_mis(
+    old_log_prob: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    lower: float = 0.5,
+    upper: float = 2.0,
+    geometric: bool = False,
+) -> tuple[Tensor, dict[str, float]]:
     """Sequence-level masked IS / rejection: drop a whole sequence unless its ratio is in
     ``[lower, upper]``; the ratio is ``prod_t rho_t`` or, with ``geometric``, ``exp(mean_t log rho_t)``
     (length-normalised, veRL's Geo-RS; use tight bounds such as 0.999 / 1.001 there).
@@ -210,16 +261,26 @@ def seq_mis(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tens
     """
     _check_bounds("seq_mis", lower, upper)
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)
-    seq_ratio = torch.exp(_seq_log_ratio(log_ratio, response_mask, geometric).clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    seq_ratio = torch.exp(
+        _seq_log_ratio(log_ratio, response_mask, geometric).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    )
     ratio = seq_ratio.unsqueeze(-1) * response_mask  # [B, T]
     seq_keep = (seq_ratio >= lower) & (seq_ratio <= upper)  # [B]
     keep = (seq_keep.unsqueeze(-1) & (response_mask > 0)).to(old_log_prob.dtype)
-    metrics = _ratio_metrics(ratio, response_mask, lower, upper, seq_ratio) | _masked_metrics(keep, response_mask)
+    metrics = _ratio_metrics(ratio, response_mask, lower, upper, seq_ratio) | _masked_metrics(
+        keep, response_mask
+    )
     return keep, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def icepop(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-           lower: float = 0.5, upper: float = 5.0) -> tuple[Tensor, dict[str, float]]:
+def icepop(
+    old_log_prob: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    lower: float = 0.5,
+    upper: float = 5.0,
+) -> tuple[Tensor, dict[str, float]]:
     """IcePop (Ling Team 2025, Ring-1T, arXiv:2510.18855): token-level double-sided masking,
     weight ``rho_t`` where ``lower <= rho_t <= upper`` and 0 elsewhere (the token's gradient is dropped,
     not truncated). The paper's bounds are 0.5 and 5.
@@ -234,8 +295,14 @@ def icepop(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tenso
     return weights, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def decoupled(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-              cap: float | None = None, bypass: bool = False) -> tuple[Tensor, dict[str, float]]:
+def decoupled(
+    old_log_prob: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    cap: float | None = None,
+    bypass: bool = False,
+) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO's behaviour weight (Hilton et al. 2021, arXiv:2110.00641; AReaL, Fu et al. 2025,
     arXiv:2505.24298): ``pi_prox / pi_behav = rho_t``, with ``old_log_prob`` the proximal policy and
     ``rollout_log_probs`` the behaviour policy. With ``cap``, a token whose weight exceeds it gets 0
@@ -253,7 +320,9 @@ def decoupled(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Te
         raise AlgoError(f"decoupled: cap must be > 0 or None, got {cap}.")
     if bypass:
         if cap is not None:
-            raise AlgoError(f"decoupled: cap ({cap}) has no effect with bypass (every weight is 1); give one or the other.")
+            raise AlgoError(
+                f"decoupled: cap ({cap}) has no effect with bypass (every weight is 1); give one or the other."
+            )
         old_log_prob = rollout_log_probs  # pi_prox := pi_behav
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)
     ratio = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * response_mask
@@ -263,18 +332,32 @@ def decoupled(old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Te
     return weights, metrics | mismatch_metrics(old_log_prob, rollout_log_probs, response_mask)
 
 
-def decoupled_ppo_clip(log_prob: Tensor, proximal_log_prob: Tensor, behaviour_log_prob: Tensor,
-                       advantages: Tensor, response_mask: Tensor, *, clip_ratio_low: float = 0.2,
-                       clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
-                       cap: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def decoupled_ppo_clip(
+    log_prob: Tensor,
+    proximal_log_prob: Tensor,
+    behaviour_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    cap: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO per-token loss: ``w_t * ppo_clip(pi_theta / pi_prox)``, ``w_t = pi_prox / pi_behav``
     (``decoupled``'s weight, no gradient). The clip keeps ``pi_theta`` near the proximal policy, the
     weight corrects for having sampled from the behaviour policy.
 
     Returns (per-token loss [B, T] for ``agg_loss``, ppo_clip's metrics | decoupled's metrics).
     """
-    per_token, metrics = ppo_clip(log_prob, proximal_log_prob, advantages, response_mask,
-                                  clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-                                  clip_ratio_c=clip_ratio_c)
+    per_token, metrics = ppo_clip(
+        log_prob,
+        proximal_log_prob,
+        advantages,
+        response_mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
     weights, corr_metrics = decoupled(proximal_log_prob, behaviour_log_prob, response_mask, cap=cap)
     return per_token * weights, metrics | corr_metrics

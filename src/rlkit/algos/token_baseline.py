@@ -40,15 +40,20 @@ def sum_pi_squared_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> 
     flat = logits.reshape(-1, logits.shape[-1])
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, flat.shape[0], chunk_size):
-        z = flat[start:start + chunk_size].float()
-        out[start:start + chunk_size] = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+        z = flat[start : start + chunk_size].float()
+        out[start : start + chunk_size] = torch.exp(
+            torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1)
+        )
     return out.reshape(logits.shape[:-1])
 
 
 def _inputs(token_level_rewards, response_mask, old_log_prob, sum_pi_squared, rollout_is_weights, epsilon):
     """Check shapes; return (mask, returns-to-go, cumulative path variance W), each [B, T]."""
-    for name, tensor in (("response_mask", response_mask), ("old_log_prob", old_log_prob),
-                         ("sum_pi_squared", sum_pi_squared)):
+    for name, tensor in (
+        ("response_mask", response_mask),
+        ("old_log_prob", old_log_prob),
+        ("sum_pi_squared", sum_pi_squared),
+    ):
         check_bt(name, tensor, token_level_rewards)
     if rollout_is_weights is not None:
         check_bt("rollout_is_weights", rollout_is_weights, token_level_rewards)
@@ -62,7 +67,9 @@ def _inputs(token_level_rewards, response_mask, old_log_prob, sum_pi_squared, ro
     return mask, returns, (w * mask).cumsum(-1)
 
 
-def _zero_tail_start(lengths: torch.Tensor, dense: torch.Tensor, num_groups: int, size: torch.Tensor) -> torch.Tensor:
+def _zero_tail_start(
+    lengths: torch.Tensor, dense: torch.Tensor, num_groups: int, size: torch.Tensor
+) -> torch.Tensor:
     """Per sample [B]: where its baseline is zeroed from, or a huge value for "nowhere".
 
     Only a group's unique longest trajectory gets a start: the second-longest length of its group
@@ -72,7 +79,9 @@ def _zero_tail_start(lengths: torch.Tensor, dense: torch.Tensor, num_groups: int
     gmax = torch.full((num_groups,), -1, dtype=torch.long, device=lengths.device)
     gmax = gmax.scatter_reduce(0, dense, lengths, reduce="amax")  # [G]
     is_max = lengths == gmax[dense]  # [B]
-    n_max = torch.zeros(num_groups, dtype=torch.long, device=lengths.device).index_add_(0, dense, is_max.long())
+    n_max = torch.zeros(num_groups, dtype=torch.long, device=lengths.device).index_add_(
+        0, dense, is_max.long()
+    )
     others = torch.where(is_max, torch.full_like(lengths, -1), lengths)
     second = torch.full((num_groups,), -1, dtype=torch.long, device=lengths.device)
     second = second.scatter_reduce(0, dense, others, reduce="amax")  # [G]
@@ -101,8 +110,9 @@ def compute_optimal_token_baseline_advantage(
     Shapes: rewards, mask, old_log_prob, sum_pi_squared, rollout_is_weights [B, T]; index [B];
     out (advantages [B, T], returns [B, T]).
     """
-    mask, returns, cum_w = _inputs(token_level_rewards, response_mask, old_log_prob, sum_pi_squared,
-                                   rollout_is_weights, epsilon)
+    mask, returns, cum_w = _inputs(
+        token_level_rewards, response_mask, old_log_prob, sum_pi_squared, rollout_is_weights, epsilon
+    )
     dense, num_groups = group_ids(index)
     size = group_sizes(dense, num_groups, mask.dtype)[dense]  # [B]
     zeros = torch.zeros(num_groups, mask.shape[1], dtype=mask.dtype, device=mask.device)
@@ -138,8 +148,9 @@ def compute_tir_optimal_token_baseline_advantage(
 
     Shapes: as ``compute_optimal_token_baseline_advantage``.
     """
-    mask, returns, cum_w = _inputs(token_level_rewards, response_mask, old_log_prob, sum_pi_squared,
-                                   rollout_is_weights, epsilon)
+    mask, returns, cum_w = _inputs(
+        token_level_rewards, response_mask, old_log_prob, sum_pi_squared, rollout_is_weights, epsilon
+    )
     batch, width = mask.shape
     lengths = mask.sum(-1)  # [B]
     valid = mask > 0
@@ -157,8 +168,9 @@ def compute_tir_optimal_token_baseline_advantage(
     baseline = torch.where((size > 1).unsqueeze(-1), baseline, torch.zeros_like(baseline))
     if handle_zero_tail:
         # empty responses are not group members: give them length -1 so they never count as a length
-        start = _zero_tail_start(torch.where(lengths > 0, lengths, -torch.ones_like(lengths)),
-                                 dense, num_groups, size)
+        start = _zero_tail_start(
+            torch.where(lengths > 0, lengths, -torch.ones_like(lengths)), dense, num_groups, size
+        )
         positions = torch.arange(width, device=mask.device).unsqueeze(0)
         baseline = torch.where(positions >= start.unsqueeze(-1), torch.zeros_like(baseline), baseline)
     return (returns - baseline.gather(1, rank)) * mask, returns * mask

@@ -38,8 +38,14 @@ def compute_value_loss(
     vf_losses1 = (vpreds - returns).square()
     vf_losses2 = (vpred_clipped - returns).square()
     per_token = torch.maximum(vf_losses1, vf_losses2)
-    loss = 0.5 * agg_loss(per_token, response_mask, loss_agg_mode, global_tokens=global_tokens,
-                          global_seqs=global_seqs, max_response_len=max_response_len)
+    loss = 0.5 * agg_loss(
+        per_token,
+        response_mask,
+        loss_agg_mode,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        max_response_len=max_response_len,
+    )
     metrics = {
         "vf_clipfrac": float(masked_mean((vf_losses2 > vf_losses1).to(vpreds.dtype), response_mask)),
         "vpred_mean": float(masked_mean(vpreds.detach(), response_mask)),

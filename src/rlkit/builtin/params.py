@@ -35,12 +35,16 @@ class Params(BaseModel):
 
 # ----- advantage estimators ------------------------------------------------------------------------
 class GroupNormParams(Params):
-    norm_adv_by_std: bool = Field(True, description="divide by the group's std (False = Dr. GRPO's plain difference)")
+    norm_adv_by_std: bool = Field(
+        True, description="divide by the group's std (False = Dr. GRPO's plain difference)"
+    )
     epsilon: PositiveFloat = Field(1e-6, description="added to the std before dividing")
 
 
 class DrGrpoParams(GroupNormParams):
-    norm_adv_by_std: bool = Field(False, description="Dr. GRPO leaves the group std out (set True for GRPO's)")
+    norm_adv_by_std: bool = Field(
+        False, description="Dr. GRPO leaves the group std out (set True for GRPO's)"
+    )
 
 
 class GaeParams(Params):
@@ -55,11 +59,15 @@ class DiscountParams(Params):
 # ----- policy losses -------------------------------------------------------------------------------
 class ClipParams(Params):
     clip_ratio_low: float = Field(0.2, ge=0, description="ratio >= 1 - clip_ratio_low")
-    clip_ratio_high: float = Field(0.2, ge=0, description="ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)")
+    clip_ratio_high: float = Field(
+        0.2, ge=0, description="ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)"
+    )
 
 
 class PPOClipParams(ClipParams):
-    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages (Ye et al. 2020)")
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="dual-clip bound for negative advantages (Ye et al. 2020)"
+    )
 
 
 class SapoParams(Params):
@@ -75,9 +83,11 @@ class ParallelManagerParams(Params):
 # ----- rollout -------------------------------------------------------------------------------------
 class HFRolloutParams(Params):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
+        "auto",
+        description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
         "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights; float16 with fp16 "
-        "weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs x86 AVX2)")
+        "weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs x86 AVX2)",
+    )
 
 
 class PythonToolParams(Params):
@@ -85,29 +95,48 @@ class PythonToolParams(Params):
 
     wall_s: PositiveFloat = Field(10.0, description="wall-clock seconds before the process group is killed")
     cpu_s: PositiveInt = Field(5, description="CPU seconds (RLIMIT_CPU)")
-    memory_mb: PositiveInt = Field(512, description="address space in MiB (RLIMIT_AS); Python itself needs ~30 MiB")
-    max_processes: PositiveInt = Field(16, description="RLIMIT_NPROC for the sandbox uid (where the uid drop works)")
-    max_file_mb: PositiveInt = Field(16, description="largest file the code may write, stdout/stderr included")
-    max_output_chars: PositiveInt = Field(4000, description="stdout and stderr are each cut to this many characters")
+    memory_mb: PositiveInt = Field(
+        512, description="address space in MiB (RLIMIT_AS); Python itself needs ~30 MiB"
+    )
+    max_processes: PositiveInt = Field(
+        16, description="RLIMIT_NPROC for the sandbox uid (where the uid drop works)"
+    )
+    max_file_mb: PositiveInt = Field(
+        16, description="largest file the code may write, stdout/stderr included"
+    )
+    max_output_chars: PositiveInt = Field(
+        4000, description="stdout and stderr are each cut to this many characters"
+    )
     max_open_files: PositiveInt = Field(64, description="open file descriptors (RLIMIT_NOFILE)")
     isolation: Literal["strict", "weak"] = Field(
-        "strict", description="strict: an OS boundary (own uid, namespaces, read-only root; see "
-        "docs/agents-and-tools.md) or the tool refuses to start; weak: an audit hook and rlimits only, with a warning")
+        "strict",
+        description="strict: an OS boundary (own uid, namespaces, read-only root; see "
+        "docs/agents-and-tools.md) or the tool refuses to start; weak: an audit hook and rlimits only, with a warning",
+    )
 
 
 class ToolAgentParams(Params):
     max_turns: PositiveInt = Field(4, description="assistant turns per trajectory")
-    max_tool_response_chars: PositiveInt = Field(2000, description="a tool's answer is cut to this many characters")
+    max_tool_response_chars: PositiveInt = Field(
+        2000, description="a tool's answer is cut to this many characters"
+    )
 
 
 class EnvironmentAgentParams(Params):
     """``rollout.agent: {name: environment, ...}``; the environment itself comes from ``data.environment``
     (the composition root attaches it, ``with_environment``)."""
 
-    max_turns: PositiveInt = Field(8, description="assistant turns per episode; an episode still open is truncated")
-    reply_timeout_s: PositiveFloat = Field(10.0, description="seconds one environment reply may take; past "
-                                           "that the episode ends with an error (counted in env/errors)")
-    max_reply_chars: PositiveInt = Field(2000, description="an environment reply is cut to this many characters")
+    max_turns: PositiveInt = Field(
+        8, description="assistant turns per episode; an episode still open is truncated"
+    )
+    reply_timeout_s: PositiveFloat = Field(
+        10.0,
+        description="seconds one environment reply may take; past "
+        "that the episode ends with an error (counted in env/errors)",
+    )
+    max_reply_chars: PositiveInt = Field(
+        2000, description="an environment reply is cut to this many characters"
+    )
     _environment: Any = PrivateAttr(None)
 
     def with_environment(self, environment: Any) -> EnvironmentAgentParams:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from rlkit.builtin.params import ParallelManagerParams
 from rlkit.plugin.hookspecs import hookimpl
-from rlkit.rewards.scores import gsm8k, math, synthetic
 from rlkit.plugin.specs import ComputeScoreSpec, RewardManagerSpec
+from rlkit.rewards.scores import gsm8k, math, synthetic
 
 
 @hookimpl

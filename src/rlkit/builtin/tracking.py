@@ -9,7 +9,19 @@ from rlkit.plugin.specs import TrackerSpec
 @hookimpl
 def rlkit_register_trackers() -> list[TrackerSpec]:
     return [
-        TrackerSpec(name="console", cls="rlkit.runtime.tracking:ConsoleTracker", description="progress bar with step, score, speed and ETA"),
-        TrackerSpec(name="mlflow", cls="rlkit.runtime.tracking:MlflowTracker", description="MLflow run; embedded SQLite store by default"),
-        TrackerSpec(name="jsonl", cls="rlkit.runtime.tracking:JsonlTracker", description="one JSON object per step, for scripts"),
+        TrackerSpec(
+            name="console",
+            cls="rlkit.runtime.tracking:ConsoleTracker",
+            description="progress bar with step, score, speed and ETA",
+        ),
+        TrackerSpec(
+            name="mlflow",
+            cls="rlkit.runtime.tracking:MlflowTracker",
+            description="MLflow run; embedded SQLite store by default",
+        ),
+        TrackerSpec(
+            name="jsonl",
+            cls="rlkit.runtime.tracking:JsonlTracker",
+            description="one JSON object per step, for scripts",
+        ),
     ]

@@ -34,8 +34,9 @@ COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training of language models.")
     parser.add_argument("--version", action="version", version=f"rlkit {_version()}")
-    parser.add_argument("--debug", action="store_true",
-                        help="print the full traceback of an error (also: RLKIT_DEBUG=1)")
+    parser.add_argument(
+        "--debug", action="store_true", help="print the full traceback of an error (also: RLKIT_DEBUG=1)"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).add_parser(subparsers)
@@ -76,9 +77,12 @@ def main(argv: list[str] | None = None, *, hooks: Any = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a user sees one message; --debug shows where
         if debug:
             raise
-        print(f"error: unexpected {type(exc).__name__} in `rlkit {args.command}`: {exc}\n"
-              "This is a case rlkit does not check yet (or a bug in rlkit or a plugin). Run again with "
-              "`rlkit --debug ...` or RLKIT_DEBUG=1 for the full traceback, and report it.", file=sys.stderr)
+        print(
+            f"error: unexpected {type(exc).__name__} in `rlkit {args.command}`: {exc}\n"
+            "This is a case rlkit does not check yet (or a bug in rlkit or a plugin). Run again with "
+            "`rlkit --debug ...` or RLKIT_DEBUG=1 for the full traceback, and report it.",
+            file=sys.stderr,
+        )
         return 1
 
 

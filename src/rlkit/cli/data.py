@@ -49,12 +49,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--max-operand", type=int, default=9, help="largest operand (default 9: one-digit)")
     sub.add_argument("--num-terms", type=int, default=2, help="operands per problem (default 2)")
     sub.add_argument("--ops", default="+", help="operators to use, from '+-' (default '+')")
-    sub.add_argument("--instruction", default=synthetic.DEFAULT_INSTRUCTION, help="text appended to each question")
+    sub.add_argument(
+        "--instruction", default=synthetic.DEFAULT_INSTRUCTION, help="text appended to each question"
+    )
     sub.set_defaults(func=_run_arithmetic)
 
     what = "rows of a reasoning-gym task (plugin rlkit-reasoning-gym): train.parquet (+ test.parquet)"
-    sub = kinds.add_parser("reasoning-gym", help=what, description=what + "; the same rows data.environment gives.")
-    sub.add_argument("--task", required=True, help="reasoning-gym task, e.g. leg_counting or basic_arithmetic")
+    sub = kinds.add_parser(
+        "reasoning-gym", help=what, description=what + "; the same rows data.environment gives."
+    )
+    sub.add_argument(
+        "--task", required=True, help="reasoning-gym task, e.g. leg_counting or basic_arithmetic"
+    )
     sub.add_argument("--size", type=int, default=256, help="training rows (default 256)")
     sub.add_argument("--val-size", type=int, default=32, help="test rows, seed + 1 (default 32; 0 = none)")
     sub.add_argument("--seed", type=int, default=1, help="seed of the training rows (default 1)")
@@ -71,8 +77,9 @@ def _output_folder(path: str) -> str:
     try:
         Path(path).expanduser().mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"--output {path}: cannot create the folder ({exc.strerror}). "
-                        "Give a folder you can write.") from exc
+        raise DataError(
+            f"--output {path}: cannot create the folder ({exc.strerror}). Give a folder you can write."
+        ) from exc
     return path
 
 
@@ -121,8 +128,13 @@ def _run_reasoning_gym(args: argparse.Namespace) -> int:
     from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
 
-    component = {"name": "reasoning_gym", "task": args.task, "size": args.size, "val_size": args.val_size,
-                 "seed": args.seed}
+    component = {
+        "name": "reasoning_gym",
+        "task": args.task,
+        "size": args.size,
+        "val_size": args.val_size,
+        "seed": args.seed,
+    }
     resolved, problems = resolve("rlkit data reasoning-gym", "environments", component, build_registries())
     if problems:
         raise RecipeError(problems)

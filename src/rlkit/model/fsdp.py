@@ -64,8 +64,14 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def fsdp_wrap(module: nn.Module, device: torch.device, *, param_dtype: torch.dtype | None = None,
-              reshard_after_forward: bool = True, plain_at_world_size_1: bool = True) -> nn.Module:
+def fsdp_wrap(
+    module: nn.Module,
+    device: torch.device,
+    *,
+    param_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    plain_at_world_size_1: bool = True,
+) -> nn.Module:
     """Shard ``module`` in place with FSDP2 over all ranks of the default group; returns it (unwrapped at
     world size 1 without ``param_dtype`` when ``plain_at_world_size_1``: one rank holds the whole model anyway,
     so the plain module gives the same numbers, state-dict keys and DCP checkpoints (resumable at any world size)
@@ -132,8 +138,14 @@ def _trainable_only(module: nn.Module, model_sd: dict) -> dict:
     return {k: v for k, v in model_sd.items() if k in names}
 
 
-def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, extra: dict | None = None, *,
-                    trainable_only: bool = False) -> None:
+def save_checkpoint(
+    directory: str | Path,
+    module: nn.Module,
+    optimizer=None,
+    extra: dict | None = None,
+    *,
+    trainable_only: bool = False,
+) -> None:
     """DCP-save model (+ optimizer) shards to ``directory/dcp`` and this rank's ``extra`` + RNG states.
     ``trainable_only``: the parameters that require grad alone (a LoRA adapter without its frozen base)."""
     import torch.distributed.checkpoint as dcp
@@ -141,8 +153,9 @@ def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, ex
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [],
-                                        options=_state_dict_options(trainable_only))
+    model_sd, optim_sd = get_state_dict(
+        module, optimizer if optimizer is not None else [], options=_state_dict_options(trainable_only)
+    )
     model_sd = _trainable_only(module, model_sd) if trainable_only else model_sd
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
@@ -153,7 +166,9 @@ def save_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, ex
         dist.barrier()
 
 
-def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *, trainable_only: bool = False) -> dict:
+def load_checkpoint(
+    directory: str | Path, module: nn.Module, optimizer=None, *, trainable_only: bool = False
+) -> dict:
     """Inverse of ``save_checkpoint``; restores RNG states and returns this rank's ``extra`` dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -165,8 +180,13 @@ def load_checkpoint(directory: str | Path, module: nn.Module, optimizer=None, *,
     state = {"model": model_sd} | ({"optim": optim_sd} if optimizer is not None else {})
     check_shapes(directory, model_sd)
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
-    set_state_dict(module, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optim", {}), options=options)
+    set_state_dict(
+        module,
+        optimizer if optimizer is not None else [],
+        model_state_dict=state["model"],
+        optim_state_dict=state.get("optim", {}),
+        options=options,
+    )
     rank = dist.get_rank() if dist.is_initialized() else 0
     extra = load_state_file(directory / f"extra_rank{rank}.pt")
     set_rng_state(extra.pop("rng"))
@@ -204,7 +224,9 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimize
     # One fused kernel per step instead of ~10 foreach passes over parameters and states (plain CPU tensors;
     # sharded DTensor parameters keep the foreach implementation).
     fused = all(p.device.type == "cpu" and type(p.data) is torch.Tensor for p in params) or None
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused)
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused
+    )
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
@@ -244,7 +266,9 @@ def num_chunks_everywhere(local: int) -> int:
     return int(all_reduce(torch.tensor([local], dtype=torch.long), dist.ReduceOp.MAX).item())
 
 
-def micro_batch_indices(batch: Batch, *, size: int | None = None, max_tokens: int | None = None) -> list[torch.Tensor]:
+def micro_batch_indices(
+    batch: Batch, *, size: int | None = None, max_tokens: int | None = None
+) -> list[torch.Tensor]:
     """Sample indices of each micro-batch: ``size`` consecutive samples, or — with ``max_tokens`` — a
     token budget (real tokens = ``attention_mask`` sum).
 

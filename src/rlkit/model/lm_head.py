@@ -24,8 +24,12 @@ from torch import nn
 __all__ = ["plain_head", "head_replaced"]
 
 # config attribute -> the values under which logits are exactly hidden @ W^T
-_LOGIT_TRANSFORMS = {"final_logit_softcapping": (None,), "attn_logit_softcapping_final": (None,),
-                     "logit_scale": (None, 1.0), "logits_scaling": (None, 1.0)}
+_LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": (None,),
+    "attn_logit_softcapping_final": (None,),
+    "logit_scale": (None, 1.0),
+    "logits_scaling": (None, 1.0),
+}
 
 
 def plain_head(module: nn.Module) -> nn.Linear | None:

@@ -22,8 +22,16 @@ from rlkit.errors import RlkitError
 from rlkit.recipe.hub import BUNDLED_MODELS, is_hub_id, resolve_hub_id
 from rlkit.recipe.schema import ModelConfig
 
-__all__ = ["ModelLoadError", "resolve_model_path", "load_tokenizer", "load_model", "torch_dtype",
-           "BUNDLED_MODELS", "unreadable_weights", "refetch_hint"]
+__all__ = [
+    "ModelLoadError",
+    "resolve_model_path",
+    "load_tokenizer",
+    "load_model",
+    "torch_dtype",
+    "BUNDLED_MODELS",
+    "unreadable_weights",
+    "refetch_hint",
+]
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 
@@ -50,12 +58,16 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
-            raise ModelLoadError(f"model folder '{local}' has no config.json; it is not a Hugging Face model folder.")
+            raise ModelLoadError(
+                f"model folder '{local}' has no config.json; it is not a Hugging Face model folder."
+            )
         return str(local)
     if is_hub_id(path):
         return resolve_hub_id(path, key)
-    raise ModelLoadError(f"{key}: '{path}' is neither an existing model folder nor a Hugging Face Hub id "
-                         f"(org/name). Point it at a folder holding config.json, or at a Hub model id.")
+    raise ModelLoadError(
+        f"{key}: '{path}' is neither an existing model folder nor a Hugging Face Hub id "
+        f"(org/name). Point it at a folder holding config.json, or at a Hub model id."
+    )
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -70,10 +82,14 @@ def load_tokenizer(cfg: ModelConfig):
         else:
             tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except OSError as exc:
-        raise ModelLoadError(f"cannot load the tokenizer from '{path}' (model.tokenizer_path / model.path): {exc}") from exc
+        raise ModelLoadError(
+            f"cannot load the tokenizer from '{path}' (model.tokenizer_path / model.path): {exc}"
+        ) from exc
     if cfg.eos_token is not None:
         if cfg.eos_token not in tok.get_vocab():
-            raise ModelLoadError(f"model.eos_token '{cfg.eos_token}' is not in the tokenizer's vocabulary ({path}).")
+            raise ModelLoadError(
+                f"model.eos_token '{cfg.eos_token}' is not in the tokenizer's vocabulary ({path})."
+            )
         tok.eos_token = cfg.eos_token
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -98,22 +114,28 @@ def load_model(cfg: ModelConfig, kind: ModelKind = "causal_lm", *, path: str | N
         config.pad_token_id = tokenizer.pad_token_id
         if kind == "causal_lm":
             config.eos_token_id = tokenizer.eos_token_id
-    auto = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification,
-            "reward": AutoModelForSequenceClassification}[kind]
+    auto = {
+        "causal_lm": AutoModelForCausalLM,
+        "value": AutoModelForTokenClassification,
+        "reward": AutoModelForSequenceClassification,
+    }[kind]
     if kind != "causal_lm":
         config.num_labels = 1
         config.classifier_dropout = 0.0
     try:
-        model = auto.from_pretrained(src, config=config, dtype=torch_dtype(cfg.dtype),
-                                     trust_remote_code=cfg.trust_remote_code)
+        model = auto.from_pretrained(
+            src, config=config, dtype=torch_dtype(cfg.dtype), trust_remote_code=cfg.trust_remote_code
+        )
     except OSError as exc:
         raise ModelLoadError(f"cannot load a {kind} model from '{src}' (model.path): {exc}") from exc
     except Exception as exc:  # safetensors' SafetensorError (a truncated file), a torch read error
         bad = unreadable_weights(Path(src))
         if not bad:
             raise
-        raise ModelLoadError(f"cannot load a {kind} model from '{src}': {bad[0][0]} is corrupt or truncated "
-                             f"({bad[0][1]}). {refetch_hint(Path(src))}") from exc
+        raise ModelLoadError(
+            f"cannot load a {kind} model from '{src}': {bad[0][0]} is corrupt or truncated "
+            f"({bad[0][1]}). {refetch_hint(Path(src))}"
+        ) from exc
     if kind == "causal_lm" and tokenizer is not None and model.generation_config is not None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -138,8 +160,10 @@ def unreadable_weights(folder: Path) -> list[tuple[Path, str]]:
 def refetch_hint(folder: Path) -> str:
     """How to get ``folder``'s files again: a hub snapshot is re-downloaded, anything else rewritten."""
     parts = folder.resolve().parts if folder.exists() else folder.parts
-    repo = next((p[len("models--"):].replace("--", "/") for p in parts if p.startswith("models--")), None)
+    repo = next((p[len("models--") :].replace("--", "/") for p in parts if p.startswith("models--")), None)
     if repo is not None and "snapshots" in parts:
         return f"Fetch it again with `hf download {repo} --force-download`."
-    return ("Write the folder again: re-run `rlkit merge` for a merged checkpoint, or save / copy the model "
-            "folder again from its source.")
+    return (
+        "Write the folder again: re-run `rlkit merge` for a merged checkpoint, or save / copy the model "
+        "folder again from its source."
+    )

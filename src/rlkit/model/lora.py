@@ -36,9 +36,21 @@ from rlkit.errors import WorkerError
 from rlkit.model.forward import compute_log_probs
 from rlkit.recipe.schema import LoraConfig, RefConfig
 
-__all__ = ["ADAPTER_CONFIG", "apply_lora", "adapter_state_dict", "is_adapter_key", "trainable_numel", "LoraRef",
-           "lora_config_of", "lora_scaling", "peft_adapter_tensors", "base_state_dict", "merged_state_dict",
-           "write_adapter_folder", "state_bytes"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "apply_lora",
+    "adapter_state_dict",
+    "is_adapter_key",
+    "trainable_numel",
+    "LoraRef",
+    "lora_config_of",
+    "lora_scaling",
+    "peft_adapter_tensors",
+    "base_state_dict",
+    "merged_state_dict",
+    "write_adapter_folder",
+    "state_bytes",
+]
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file name; written into the checkpoint's actor/ folder
 
@@ -51,13 +63,22 @@ def peft_config(cfg: LoraConfig, base_path: str | None = None, head: str | None 
     except ImportError as exc:  # pragma: no cover - the extra is part of the test environment
         raise WorkerError("actor.lora needs the PEFT library: pip install 'rlkit[lora]'") from exc
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
-    return peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                           use_rslora=cfg.use_rslora, bias="none", task_type="CAUSAL_LM" if head is None else None,
-                           base_model_name_or_path=base_path, exclude_modules=[head] if head else None)
+    return peft.LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=targets,
+        use_rslora=cfg.use_rslora,
+        bias="none",
+        task_type="CAUSAL_LM" if head is None else None,
+        base_model_name_or_path=base_path,
+        exclude_modules=[head] if head else None,
+    )
 
 
-def apply_lora(module: nn.Module, cfg: LoraConfig, *, where: str = "actor.lora",
-               trainable_head: str | None = None) -> tuple[nn.Module, Any]:
+def apply_lora(
+    module: nn.Module, cfg: LoraConfig, *, where: str = "actor.lora", trainable_head: str | None = None
+) -> tuple[nn.Module, Any]:
     """Inject a LoRA adapter into ``module`` in place; returns ``(model, peft_model)``.
 
     ``model`` is the transformers model with LoRA layers (train and sample with it), ``peft_model`` the
@@ -71,17 +92,26 @@ def apply_lora(module: nn.Module, cfg: LoraConfig, *, where: str = "actor.lora",
     try:
         peft_model = peft.get_peft_model(module, peft_config(cfg, base_path, trainable_head))
     except ValueError as exc:
-        raise WorkerError(f"{where}.target_modules={cfg.target_modules!r}: PEFT could not place the adapter "
-                          f"({exc}). Name the model's linear layers (e.g. [q_proj, v_proj]) or use 'all-linear'.") from exc
+        raise WorkerError(
+            f"{where}.target_modules={cfg.target_modules!r}: PEFT could not place the adapter "
+            f"({exc}). Name the model's linear layers (e.g. [q_proj, v_proj]) or use 'all-linear'."
+        ) from exc
     model = peft_model.base_model.model
-    if trainable_head is not None:  # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
+    if (
+        trainable_head is not None
+    ):  # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
         getattr(model, trainable_head).requires_grad_(True)
     return model, peft_model
 
 
 def is_adapter_key(name: str) -> bool:
     """Whether a parameter name (of the transformers model) belongs to a LoRA adapter."""
-    return ".lora_A." in name or ".lora_B." in name or ".lora_embedding_" in name or ".lora_magnitude_vector" in name
+    return (
+        ".lora_A." in name
+        or ".lora_B." in name
+        or ".lora_embedding_" in name
+        or ".lora_magnitude_vector" in name
+    )
 
 
 def adapter_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -120,14 +150,16 @@ def lora_config_of(module: nn.Module) -> Any | None:
 
 def lora_scaling(config: Any) -> float:
     """The adapter's scale: ``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA."""
-    return config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)
+    return config.lora_alpha / (config.r**0.5 if config.use_rslora else config.r)
 
 
 def peft_adapter_tensors(state: dict[str, torch.Tensor], adapter: str = "default") -> dict[str, torch.Tensor]:
     """Adapter tensors under the names of PEFT's ``adapter_model.safetensors`` (what vLLM, SGLang and
     ``PeftModel.from_pretrained`` read): ``base_model.model.<module>.lora_A.weight`` ``[r, in]``,
     ``...lora_B.weight`` ``[out, r]``; the adapter name dropped."""
-    return {"base_model.model." + k.replace(f".{adapter}.", "."): v for k, v in state.items() if is_adapter_key(k)}
+    return {
+        "base_model.model." + k.replace(f".{adapter}.", "."): v for k, v in state.items() if is_adapter_key(k)
+    }
 
 
 def base_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -186,7 +218,13 @@ class LoraRef:
         actor = self.actor
         with actor.peft_model.disable_adapter():
             log_prob = compute_log_probs(
-                actor.module, batch, temperature=batch.meta.get("temperature", self.temperature),
-                micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank, with_entropy=False,
-                mixed_precision=actor.cfg.mixed_precision, device=actor.device, plan=actor.forward_plan)["log_prob"]
+                actor.module,
+                batch,
+                temperature=batch.meta.get("temperature", self.temperature),
+                micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank,
+                with_entropy=False,
+                mixed_precision=actor.cfg.mixed_precision,
+                device=actor.device,
+                plan=actor.forward_plan,
+            )["log_prob"]
         return Batch({"ref_log_prob": log_prob})

@@ -25,8 +25,8 @@ import torch
 
 from rlkit.algos.rollout_correction import mismatch_from_stats, mismatch_stats
 from rlkit.batch import Batch
-from rlkit.model.forward import compute_log_probs
 from rlkit.model import fsdp
+from rlkit.model.forward import compute_log_probs
 
 __all__ = ["mini_batch_selection", "UpdateMismatch"]
 
@@ -44,22 +44,31 @@ def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int)
     """This rank's rows [b, T] (bool) of the policy loss's selection over the global mini-batch, or None when
     the loss declares no ``mini_batch_selection``. ``seed`` must be the same on every rank."""
     from rlkit.plugin.registry import load_object
+
     select = actor.policy_loss.spec.mini_batch_selection
     if select is None:
         return None
     cfg = actor.cfg
     log_prob = compute_log_probs(
-        actor.module, mini, temperature=temperature, micro_batch_size=cfg.ppo_micro_batch_size_per_rank,
-        with_entropy=False, mixed_precision=cfg.mixed_precision, device=actor.device,
+        actor.module,
+        mini,
+        temperature=temperature,
+        micro_batch_size=cfg.ppo_micro_batch_size_per_rank,
+        with_entropy=False,
+        mixed_precision=cfg.mixed_precision,
+        device=actor.device,
         max_token_len=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None,
-        plan=actor.forward_plan)["log_prob"]  # [b, T]
+        plan=actor.forward_plan,
+    )["log_prob"]  # [b, T]
     old = mini["old_log_prob"] if "old_log_prob" in mini else log_prob
     mask = mini["response_mask"].to(log_prob.dtype)
-    whole = [_gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)]  # [world * b, T] each
+    whole = [
+        _gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)
+    ]  # [world * b, T] each
     generator = torch.Generator().manual_seed(seed)
     selected = load_object(select)(*whole, generator=generator, **actor.policy_loss.kwargs)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    return selected[rank * len(mini):(rank + 1) * len(mini)].bool()
+    return selected[rank * len(mini) : (rank + 1) * len(mini)].bool()
 
 
 class UpdateMismatch:
@@ -68,7 +77,9 @@ class UpdateMismatch:
     def __init__(self) -> None:
         self.stats = torch.zeros(11, dtype=torch.float64)  # rlkit.algos.rollout_correction.MISMATCH_STATS
 
-    def add(self, log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+    def add(
+        self, log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
+    ) -> None:
         piece = mismatch_stats(log_prob.detach().cpu(), rollout_log_probs.cpu(), response_mask.cpu())
         self.stats[:-1] += piece[:-1]
         self.stats[-1] = max(self.stats[-1], piece[-1])

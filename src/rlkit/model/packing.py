@@ -30,7 +30,9 @@ class Packed:
     input_ids: torch.Tensor  # [G, L]
     position_ids: torch.Tensor  # [G, L]
     attention_mask: torch.Tensor  # [G, 1, L, L]: bool (True = attend) for sdpa, additive float for eager
-    source: torch.Tensor  # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
+    source: (
+        torch.Tensor
+    )  # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
 
     @property
     def tokens(self) -> int:
@@ -55,8 +57,15 @@ def _response_lengths(mask: torch.Tensor, p_keep: int) -> list[int] | None:
     return lengths.tolist() if bool((prefix == resp.bool()).all()) else None
 
 
-def pack_groups(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, p_keep: int, t: int, *,
-                additive: torch.dtype | None = None) -> Packed | None:
+def pack_groups(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    pos: torch.Tensor,
+    p_keep: int,
+    t: int,
+    *,
+    additive: torch.dtype | None = None,
+) -> Packed | None:
     """The packed layout of a trimmed micro-batch (ids, mask, pos [b, W]; ``trim_padding``'s p_keep, t), or None
     where it does not apply (a response with holes in its attention mask). ``additive``: a float dtype for an
     additive mask (eager attention); None gives a bool mask (sdpa)."""
@@ -80,8 +89,8 @@ def pack_groups(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, p_keep
         offset = n_prompt
         for k, row in enumerate(rows, start=1):
             n = lengths[row]
-            parts_ids.append(ids[row, p_keep:p_keep + n])
-            parts_pos.append(pos[row, p_keep:p_keep + n])
+            parts_ids.append(ids[row, p_keep : p_keep + n])
+            parts_pos.append(pos[row, p_keep : p_keep + n])
             parts_seg.append(torch.full((n,), k, dtype=torch.long))
             # token j is predicted by the last prompt token (j = 0) or by this response's token j - 1
             if n:
@@ -97,12 +106,16 @@ def pack_groups(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, p_keep
         source[rows] = torch.where(hit, source[rows] + g * width, source[rows])
     pad = [width - len(s) for s in seq_ids]
     input_ids = torch.stack([torch.nn.functional.pad(s, (0, p)) for s, p in zip(seq_ids, pad, strict=True)])
-    position_ids = torch.stack([torch.nn.functional.pad(s, (0, p)) for s, p in zip(seq_pos, pad, strict=True)])
+    position_ids = torch.stack(
+        [torch.nn.functional.pad(s, (0, p)) for s, p in zip(seq_pos, pad, strict=True)]
+    )
     seg = torch.stack([torch.nn.functional.pad(s, (0, p), value=-1) for s, p in zip(segs, pad, strict=True)])
     allowed = _mask(seg)
     if additive is not None:
         allowed = torch.zeros(allowed.shape, dtype=additive).masked_fill_(~allowed, torch.finfo(additive).min)
-    return Packed(input_ids.to(ids.device), position_ids.to(ids.device), allowed.to(ids.device), source.to(ids.device))
+    return Packed(
+        input_ids.to(ids.device), position_ids.to(ids.device), allowed.to(ids.device), source.to(ids.device)
+    )
 
 
 def _mask(seg: torch.Tensor) -> torch.Tensor:
@@ -116,8 +129,16 @@ def _mask(seg: torch.Tensor) -> torch.Tensor:
     return allowed[:, None]
 
 
-def plan(ids: torch.Tensor, mask: torch.Tensor, p_keep: int, t: int, *, body_params: int, pair_flops: float,
-         shared_ok: bool) -> str:
+def plan(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    p_keep: int,
+    t: int,
+    *,
+    body_params: int,
+    pair_flops: float,
+    shared_ok: bool,
+) -> str:
     """``"packed"``, ``"shared"`` or ``"padded"``: the layout whose forward FLOPs are smallest —
     2 · body_params per token the decoder layers run + ``pair_flops`` per query × key pair attention computes
     (4 · hidden · layers). ``shared_ok``: the shared-prefix path can run (plain module, groups present)."""

@@ -35,8 +35,9 @@ def to_plain(value: Any, where: str = "state") -> Any:
     import numpy as np
     import torch
 
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.Tensor, torch.Size,
-                                           torch.dtype)):
+    if value is None or isinstance(
+        value, (bool, int, float, complex, str, bytes, torch.Tensor, torch.Size, torch.dtype)
+    ):
         return value
     if isinstance(value, np.ndarray):
         items = value.tolist()
@@ -54,12 +55,18 @@ def to_plain(value: Any, where: str = "state") -> Any:
 
     if isinstance(value, Batch):
         fields = {k: to_plain(v, f"{where}.{k}") for k, v in value.non_tensors.items()}
-        return {_BATCH: {"tensors": dict(value.tensors.items()), "non_tensors": fields,
-                         "meta": to_plain(value.meta, f"{where}.meta")}}
+        return {
+            _BATCH: {
+                "tensors": dict(value.tensors.items()),
+                "non_tensors": fields,
+                "meta": to_plain(value.meta, f"{where}.meta"),
+            }
+        }
     raise CheckpointError(
         f"cannot save {where} in a checkpoint: a {type(value).__name__} is not a tensor or plain Python "
         f"value, so torch.load(weights_only=True) would refuse it. Convert it to plain values (or tensors) "
-        f"in its state_dict().")
+        f"in its state_dict()."
+    )
 
 
 def from_plain(value: Any) -> Any:
@@ -79,8 +86,11 @@ def from_plain(value: Any) -> Any:
             from rlkit.batch import Batch
 
             parts = value[_BATCH]
-            return Batch(parts["tensors"], {k: from_plain(v) for k, v in parts["non_tensors"].items()},
-                         from_plain(parts["meta"]))
+            return Batch(
+                parts["tensors"],
+                {k: from_plain(v) for k, v in parts["non_tensors"].items()},
+                from_plain(parts["meta"]),
+            )
         return {k: from_plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_plain(v) for v in value]
@@ -109,5 +119,6 @@ def load_state_file(path: str | Path) -> Any:
     except (OSError, RuntimeError, EOFError) as exc:
         raise CheckpointError(
             f"cannot read the checkpoint file {path}: {type(exc).__name__}: {exc}. It may be truncated; "
-            f"resume from an earlier checkpoint (trainer.resume=<folder>).") from exc
+            f"resume from an earlier checkpoint (trainer.resume=<folder>)."
+        ) from exc
     return from_plain(state)

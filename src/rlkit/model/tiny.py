@@ -17,7 +17,13 @@ from typing import Literal
 
 import torch
 
-__all__ = ["build_tiny_model", "build_tiny_reward_model", "build_tiny_tokenizer", "CHATML_TEMPLATE", "SPECIAL_TOKENS"]
+__all__ = [
+    "build_tiny_model",
+    "build_tiny_reward_model",
+    "build_tiny_tokenizer",
+    "CHATML_TEMPLATE",
+    "SPECIAL_TOKENS",
+]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -136,13 +142,22 @@ def build_tiny_model(
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "rlkit_tiny.json").write_text(json.dumps({"arch": arch, "hidden": hidden, "layers": layers, "seed": seed,
-                                                       "eos_norm": eos_norm}))
+    (out / "rlkit_tiny.json").write_text(
+        json.dumps({"arch": arch, "hidden": hidden, "layers": layers, "seed": seed, "eos_norm": eos_norm})
+    )
     return out
 
 
-def build_tiny_reward_model(out_dir: str | Path, arch: Literal["qwen2", "llama"] = "qwen2", *, hidden: int = 64,
-                            layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 1) -> Path:
+def build_tiny_reward_model(
+    out_dir: str | Path,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 1,
+) -> Path:
     """Write a randomly initialised ``arch`` sequence-classification model (one label: a reward model)
     with the same tokenizer as ``build_tiny_model``; return the path. Deterministic in ``seed``."""
     from transformers import AutoModelForSequenceClassification

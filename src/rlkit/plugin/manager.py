@@ -24,8 +24,8 @@ from typing import Any
 
 import pluggy
 
-from rlkit.plugin import hookspecs
 from rlkit.errors import PluginError
+from rlkit.plugin import hookspecs
 from rlkit.plugin.hookspecs import hookimpl
 from rlkit.plugin.specs import ComputeScoreSpec
 
@@ -131,7 +131,9 @@ def _entry_points(group: str) -> list[metadata.EntryPoint]:
     return sorted(seen.values(), key=lambda ep: ep.name)
 
 
-def make_plugin_manager(*, entry_points: bool = True, extra_plugins: tuple[tuple[str, object], ...] = ()) -> PluginSet:
+def make_plugin_manager(
+    *, entry_points: bool = True, extra_plugins: tuple[tuple[str, object], ...] = ()
+) -> PluginSet:
     """Build a fresh plugin manager.
 
     Args:

@@ -87,8 +87,16 @@ class RewardManager(Protocol):
     ``score_all``.
     """
 
-    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, *, num_examine: int = 0,
-                 default_score: float = 0.0, timeout_s: float = 10.0, params: Any = None) -> None: ...
+    def __init__(
+        self,
+        tokenizer: Any,
+        score_fn: Callable[..., Any] | None,
+        *,
+        num_examine: int = 0,
+        default_score: float = 0.0,
+        timeout_s: float = 10.0,
+        params: Any = None,
+    ) -> None: ...
 
     def __call__(self, batch: Batch) -> RewardResult:
         """Reads ``responses, response_mask [B, T]`` and the per-sample fields ``data_source``,
@@ -124,13 +132,30 @@ class RolloutBackend(Protocol):
     ``data.max_response_length``, ``seed`` differs per rank.
     """
 
-    def __init__(self, *, module: nn.Module | None, tokenizer: Any, rollout_config: RolloutConfig,
-                 max_response_length: int, device: torch.device | str = "cpu", seed: int = 0,
-                 params: Any = None) -> None: ...
+    def __init__(
+        self,
+        *,
+        module: nn.Module | None,
+        tokenizer: Any,
+        rollout_config: RolloutConfig,
+        max_response_length: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        params: Any = None,
+    ) -> None: ...
 
-    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> Batch:
         """``prompts["input_ids"], prompts["attention_mask"] [B, P]`` (left-padded; a None keyword falls
         back to the rollout config) → a Batch of ``B * n`` rows, row ``i * n + j`` being sample ``j``
         of prompt ``i``: ``prompts [B*n, P]``, ``responses [B*n, T]`` (``T = max_new_tokens``, pad id
@@ -153,7 +178,9 @@ class GeneratesIds(Protocol):
     (``rlkit.rollout.agent``). Without it, agent loops drive the backend's ``generate`` one batch at
     a time (``HFTurnGenerator``)."""
 
-    async def generate_ids(self, prompt_ids: list[int], sampling: dict[str, Any]) -> tuple[list[int], list[float], str]:
+    async def generate_ids(
+        self, prompt_ids: list[int], sampling: dict[str, Any]
+    ) -> tuple[list[int], list[float], str]:
         """Continue ``prompt_ids`` once: ``(token_ids, logprobs, finish_reason)`` with one log-prob per
         token and ``finish_reason`` ``"stop"`` (eos or a stop string) or ``"length"``
         (``sampling["max_new_tokens"]`` reached). ``sampling``: temperature, top_p, top_k, do_sample,
@@ -337,14 +364,47 @@ SLOT_PROTOCOLS: Mapping[str, type] = {
 # passes for each slot (``rlkit.runtime.build.Runtime._role_kwargs``; a test keeps the two in step).
 ROLE_ARGS = ("rank", "world_size", "master_addr", "master_port", "device", "threads")
 ROLE_KWARGS: Mapping[str, frozenset[str]] = {
-    "actor_rollout_ref": frozenset({
-        "model_config", "actor_config", "rollout_config", "ref_config", "max_response_length", "total_steps",
-        "seed", "policy_loss", "rollout_backend", "agent_loops", "default_agent", "tools"}),
-    "rollout": frozenset({"model_config", "rollout_config", "max_response_length", "seed", "rollout_backend",
-                          "agent_loops", "default_agent", "tools", "lora"}),
+    "actor_rollout_ref": frozenset(
+        {
+            "model_config",
+            "actor_config",
+            "rollout_config",
+            "ref_config",
+            "max_response_length",
+            "total_steps",
+            "seed",
+            "policy_loss",
+            "rollout_backend",
+            "agent_loops",
+            "default_agent",
+            "tools",
+        }
+    ),
+    "rollout": frozenset(
+        {
+            "model_config",
+            "rollout_config",
+            "max_response_length",
+            "seed",
+            "rollout_backend",
+            "agent_loops",
+            "default_agent",
+            "tools",
+            "lora",
+        }
+    ),
     "ref": frozenset({"model_config", "ref_config", "temperature", "mixed_precision"}),
-    "critic": frozenset({"model_config", "critic_config", "rollout_n", "ppo_mini_batch_size", "total_steps",
-                         "mixed_precision", "seed"}),
+    "critic": frozenset(
+        {
+            "model_config",
+            "critic_config",
+            "rollout_n",
+            "ppo_mini_batch_size",
+            "total_steps",
+            "mixed_precision",
+            "seed",
+        }
+    ),
     "reward_model": frozenset({"model_config", "reward_model_path", "micro_batch_size", "mixed_precision"}),
 }
 
@@ -362,15 +422,27 @@ class AgentLoop(Protocol):
 
     schemas: list[dict[str, Any]] | None  # tool schemas for the chat template (None: no tools)
 
-    def __init__(self, generator: GeneratesIds, tokenizer: Any, tools: Mapping[str, Tool] | None, *,
-                 max_response_length: int, sampling: dict[str, Any] | None = None, params: Any = None) -> None: ...
+    def __init__(
+        self,
+        generator: GeneratesIds,
+        tokenizer: Any,
+        tools: Mapping[str, Tool] | None,
+        *,
+        max_response_length: int,
+        sampling: dict[str, Any] | None = None,
+        params: Any = None,
+    ) -> None: ...
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt's token ids for ``messages`` (used when ``schemas`` changes the rendering)."""
         ...
 
-    async def run(self, messages: list[dict[str, Any]], tools_kwargs: dict[str, Any] | None = None,
-                  prompt_ids: list[int] | None = None) -> Trajectory:
+    async def run(
+        self,
+        messages: list[dict[str, Any]],
+        tools_kwargs: dict[str, Any] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> Trajectory:
         """Run to the end. The ``Trajectory`` keeps ``prompt_ids`` and has ``response_ids``,
         ``response_mask`` (1 = generated by the policy, 0 = tool/template tokens) and ``log_probs``
         (0 where the mask is 0) of one length <= ``max_response_length``, ``num_turns`` >= 1,

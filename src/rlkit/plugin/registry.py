@@ -26,15 +26,21 @@ S = TypeVar("S", bound=Spec)
 # Well-known names that a separately installed package registers: (registry kind, name) -> the install hint.
 # Kept small: only the packages this repository ships under plugins/.
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
-    ("rollout_backends", "sglang"): ("pip install rlkit-sglang (or rlkit[sglang]; from a checkout: "
-                                     "pip install -e plugins/rlkit-sglang), plus SGLang itself "
-                                     "(docs/sglang.md)"),
-    ("rollout_backends", "vllm"): ("pip install rlkit-vllm (from a checkout: pip install -e "
-                                   "plugins/rlkit-vllm), plus vLLM itself (docs/vllm.md)"),
-    ("environments", "reasoning_gym"): ("pip install -e plugins/rlkit-reasoning-gym (it installs reasoning-gym; "
-                                        "docs/environments.md)"),
-    ("environments", "textarena"): ("pip install -e plugins/rlkit-textarena (it installs textarena; "
-                                    "docs/environments.md)"),
+    ("rollout_backends", "sglang"): (
+        "pip install rlkit-sglang (or rlkit[sglang]; from a checkout: "
+        "pip install -e plugins/rlkit-sglang), plus SGLang itself "
+        "(docs/sglang.md)"
+    ),
+    ("rollout_backends", "vllm"): (
+        "pip install rlkit-vllm (from a checkout: pip install -e "
+        "plugins/rlkit-vllm), plus vLLM itself (docs/vllm.md)"
+    ),
+    ("environments", "reasoning_gym"): (
+        "pip install -e plugins/rlkit-reasoning-gym (it installs reasoning-gym; docs/environments.md)"
+    ),
+    ("environments", "textarena"): (
+        "pip install -e plugins/rlkit-textarena (it installs textarena; docs/environments.md)"
+    ),
 }
 
 
@@ -99,8 +105,10 @@ class Registry(Generic[S]):
         provider = KNOWN_PROVIDERS.get((self.kind, name))
         if provider is not None:
             installed = ", ".join(valid) or "(none registered)"
-            return (f"unknown {self.kind} entry '{name}': it is provided by a plugin that is not installed. "
-                    f"Install it with: {provider}. Installed names: {installed}.")
+            return (
+                f"unknown {self.kind} entry '{name}': it is provided by a plugin that is not installed. "
+                f"Install it with: {provider}. Installed names: {installed}."
+            )
         return (
             f"unknown {self.kind} entry '{name}'. Valid names: {', '.join(valid) or '(none registered)'}."
             + suggest(name, valid)
@@ -174,7 +182,9 @@ def build_registries(plugins: PluginSet | None = None, *, allow_broken: bool = F
             except Exception as exc:
                 raise PluginError(f"{source}: hook {hook_name}() raised {type(exc).__name__}: {exc}") from exc
             if not isinstance(specs, (list, tuple)):
-                raise PluginError(f"{source}: hook {hook_name}() must return a list of {spec_type.__name__}, got {type(specs).__name__}.")
+                raise PluginError(
+                    f"{source}: hook {hook_name}() must return a list of {spec_type.__name__}, got {type(specs).__name__}."
+                )
             for spec in specs:
                 if not isinstance(spec, spec_type):
                     raise PluginError(

@@ -192,4 +192,6 @@ class EnvironmentSpec(Spec):
     ``rlkit.plugin.protocols.Environment``; docs/environments.md). Its rows carry ``data_source`` = ``name``."""
 
     cls: type | str | None = None
-    multi_turn: bool = False  # True: rows run through the `environment` agent loop, the env replying each turn
+    multi_turn: bool = (
+        False  # True: rows run through the `environment` agent loop, the env replying each turn
+    )

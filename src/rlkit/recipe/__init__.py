@@ -10,4 +10,12 @@ from rlkit.recipe.validate import (
     validate_recipe,
 )
 
-__all__ = ["Recipe", "load_recipe", "validate_recipe", "recipe_to_dict", "uses_critic", "uses_ref", "role_world_size"]
+__all__ = [
+    "Recipe",
+    "load_recipe",
+    "validate_recipe",
+    "recipe_to_dict",
+    "uses_critic",
+    "uses_ref",
+    "role_world_size",
+]

@@ -29,7 +29,12 @@ def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
     for key in ("train_files", "val_files"):
         for i, name in enumerate(getattr(recipe.data, key)):
             if not Path(name).expanduser().is_file():
-                problems.append((f"data.{key}.{i}", f"file not found: {name} (relative paths are relative to {Path.cwd()}); `rlkit data --help` writes data sets"))
+                problems.append(
+                    (
+                        f"data.{key}.{i}",
+                        f"file not found: {name} (relative paths are relative to {Path.cwd()}); `rlkit data --help` writes data sets",
+                    )
+                )
     custom = recipe.reward.custom_score
     if custom is not None and not Path(custom.path).expanduser().is_file():
         problems.append(("reward.custom_score.path", f"file not found: {custom.path}"))
@@ -58,11 +63,16 @@ def _check_data_sources(recipe: Recipe, registries: Registries) -> list[tuple[st
     if not missing:
         return []
     listed = "; ".join(f"'{source}' (in {', '.join(files)})" for source, files in sorted(missing.items()))
-    return [("data", f"no compute_score for data_source {listed}. Registered data sources: "
-                     f"{', '.join(sorted(known)) or '(none)'}. Every sample of such a source would score "
-                     "reward.default_score: fix the data_source column, register a compute_score "
-                     "(entry-point group 'rlkit.compute_score'), or set reward.custom_score: "
-                     "{path: my_score.py, name: compute_score}.")]
+    return [
+        (
+            "data",
+            f"no compute_score for data_source {listed}. Registered data sources: "
+            f"{', '.join(sorted(known)) or '(none)'}. Every sample of such a source would score "
+            "reward.default_score: fix the data_source column, register a compute_score "
+            "(entry-point group 'rlkit.compute_score'), or set reward.custom_score: "
+            "{path: my_score.py, name: compute_score}.",
+        )
+    ]
 
 
 def _data_sources(path: Path) -> set[str]:
@@ -76,7 +86,9 @@ def _data_sources(path: Path) -> set[str]:
         column = pq.read_table(path, columns=["data_source"]).column("data_source")
     except Exception:  # noqa: BLE001 - not parquet, or no such column: RLDataset reports it with file and row
         return set()
-    return {str(v) for v in column.unique().to_pylist() if v not in (None, "")}  # empty: RLDataset names the row
+    return {
+        str(v) for v in column.unique().to_pylist() if v not in (None, "")
+    }  # empty: RLDataset names the row
 
 
 def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:
@@ -88,8 +100,13 @@ def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:
     try:  # as rlkit.runtime.build.output_dir_of (not imported: it pulls in torch)
         out = Path(t.output_dir.format(project_name=t.project_name, experiment_name=t.experiment_name))
     except (KeyError, IndexError, ValueError) as exc:
-        return [("trainer.output_dir", f"{t.output_dir!r}: bad placeholder ({exc}); only "
-                                       "{project_name} and {experiment_name} are filled in")]
+        return [
+            (
+                "trainer.output_dir",
+                f"{t.output_dir!r}: bad placeholder ({exc}); only "
+                "{project_name} and {experiment_name} are filled in",
+            )
+        ]
     out = out.expanduser()
     problems = []
     targets = [("trainer.output_dir", out)]
@@ -100,11 +117,17 @@ def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         if not existing.is_dir():
-            problems.append((key, f"cannot create {folder}: {existing} is a file, not a folder. "
-                                  "Choose another path."))
+            problems.append(
+                (key, f"cannot create {folder}: {existing} is a file, not a folder. Choose another path.")
+            )
         elif not os.access(existing, os.W_OK | os.X_OK):
-            problems.append((key, f"cannot write {folder}: no write permission on {existing} for this user. "
-                                  "Choose a folder you can write, or fix its permissions."))
+            problems.append(
+                (
+                    key,
+                    f"cannot write {folder}: no write permission on {existing} for this user. "
+                    "Choose a folder you can write, or fix its permissions.",
+                )
+            )
     return problems
 
 
@@ -124,16 +147,26 @@ def _check_reward_model_folder(path: str) -> list[tuple[str, str]]:
             return []
         config = Path(cached)
     if not config.is_file():
-        return [(key, f"no model folder at {path} (config.json not found); point it at a saved "
-                      "AutoModelForSequenceClassification folder or a Hugging Face Hub id")]
+        return [
+            (
+                key,
+                f"no model folder at {path} (config.json not found); point it at a saved "
+                "AutoModelForSequenceClassification folder or a Hugging Face Hub id",
+            )
+        ]
     try:
         data = json.loads(config.read_text())
     except (OSError, ValueError) as exc:
         return [(key, f"{config} is not readable JSON: {exc}")]
     archs = data.get("architectures") or []
     if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-        return [(key, f"{path} holds a {archs[0]}; a reward model must be a *ForSequenceClassification model "
-                      "(save one with AutoModelForSequenceClassification.from_pretrained(..., num_labels=1))")]
+        return [
+            (
+                key,
+                f"{path} holds a {archs[0]}; a reward model must be a *ForSequenceClassification model "
+                "(save one with AutoModelForSequenceClassification.from_pretrained(..., num_labels=1))",
+            )
+        ]
     labels = len(data.get("id2label") or {}) or data.get("num_labels", 1)
     if labels != 1:
         return [(key, f"{path} has {labels} labels; a reward model gives one score (num_labels=1)")]

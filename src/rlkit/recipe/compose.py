@@ -30,8 +30,18 @@ from pydantic import BaseModel, ValidationError
 from rlkit.errors import RecipeError
 from rlkit.plugin.registry import Registries, load_object, suggest
 
-__all__ = ["Resolved", "PlacedRole", "Pipeline", "resolve", "params_model", "compose", "plan_roles", "SLOTS",
-           "COMPONENT_KEYS", "COMPONENT_LISTS"]
+__all__ = [
+    "Resolved",
+    "PlacedRole",
+    "Pipeline",
+    "resolve",
+    "params_model",
+    "compose",
+    "plan_roles",
+    "SLOTS",
+    "COMPONENT_KEYS",
+    "COMPONENT_LISTS",
+]
 
 # recipe key -> registry kind, for keys holding one Component (or None where optional)
 COMPONENT_KEYS = {
@@ -109,11 +119,15 @@ class Pipeline:
 def params_model(spec: Any) -> type[BaseModel] | None:
     model = load_object(spec.params) if spec.params is not None else None
     if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise RecipeError([("", f"{spec.name}: its params must be a pydantic BaseModel class, got {model!r}")])
+        raise RecipeError(
+            [("", f"{spec.name}: its params must be a pydantic BaseModel class, got {model!r}")]
+        )
     return model
 
 
-def resolve(key: str, kind: str, component: Any, registries: Registries) -> tuple[Resolved | None, list[tuple[str, str]]]:
+def resolve(
+    key: str, kind: str, component: Any, registries: Registries
+) -> tuple[Resolved | None, list[tuple[str, str]]]:
     """``component`` (a ``Component``, a name, or ``{name, **params}``) → ``(Resolved, problems)``.
 
     Problems are ``(recipe key path, message)`` pairs naming the registry, the plugin and the valid
@@ -126,7 +140,9 @@ def resolve(key: str, kind: str, component: Any, registries: Registries) -> tupl
     else:
         name, given = getattr(component, "name", None), dict(getattr(component, "params", {}) or {})
     if not isinstance(name, str):
-        return None, [(key, f"needs a name from registry `{kind}` (a string, or a mapping with a `name` key)")]
+        return None, [
+            (key, f"needs a name from registry `{kind}` (a string, or a mapping with a `name` key)")
+        ]
     registry = registries[kind]
     if name not in registry:
         return None, [(key, registry.unknown_message(name))]
@@ -146,7 +162,9 @@ def resolve(key: str, kind: str, component: Any, registries: Registries) -> tupl
             where = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 valid = list(model.model_fields)
-                msg = f"unknown parameter of {who}. Valid: {', '.join(valid) or '(none)'}." + suggest(str(err["loc"][-1]), valid)
+                msg = f"unknown parameter of {who}. Valid: {', '.join(valid) or '(none)'}." + suggest(
+                    str(err["loc"][-1]), valid
+                )
             else:
                 msg = f"{err['msg']} (got {err.get('input')!r}); parameter of {who}"
             problems.append((f"{key}.{where}" if where else key, msg))
@@ -161,7 +179,9 @@ def _must(key: str, kind: str, component: Any, registries: Registries) -> Resolv
     return resolved
 
 
-def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tuple[dict[str, PlacedRole], list[tuple[str, str]]]:
+def plan_roles(
+    recipe: Any, registries: Registries, estimator: Resolved
+) -> tuple[dict[str, PlacedRole], list[tuple[str, str]]]:
     """Which role fills each needed slot, on which pool (see the module docstring)."""
     res = recipe.resources
     first_pool = next(iter(res.pools))
@@ -174,7 +194,11 @@ def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tupl
     mode = recipe.trainer.mode
     if mode != "sync":
         needed.add("rollout")
-    wants_ref = recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward if recipe.ref.enable is None else recipe.ref.enable
+    wants_ref = (
+        recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward
+        if recipe.ref.enable is None
+        else recipe.ref.enable
+    )
     placed: dict[str, PlacedRole] = {}
     for role_name, pool in res.roles.items():
         key = f"resources.roles.{role_name}"
@@ -184,35 +208,64 @@ def plan_roles(recipe: Any, registries: Registries, estimator: Resolved) -> tupl
             continue
         slot = role.spec.fills
         if slot not in SLOTS:
-            problems.append((key, f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)}"))
+            problems.append(
+                (
+                    key,
+                    f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)}",
+                )
+            )
             continue
         if slot in placed:
-            problems.append((key, f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and '{role.name}'); map only one"))
+            problems.append(
+                (
+                    key,
+                    f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and '{role.name}'); map only one",
+                )
+            )
             continue
         if slot == "ref" and not wants_ref:
-            problems.append((key, "a separate reference worker is mapped but no KL term uses it; set actor.use_kl_loss=true "
-                                  "or algorithm.use_kl_in_reward=true, or remove this role"))
+            problems.append(
+                (
+                    key,
+                    "a separate reference worker is mapped but no KL term uses it; set actor.use_kl_loss=true "
+                    "or algorithm.use_kl_in_reward=true, or remove this role",
+                )
+            )
             continue
         if slot not in needed and slot != "ref":
-            why = {"critic": f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)",
-                   "reward_model": "reward.reward_model.enable is false",
-                   "rollout": "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
-                              "or async to generate in this pool)"}.get(slot, "the step does not use it")
+            why = {
+                "critic": f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)",
+                "reward_model": "reward.reward_model.enable is false",
+                "rollout": "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
+                "or async to generate in this pool)",
+            }.get(slot, "the step does not use it")
             problems.append((key, f"role '{role.name}' is mapped but {why}; remove it from resources.roles"))
             continue
         placed[slot] = PlacedRole(slot, role, pool)
     if "rollout" in needed and "rollout" not in placed:
-        problems.append(("resources.roles.rollout", f"trainer.mode={mode} generates in a rollout pool of its own: declare "
-                         "one (resources.pools.rollout: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}) and map "
-                         "the role to it (resources.roles.rollout=rollout), or set trainer.mode=sync"))
+        problems.append(
+            (
+                "resources.roles.rollout",
+                f"trainer.mode={mode} generates in a rollout pool of its own: declare "
+                "one (resources.pools.rollout: {nodes: 1, bundles_per_node: 1, cpus_per_bundle: 1}) and map "
+                "the role to it (resources.roles.rollout=rollout), or set trainer.mode=sync",
+            )
+        )
         needed.discard("rollout")
     for slot in sorted(needed - set(placed)):
-        placed[slot] = PlacedRole(slot, _must(f"resources.roles.{slot}", "roles", slot, registries), first_pool)
+        placed[slot] = PlacedRole(
+            slot, _must(f"resources.roles.{slot}", "roles", slot, registries), first_pool
+        )
     if "rollout" in placed and placed["rollout"].pool == placed["actor_rollout_ref"].pool:
         pool = placed["rollout"].pool
-        problems.append(("resources.roles.rollout", f"trainer.mode={mode}: the rollout role shares pool '{pool}' with "
-                         "actor_rollout_ref, so generation and training would take turns on the same resources; map "
-                         "the rollout (or actor_rollout_ref) to a pool of its own, or set trainer.mode=sync"))
+        problems.append(
+            (
+                "resources.roles.rollout",
+                f"trainer.mode={mode}: the rollout role shares pool '{pool}' with "
+                "actor_rollout_ref, so generation and training would take turns on the same resources; map "
+                "the rollout (or actor_rollout_ref) to a pool of its own, or set trainer.mode=sync",
+            )
+        )
     return placed, problems
 
 
@@ -222,7 +275,9 @@ def _with_environment(loop: Resolved, environment: Resolved) -> Resolved:
     return Resolved(loop.kind, loop.name, loop.spec, loop.params.with_environment(environment), loop.source)
 
 
-def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., Any] | None = None) -> Pipeline:
+def compose(
+    recipe: Any, registries: Registries, *, custom_score: Callable[..., Any] | None = None
+) -> Pipeline:
     """Resolve every component of a validated recipe (raises ``RecipeError`` if one does not resolve)."""
     estimator = _must("algorithm.estimator", "estimators", recipe.algorithm.estimator, registries)
     roles, problems = plan_roles(recipe, registries, estimator)
@@ -230,12 +285,17 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
         raise RecipeError(problems)
     agent = recipe.rollout.agent
     default = _must("rollout.agent", "agent_loops", agent, registries) if agent is not None else None
-    loops = {e.spec.name: _must(f"rollout.agent({e.spec.name})", "agent_loops", e.spec.name, registries)
-             for e in registries.agent_loops}  # a data row may name any loop; it runs with default params
+    loops = {
+        e.spec.name: _must(f"rollout.agent({e.spec.name})", "agent_loops", e.spec.name, registries)
+        for e in registries.agent_loops
+    }  # a data row may name any loop; it runs with default params
     if default is not None:
         loops[default.name] = default
-    environment = (_must("data.environment", "environments", recipe.data.environment, registries)
-                   if recipe.data.environment is not None else None)
+    environment = (
+        _must("data.environment", "environments", recipe.data.environment, registries)
+        if recipe.data.environment is not None
+        else None
+    )
     if environment is not None:  # the loops that run its episodes carry it (rlkit.rollout.environment)
         loops = {name: _with_environment(loop, environment) for name, loop in loops.items()}
         if environment.spec.multi_turn and default is None:
@@ -252,12 +312,19 @@ def compose(recipe: Any, registries: Registries, *, custom_score: Callable[..., 
         rollout_backend=_must("rollout.backend", "rollout_backends", recipe.rollout.backend, registries),
         agent_loops=loops,
         default_agent=default.name if default is not None else None,
-        tools=tuple(_must(f"rollout.tools.{i}", "tools", t, registries) for i, t in enumerate(recipe.rollout.tools)),
-        trackers=tuple(_must(f"tracking.backends.{i}", "trackers", t, registries)
-                       for i, t in enumerate(recipe.tracking.backends)),
+        tools=tuple(
+            _must(f"rollout.tools.{i}", "tools", t, registries) for i, t in enumerate(recipe.rollout.tools)
+        ),
+        trackers=tuple(
+            _must(f"tracking.backends.{i}", "trackers", t, registries)
+            for i, t in enumerate(recipe.tracking.backends)
+        ),
         score_fns=scores,
         roles=roles,
         environment=environment,
-        rollout_correction=(_must("algorithm.rollout_correction", "rollout_corrections", correction, registries)
-                            if correction is not None else None),
+        rollout_correction=(
+            _must("algorithm.rollout_correction", "rollout_corrections", correction, registries)
+            if correction is not None
+            else None
+        ),
     )

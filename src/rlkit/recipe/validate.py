@@ -35,7 +35,9 @@ def load_recipe(
 ) -> Recipe:
     """Load, override and validate a recipe file. Raises ``RecipeError`` listing every problem."""
     raw = load_yaml(path)
-    return validate_recipe(raw, list(overrides), source=str(path), registries=registries, check_files=check_files)
+    return validate_recipe(
+        raw, list(overrides), source=str(path), registries=registries, check_files=check_files
+    )
 
 
 def validate_recipe(
@@ -108,7 +110,9 @@ def _loc(loc: tuple) -> str:
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         valid = _valid_keys(err["loc"][:-1])
-        hint = suggest(str(err["loc"][-1]), valid) or f" Valid keys here: {', '.join(valid)}." if valid else ""
+        hint = (
+            suggest(str(err["loc"][-1]), valid) or f" Valid keys here: {', '.join(valid)}." if valid else ""
+        )
         return "unknown key." + hint + " (`rlkit recipe show` prints every key with its value)"
     if err["type"] == "missing":
         return "required key is missing"
@@ -157,7 +161,9 @@ def _check_components(raw: dict, registries: Registries) -> list[tuple[str, str]
         resolved, more = resolve(key, kind, value, registries)
         problems += more
         if resolved is not None:
-            set_path(raw, key, {"name": value["name"] if isinstance(value, dict) else value, **resolved.kwargs})
+            set_path(
+                raw, key, {"name": value["name"] if isinstance(value, dict) else value, **resolved.kwargs}
+            )
     for key, kind in COMPONENT_LISTS.items():
         values = get_path(raw, key)
         for i, value in enumerate(values if isinstance(values, list) else []):
@@ -177,7 +183,7 @@ def _accepts(raw: dict, key: str, registries: Registries) -> bool:
             if not isinstance(name, str) or name not in registries[kind]:
                 return False
             model = params_model(registries[kind].get(name))
-            return model is not None and key[len(prefix):].split(".")[0] in model.model_fields
+            return model is not None and key[len(prefix) :].split(".")[0] in model.model_fields
     return True
 
 
@@ -224,29 +230,71 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     estimator = Resolved("estimators", est.name, est)  # the rules look at the spec, not its parameters
     default_critic = CriticConfig()
     critic_keys = sorted(  # critic options the user changed from their defaults
-        k for k in (explicit.get("critic") or {}) if k != "enable" and getattr(recipe.critic, k, None) != getattr(default_critic, k, None)
+        k
+        for k in (explicit.get("critic") or {})
+        if k != "enable" and getattr(recipe.critic, k, None) != getattr(default_critic, k, None)
     )
     if est.needs_critic and recipe.critic.enable is False:
-        problems.append(("critic.enable", f"estimator '{est_name}' needs a critic; remove critic.enable=false or pick a critic-free estimator such as grpo"))
+        problems.append(
+            (
+                "critic.enable",
+                f"estimator '{est_name}' needs a critic; remove critic.enable=false or pick a critic-free estimator such as grpo",
+            )
+        )
     if not est.needs_critic and recipe.critic.enable:
-        problems.append(("critic.enable", f"estimator '{est_name}' uses no critic; set algorithm.estimator=ppo to train one, or remove critic.enable"))
+        problems.append(
+            (
+                "critic.enable",
+                f"estimator '{est_name}' uses no critic; set algorithm.estimator=ppo to train one, or remove critic.enable",
+            )
+        )
     elif not est.needs_critic and critic_keys:
-        problems.append((f"critic.{critic_keys[0]}", f"critic options ({', '.join(critic_keys)}) are set but estimator '{est_name}' uses no critic; remove them or set algorithm.estimator=ppo"))
+        problems.append(
+            (
+                f"critic.{critic_keys[0]}",
+                f"critic options ({', '.join(critic_keys)}) are set but estimator '{est_name}' uses no critic; remove them or set algorithm.estimator=ppo",
+            )
+        )
     if est.needs_groups and recipe.rollout.n < 2:
-        problems.append(("rollout.n", f"estimator '{est_name}' compares responses within a group; set rollout.n to 2 or more (got {recipe.rollout.n})"))
+        problems.append(
+            (
+                "rollout.n",
+                f"estimator '{est_name}' compares responses within a group; set rollout.n to 2 or more (got {recipe.rollout.n})",
+            )
+        )
     if recipe.algorithm.filter_groups.enable and recipe.rollout.n < 2:
-        problems.append(("algorithm.filter_groups.enable", "dynamic sampling filters groups of responses; it needs rollout.n >= 2"))
+        problems.append(
+            (
+                "algorithm.filter_groups.enable",
+                "dynamic sampling filters groups of responses; it needs rollout.n >= 2",
+            )
+        )
     if recipe.ref.enable is False and (recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward):
-        problems.append(("ref.enable", "a KL term (actor.use_kl_loss or algorithm.use_kl_in_reward) needs the reference model; remove ref.enable=false or turn the KL term off"))
+        problems.append(
+            (
+                "ref.enable",
+                "a KL term (actor.use_kl_loss or algorithm.use_kl_in_reward) needs the reference model; remove ref.enable=false or turn the KL term off",
+            )
+        )
     for role, pool in recipe.resources.roles.items():
         if pool not in recipe.resources.pools:
-            problems.append((f"resources.roles.{role}", f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}"))
+            problems.append(
+                (
+                    f"resources.roles.{role}",
+                    f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}",
+                )
+            )
     problems += _check_environment(recipe, registries)
     ob = recipe.reward.overlong_buffer
     if ob.enable and ob.len > recipe.data.max_response_length:
-        problems.append(("reward.overlong_buffer.len", f"{ob.len} tokens does not fit in data.max_response_length="
-                         f"{recipe.data.max_response_length}; the penalty starts len tokens before the maximum "
-                         "(DAPO: 4096 of 20480), so set it at most that"))
+        problems.append(
+            (
+                "reward.overlong_buffer.len",
+                f"{ob.len} tokens does not fit in data.max_response_length="
+                f"{recipe.data.max_response_length}; the penalty starts len tokens before the maximum "
+                "(DAPO: 4096 of 20480), so set it at most that",
+            )
+        )
     problems += plan_roles(recipe, registries, estimator)[1]
     problems += _check_mode(recipe, est, registries)
     problems += _check_agent(recipe, registries)
@@ -255,11 +303,21 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
     problems += _check_backend_limits(recipe, registries)
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
-        problems.append(("reward.reward_model.path", "reward.reward_model.enable is true but no model folder is given; "
-                                                     "set reward.reward_model.path=<folder of a sequence-classification model>"))
+        problems.append(
+            (
+                "reward.reward_model.path",
+                "reward.reward_model.enable is true but no model folder is given; "
+                "set reward.reward_model.path=<folder of a sequence-classification model>",
+            )
+        )
     elif rm.path and not rm.enable:
-        problems.append(("reward.reward_model.path", "a reward model path is set but reward.reward_model.enable is false; "
-                                                     "enable it or remove the path"))
+        problems.append(
+            (
+                "reward.reward_model.path",
+                "a reward model path is set but reward.reward_model.enable is false; "
+                "enable it or remove the path",
+            )
+        )
     return problems
 
 
@@ -268,35 +326,74 @@ def _check_mode(recipe: Recipe, est: Any, registries: Registries) -> list[tuple[
     trainer, problems = recipe.trainer, []
     if trainer.mode == "sync":
         if trainer.max_staleness is not None:
-            problems.append(("trainer.max_staleness", "trainer.mode=sync trains every batch on the weights that generated "
-                             "it; remove trainer.max_staleness or set trainer.mode=async"))
+            problems.append(
+                (
+                    "trainer.max_staleness",
+                    "trainer.mode=sync trains every batch on the weights that generated "
+                    "it; remove trainer.max_staleness or set trainer.mode=async",
+                )
+            )
         return problems
     if trainer.mode == "one_step_off" and trainer.max_staleness not in (None, 1):
-        problems.append(("trainer.max_staleness", f"trainer.mode=one_step_off is exactly 1 version behind (got "
-                         f"{trainer.max_staleness}); remove it, or set trainer.mode=async for a larger bound"))
+        problems.append(
+            (
+                "trainer.max_staleness",
+                f"trainer.mode=one_step_off is exactly 1 version behind (got "
+                f"{trainer.max_staleness}); remove it, or set trainer.mode=async for a larger bound",
+            )
+        )
     if recipe.algorithm.filter_groups.enable:
-        problems.append(("algorithm.filter_groups.enable", f"dynamic sampling refills a step with new generations "
-                         f"while it runs, which trainer.mode={trainer.mode} generates ahead; set trainer.mode=sync or "
-                         "algorithm.filter_groups.enable=false"))
+        problems.append(
+            (
+                "algorithm.filter_groups.enable",
+                f"dynamic sampling refills a step with new generations "
+                f"while it runs, which trainer.mode={trainer.mode} generates ahead; set trainer.mode=sync or "
+                "algorithm.filter_groups.enable=false",
+            )
+        )
     if est.needs_greedy_baseline:
-        problems.append(("algorithm.estimator", f"estimator '{est.name}' needs a greedy rollout of the current policy "
-                         f"in the step, which trainer.mode={trainer.mode} does not run; set trainer.mode=sync or pick "
-                         "another estimator"))
+        problems.append(
+            (
+                "algorithm.estimator",
+                f"estimator '{est.name}' needs a greedy rollout of the current policy "
+                f"in the step, which trainer.mode={trainer.mode} does not run; set trainer.mode=sync or pick "
+                "another estimator",
+            )
+        )
     samples = recipe.data.train_batch_size * recipe.rollout.n
     ranks = role_world_size(recipe, "rollout", registries)
     if samples < ranks:
-        problems.append(("data.train_batch_size", f"a generation batch of {samples} samples cannot be split over "
-                         f"{ranks} rollout ranks; make train_batch_size x rollout.n at least that"))
+        problems.append(
+            (
+                "data.train_batch_size",
+                f"a generation batch of {samples} samples cannot be split over "
+                f"{ranks} rollout ranks; make train_batch_size x rollout.n at least that",
+            )
+        )
     return problems
 
 
 def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
     agent = recipe.rollout.agent
-    uses_tools = agent is not None and agent.name in registries.agent_loops and registries.agent_loops.get(agent.name).uses_tools
+    uses_tools = (
+        agent is not None
+        and agent.name in registries.agent_loops
+        and registries.agent_loops.get(agent.name).uses_tools
+    )
     if uses_tools and not recipe.rollout.tools:
-        return [("rollout.tools", f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]")]
+        return [
+            (
+                "rollout.tools",
+                f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]",
+            )
+        ]
     if recipe.rollout.tools and agent is None:
-        return [("rollout.tools", "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)")]
+        return [
+            (
+                "rollout.tools",
+                "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)",
+            )
+        ]
     return []
 
 
@@ -310,10 +407,14 @@ def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tu
     if backend not in registries.rollout_backends:
         return problems
     if not registries.rollout_backends.get(backend).rollout_log_probs:
-        return [("algorithm.rollout_correction",
-                 f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
-                 "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
-                 "or remove algorithm.rollout_correction")] + problems
+        return [
+            (
+                "algorithm.rollout_correction",
+                f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
+                "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
+                "or remove algorithm.rollout_correction",
+            )
+        ] + problems
     return problems
 
 
@@ -326,14 +427,24 @@ def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str
     key = "algorithm.rollout_correction.bypass"
     if not registries.rollout_corrections.get(correction.name).bypass:
         with_bypass = sorted(e.spec.name for e in registries.rollout_corrections if e.spec.bypass)
-        return [(key, f"'{correction.name}' has no bypass mode: bypass makes pi_old = pi_rollout, so its ratio "
-                      f"pi_old / pi_rollout would be 1 on every token and it would do nothing. Corrections with bypass: "
-                      f"{with_bypass} ({{name: decoupled, bypass: true}} is PPO clipped against the rollout policy); or "
-                      "remove bypass to correct pi_old / pi_rollout with the old-log-prob pass")]
+        return [
+            (
+                key,
+                f"'{correction.name}' has no bypass mode: bypass makes pi_old = pi_rollout, so its ratio "
+                f"pi_old / pi_rollout would be 1 on every token and it would do nothing. Corrections with bypass: "
+                f"{with_bypass} ({{name: decoupled, bypass: true}} is PPO clipped against the rollout policy); or "
+                "remove bypass to correct pi_old / pi_rollout with the old-log-prob pass",
+            )
+        ]
     est = recipe.algorithm.estimator.name
     if est in registries.estimators and registries.estimators.get(est).needs_sum_pi_squared:
-        return [(key, f"estimator '{est}' needs sum_pi_squared from the actor's old-log-prob pass, which bypass skips; "
-                      "use bypass: false, or an estimator without it (e.g. grpo)")]
+        return [
+            (
+                key,
+                f"estimator '{est}' needs sum_pi_squared from the actor's old-log-prob pass, which bypass skips; "
+                "use bypass: false, or an estimator without it (e.g. grpo)",
+            )
+        ]
     return []
 
 
@@ -344,12 +455,22 @@ def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]
     if recipe.actor.lora is None or backend not in registries.rollout_backends:
         return []
     if not registries.rollout_backends.get(backend).lora:
-        return [("actor.lora", f"rollout backend '{backend}' does not take a LoRA actor (its spec declares lora=False): "
-                               "use rollout.backend=hf, sglang or vllm, or remove actor.lora")]
+        return [
+            (
+                "actor.lora",
+                f"rollout backend '{backend}' does not take a LoRA actor (its spec declares lora=False): "
+                "use rollout.backend=hf, sglang or vllm, or remove actor.lora",
+            )
+        ]
     if recipe.trainer.mode != "sync" and backend != "hf":
-        return [("actor.lora", f"LoRA with trainer.mode={recipe.trainer.mode} runs with rollout.backend=hf only (a "
-                               f"rollout pool of '{backend}' engines loading the pushed adapter is not yet verified): "
-                               "set rollout.backend=hf or trainer.mode=sync, or remove actor.lora")]
+        return [
+            (
+                "actor.lora",
+                f"LoRA with trainer.mode={recipe.trainer.mode} runs with rollout.backend=hf only (a "
+                f"rollout pool of '{backend}' engines loading the pushed adapter is not yet verified): "
+                "set rollout.backend=hf or trainer.mode=sync, or remove actor.lora",
+            )
+        ]
     return []
 
 
@@ -361,27 +482,44 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
     spec, problems = registries.rollout_backends.get(name), []
     if not spec.truncated_sampling:
         checks = [("top_k", rollout.top_k, 0), ("top_p", rollout.top_p, 1.0)]
-        checks += [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []  # greedy ignores it
+        checks += (
+            [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []
+        )  # greedy ignores it
         for key, value, off in checks:
             if value != off:
-                problems.append((f"rollout.{key}", f"rollout backend '{name}' reports log-probs after its top-k / top-p "
-                                 "truncation, not the untruncated distribution the trainer recomputes (rlkit.rollout.base); "
-                                 f"set rollout.{key}={off}, or use rollout.backend=hf"))
+                problems.append(
+                    (
+                        f"rollout.{key}",
+                        f"rollout backend '{name}' reports log-probs after its top-k / top-p "
+                        "truncation, not the untruncated distribution the trainer recomputes (rlkit.rollout.base); "
+                        f"set rollout.{key}={off}, or use rollout.backend=hf",
+                    )
+                )
     slot = "actor_rollout_ref" if recipe.trainer.mode == "sync" else "rollout"
     ranks = role_world_size(recipe, slot, registries)
     if spec.max_ranks is not None and ranks > spec.max_ranks:
-        problems.append((f"resources.roles.{slot}", f"rollout backend '{name}' runs in a worker group of at most "
-                         f"{spec.max_ranks} rank(s); the {slot} pool has {ranks}. Map {slot} to a pool of "
-                         f"{spec.max_ranks} bundle(s) (resources.pools.<pool>: nodes=1, bundles_per_node="
-                         f"{spec.max_ranks}), or use rollout.backend=hf"))
+        problems.append(
+            (
+                f"resources.roles.{slot}",
+                f"rollout backend '{name}' runs in a worker group of at most "
+                f"{spec.max_ranks} rank(s); the {slot} pool has {ranks}. Map {slot} to a pool of "
+                f"{spec.max_ranks} bundle(s) (resources.pools.<pool>: nodes=1, bundles_per_node="
+                f"{spec.max_ranks}), or use rollout.backend=hf",
+            )
+        )
     copy_dtype = recipe.rollout.backend.params.get("dtype")
     # the hybrid engine decodes with the actor's own module, FSDP-sharded above 1 rank (a rollout pool's ranks
     # each hold a plain copy: rlkit.workers.rollout_worker)
     if name == "hf" and copy_dtype in ("bfloat16", "float16") and ranks > 1 and slot == "actor_rollout_ref":
-        problems.append(("rollout.backend.dtype", f"the hf backend decodes with a {copy_dtype} copy of an unsharded "
-                         f"module only; the {slot} pool has {ranks} ranks, so its module is FSDP-sharded and decodes "
-                         "in the actor's own dtype. Set rollout.backend.dtype=auto (or float32), or give "
-                         f"{slot} a pool of 1 bundle"))
+        problems.append(
+            (
+                "rollout.backend.dtype",
+                f"the hf backend decodes with a {copy_dtype} copy of an unsharded "
+                f"module only; the {slot} pool has {ranks} ranks, so its module is FSDP-sharded and decodes "
+                "in the actor's own dtype. Set rollout.backend.dtype=auto (or float32), or give "
+                f"{slot} a pool of 1 bundle",
+            )
+        )
     return problems
 
 
@@ -389,16 +527,37 @@ def _check_environment(recipe: Recipe, registries: Registries) -> list[tuple[str
     """data.environment gives the rows (so no files beside it); without it, train_files are needed."""
     data, env = recipe.data, recipe.data.environment
     if env is None:
-        return [] if data.train_files else [("data.train_files", "required: give parquet files, or set "
-                                             "data.environment to take the rows from an environment")]
-    problems = [(f"data.{key}", f"data.environment '{env.name}' gives the rows; remove data.{key}")
-                for key in ("train_files", "val_files") if getattr(data, key)]
+        return (
+            []
+            if data.train_files
+            else [
+                (
+                    "data.train_files",
+                    "required: give parquet files, or set "
+                    "data.environment to take the rows from an environment",
+                )
+            ]
+        )
+    problems = [
+        (f"data.{key}", f"data.environment '{env.name}' gives the rows; remove data.{key}")
+        for key in ("train_files", "val_files")
+        if getattr(data, key)
+    ]
     agent = recipe.rollout.agent
-    if env.name in registries.environments and registries.environments.get(env.name).multi_turn \
-            and agent is not None and agent.name in registries.agent_loops \
-            and not registries.agent_loops.get(agent.name).uses_environment:
-        problems.append(("rollout.agent", f"environment '{env.name}' is multi-turn: its episodes run in the "
-                         f"`environment` agent loop, not '{agent.name}'; remove rollout.agent or set it to environment"))
+    if (
+        env.name in registries.environments
+        and registries.environments.get(env.name).multi_turn
+        and agent is not None
+        and agent.name in registries.agent_loops
+        and not registries.agent_loops.get(agent.name).uses_environment
+    ):
+        problems.append(
+            (
+                "rollout.agent",
+                f"environment '{env.name}' is multi-turn: its episodes run in the "
+                f"`environment` agent loop, not '{agent.name}'; remove rollout.agent or set it to environment",
+            )
+        )
     return problems
 
 
@@ -406,11 +565,21 @@ def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str
     problems = []
     data, actor = recipe.data, recipe.actor
     if data.train_batch_size % actor.ppo_mini_batch_size:
-        problems.append(("actor.ppo_mini_batch_size", f"{actor.ppo_mini_batch_size} does not divide data.train_batch_size={data.train_batch_size}; both count prompts"))
+        problems.append(
+            (
+                "actor.ppo_mini_batch_size",
+                f"{actor.ppo_mini_batch_size} does not divide data.train_batch_size={data.train_batch_size}; both count prompts",
+            )
+        )
     ranks = role_world_size(recipe, "actor_rollout_ref", registries)
     samples = actor.ppo_mini_batch_size * recipe.rollout.n
     if samples % ranks:
-        problems.append(("actor.ppo_mini_batch_size", f"a mini-batch of {samples} samples (ppo_mini_batch_size × rollout.n) does not split evenly over {ranks} actor ranks"))
+        problems.append(
+            (
+                "actor.ppo_mini_batch_size",
+                f"a mini-batch of {samples} samples (ppo_mini_batch_size × rollout.n) does not split evenly over {ranks} actor ranks",
+            )
+        )
     return problems
 
 

@@ -42,8 +42,11 @@ class ScoreLoadError(RlkitError):
 
 def score_functions(registries: Registries) -> dict[str, ScoreFn]:
     """data_source (and every alias) → its registered ``compute_score``."""
-    return {source: entry.spec.fn for entry in registries.compute_scores
-            for source in (entry.spec.name, *entry.spec.aliases)}
+    return {
+        source: entry.spec.fn
+        for entry in registries.compute_scores
+        for source in (entry.spec.name, *entry.spec.aliases)
+    }
 
 
 def get_score_fn(data_source: str, sources: Mapping[str, ScoreFn] | Registries | None = None) -> ScoreFn:
@@ -87,14 +90,18 @@ def load_custom_score(path: str | Path, name: str = "compute_score") -> ScoreFn:
     module_name = f"rlkit_custom_score_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ScoreLoadError(f"reward.custom_score.path: '{path}' cannot be imported as a Python module (is it a .py file?).")
+        raise ScoreLoadError(
+            f"reward.custom_score.path: '{path}' cannot be imported as a Python module (is it a .py file?)."
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # lets pickling find the function by module name
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise ScoreLoadError(f"reward.custom_score.path: importing '{path}' raised {type(exc).__name__}: {exc}") from exc
+        raise ScoreLoadError(
+            f"reward.custom_score.path: importing '{path}' raised {type(exc).__name__}: {exc}"
+        ) from exc
     fn = getattr(module, name, None)
     if fn is None:
         functions = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
@@ -103,7 +110,9 @@ def load_custom_score(path: str | Path, name: str = "compute_score") -> ScoreFn:
             f"Callables it defines: {', '.join(functions) or '(none)'}.{suggest(name, functions)}"
         )
     if not callable(fn):
-        raise ScoreLoadError(f"reward.custom_score.name: '{name}' in '{path}' is a {type(fn).__name__}, not a function.")
+        raise ScoreLoadError(
+            f"reward.custom_score.name: '{name}' in '{path}' is a {type(fn).__name__}, not a function."
+        )
     return fn
 
 
@@ -114,8 +123,12 @@ class ScoreDispatcher:
     an error; a number when another reward — the reward model — covers those samples).
     """
 
-    def __init__(self, sources: Mapping[str, ScoreFn] | Registries, custom: ScoreFn | None = None,
-                 unknown_score: float | None = None):
+    def __init__(
+        self,
+        sources: Mapping[str, ScoreFn] | Registries,
+        custom: ScoreFn | None = None,
+        unknown_score: float | None = None,
+    ):
         self.sources = score_functions(sources) if isinstance(sources, Registries) else dict(sources)
         self.custom = custom
         self.unknown_score = unknown_score
@@ -123,7 +136,9 @@ class ScoreDispatcher:
     def has_rule(self, data_source: str) -> bool:
         return self.custom is not None or data_source in self.sources
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    ) -> Any:
         if self.unknown_score is not None and not self.has_rule(data_source):
             return self.unknown_score
         fn = self.custom or get_score_fn(data_source, self.sources)

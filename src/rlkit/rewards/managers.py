@@ -70,7 +70,9 @@ class RewardFailureError(RlkitError):
 class RewardResult:
     token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
     extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
-    metrics: dict[str, float] = field(default_factory=dict)  # reward/errors, reward/timeouts, reward/score/mean ...
+    metrics: dict[str, float] = field(
+        default_factory=dict
+    )  # reward/errors, reward/timeouts, reward/score/mean ...
     failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) each
 
 
@@ -91,13 +93,17 @@ def normalize_score(raw: Any, default_score: float) -> ScoreOutcome:
     if isinstance(raw, dict):
         extra = {k: v for k, v in raw.items() if k != "score"}
         if "score" not in raw:
-            return ScoreOutcome(default_score, extra, error=f"returned a dict without a 'score' key (keys: {sorted(raw)})")
+            return ScoreOutcome(
+                default_score, extra, error=f"returned a dict without a 'score' key (keys: {sorted(raw)})"
+            )
         value = raw["score"]
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real):
         shown = repr(value)[:60]
-        return ScoreOutcome(default_score, extra, error=f"returned {type(value).__name__} {shown}, not a number")
+        return ScoreOutcome(
+            default_score, extra, error=f"returned {type(value).__name__} {shown}, not a number"
+        )
     value = float(value)
     if not math.isfinite(value):
         return ScoreOutcome(default_score, extra, error=f"returned {value}, not a finite number")
@@ -159,8 +165,9 @@ class RewardManager:
         extra = self._collect_extra(outcomes)
         self._log_problems(items, outcomes)
         self._examine(items, outcomes, scores)
-        failures = [(i, item[0], o.error) for i, (item, o) in enumerate(zip(items, outcomes))
-                    if o.error is not None]
+        failures = [
+            (i, item[0], o.error) for i, (item, o) in enumerate(zip(items, outcomes)) if o.error is not None
+        ]
         return RewardResult(token_level_scores, extra, metrics, failures)
 
     # ----- the timeout: every manager's score_all runs in a child process ---------------------
@@ -180,14 +187,18 @@ class RewardManager:
                 outcomes.append(value)
             else:
                 where = "the batch's score call" if self.timeout_scope == "batch" else "the score call"
-                outcomes.append(ScoreOutcome(self.default_score, error=f"{where} {value}", timeout=status == "timeout"))
+                outcomes.append(
+                    ScoreOutcome(self.default_score, error=f"{where} {value}", timeout=status == "timeout")
+                )
         return outcomes
 
     def _score_in_child(self, items: list[tuple[str, str, Any, dict | None]]) -> list[ScoreOutcome]:
         outcomes = list(self.score_all(items))
         if len(outcomes) != len(items) or not all(isinstance(o, ScoreOutcome) for o in outcomes):
-            raise RlkitError(f"{type(self).__name__}.score_all returned {len(outcomes)} outcomes for {len(items)} "
-                             f"items; it must return one ScoreOutcome per item.")
+            raise RlkitError(
+                f"{type(self).__name__}.score_all returned {len(outcomes)} outcomes for {len(items)} "
+                f"items; it must return one ScoreOutcome per item."
+            )
         return outcomes
 
     def close(self) -> None:
@@ -258,7 +269,9 @@ class RewardManager:
             len(bad) - timeouts, timeouts, data_source, first.error,
         )  # fmt: skip
 
-    def _examine(self, items: Sequence[tuple], outcomes: Sequence[ScoreOutcome], scores: torch.Tensor) -> None:
+    def _examine(
+        self, items: Sequence[tuple], outcomes: Sequence[ScoreOutcome], scores: torch.Tensor
+    ) -> None:
         if self.num_examine <= 0:
             return
         shown: dict[str, int] = defaultdict(int)
@@ -267,7 +280,9 @@ class RewardManager:
                 continue
             shown[data_source] += 1
             note = f" ({outcome.error})" if outcome.error else ""
-            print(f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: {float(scores[i]):.4g}{note}")
+            print(
+                f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: {float(scores[i]):.4g}{note}"
+            )
 
 
 class NaiveRewardManager(RewardManager):
@@ -302,7 +317,10 @@ class BatchRewardManager(RewardManager):
         data_sources, solution_strs, ground_truths, extra_infos = (list(col) for col in zip(*items))
         try:
             raws = self.score_fn(
-                data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths, extra_infos=extra_infos
+                data_sources=data_sources,
+                solution_strs=solution_strs,
+                ground_truths=ground_truths,
+                extra_infos=extra_infos,
             )
             raws = list(raws)
             if len(raws) != len(items):

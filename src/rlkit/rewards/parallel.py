@@ -25,9 +25,15 @@ __all__ = ["ParallelRewardManager", "ScorePool"]
 class ParallelRewardManager(NaiveRewardManager):
     """``naive``'s contract, scored by ``num_workers`` processes."""
 
-
-    def __init__(self, tokenizer: Any, score_fn: Callable[..., Any] | None, *, params: Any = None,
-                 mp_context: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        tokenizer: Any,
+        score_fn: Callable[..., Any] | None,
+        *,
+        params: Any = None,
+        mp_context: str | None = None,
+        **kwargs: Any,
+    ):
         """``params``: ``ParallelManagerParams`` (``reward.manager: {name: parallel, num_workers: N}``)."""
         super().__init__(tokenizer, score_fn, params=params, **kwargs)
         self.score_workers = int(params.num_workers if params is not None else 2)

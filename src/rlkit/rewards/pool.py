@@ -94,8 +94,12 @@ class _Worker:
         self.conn, child = ctx.Pipe(duplex=True)
         self.started = ctx.Value("d", 0.0, lock=False)  # time.monotonic() when its current task started
         self.done = ctx.Value("i", 0, lock=False)  # tasks of its current chunk done
-        self.process = ctx.Process(target=_worker_main, args=(child, fn, os.getpid(), self.started, self.done),
-                                   daemon=True, name="rlkit-reward")
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child, fn, os.getpid(), self.started, self.done),
+            daemon=True,
+            name="rlkit-reward",
+        )
         self.process.start()
         child.close()
         self.tasks: list[int] = []  # the chunk it is scoring (task ids); empty when idle
@@ -155,7 +159,9 @@ class ScorePool:
             idle = [w for w in self.workers if not w.tasks]
             for n, worker in enumerate(idle):
                 if pending:
-                    size = -(-len(pending) // (len(idle) - n))  # ceil: spread what is left over the idle workers
+                    size = -(
+                        -len(pending) // (len(idle) - n)
+                    )  # ceil: spread what is left over the idle workers
                     chunk = [pending.popleft() for _ in range(size)]
                     try:
                         worker.send(chunk, tasks)
@@ -172,12 +178,23 @@ class ScorePool:
                         worker.tasks = []
                         continue
                     except (EOFError, OSError):
-                        self._lost(worker, results, pending, "error", "the worker process died while scoring "
-                                   f"(exit code {worker.process.exitcode})")
+                        self._lost(
+                            worker,
+                            results,
+                            pending,
+                            "error",
+                            f"the worker process died while scoring (exit code {worker.process.exitcode})",
+                        )
                         continue
                 done = worker.done.value
                 if done == worker.seen_done and time.monotonic() >= worker.started.value + timeout_s:
-                    self._lost(worker, results, pending, "timeout", f"did not return within reward.timeout_s={timeout_s:g} s")
+                    self._lost(
+                        worker,
+                        results,
+                        pending,
+                        "timeout",
+                        f"did not return within reward.timeout_s={timeout_s:g} s",
+                    )
                 worker.seen_done = done
         return results  # type: ignore[return-value]
 
@@ -187,7 +204,7 @@ class ScorePool:
         chunk, worker.tasks = worker.tasks, []
         done = min(worker.done.value, len(chunk) - 1)  # read after the kill: final
         results[chunk[done]] = (status, message)
-        pending.extendleft(reversed(chunk[:done] + chunk[done + 1:]))
+        pending.extendleft(reversed(chunk[:done] + chunk[done + 1 :]))
         self._replace(worker)
 
     def close(self) -> None:

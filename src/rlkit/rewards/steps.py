@@ -50,7 +50,9 @@ class OverlongShaping:
         from rlkit.algos import overlong_penalty
 
         lengths = response_mask.sum(dim=1)  # [B]
-        return overlong_penalty(lengths, self.max_response_length, self.buffer_len, self.penalty_factor).float()
+        return overlong_penalty(
+            lengths, self.max_response_length, self.buffer_len, self.penalty_factor
+        ).float()
 
 
 def check_failures(result: RewardResult, batch_size: int, max_error_fraction: float) -> None:
@@ -67,8 +69,11 @@ def check_failures(result: RewardResult, batch_size: int, max_error_fraction: fl
     for _, source, _ in failures:
         per_source[source] = per_source.get(source, 0) + 1
     sources = ", ".join(f"'{s}' ({n} failed)" for s, n in sorted(per_source.items())) or "unknown"
-    first = (f"first failure: row {failures[0][0]}, data_source '{failures[0][1]}': {failures[0][2]}"
-             if failures else "the manager reports no per-sample failures")
+    first = (
+        f"first failure: row {failures[0][0]}, data_source '{failures[0][1]}': {failures[0][2]}"
+        if failures
+        else "the manager reports no per-sample failures"
+    )
     raise RewardFailureError(
         f"reward: {count} of {batch_size} scores of a batch failed ({count / batch_size:.0%}, more than "
         f"reward.max_error_fraction={max_error_fraction:g}), data_source {sources}; {first}. Training on "
@@ -82,9 +87,15 @@ class RewardStep:
     """Manager + reward-model combination + overlong shaping (see the module docstring); stops the run when
     more than ``max_error_fraction`` of a batch's scores failed (``check_failures``)."""
 
-    def __init__(self, manager: Any, *, reward_model: Literal["fallback", "sum"] | None = None,
-                 has_rule: Callable[[str], bool] | None = None, overlong: OverlongShaping | None = None,
-                 max_error_fraction: float = 1.0):
+    def __init__(
+        self,
+        manager: Any,
+        *,
+        reward_model: Literal["fallback", "sum"] | None = None,
+        has_rule: Callable[[str], bool] | None = None,
+        overlong: OverlongShaping | None = None,
+        max_error_fraction: float = 1.0,
+    ):
         self.manager = manager
         self.reward_model = reward_model
         self.has_rule = has_rule or (lambda _source: True)
@@ -104,7 +115,9 @@ class RewardStep:
             penalty = self.overlong(mask)  # [B]
             scores = scores + penalty
             result.metrics["reward/overlong_penalty/mean"] = float(penalty.mean()) if len(penalty) else 0.0
-            result.metrics["reward/overlong_ratio"] = float((penalty < 0).float().mean()) if len(penalty) else 0.0
+            result.metrics["reward/overlong_ratio"] = (
+                float((penalty < 0).float().mean()) if len(penalty) else 0.0
+            )
             result.extra["overlong_reward"] = penalty.tolist()
             result.extra["overlong"] = (penalty < 0).tolist()
         result.token_level_scores = torch.zeros_like(result.token_level_scores)

@@ -45,8 +45,17 @@ from rlkit.plugin.protocols import GeneratesIds
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.tools.base import Tool, ToolResult, call_tool, truncate
 
-__all__ = ["TurnGenerator", "HFTurnGenerator", "ToolCall", "parse_hermes_tool_calls", "AgentState",
-           "Trajectory", "ToolAgentLoop", "AgentLoopRollout", "agent_metrics"]
+__all__ = [
+    "TurnGenerator",
+    "HFTurnGenerator",
+    "ToolCall",
+    "parse_hermes_tool_calls",
+    "AgentState",
+    "Trajectory",
+    "ToolAgentLoop",
+    "AgentLoopRollout",
+    "agent_metrics",
+]
 
 
 # What the loop needs from a backend: ``rlkit.plugin.protocols.GeneratesIds`` (a backend declaring the
@@ -93,16 +102,25 @@ class HFTurnGenerator:
                 for (*_, fut), res in zip(items, results):
                     fut.done() or fut.set_result(res)
 
-    def _run(self, prompts: list[list[int]], samplings: list[dict]) -> list[tuple[list[int], list[float], str]]:
+    def _run(
+        self, prompts: list[list[int]], samplings: list[dict]
+    ) -> list[tuple[list[int], list[float], str]]:
         budgets = [int(s.get("max_new_tokens") or self.rollout.max_response_length) for s in samplings]
         pad = self.rollout.pad_token_id
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, P]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, P]
         s = samplings[0]
-        out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), n=1,
-                                    temperature=s.get("temperature"), top_p=s.get("top_p"), top_k=s.get("top_k"),
-                                    max_new_tokens=max(budgets), do_sample=s.get("do_sample"), stop=s.get("stop"))
+        out = self.rollout.generate(
+            Batch({"input_ids": ids, "attention_mask": mask}),
+            n=1,
+            temperature=s.get("temperature"),
+            top_p=s.get("top_p"),
+            top_k=s.get("top_k"),
+            max_new_tokens=max(budgets),
+            do_sample=s.get("do_sample"),
+            stop=s.get("stop"),
+        )
         eos = set(self.rollout.eos_token_ids.tolist())
         results = []
         for r, budget in enumerate(budgets):
@@ -135,7 +153,9 @@ def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
         try:
             obj = json.loads(raw.strip())
         except json.JSONDecodeError as exc:
-            calls.append(ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})"))
+            calls.append(
+                ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})")
+            )
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             calls.append(ToolCall(None, error='a tool call must be a JSON object with a string "name"'))
@@ -171,7 +191,9 @@ class Trajectory:
     tool_errors: int = 0
     finish_reason: str = ""  # "stop" | "length" | "max_turns" (| "env_error" | "env_timeout")
     state: AgentState = AgentState.PENDING
-    reward: Any = None  # an environment's episode reward (number or rubric dict; {"error": ...} when it failed)
+    reward: Any = (
+        None  # an environment's episode reward (number or rubric dict; {"error": ...} when it failed)
+    )
     env_errors: int = 0
     env_timeouts: int = 0
     env_truncated: bool = False  # cut by the turn or token limit before the environment said done
@@ -185,9 +207,18 @@ class Trajectory:
 class ToolAgentLoop:
     """Runs one conversation to its end; ``max_turns=1`` with no tools is the single-turn loop."""
 
-    def __init__(self, generator: TurnGenerator, tokenizer, tools: dict[str, Tool] | None = None, *,
-                 max_turns: int = 4, max_response_length: int = 256, sampling: dict | None = None,
-                 max_tool_response_chars: int = 2000, params: Any = None):
+    def __init__(
+        self,
+        generator: TurnGenerator,
+        tokenizer,
+        tools: dict[str, Tool] | None = None,
+        *,
+        max_turns: int = 4,
+        max_response_length: int = 256,
+        sampling: dict | None = None,
+        max_tool_response_chars: int = 2000,
+        params: Any = None,
+    ):
         """``params`` (``ToolAgentParams``, from ``rollout.agent: {name: tool, max_turns: ...}``) wins over
         the keyword defaults when given."""
         if params is not None:
@@ -203,8 +234,9 @@ class ToolAgentLoop:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
         kwargs = {"tools": self.schemas} if self.schemas else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                  **kwargs)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -212,11 +244,14 @@ class ToolAgentLoop:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    async def run(self, messages: list[dict], tools_kwargs: dict | None = None,
-                  prompt_ids: list[int] | None = None) -> Trajectory:
+    async def run(
+        self, messages: list[dict], tools_kwargs: dict | None = None, prompt_ids: list[int] | None = None
+    ) -> Trajectory:
         messages = [dict(m) for m in messages]
-        traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else self.prompt_ids(messages),
-                          messages=messages)
+        traj = Trajectory(
+            prompt_ids=list(prompt_ids) if prompt_ids is not None else self.prompt_ids(messages),
+            messages=messages,
+        )
         tools_kwargs = tools_kwargs or {}
         while True:
             budget = self.max_response_length - len(traj.response_ids)
@@ -224,8 +259,9 @@ class ToolAgentLoop:
                 traj.finish_reason = "length"
                 break
             traj.state = AgentState.GENERATING
-            ids, logps, reason = await self.generator.generate_ids(traj.prompt_ids + traj.response_ids,
-                                                                   {**self.sampling, "max_new_tokens": budget})
+            ids, logps, reason = await self.generator.generate_ids(
+                traj.prompt_ids + traj.response_ids, {**self.sampling, "max_new_tokens": budget}
+            )
             traj.extend(ids, 1, logps)
             traj.num_turns += 1
             content = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -238,25 +274,31 @@ class ToolAgentLoop:
             results = await asyncio.gather(*(self._call(c, tools_kwargs) for c in calls))
             traj.tool_calls += len(calls)
             traj.tool_errors += sum(not r.ok for r in results)
-            tool_messages = [{"role": "tool", "name": c.name or "unknown", "content": r.text}
-                             for c, r in zip(calls, results)]
+            tool_messages = [
+                {"role": "tool", "name": c.name or "unknown", "content": r.text}
+                for c, r in zip(calls, results)
+            ]
             traj.extend(self._delta_ids(traj.messages, tool_messages, ids), 0)
             traj.messages += tool_messages
         traj.state = AgentState.DONE
         if len(traj.response_ids) > self.max_response_length:  # the last tool delta overshot
             for name in ("response_ids", "response_mask", "log_probs"):
-                setattr(traj, name, getattr(traj, name)[:self.max_response_length])
+                setattr(traj, name, getattr(traj, name)[: self.max_response_length])
             traj.finish_reason = "length"
         return traj
 
     async def _call(self, call: ToolCall, tools_kwargs: dict) -> ToolResult:
         if call.error:
-            return ToolResult(f"Error: {call.error}. Write <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}"
-                              "</tool_call>.", ok=False)
+            return ToolResult(
+                f'Error: {call.error}. Write <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.',
+                ok=False,
+            )
         tool = self.tools.get(call.name or "")
         if tool is None:
-            return ToolResult(f"Error: there is no tool named {call.name!r}; available: "
-                              f"{', '.join(sorted(self.tools))}.", ok=False)
+            return ToolResult(
+                f"Error: there is no tool named {call.name!r}; available: {', '.join(sorted(self.tools))}.",
+                ok=False,
+            )
         result = await call_tool(tool, call.arguments, **(tools_kwargs.get(call.name) or {}))
         result.text = truncate(result.text, self.max_tool_response_chars)
         return result
@@ -270,48 +312,77 @@ class ToolAgentLoop:
         if not after.startswith(before):  # a template that rewrites earlier turns: render the tools alone
             base = [{"role": "user", "content": "x"}]
             alone = self.render(base + tool_messages, add_generation_prompt=True)
-            return self.encode(alone[len(self.render(base, add_generation_prompt=False)):])
+            return self.encode(alone[len(self.render(base, add_generation_prompt=False)) :])
         content = messages[-1]["content"]
         end = before.rfind(content) + len(content) if content else len(before)
         closing = before[end:]  # e.g. "<|im_end|>\n"
         generated_text = self.tokenizer.decode(generated, skip_special_tokens=False)
-        tail = generated_text[len(content):] if generated_text.startswith(content) else ""
+        tail = generated_text[len(content) :] if generated_text.startswith(content) else ""
         if tail and closing.startswith(tail):  # the model generated part of it (its eos)
-            closing = closing[len(tail):]
-        return self.encode(closing + after[len(before):])
+            closing = closing[len(tail) :]
+        return self.encode(closing + after[len(before) :])
 
 
 def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     out: dict[str, float] = {}
-    for key, values in (("num_turns", [t.num_turns for t in trajectories]),
-                        ("tool_call_counts", [t.tool_calls for t in trajectories])):
+    for key, values in (
+        ("num_turns", [t.num_turns for t in trajectories]),
+        ("tool_call_counts", [t.tool_calls for t in trajectories]),
+    ):
         if values:
             out[f"{key}/mean"] = sum(values) / len(values)
             out[f"{key}/max"] = float(max(values))
             out[f"{key}/min"] = float(min(values))
-    episodes = [t for t in trajectories if t.reward is not None]  # the environment loop's (rlkit.rollout.environment)
+    episodes = [
+        t for t in trajectories if t.reward is not None
+    ]  # the environment loop's (rlkit.rollout.environment)
     if episodes:
-        out |= {"env/errors": float(sum(t.env_errors for t in episodes)),
-                "env/timeouts": float(sum(t.env_timeouts for t in episodes)),
-                "env/truncated": float(sum(t.env_truncated for t in episodes))}
+        out |= {
+            "env/errors": float(sum(t.env_errors for t in episodes)),
+            "env/timeouts": float(sum(t.env_timeouts for t in episodes)),
+            "env/truncated": float(sum(t.env_truncated for t in episodes)),
+        }
     return out
 
 
 class SingleTurnAgentLoop(ToolAgentLoop):
     """One assistant turn and no tools: a plain rollout through the agent machinery."""
 
-    def __init__(self, generator: TurnGenerator, tokenizer, tools: dict[str, Tool] | None = None, *,
-                 max_response_length: int = 256, sampling: dict | None = None):
-        super().__init__(generator, tokenizer, None, max_turns=1, max_response_length=max_response_length,
-                         sampling=sampling)
+    def __init__(
+        self,
+        generator: TurnGenerator,
+        tokenizer,
+        tools: dict[str, Tool] | None = None,
+        *,
+        max_response_length: int = 256,
+        sampling: dict | None = None,
+    ):
+        super().__init__(
+            generator,
+            tokenizer,
+            None,
+            max_turns=1,
+            max_response_length=max_response_length,
+            sampling=sampling,
+        )
 
 
 # ----- the batch-level wrapper ------------------------------------------------------------------------
 class AgentLoopRollout:
     """A backend plus agent loops, behind the ``generate(prompts: Batch, ...)`` contract."""
 
-    def __init__(self, backend, tokenizer, *, rollout_config, max_response_length: int, loops: dict[str, Any],
-                 default_agent: str, tools: tuple[Any, ...] | dict[str, Tool] = (), generate_ids: bool = False):
+    def __init__(
+        self,
+        backend,
+        tokenizer,
+        *,
+        rollout_config,
+        max_response_length: int,
+        loops: dict[str, Any],
+        default_agent: str,
+        tools: tuple[Any, ...] | dict[str, Tool] = (),
+        generate_ids: bool = False,
+    ):
         """``loops``: agent-loop name → resolved component (``rlkit.recipe.compose.Resolved``); ``tools``: resolved
         tool components (or built ``Tool`` objects by name); ``generate_ids``: the backend's declared
         capability (``RolloutBackendSpec.generate_ids``), else turns go through ``HFTurnGenerator``."""
@@ -327,7 +398,9 @@ class AgentLoopRollout:
 
             tools = build_tools(tools)
         self.tools = tools
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
 
     def update_weights(self, weights) -> None:
         self.backend.update_weights(weights)
@@ -335,26 +408,48 @@ class AgentLoopRollout:
     def _loop(self, agent: str, sampling: dict, max_len: int) -> ToolAgentLoop:
         resolved = self.loops.get(agent)
         if resolved is None:
-            raise RlkitError(f"unknown agent_name {agent!r} in a data row; registered agent loops: "
-                             f"{', '.join(sorted(self.loops))} (registry `agent_loops`).")
+            raise RlkitError(
+                f"unknown agent_name {agent!r} in a data row; registered agent loops: "
+                f"{', '.join(sorted(self.loops))} (registry `agent_loops`)."
+            )
         tools = self.tools if resolved.spec.uses_tools else None
-        return resolved.build(self.generator, self.tokenizer, tools, max_response_length=max_len, sampling=sampling)
+        return resolved.build(
+            self.generator, self.tokenizer, tools, max_response_length=max_len, sampling=sampling
+        )
 
-    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> Batch:
         cfg = self.config
         n = cfg.n if n is None else n
         temperature = cfg.temperature if temperature is None else temperature
         do_sample = (temperature > 0) if do_sample is None else do_sample
-        sampling = {"temperature": temperature, "top_p": cfg.top_p if top_p is None else top_p,
-                    "top_k": cfg.top_k if top_k is None else top_k, "do_sample": do_sample,
-                    "stop": list(cfg.stop if stop is None else stop)}
+        sampling = {
+            "temperature": temperature,
+            "top_p": cfg.top_p if top_p is None else top_p,
+            "top_k": cfg.top_k if top_k is None else top_k,
+            "do_sample": do_sample,
+            "stop": list(cfg.stop if stop is None else stop),
+        }
         max_len = self.max_response_length if max_new_tokens is None else max_new_tokens
         trajectories = asyncio.run(self._run_all(prompts, n, sampling, max_len))
         batch = self._assemble(trajectories, max_len)
-        batch.meta.update({"temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
-                           "do_sample": bool(do_sample), "metrics": agent_metrics(trajectories)})
+        batch.meta.update(
+            {
+                "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
+                "do_sample": bool(do_sample),
+                "metrics": agent_metrics(trajectories),
+            }
+        )
         return batch
 
     async def _run_all(self, prompts: Batch, n: int, sampling: dict, max_len: int) -> list[Trajectory]:
@@ -363,8 +458,11 @@ class AgentLoopRollout:
         jobs = []
         for i in range(ids.shape[0]):
             extra = dict(nt["extra_info"][i] or {}) if "extra_info" in nt else {}
-            agent = (nt["agent_name"][i] if "agent_name" in nt else None) or extra.get("agent_name") \
+            agent = (
+                (nt["agent_name"][i] if "agent_name" in nt else None)
+                or extra.get("agent_name")
                 or self.default_agent
+            )
             loop = self._loop(agent, sampling, max_len)
             raw = list(nt["raw_prompt"][i]) if "raw_prompt" in nt else None
             row_ids = ids[i][mask[i].bool()].tolist()
@@ -386,8 +484,8 @@ class AgentLoopRollout:
         log_probs = torch.zeros((b, t_len), dtype=torch.float32)
         for r, t in enumerate(trajectories):
             p = len(t.prompt_ids)
-            prompt_ids[r, width - p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
-            prompt_mask[r, width - p:] = 1
+            prompt_ids[r, width - p :] = torch.tensor(t.prompt_ids, dtype=torch.long)
+            prompt_mask[r, width - p :] = 1
             k = len(t.response_ids)
             if k:
                 responses[r, :k] = torch.tensor(t.response_ids, dtype=torch.long)
@@ -397,7 +495,7 @@ class AgentLoopRollout:
         # Tool tokens are context the model attends to, though excluded from the loss.
         attention = torch.zeros((b, t_len), dtype=torch.long)
         for r, t in enumerate(trajectories):
-            attention[r, :len(t.response_ids)] = 1
+            attention[r, : len(t.response_ids)] = 1
         batch.tensors["attention_mask"] = torch.cat([prompt_mask, attention], dim=1)
         batch.non_tensors["num_turns"] = _objects([t.num_turns for t in trajectories])
         batch.non_tensors["tool_call_counts"] = _objects([t.tool_calls for t in trajectories])

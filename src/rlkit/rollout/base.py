@@ -48,7 +48,14 @@ from rlkit.batch import Batch
 from rlkit.errors import BatchError
 from rlkit.plugin.protocols import RolloutBackend  # the contract (re-exported here, where the layout is)
 
-__all__ = ["RolloutBackend", "assemble_rollout", "concat_rollouts", "pad_rollout", "rollout_inputs", "ROLLOUT_PADDING"]
+__all__ = [
+    "RolloutBackend",
+    "assemble_rollout",
+    "concat_rollouts",
+    "pad_rollout",
+    "rollout_inputs",
+    "ROLLOUT_PADDING",
+]
 
 PAD_ID = "pad_token_id"  # marks a pad value that is the tokenizer's pad id
 
@@ -103,7 +110,8 @@ def _side(key: str, width: int, p: int, t: int) -> tuple[str, float | str]:
     if len(sides) != 1:
         raise BatchError(
             f"cannot pad rollout field '{key}' of width {width}: it matches {sides or 'none'} of prompt width {p}, "
-            f"response width {t}, prompt+response {p + t}. Add it to rlkit.rollout.base.ROLLOUT_PADDING.")
+            f"response width {t}, prompt+response {p + t}. Add it to rlkit.rollout.base.ROLLOUT_PADDING."
+        )
     return sides[0], 0
 
 
@@ -120,7 +128,9 @@ def pad_rollout(batch: Batch, prompt_width: int, response_width: int, pad_token_
     p, t = batch["prompts"].shape[1], batch["responses"].shape[1]
     dp, dt = prompt_width - p, response_width - t
     if dp < 0 or dt < 0:
-        raise BatchError(f"pad_rollout: cannot shrink a rollout of widths P={p}, T={t} to P={prompt_width}, T={response_width}.")
+        raise BatchError(
+            f"pad_rollout: cannot shrink a rollout of widths P={p}, T={t} to P={prompt_width}, T={response_width}."
+        )
     if dp == 0 and dt == 0:
         return batch
     tensors = {}
@@ -155,5 +165,7 @@ def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
 
 def rollout_inputs(prompts: Batch) -> Batch:
     """What a backend reads: the prompt tensors, plus the per-row fields agent loops use."""
-    keys = ["input_ids", "attention_mask", "position_ids"] + [k for k in ("agent_name", "extra_info") if k in prompts]
+    keys = ["input_ids", "attention_mask", "position_ids"] + [
+        k for k in ("agent_name", "extra_info") if k in prompts
+    ]
     return prompts.select(keys)

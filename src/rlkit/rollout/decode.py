@@ -57,7 +57,9 @@ class SlabLayer(DynamicLayer):
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, _ = key_states.shape
         self.key_slab = key_states.new_empty(b, h, self.capacity, key_states.shape[-1])
-        self.value_slab = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+        self.value_slab = value_states.new_empty(
+            b, value_states.shape[1], self.capacity, value_states.shape[-1]
+        )
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -66,8 +68,10 @@ class SlabLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
         if end > self.capacity:
-            raise RlkitError(f"rollout decode: the KV cache holds {self.capacity} positions, a step needs {end}; "
-                             "this is a bug in rlkit.rollout.decode (the cache is sized prompt + max_new_tokens).")
+            raise RlkitError(
+                f"rollout decode: the KV cache holds {self.capacity} positions, a step needs {end}; "
+                "this is a bug in rlkit.rollout.decode (the cache is sized prompt + max_new_tokens)."
+            )
         self.key_slab[:, :, start:end].copy_(key_states)
         self.value_slab[:, :, start:end].copy_(value_states)
         self.length = end
@@ -86,9 +90,9 @@ class SlabLayer(DynamicLayer):
         for name in ("key_slab", "value_slab"):
             slab = getattr(self, name)
             new = slab.new_empty(len(indices), *slab.shape[1:])
-            new[:, :, :self.length] = slab[indices, :, :self.length]
+            new[:, :, : self.length] = slab[indices, :, : self.length]
             setattr(self, name, new)
-        self.keys, self.values = self.key_slab[:, :, :self.length], self.value_slab[:, :, :self.length]
+        self.keys, self.values = self.key_slab[:, :, : self.length], self.value_slab[:, :, : self.length]
 
 
 class SlabCache(Cache):
@@ -156,11 +160,13 @@ class Decoding:
         window = 4 * max(len(s) for s in self.stop) + 4  # tokens enough to hold any stop string
         lo = max(0, step + 1 - window)
         for r in rows.nonzero().flatten().tolist():
-            text = self.tokenizer.decode(responses[r, lo:step + 1].tolist(), skip_special_tokens=False)
+            text = self.tokenizer.decode(responses[r, lo : step + 1].tolist(), skip_special_tokens=False)
             hit[r] = any(s in text for s in self.stop)
         return hit
 
-    def prefill(self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None):
+    def prefill(
+        self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None
+    ):
         """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share one
         prefill whose KV cache is then copied to every row); the head runs on the last position only.
         ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``).
@@ -170,11 +176,22 @@ class Decoding:
         share = self.plan.share_prefill and len(unique) < len(rows)
         if share:
             first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce_(
-                0, inverse, torch.arange(len(rows)), reduce="amin")  # one representative row per prompt
+                0, inverse, torch.arange(len(rows)), reduce="amin"
+            )  # one representative row per prompt
             ids, mask, pos = ids[first], mask[first], pos[first]
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(module).forward).parameters else {}
-        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache,
-                     **keep)
+        keep = (
+            {"logits_to_keep": 1}
+            if "logits_to_keep" in inspect.signature(type(module).forward).parameters
+            else {}
+        )
+        out = module(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            past_key_values=cache,
+            **keep,
+        )
         logits = out.logits[:, -1]
         if share:
             out.past_key_values.batch_select_indices(inverse)
@@ -182,8 +199,16 @@ class Decoding:
         return out, logits
 
 
-def decode(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-           responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+def decode(
+    run: Decoding,
+    module: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    responses: torch.Tensor,
+    log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> None:
     """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
     ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names."""
     layers = slab_layers(module) if run.plan.slab_cache else None
@@ -199,14 +224,23 @@ def _record(run: Decoding, responses, log_probs, response_mask, rows, step, toke
     response_mask[rows, step] = live.long()
 
 
-def _decode_slab(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor,
-                 num_layers: int) -> None:
+def _decode_slab(
+    run: Decoding,
+    module: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    num_layers: int,
+) -> None:
     """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws."""
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
-    mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)  # [B, P+T]
+    mask = torch.cat(
+        [prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1
+    )  # [B, P+T]
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
@@ -239,13 +273,25 @@ def _decode_slab(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, pro
             rows, last_pos = rows[index], last_pos[index]
         last_pos = last_pos + 1
         length = width + step + 1
-        out = module(input_ids=responses[rows, step:step + 1], attention_mask=mask[rows, :length],
-                     position_ids=last_pos[:, None], past_key_values=cache, use_cache=True)
+        out = module(
+            input_ids=responses[rows, step : step + 1],
+            attention_mask=mask[rows, :length],
+            position_ids=last_pos[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         logits = out.logits[:, -1]
 
 
-def _decode_plain(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                  responses: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+def _decode_plain(
+    run: Decoding,
+    module: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> None:
     """The reference loop: the model's ``DynamicCache``, every row forwarded until all are done."""
     b, max_new = responses.shape
     finished = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
@@ -266,6 +312,11 @@ def _decode_plain(run: Decoding, module: nn.Module, prompt_ids: torch.Tensor, pr
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         last_pos = last_pos + 1
-        out = module(input_ids=responses[:, step:step + 1], attention_mask=mask,
-                     position_ids=last_pos[:, None], past_key_values=out.past_key_values, use_cache=True)
+        out = module(
+            input_ids=responses[:, step : step + 1],
+            attention_mask=mask,
+            position_ids=last_pos[:, None],
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
         logits = out.logits[:, -1]

@@ -54,8 +54,10 @@ class Fp16Linear(nn.Module):
             weight = linear.weight.detach().float().contiguous()
             largest = float(weight.abs().max())
             if not largest <= _FP16_MAX:
-                raise RlkitError(f"rollout.backend.dtype=float16: {name or 'a linear'}'s weight holds {largest:g}, "
-                                 f"beyond fp16's range ({_FP16_MAX:g}); decode in float32 (or bfloat16) instead.")
+                raise RlkitError(
+                    f"rollout.backend.dtype=float16: {name or 'a linear'}'s weight holds {largest:g}, "
+                    f"beyond fp16's range ({_FP16_MAX:g}); decode in float32 (or bfloat16) instead."
+                )
             bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
             self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
 
@@ -63,7 +65,9 @@ class Fp16Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (fbgemm packed)"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (fbgemm packed)"
+        )
 
 
 def _packable(name: str, module: nn.Module) -> bool:
@@ -85,7 +89,9 @@ class Fp16DecodeCopy:
             raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32.")
         self.names = [name for name, m in source.named_modules() if _packable(name, m)]
         if not self.names:
-            raise RlkitError("rollout.backend.dtype=float16: the model has no nn.Linear to pack; use float32.")
+            raise RlkitError(
+                "rollout.backend.dtype=float16: the model has no nn.Linear to pack; use float32."
+            )
         self.module = copy.deepcopy(source).requires_grad_(False)  # its fp32 linears are dropped just below
         self.packed_at: dict[str, tuple[int, int]] = {}
         for name in self.names:

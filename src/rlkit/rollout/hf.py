@@ -46,9 +46,19 @@ __all__ = ["HFRollout"]
 class HFRollout:
     """Sampling from a transformers causal LM (plain or FSDP2-sharded) with a KV cache."""
 
-    def __init__(self, *, module: nn.Module, tokenizer, rollout_config: RolloutConfig, max_response_length: int,
-                 device: torch.device | str = "cpu", seed: int = 0, eos_token_ids: list[int] | None = None,
-                 params: Any = None, decode_plan: DecodePlan = DecodePlan()):
+    def __init__(
+        self,
+        *,
+        module: nn.Module,
+        tokenizer,
+        rollout_config: RolloutConfig,
+        max_response_length: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        eos_token_ids: list[int] | None = None,
+        params: Any = None,
+        decode_plan: DecodePlan = DecodePlan(),
+    ):
         """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults.
         ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast one)."""
         self.decode_plan = decode_plan
@@ -60,8 +70,12 @@ class HFRollout:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.eos_token_ids = torch.tensor(sorted({i for i in ids if i is not None}), device=self.device)
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
-        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)  # "auto" → this device's choice
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
+        )
+        dtype = concrete_decode_dtype(
+            getattr(params, "dtype", None), self.device
+        )  # "auto" → this device's choice
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
         self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
@@ -72,7 +86,11 @@ class HFRollout:
         from torch.distributed.fsdp import FSDPModule
 
         params = list(self.module.parameters())
-        if self.decode_dtype is None or isinstance(self.module, FSDPModule) or params[0].dtype == self.decode_dtype:
+        if (
+            self.decode_dtype is None
+            or isinstance(self.module, FSDPModule)
+            or params[0].dtype == self.decode_dtype
+        ):
             return self.module
         if self.decode_dtype == torch.float16 and self.device.type == "cpu":  # fbgemm's fp16-weight GEMM
             if self._fp16_copy is None:
@@ -112,11 +130,17 @@ class HFRollout:
         else:
             result = self.module.load_state_dict(weights, strict=False)
             tied = getattr(getattr(self.module, "config", None), "tie_word_embeddings", False)
-            missing = [k for k in result.missing_keys if not (tied and k.endswith("lm_head.weight"))
-                       and not (adapter_only and not is_adapter_key(k))]
+            missing = [
+                k
+                for k in result.missing_keys
+                if not (tied and k.endswith("lm_head.weight"))
+                and not (adapter_only and not is_adapter_key(k))
+            ]
             if missing or result.unexpected_keys:
-                raise RlkitError(f"rollout.update_weights: the state dict does not fit the rollout's model "
-                                 f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}).")
+                raise RlkitError(
+                    f"rollout.update_weights: the state dict does not fit the rollout's model "
+                    f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})."
+                )
 
     # ----- generation ---------------------------------------------------------------------------
     def _collective(self) -> bool:
@@ -139,14 +163,31 @@ class HFRollout:
 
     def _decoding(self, stop: list[str], sampling: dict) -> Decoding:
         """What this ``generate`` call decodes with (``rlkit.rollout.decode``)."""
-        return Decoding(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                        generator=self.generator, sampling=sampling, stop=stop, ignore_eos=self.config.ignore_eos,
-                        collective=self._collective(), plan=self.decode_plan)
+        return Decoding(
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            generator=self.generator,
+            sampling=sampling,
+            stop=stop,
+            ignore_eos=self.config.ignore_eos,
+            collective=self._collective(),
+            plan=self.decode_plan,
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> Batch:
         cfg = self.config
         n = cfg.n if n is None else n
         temperature = cfg.temperature if temperature is None else temperature
@@ -156,12 +197,16 @@ class HFRollout:
         do_sample = (temperature > 0) if do_sample is None else do_sample
         stop = list(cfg.stop if stop is None else stop)
         if "input_ids" not in prompts or "attention_mask" not in prompts:
-            raise RlkitError(f"rollout.generate needs prompt fields input_ids and attention_mask; got {prompts.keys()}.")
+            raise RlkitError(
+                f"rollout.generate needs prompt fields input_ids and attention_mask; got {prompts.keys()}."
+            )
 
         prompt_ids = prompts["input_ids"].to(self.device).repeat_interleave(n, dim=0)  # [B, P]
         prompt_mask = prompts["attention_mask"].to(self.device).long().repeat_interleave(n, dim=0)  # [B, P]
         b = prompt_ids.shape[0]
-        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=self.device)  # [B, T]
+        responses = torch.full(
+            (b, max_new), self.pad_token_id, dtype=torch.long, device=self.device
+        )  # [B, T]
         response_mask = torch.zeros((b, max_new), dtype=torch.long, device=self.device)
         log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
 
@@ -170,14 +215,26 @@ class HFRollout:
         sharded = self._keep_unsharded(True)
         module = self._decoder()
         module.eval()
-        run = self._decoding(stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample})
+        run = self._decoding(
+            stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
+        )
         try:
-            decode(run, module, prompt_ids, prompt_mask, responses=responses, log_probs=log_probs,
-                   response_mask=response_mask)
+            decode(
+                run,
+                module,
+                prompt_ids,
+                prompt_mask,
+                responses=responses,
+                log_probs=log_probs,
+                response_mask=response_mask,
+            )
         finally:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
-        meta = {"temperature": float(temperature) if do_sample and temperature > 0 else 1.0, "do_sample": bool(do_sample)}
+        meta = {
+            "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
+            "do_sample": bool(do_sample),
+        }
         if self._fp16_copy is not None and module is self._fp16_copy.module:
             meta["metrics"] = {"rollout/fp16_repacked_linears": float(self._fp16_copy.repacked)}
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

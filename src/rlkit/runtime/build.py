@@ -42,7 +42,9 @@ log = logging.getLogger("rlkit.runtime.build")
 
 def output_dir_of(recipe: Recipe) -> Path:
     t = recipe.trainer
-    return Path(t.output_dir.format(project_name=t.project_name, experiment_name=t.experiment_name)).expanduser()
+    return Path(
+        t.output_dir.format(project_name=t.project_name, experiment_name=t.experiment_name)
+    ).expanduser()
 
 
 @dataclass
@@ -73,7 +75,9 @@ class Runtime:
 
     # ----- building -----------------------------------------------------------------------------
     @classmethod
-    def start(cls, recipe: Recipe, registries: Registries, *, run_ids: dict[str, str] | None = None) -> Runtime:
+    def start(
+        cls, recipe: Recipe, registries: Registries, *, run_ids: dict[str, str] | None = None
+    ) -> Runtime:
         from rlkit.model.load import load_tokenizer
 
         pipeline = compose(recipe, registries)
@@ -89,10 +93,20 @@ class Runtime:
         resolved = hw.params() | (peak.params() if peak else {})
         tracking.log_params(recipe_to_dict(recipe) | {"resolved": resolved})
         rt = cls(
-            recipe=recipe, pipeline=pipeline, output_dir=out, tokenizer=tokenizer,
-            train_loader=train_loader, val_loader=val_loader, total_steps=total_steps,
-            reward=_reward_step(recipe, pipeline, tokenizer), estimator=pipeline.estimator,
-            kl_ctrl=_kl_controller(recipe), tracking=tracking, mlflow_uri=mlflow_uri, hardware=hw, peak=peak,
+            recipe=recipe,
+            pipeline=pipeline,
+            output_dir=out,
+            tokenizer=tokenizer,
+            train_loader=train_loader,
+            val_loader=val_loader,
+            total_steps=total_steps,
+            reward=_reward_step(recipe, pipeline, tokenizer),
+            estimator=pipeline.estimator,
+            kl_ctrl=_kl_controller(recipe),
+            tracking=tracking,
+            mlflow_uri=mlflow_uri,
+            hardware=hw,
+            peak=peak,
         )
         try:
             rt._start_workers()
@@ -120,14 +134,25 @@ class Runtime:
         self.cluster = RayCluster(recipe.resources).start()
         pools.check(roles_by_pool)
         groups = {}
-        for slot in ("actor_rollout_ref", "rollout", "ref", "critic", "reward_model"):  # the actor first: its ranks set the pace
+        for slot in (
+            "actor_rollout_ref",
+            "rollout",
+            "ref",
+            "critic",
+            "reward_model",
+        ):  # the actor first: its ranks set the pace
             role = placed.get(slot)
             if role is None:
                 continue
             pool = pools.pools[role.pool].create(roles=roles_by_pool[role.pool])
-            groups[slot] = WorkerGroup(load_object(role.role.spec.cls), pool, role=role.role.name,
-                                       threads=self.hardware.threads[slot], share=1.0 / per_pool[role.pool],
-                                       role_kwargs=self._role_kwargs(role))
+            groups[slot] = WorkerGroup(
+                load_object(role.role.spec.cls),
+                pool,
+                role=role.role.name,
+                threads=self.hardware.threads[slot],
+                share=1.0 / per_pool[role.pool],
+                role_kwargs=self._role_kwargs(role),
+            )
             self.groups.append(groups[slot])
         self.actor = groups["actor_rollout_ref"]
         self.critic = groups.get("critic")
@@ -151,34 +176,55 @@ class Runtime:
         if placed.slot == "actor_rollout_ref":
             colocated_ref = uses_ref(recipe) and pipe.role("ref") is None
             return {
-                "model_config": recipe.model, "actor_config": recipe.actor.model_copy(update={"mixed_precision": precision}),
+                "model_config": recipe.model,
+                "actor_config": recipe.actor.model_copy(update={"mixed_precision": precision}),
                 "rollout_config": recipe.rollout,
                 "ref_config": recipe.ref if colocated_ref else None,
-                "max_response_length": recipe.data.max_response_length, "total_steps": self.total_steps,
-                "seed": recipe.trainer.seed, "policy_loss": pipe.policy_loss,
+                "max_response_length": recipe.data.max_response_length,
+                "total_steps": self.total_steps,
+                "seed": recipe.trainer.seed,
+                "policy_loss": pipe.policy_loss,
                 "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
-                "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
+                "agent_loops": dict(pipe.agent_loops),
+                "default_agent": pipe.default_agent,
+                "tools": pipe.tools,
             }
         if placed.slot == "rollout":
             return {
-                "model_config": recipe.model, "rollout_config": recipe.rollout,
-                "max_response_length": recipe.data.max_response_length, "seed": recipe.trainer.seed,
+                "model_config": recipe.model,
+                "rollout_config": recipe.rollout,
+                "max_response_length": recipe.data.max_response_length,
+                "seed": recipe.trainer.seed,
                 "rollout_backend": _concrete_backend(pipe.rollout_backend, self.hardware),
-                "agent_loops": dict(pipe.agent_loops), "default_agent": pipe.default_agent, "tools": pipe.tools,
+                "agent_loops": dict(pipe.agent_loops),
+                "default_agent": pipe.default_agent,
+                "tools": pipe.tools,
                 "lora": recipe.actor.lora,
             }
         if placed.slot == "ref":
-            return {"model_config": recipe.model, "ref_config": recipe.ref, "temperature": recipe.rollout.temperature,
-                    "mixed_precision": precision}
+            return {
+                "model_config": recipe.model,
+                "ref_config": recipe.ref,
+                "temperature": recipe.rollout.temperature,
+                "mixed_precision": precision,
+            }
         if placed.slot == "critic":
             return {
-                "model_config": recipe.model, "critic_config": recipe.critic, "rollout_n": recipe.rollout.n,
+                "model_config": recipe.model,
+                "critic_config": recipe.critic,
+                "rollout_n": recipe.rollout.n,
                 "ppo_mini_batch_size": recipe.critic.ppo_mini_batch_size or recipe.actor.ppo_mini_batch_size,
-                "total_steps": self.total_steps, "mixed_precision": precision, "seed": recipe.trainer.seed,
+                "total_steps": self.total_steps,
+                "mixed_precision": precision,
+                "seed": recipe.trainer.seed,
             }
         rm = recipe.reward.reward_model
-        return {"model_config": recipe.model, "reward_model_path": rm.path,
-                "micro_batch_size": rm.micro_batch_size_per_rank, "mixed_precision": precision}
+        return {
+            "model_config": recipe.model,
+            "reward_model_path": rm.path,
+            "micro_batch_size": rm.micro_batch_size_per_rank,
+            "mixed_precision": precision,
+        }
 
     # ----- calls the trainer makes --------------------------------------------------------------
     def ref_call(self, method: str, batch: Batch) -> Batch:
@@ -207,8 +253,9 @@ class Runtime:
         if self.critic is not None:
             self.critic.call("load_checkpoint", dispatch="all", directory=str(directory))
 
-    def perf_metrics(self, batch: Batch, times: dict[str, float],
-                     update: dict[str, float]) -> dict[str, float]:
+    def perf_metrics(
+        self, batch: Batch, times: dict[str, float], update: dict[str, float]
+    ) -> dict[str, float]:
         """perf/mfu/actor: the update's executed FLOPs (``perf/flops/actor``, counted by the actor ranks in the
         layouts they ran: ``rlkit.model.flops``) over the driver's ``update_actor`` time and the stated peak
         of all actor ranks (``Runtime.peak`` × ranks). Absent where the peak is unknown (an unlisted GPU)."""
@@ -246,8 +293,9 @@ class Runtime:
             self.tracking.finish(status)
 
 
-def _loaders(recipe: Recipe, tokenizer: Any, pipeline: Pipeline,
-             out: Path) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+def _loaders(
+    recipe: Recipe, tokenizer: Any, pipeline: Pipeline, out: Path
+) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     """The train (and val) loaders: over data.train_files / val_files, or over the rows data.environment gives
     (written once to ``<output_dir>/environment/``, rlkit.data.environment)."""
     data = recipe.data
@@ -256,10 +304,17 @@ def _loaders(recipe: Recipe, tokenizer: Any, pipeline: Pipeline,
         train_files, val_files = write_environment_rows(pipeline.environment, out / "environment")
 
     def dataset(files: list[str]) -> RLDataset:
-        return RLDataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
-                         prompt_length_policy=data.prompt_length_policy)
+        return RLDataset(
+            files,
+            tokenizer,
+            prompt_key=data.prompt_key,
+            max_prompt_length=data.max_prompt_length,
+            prompt_length_policy=data.prompt_length_policy,
+        )
 
-    train = StatefulDataLoader(dataset(train_files), data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    train = StatefulDataLoader(
+        dataset(train_files), data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+    )
     val = None
     if val_files:
         val_set = dataset(val_files)
@@ -277,17 +332,28 @@ def _reward_step(recipe: Recipe, pipeline: Pipeline, tokenizer: Any) -> RewardSt
     sources = dict(pipeline.score_fns)
     if pipeline.environment is not None:  # its rows' data_source is its name: the environment scores them
         sources[pipeline.environment.name] = EnvironmentScore(pipeline.environment)
-    score_fn = make_score_fn(sources, custom, batch_call=spec.batched_scores,
-                             unknown_score=0.0 if fallback else None)
-    manager = pipeline.reward_manager.build(tokenizer, score_fn, num_examine=reward.num_examine,
-                                            default_score=reward.default_score, timeout_s=reward.timeout_s)
+    score_fn = make_score_fn(
+        sources, custom, batch_call=spec.batched_scores, unknown_score=0.0 if fallback else None
+    )
+    manager = pipeline.reward_manager.build(
+        tokenizer,
+        score_fn,
+        num_examine=reward.num_examine,
+        default_score=reward.default_score,
+        timeout_s=reward.timeout_s,
+    )
     overlong = None
     if reward.overlong_buffer.enable:
         ob = reward.overlong_buffer
         overlong = OverlongShaping(ob.len, ob.penalty_factor, recipe.data.max_response_length)
     has_rule = getattr(score_fn, "has_rule", None)
-    return RewardStep(manager, reward_model=rm.combine if rm.enable else None, has_rule=has_rule,
-                      overlong=overlong, max_error_fraction=reward.max_error_fraction)
+    return RewardStep(
+        manager,
+        reward_model=rm.combine if rm.enable else None,
+        has_rule=has_rule,
+        overlong=overlong,
+        max_error_fraction=reward.max_error_fraction,
+    )
 
 
 def _kl_controller(recipe: Recipe) -> Any:
@@ -297,12 +363,17 @@ def _kl_controller(recipe: Recipe) -> Any:
     return make_kl_controller(ctrl.type, kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
 
-def _tracking(recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int,
-              run_ids: dict[str, str]) -> tuple[Tracking, str | None]:
+def _tracking(
+    recipe: Recipe, pipeline: Pipeline, out: Path, total_steps: int, run_ids: dict[str, str]
+) -> tuple[Tracking, str | None]:
     cfg = TrackerConfig(
-        project=recipe.trainer.project_name, experiment=recipe.trainer.experiment_name, output_dir=out,
-        total_steps=total_steps, mlflow_uri=recipe.tracking.mlflow_uri,
-        jsonl_path=Path(recipe.tracking.jsonl_path) if recipe.tracking.jsonl_path else None, run_ids=run_ids,
+        project=recipe.trainer.project_name,
+        experiment=recipe.trainer.experiment_name,
+        output_dir=out,
+        total_steps=total_steps,
+        mlflow_uri=recipe.tracking.mlflow_uri,
+        jsonl_path=Path(recipe.tracking.jsonl_path) if recipe.tracking.jsonl_path else None,
+        run_ids=run_ids,
     )
     trackers = [start_tracker(load_object(t.spec.cls), cfg, t.params) for t in pipeline.trackers]
     mlflow_uri = next((getattr(t, "uri", None) for t in trackers if getattr(t, "name", "") == "mlflow"), None)
@@ -328,8 +399,9 @@ def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
     probe = 0.0
     if not device.startswith("cuda"):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        probe = max(matmul_flops(dtype, size=1024, threads=threads, budget_s=0.0, max_reps=3)
-                    for _ in range(3))
+        probe = max(
+            matmul_flops(dtype, size=1024, threads=threads, budget_s=0.0, max_reps=3) for _ in range(3)
+        )
     peak = stated_peak(device, precision, threads, probe=probe)
     if peak is None:
         log.info("no stated peak for %s (%s): perf/mfu/actor is not reported", device, precision)
@@ -342,8 +414,12 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
 
     backend = pipeline.rollout_backend
     decode = getattr(backend.params, "dtype", None)  # a backend with a decode-dtype parameter (hf)
-    hw = plan_run(recipe, device=resolve_device(recipe.resources.device),
-                  placed={slot: role.pool for slot, role in pipeline.roles.items()}, decode_dtype=decode)
+    hw = plan_run(
+        recipe,
+        device=resolve_device(recipe.resources.device),
+        placed={slot: role.pool for slot, role in pipeline.roles.items()},
+        decode_dtype=decode,
+    )
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)

@@ -35,8 +35,6 @@ COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -90,10 +88,16 @@ class CheckpointManager:
         if self.root.is_dir():
             for child in sorted(self.root.iterdir()):  # ".tmp-global_step_*" sorts before ".tmp-old-*"
                 step = _complete_step(child)
-                if child.name.startswith(".tmp-") and step is not None and not (self.root / f"global_step_{step}").exists():
+                if (
+                    child.name.startswith(".tmp-")
+                    and step is not None
+                    and not (self.root / f"global_step_{step}").exists()
+                ):
                     child.rename(self.root / f"global_step_{step}")
             for child in self.root.iterdir():
-                if child.name.startswith(".tmp-") or (_STEP_DIR.match(child.name) and not (child / COMPLETE).exists()):
+                if child.name.startswith(".tmp-") or (
+                    _STEP_DIR.match(child.name) and not (child / COMPLETE).exists()
+                ):
                     shutil.rmtree(child, ignore_errors=True)
                     removed.append(child)
         return removed
@@ -141,14 +145,18 @@ class CheckpointManager:
 
     def _write_failed(self, step: int, previous: Path | None, exc: Exception) -> str:
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0]
+        cause = (
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0]
+        )
         try:
             free = f" ({shutil.disk_usage(self.root).free / 2**30:.1f} GiB free there now)"
         except OSError:
             free = ""
-        return (f"could not write the checkpoint of step {step} under {self.root}: {type(exc).__name__}: {cause}; "
-                f"{kept}. Free disk space{free} or set trainer.output_dir to another disk, then resume "
-                f"(trainer.resume=auto).")
+        return (
+            f"could not write the checkpoint of step {step} under {self.root}: {type(exc).__name__}: {cause}; "
+            f"{kept}. Free disk space{free} or set trainer.output_dir to another disk, then resume "
+            f"(trainer.resume=auto)."
+        )
 
     def _prune(self) -> None:
         steps = self.steps()

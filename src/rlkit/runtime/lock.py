@@ -67,13 +67,21 @@ class RunLock:
             if exc.errno not in _UNSUPPORTED:
                 os.close(fd)
                 raise
-            log.warning("%s: the file system does not support locks (%s); one writer per folder is checked "
-                        "from the holder record only", path, exc.strerror)
+            log.warning(
+                "%s: the file system does not support locks (%s); one writer per folder is checked "
+                "from the holder record only",
+                path,
+                exc.strerror,
+            )
             _refuse_if_live(path, what)
         previous = _read_holder(path)
         if previous:
-            log.warning("%s: took over the lock of an earlier run that is gone (%s); its partial checkpoints "
-                        "are cleaned up as after any kill", what, _describe(previous))
+            log.warning(
+                "%s: took over the lock of an earlier run that is gone (%s); its partial checkpoints "
+                "are cleaned up as after any kill",
+                what,
+                _describe(previous),
+            )
         lock = cls(path, fd, what)
         lock._write(_holder_record())
         return lock
@@ -103,8 +111,12 @@ class RunLock:
 
 
 def _holder_record() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "command": " ".join(sys.argv)}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": " ".join(sys.argv),
+    }
 
 
 def _read_holder(path: Path) -> dict[str, Any]:
@@ -118,15 +130,19 @@ def _read_holder(path: Path) -> dict[str, Any]:
 def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "holder unknown: its record is empty"
-    return (f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}, "
-            f"command: {holder.get('command')}")
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}, "
+        f"command: {holder.get('command')}"
+    )
 
 
 def _busy_message(path: Path, what: str, holder: dict[str, Any]) -> str:
-    return (f"{what} is in use by another run ({_describe(holder)}; lock file {path}). Two runs writing "
-            "one folder corrupt its metrics and checkpoints. Set trainer.output_dir (or "
-            "trainer.experiment_name) to another folder, or stop the other run first (then the same command "
-            "resumes from its last checkpoint).")
+    return (
+        f"{what} is in use by another run ({_describe(holder)}; lock file {path}). Two runs writing "
+        "one folder corrupt its metrics and checkpoints. Set trainer.output_dir (or "
+        "trainer.experiment_name) to another folder, or stop the other run first (then the same command "
+        "resumes from its last checkpoint)."
+    )
 
 
 def _refuse_if_live(path: Path, what: str) -> None:
@@ -151,8 +167,10 @@ def lock_run_outputs(recipe: Recipe) -> list[RunLock]:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RlkitError(f"trainer.output_dir: cannot create {out}: {exc.strerror}. Choose a folder you can "
-                         "write (trainer.output_dir=...).") from exc
+        raise RlkitError(
+            f"trainer.output_dir: cannot create {out}: {exc.strerror}. Choose a folder you can "
+            "write (trainer.output_dir=...)."
+        ) from exc
     locks = [RunLock.acquire(out / LOCK_FILE, f"output folder {out}")]
     jsonl = recipe.tracking.jsonl_path
     if jsonl and Path(jsonl).expanduser().resolve().parent != out.resolve():

@@ -36,7 +36,9 @@ def save_hf_config(model_config: Any, tokenizer: Any, directory: Path) -> None:
 
     source = resolve_model_path(model_config.path)
     directory.mkdir(parents=True, exist_ok=True)
-    AutoConfig.from_pretrained(source, trust_remote_code=model_config.trust_remote_code).save_pretrained(directory)
+    AutoConfig.from_pretrained(source, trust_remote_code=model_config.trust_remote_code).save_pretrained(
+        directory
+    )
     try:
         GenerationConfig.from_pretrained(source).save_pretrained(directory)
     except OSError:
@@ -56,21 +58,26 @@ def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
 
     dcp_dir = checkpoint / "actor" / "dcp"
     if not dcp_dir.is_dir():
-        raise MergeError(f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as .../checkpoints/global_step_10")
+        raise MergeError(
+            f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as .../checkpoints/global_step_10"
+        )
     reader = dcp.FileSystemReader(str(dcp_dir))
     entries = reader.read_metadata().state_dict_metadata
     prefix = "model." if any(k.startswith("model.") for k in entries) else ""
-    model = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
-             for key, meta in entries.items()
-             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+    model = {
+        key[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in entries.items()
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
     if not model:
         raise MergeError(f"{dcp_dir}: the checkpoint holds no model tensors")
     dcp.load({"model": model} if prefix else model, storage_reader=reader, no_dist=True)
     return model
 
 
-def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None, *,
-                     merge_lora: bool = False) -> Path:
+def merge_checkpoint(
+    checkpoint: str | Path, out: str | Path, dtype: str | None = None, *, merge_lora: bool = False
+) -> Path:
     """Write ``out`` (config, tokenizer, safetensors) from ``checkpoint``; atomic (temp folder + rename).
     A LoRA checkpoint gives the adapter folder, or with ``merge_lora`` the merged model."""
     import torch
@@ -79,24 +86,32 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None 
     checkpoint, out = Path(checkpoint), Path(out)
     hf_config = checkpoint / "hf_config"
     if not (hf_config / "config.json").is_file():
-        raise MergeError(f"{checkpoint}: no hf_config/config.json; is this an rlkit checkpoint folder (global_step_N)?")
+        raise MergeError(
+            f"{checkpoint}: no hf_config/config.json; is this an rlkit checkpoint folder (global_step_N)?"
+        )
     if (checkpoint / "actor" / "adapter_config.json").is_file():
         return _write(_lora_model(checkpoint, dtype, merge_lora), hf_config, out)
     if merge_lora:
-        raise MergeError(f"{checkpoint}: --merge-lora needs a LoRA checkpoint (actor.lora; actor/adapter_config.json), "
-                         "this one holds full weights; drop --merge-lora")
+        raise MergeError(
+            f"{checkpoint}: --merge-lora needs a LoRA checkpoint (actor.lora; actor/adapter_config.json), "
+            "this one holds full weights; drop --merge-lora"
+        )
     weights = load_actor_state_dict(checkpoint)
     config = AutoConfig.from_pretrained(hf_config)
     with torch.device("meta"):  # no random init of weights that are overwritten next
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype) if dtype else torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=getattr(torch, dtype) if dtype else torch.float32
+        )
     if dtype:
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
     result = model.load_state_dict(weights, strict=False, assign=True)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in result.missing_keys if k not in tied and not k.endswith("lm_head.weight")]
     if missing or result.unexpected_keys:
-        raise MergeError(f"{checkpoint}: the actor weights do not fit the model config: missing {missing[:5]}, "
-                         f"unexpected {result.unexpected_keys[:5]}")
+        raise MergeError(
+            f"{checkpoint}: the actor weights do not fit the model config: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     return _write(model, hf_config, out)
@@ -116,9 +131,13 @@ def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
     if base_path and not Path(base_path).is_dir() and is_hub_id(base_path):
         base_path = resolve_hub_id(base_path, key)  # a Hub id: from the HF cache, or downloaded
     if not base_path or not Path(base_path).is_dir():
-        raise MergeError(f"{checkpoint}/actor/adapter_config.json: its base model folder {base_path!r} is not here; "
-                         "set base_model_name_or_path in that file to the base model's folder or Hub id")
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype) if dtype else torch.float32)
+        raise MergeError(
+            f"{checkpoint}/actor/adapter_config.json: its base model folder {base_path!r} is not here; "
+            "set base_model_name_or_path in that file to the base model's folder or Hub id"
+        )
+    base = AutoModelForCausalLM.from_pretrained(
+        base_path, dtype=getattr(torch, dtype) if dtype else torch.float32
+    )
     model = peft.get_peft_model(base, lora_config)
     weights = load_actor_state_dict(checkpoint)
     inner = model.base_model.model
@@ -126,8 +145,10 @@ def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
     result = inner.load_state_dict(weights, strict=False)
     missing = sorted(expected - set(weights))
     if missing or result.unexpected_keys:
-        raise MergeError(f"{checkpoint}: the adapter shards do not fit adapter_config.json on {base_path}: missing "
-                         f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+        raise MergeError(
+            f"{checkpoint}: the adapter shards do not fit adapter_config.json on {base_path}: missing "
+            f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
     return model.merge_and_unload() if merge_lora else model
 
 

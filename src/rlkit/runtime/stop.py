@@ -130,7 +130,9 @@ class StopHandler:
             if self.signum is not None:
                 return
             self.signum = signum
-            self._deadline = threading.Timer(self.grace_s, self._hard_stop, args=(f"did not stop within {self.grace_s:g} s",))
+            self._deadline = threading.Timer(
+                self.grace_s, self._hard_stop, args=(f"did not stop within {self.grace_s:g} s",)
+            )
             self._deadline.daemon = True
             self._deadline.start()
         name = signal.Signals(signum).name
@@ -138,8 +140,10 @@ class StopHandler:
             where = self._where()
         except Exception:  # noqa: BLE001
             where = ""
-        self._say(f"rlkit: {name} received{where}; stopping (killing the workers' calls in flight). "
-                  f"{'Press Ctrl-C again' if signum == signal.SIGINT else 'Send it again'} to kill at once.")
+        self._say(
+            f"rlkit: {name} received{where}; stopping (killing the workers' calls in flight). "
+            f"{'Press Ctrl-C again' if signum == signal.SIGINT else 'Send it again'} to kill at once."
+        )
 
     def _watch(self, read_fd: int) -> None:
         """Helper thread: one byte per signal from the wakeup fd; the second signal is a hard stop."""

@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrackerConfig", "Tracking", "FailedTracker", "start_tracker", "ConsoleTracker", "MlflowTracker", "JsonlTracker", "flatten"]
+__all__ = [
+    "TrackerConfig",
+    "Tracking",
+    "FailedTracker",
+    "start_tracker",
+    "ConsoleTracker",
+    "MlflowTracker",
+    "JsonlTracker",
+    "flatten",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +70,9 @@ class ConsoleTracker:
 
         self.run_id = ""
         self.every = every
-        self.bar = tqdm(total=config.total_steps, desc=config.experiment, unit="step", dynamic_ncols=True, file=sys.stderr)
+        self.bar = tqdm(
+            total=config.total_steps, desc=config.experiment, unit="step", dynamic_ncols=True, file=sys.stderr
+        )
 
     def log_params(self, params: dict[str, Any]) -> None:
         pass
@@ -149,12 +160,16 @@ class MlflowTracker:
         if config.mlflow_uri is None:
             from rlkit.runtime.mlflow_store import prepare_sqlite_store
 
-            prepare_sqlite_store(root / "mlflow.db")  # a migrated empty store, copied (MLflow would migrate anew)
+            prepare_sqlite_store(
+                root / "mlflow.db"
+            )  # a migrated empty store, copied (MLflow would migrate anew)
         self.uri = config.mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.uri)
         experiment = self.client.get_experiment_by_name(config.project)
         if experiment is None:
-            experiment_id = self.client.create_experiment(config.project, artifact_location=(root / "mlartifacts").as_uri())
+            experiment_id = self.client.create_experiment(
+                config.project, artifact_location=(root / "mlartifacts").as_uri()
+            )
         else:
             experiment_id = experiment.experiment_id
         resume = config.run_ids.get(self.name)
@@ -234,12 +249,19 @@ class Tracking:
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
                 name = getattr(tracker, "name", type(tracker).__name__)
                 if name not in self.errors:
-                    logger.warning("tracker '%s' failed in %s(): %s: %s; training goes on, later errors are counted in tracking/errors",
-                                   name, method, type(exc).__name__, exc)
+                    logger.warning(
+                        "tracker '%s' failed in %s(): %s: %s; training goes on, later errors are counted in tracking/errors",
+                        name,
+                        method,
+                        type(exc).__name__,
+                        exc,
+                    )
                 self.errors[name] = self.errors.get(name, 0) + 1
 
     def run_ids(self) -> dict[str, str]:
-        return {getattr(t, "name", type(t).__name__): t.run_id for t in self.trackers if getattr(t, "run_id", "")}
+        return {
+            getattr(t, "name", type(t).__name__): t.run_id for t in self.trackers if getattr(t, "run_id", "")
+        }
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._each("log_params", params)

@@ -49,10 +49,16 @@ def slow_limit(history: list[float], *, factor: float, min_s: float, first_s: fl
     With 3 finished runs of 4 s each, factor 5 and min 60 s: 5 × 4 = 20 s < 60 s, so the limit is 60 s.
     """
     if len(history) < MIN_HISTORY:
-        return first_s, f"it has {len(history)} earlier run(s), so the first-run limit of {first_s:g} s applies"
+        return (
+            first_s,
+            f"it has {len(history)} earlier run(s), so the first-run limit of {first_s:g} s applies",
+        )
     median = statistics.median(history)
     limit = max(min_s, factor * median)
-    return limit, f"over {limit:g} s = max({min_s:g} s, {factor:g} × its median {median:.3g} s of the last {len(history)} runs)"
+    return (
+        limit,
+        f"over {limit:g} s = max({min_s:g} s, {factor:g} × its median {median:.3g} s of the last {len(history)} runs)",
+    )
 
 
 @dataclass
@@ -74,7 +80,9 @@ class PhaseWatch:
         self.step = 0
         self._stack: list[_Running] = []
         self._history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self._pinged: dict[tuple[int, int], float] = {}  # (id of the in-flight call, rank) -> when pinged last
+        self._pinged: dict[
+            tuple[int, int], float
+        ] = {}  # (id of the in-flight call, rank) -> when pinged last
         self._reported_hung: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,12 +126,22 @@ class PhaseWatch:
         if running is not None:
             elapsed = time.monotonic() - running.started
             cfg = self.config
-            limit, why = slow_limit(list(self._history[running.phase]), factor=cfg.slow_factor,
-                                    min_s=cfg.slow_min_s, first_s=cfg.first_slow_s)
+            limit, why = slow_limit(
+                list(self._history[running.phase]),
+                factor=cfg.slow_factor,
+                min_s=cfg.slow_min_s,
+                first_s=cfg.first_slow_s,
+            )
             if elapsed > max(limit, running.next_report):
                 running.next_report = 2 * elapsed
-                log.warning("phase '%s' of step %d has run %.0f s, %s.%s", running.phase, running.step, elapsed,
-                            why, self._waiting_on(probe=True))
+                log.warning(
+                    "phase '%s' of step %d has run %.0f s, %s.%s",
+                    running.phase,
+                    running.step,
+                    elapsed,
+                    why,
+                    self._waiting_on(probe=True),
+                )
         self._ping_silent_ranks()
 
     def _waiting_on(self, probe: bool) -> str:
@@ -133,8 +151,10 @@ class PhaseWatch:
             for call in group.in_flight():
                 waiting = call.waiting
                 done = sorted(call.answered)
-                lines.append(f"\n  role '{group.role}', method '{call.method}' ({time.monotonic() - call.started:.0f} s): "
-                             f"rank(s) {waiting} still working" + (f", rank(s) {done} answered" if done else ""))
+                lines.append(
+                    f"\n  role '{group.role}', method '{call.method}' ({time.monotonic() - call.started:.0f} s): "
+                    f"rank(s) {waiting} still working" + (f", rank(s) {done} answered" if done else "")
+                )
                 if probe and waiting:
                     for rank, state in group.probe(waiting, self.config.ping_timeout_s).items():
                         lines.append(f"\n    rank {rank}: {_describe(state, self.config.ping_timeout_s)}")
@@ -146,8 +166,12 @@ class PhaseWatch:
             for call in group.in_flight():
                 if now - call.started < self.config.ping_after_s or not call.waiting:
                     continue
-                due = [r for r in call.waiting if now - self._pinged.get((id(call), r), call.started)
-                       >= self.config.ping_after_s and (id(call), r) not in self._reported_hung]
+                due = [
+                    r
+                    for r in call.waiting
+                    if now - self._pinged.get((id(call), r), call.started) >= self.config.ping_after_s
+                    and (id(call), r) not in self._reported_hung
+                ]
                 if not due:
                     continue
                 for rank in due:
@@ -155,10 +179,15 @@ class PhaseWatch:
                 for rank, state in group.probe(due, self.config.ping_timeout_s).items():
                     if state["state"] != "alive":
                         self._reported_hung.add((id(call), rank))
-                        log.warning("role '%s', rank %d %s, while the driver has waited %.0f s for its '%s'. "
-                                    "Ctrl-C stops the run (a resume continues from the last checkpoint).",
-                                    group.role, rank, _describe(state, self.config.ping_timeout_s),
-                                    now - call.started, call.method)
+                        log.warning(
+                            "role '%s', rank %d %s, while the driver has waited %.0f s for its '%s'. "
+                            "Ctrl-C stops the run (a resume continues from the last checkpoint).",
+                            group.role,
+                            rank,
+                            _describe(state, self.config.ping_timeout_s),
+                            now - call.started,
+                            call.method,
+                        )
 
 
 def _describe(state: dict[str, Any], timeout_s: float) -> str:
@@ -168,5 +197,7 @@ def _describe(state: dict[str, Any], timeout_s: float) -> str:
     if state["state"] == "dead":
         return f"is dead ({state.get('error')})"
     pid = f" (pid {state['pid']})" if state.get("pid") else ""
-    return f"does not answer a liveness ping within {timeout_s:g} s{pid}: it is hung (stuck holding the GIL, " \
-           f"stopped, or its node is unreachable)"
+    return (
+        f"does not answer a liveness ping within {timeout_s:g} s{pid}: it is hung (stuck holding the GIL, "
+        f"stopped, or its node is unreachable)"
+    )

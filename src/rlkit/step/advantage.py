@@ -28,8 +28,9 @@ def advantage(batch: Batch, ctx: StepContext) -> tuple[Batch, dict[str, float]]:
     metrics: dict[str, float] = {}
     if algo.use_kl_in_reward:
         old = batch["old_log_prob"] if "old_log_prob" in batch else batch["rollout_log_probs"]
-        rewards, metrics = apply_kl_penalty(scores, old, batch["ref_log_prob"], batch["response_mask"],
-                                            ctx.rt.kl_ctrl, algo.kl_penalty)
+        rewards, metrics = apply_kl_penalty(
+            scores, old, batch["ref_log_prob"], batch["response_mask"], ctx.rt.kl_ctrl, algo.kl_penalty
+        )
     else:
         rewards = scores
     batch["token_level_rewards"] = rewards
@@ -44,8 +45,12 @@ def estimator_inputs(batch: Batch, rewards: torch.Tensor, spec: Any) -> Estimato
     """``EstimatorInputs`` with the fields ``spec`` (an ``EstimatorSpec``) declares, the others None."""
     otb = spec.needs_sum_pi_squared
     return EstimatorInputs(
-        token_level_rewards=rewards, response_mask=batch["response_mask"].to(rewards.dtype), group_id=batch["group_id"],
+        token_level_rewards=rewards,
+        response_mask=batch["response_mask"].to(rewards.dtype),
+        group_id=batch["group_id"],
         values=batch["values"] if spec.needs_critic else None,
         reward_baselines=batch["reward_baselines"] if spec.needs_greedy_baseline else None,
-        old_log_prob=batch["old_log_prob"] if otb else None, sum_pi_squared=batch["sum_pi_squared"] if otb else None,
-        rollout_is_weights=batch["rollout_is_weights"] if otb and "rollout_is_weights" in batch else None)
+        old_log_prob=batch["old_log_prob"] if otb else None,
+        sum_pi_squared=batch["sum_pi_squared"] if otb else None,
+        rollout_is_weights=batch["rollout_is_weights"] if otb and "rollout_is_weights" in batch else None,
+    )

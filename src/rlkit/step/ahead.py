@@ -37,8 +37,15 @@ from rlkit.batch import Batch
 from rlkit.rollout.base import rollout_inputs
 from rlkit.step.generate import join_generation, repeat_prompts
 
-__all__ = ["Generation", "StalenessQueue", "RolloutPipeline", "generated_ahead", "staleness_bound", "pipeline_depth",
-           "MODES"]
+__all__ = [
+    "Generation",
+    "StalenessQueue",
+    "RolloutPipeline",
+    "generated_ahead",
+    "staleness_bound",
+    "pipeline_depth",
+    "MODES",
+]
 
 MODES = ("sync", "one_step_off", "async")
 DEFAULT_STALENESS = {"one_step_off": 1, "async": 2}
@@ -82,8 +89,10 @@ class StalenessQueue:
 
     def put(self, item: Generation) -> None:
         if self.items and item.version < self.items[-1].version:
-            raise ValueError(f"generation {item.serial} has version {item.version}, older than the one queued before "
-                             f"it ({self.items[-1].version}): versions only grow")
+            raise ValueError(
+                f"generation {item.serial} has version {item.version}, older than the one queued before "
+                f"it ({self.items[-1].version}): versions only grow"
+            )
         self.items.append(item)
 
     def staleness(self, item: Generation, actor_version: int) -> int:
@@ -129,8 +138,9 @@ class RolloutPipeline:
             self.queue.put(Generation(request, pending, self.version, self.serial))
             self.serial += 1
 
-    def take(self, actor_version: int, make_request: Callable[[int], tuple[Any, Any]],
-             ahead: int | None = None) -> tuple[Generation, int]:
+    def take(
+        self, actor_version: int, make_request: Callable[[int], tuple[Any, Any]], ahead: int | None = None
+    ) -> tuple[Generation, int]:
         """The next batch to train on (waits for it) and how many stale generations were dropped first
         (``ahead``: see ``top_up``)."""
         dropped = 0
@@ -157,8 +167,12 @@ class RolloutPipeline:
         if len(pending.refs) > 1:
             from rlkit.workers.group import PendingCall
 
-            PendingCall(self.actor, "rollout_state_dict", "all", pending.refs[1:]).get()  # the other ranks: {}
-        self.pushes.append(self.rollout.submit("update_weights", pending.refs[0], dispatch="all", version=version))
+            PendingCall(
+                self.actor, "rollout_state_dict", "all", pending.refs[1:]
+            ).get()  # the other ranks: {}
+        self.pushes.append(
+            self.rollout.submit("update_weights", pending.refs[0], dispatch="all", version=version)
+        )
         self.version = version
 
     def check_pushes(self, wait: bool = False) -> None:
@@ -196,10 +210,12 @@ def generated_ahead(more_prompts: Any, ctx: Any, pipe: RolloutPipeline) -> tuple
     """The generation phase with a rollout pool: the next batch it generated ahead (waiting for it if needed); it
     draws new prompts from ``more_prompts`` to stay ``depth`` generations ahead. Metrics ``async/*``: the staleness
     of the batch's rows (actor version - ``rollout_version``) and the generations dropped as too stale."""
+
     def request(serial: int) -> tuple[Batch, Batch]:
         prompts = next(more_prompts)
-        repeated = repeat_prompts(Batch(prompts.tensors, prompts.non_tensors, prompts.meta), f"g{serial}",
-                                  ctx.recipe.rollout.n)
+        repeated = repeat_prompts(
+            Batch(prompts.tensors, prompts.non_tensors, prompts.meta), f"g{serial}", ctx.recipe.rollout.n
+        )
         return repeated, rollout_inputs(repeated)
 
     actor_version = ctx.global_step - 1  # updates the actor has made before this step's
@@ -207,6 +223,10 @@ def generated_ahead(more_prompts: Any, ctx: Any, pipe: RolloutPipeline) -> tuple
     item, dropped = pipe.take(actor_version, request, ahead=ahead)
     batch, metrics = join_generation(item.request, item.result)
     staleness = (actor_version - batch["rollout_version"]).float()  # [B]
-    return batch, metrics | {"async/staleness_mean": float(staleness.mean()),
-                             "async/staleness_max": float(staleness.max()), "async/dropped_stale": float(dropped),
-                             "async/weights_version": float(actor_version), "async/queued": float(len(pipe.queue))}
+    return batch, metrics | {
+        "async/staleness_mean": float(staleness.mean()),
+        "async/staleness_max": float(staleness.max()),
+        "async/dropped_stale": float(dropped),
+        "async/weights_version": float(actor_version),
+        "async/queued": float(len(pipe.queue)),
+    }

@@ -18,7 +18,9 @@ __all__ = ["greedy_baseline"]
 
 
 def greedy_baseline(batch: Batch, ctx: StepContext, prompts: Batch) -> tuple[Batch, dict[str, float]]:
-    greedy = ctx.rt.actor.call("generate_sequences", rollout_inputs(prompts), balance=False, n=1, do_sample=False)
+    greedy = ctx.rt.actor.call(
+        "generate_sequences", rollout_inputs(prompts), balance=False, n=1, do_sample=False
+    )
     greedy_batch = prompts.select(list(prompts.non_tensors)).union(Batch(greedy.tensors, {}, {}))
     baseline = reward_of(greedy_batch, ctx).token_level_scores.sum(-1)  # [B/n]
     batch["reward_baselines"] = baseline.repeat_interleave(ctx.recipe.rollout.n)  # [B]

@@ -1,11 +1,11 @@
 """Phases that are one call to a role's workers (the worker groups split the batch over their ranks).
 
-    batch, metrics = old_log_prob(batch, ctx, with_sum_pi_squared)   # actor: old_log_prob [B, T] (+ sum_pi_squared)
-    batch, metrics = ref_log_prob(batch, ctx)                        # ref: ref_log_prob [B, T]
-    batch, metrics = values(batch, ctx)                              # critic: values [B, T]
-    batch, metrics = update_critic(batch, ctx)                       # critic/* metrics
-    batch, metrics = update_actor(batch, ctx)                        # actor/* metrics (a mask correction applied)
-    batch, metrics = sync_weights(batch, ctx)                        # hybrid engine: the rollout gets the update
+batch, metrics = old_log_prob(batch, ctx, with_sum_pi_squared)   # actor: old_log_prob [B, T] (+ sum_pi_squared)
+batch, metrics = ref_log_prob(batch, ctx)                        # ref: ref_log_prob [B, T]
+batch, metrics = values(batch, ctx)                              # critic: values [B, T]
+batch, metrics = update_critic(batch, ctx)                       # critic/* metrics
+batch, metrics = update_actor(batch, ctx)                        # actor/* metrics (a mask correction applied)
+batch, metrics = sync_weights(batch, ctx)                        # hybrid engine: the rollout gets the update
 """
 
 from __future__ import annotations

@@ -55,8 +55,10 @@ def correct_rollout(batch: Batch, correction: Any | None) -> tuple[Batch, dict[s
 
     if bypass_on(correction):
         if "rollout_log_probs" not in batch:
-            raise RlkitError("rollout correction bypass: the batch has no rollout_log_probs to use as old_log_prob; the "
-                             "rollout backend must return them (validation checks its spec's rollout_log_probs)")
+            raise RlkitError(
+                "rollout correction bypass: the batch has no rollout_log_probs to use as old_log_prob; the "
+                "rollout backend must return them (validation checks its spec's rollout_log_probs)"
+            )
         batch["old_log_prob"] = batch["rollout_log_probs"]
         batch.meta["old_log_prob_is_rollout"] = True
         return batch, {"rollout_corr/bypass": 1.0}

@@ -27,8 +27,11 @@ class Timer:
     ``on_exit(name, seconds)`` as it ends.
     """
 
-    def __init__(self, on_enter: Callable[[str], None] | None = None,
-                 on_exit: Callable[[str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_enter: Callable[[str], None] | None = None,
+        on_exit: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.times: dict[str, float] = defaultdict(float)
         self.on_enter = on_enter
         self.on_exit = on_exit
@@ -52,7 +55,11 @@ def stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.detach().float().flatten()
     if values.numel() == 0:
         return {}
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
 
 
 def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -75,7 +82,9 @@ def data_metrics(batch: Batch, *, max_prompt_length: int, max_response_length: i
         returns = _masked(batch["returns"], response_mask)
         values = _masked(batch["values"], response_mask)
         var = returns.var(unbiased=False)
-        metrics["critic/vf_explained_var"] = (1.0 - (returns - values).var(unbiased=False) / (var + 1e-5)).item()
+        metrics["critic/vf_explained_var"] = (
+            1.0 - (returns - values).var(unbiased=False) / (var + 1e-5)
+        ).item()
     metrics |= stats("response_length", response_length)
     metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
     metrics |= stats("prompt_length", prompt_length)
@@ -113,8 +122,13 @@ def throughput_metrics(batch: Batch, step_time: float, num_ranks: int) -> dict[s
     return metrics
 
 
-def validation_metrics(data_sources: np.ndarray, uids: np.ndarray, scores: list[float], n: int,
-                       extra: dict[str, list[Any]] | None = None) -> dict[str, float]:
+def validation_metrics(
+    data_sources: np.ndarray,
+    uids: np.ndarray,
+    scores: list[float],
+    n: int,
+    extra: dict[str, list[Any]] | None = None,
+) -> dict[str, float]:
     """val-core/<data_source>/<var>/mean@n and best@n (best over each prompt's n samples): the shared lines of
     ``rlkit.eval.metrics.core_metrics`` (what ``rlkit eval`` reports too).
 

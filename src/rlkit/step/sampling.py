@@ -24,8 +24,9 @@ from rlkit.step.generate import group_ids
 __all__ = ["dynamic_sampling", "score_metric_names"]
 
 
-def dynamic_sampling(batch: Batch, ctx: StepContext, acc: DynamicSamplingAccumulator,
-                     refill: Callable[[int], Batch]) -> tuple[Batch, dict[str, float]]:
+def dynamic_sampling(
+    batch: Batch, ctx: StepContext, acc: DynamicSamplingAccumulator, refill: Callable[[int], Batch]
+) -> tuple[Batch, dict[str, float]]:
     acc.reset()
     kept: list[Batch] = []
     name = ctx.recipe.algorithm.filter_groups.metric
@@ -33,7 +34,9 @@ def dynamic_sampling(batch: Batch, ctx: StepContext, acc: DynamicSamplingAccumul
         try:
             keep = acc.add(batch["group_id"], filter_metric(batch, name, ctx.recipe.reward.manager))
         except DynamicSamplingError as exc:
-            raise DynamicSamplingError(f"{exc} Metrics the scores carry: {score_metric_names(batch)}.") from None
+            raise DynamicSamplingError(
+                f"{exc} Metrics the scores carry: {score_metric_names(batch)}."
+            ) from None
         kept.append(batch[keep])
         if acc.full:
             break
@@ -58,4 +61,5 @@ def filter_metric(batch: Batch, name: str, manager: str) -> torch.Tensor:
         return torch.tensor([float(v) for v in batch[f"reward_extra/{name}"]])
     raise DynamicSamplingError(
         f"algorithm.filter_groups.metric={name!r}: the reward manager '{manager}' gives no such per-sample metric; "
-        f"valid here: {score_metric_names(batch)}.")
+        f"valid here: {score_metric_names(batch)}."
+    )

@@ -54,7 +54,9 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
     path = checkpoints.resolve_resume(recipe.trainer.resume)
     if path is None:
         return None
-    state = load_state_file(path / "trainer_state.pt")  # weights_only: no pickled code runs (runtime.checkpoint)
+    state = load_state_file(
+        path / "trainer_state.pt"
+    )  # weights_only: no pickled code runs (runtime.checkpoint)
     rt.load_workers(path)
     rt.train_loader.load_state_dict(state["dataloader"])
     if state["kl_ctrl"] is not None and rt.kl_ctrl is not None:
@@ -65,15 +67,22 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
     if pipe is not None and queued is not None:
         pipe.load_state_dict(queued)
     elif queued and queued["items"]:
-        log.warning("the checkpoint holds %d batches generated ahead (trainer.mode was not sync); trainer.mode=sync "
-                    "discards them: their prompts are skipped", len(queued["items"]))
+        log.warning(
+            "the checkpoint holds %d batches generated ahead (trainer.mode was not sync); trainer.mode=sync "
+            "discards them: their prompts are skipped",
+            len(queued["items"]),
+        )
     log.info("resumed from %s at step %d", path, state["global_step"])
     return state["global_step"]
 
 
 def write_run_info(rt: Any, output_dir: Path) -> None:
-    info = {"run_ids": rt.tracking.run_ids(), "mlflow_uri": rt.mlflow_uri, "started": time.time(),
-            "output_dir": str(output_dir),
-            "resolved": (rt.hardware.params() if rt.hardware is not None else {})
-            | (rt.peak.params() if rt.peak is not None else {})}  # auto's inputs, the MFU peak
+    info = {
+        "run_ids": rt.tracking.run_ids(),
+        "mlflow_uri": rt.mlflow_uri,
+        "started": time.time(),
+        "output_dir": str(output_dir),
+        "resolved": (rt.hardware.params() if rt.hardware is not None else {})
+        | (rt.peak.params() if rt.peak is not None else {}),
+    }  # auto's inputs, the MFU peak
     (output_dir / "run_info.json").write_text(json.dumps(info, indent=1))

@@ -62,27 +62,45 @@ class Trainer:
         self.hooks = hooks or RunHooks()
         self.global_step = 0
         self.output_dir = runtime.output_dir
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep,
-                                             hooks=self.hooks)
+        self.checkpoints = CheckpointManager(
+            self.output_dir / "checkpoints", keep=recipe.trainer.max_ckpt_to_keep, hooks=self.hooks
+        )
         filter_groups = recipe.algorithm.filter_groups
-        self.sampling = (DynamicSamplingAccumulator(recipe.data.train_batch_size, filter_groups.max_num_gen_batches,
-                                                    filter_groups.metric) if filter_groups.enable else None)
+        self.sampling = (
+            DynamicSamplingAccumulator(
+                recipe.data.train_batch_size, filter_groups.max_num_gen_batches, filter_groups.metric
+            )
+            if filter_groups.enable
+            else None
+        )
         spec = runtime.estimator.spec
         self.needs_baseline = spec.needs_greedy_baseline
         self.needs_sum_pi_squared = spec.needs_sum_pi_squared
         correction = runtime.pipeline.rollout_correction
-        self.bypass = bypass_on(correction)  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
+        self.bypass = bypass_on(
+            correction
+        )  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
         # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update then
         # logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
         actor = recipe.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
-            not one_pass or correction is not None or self.needs_sum_pi_squared)
-        self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)  # slow phases, silent ranks
+            not one_pass or correction is not None or self.needs_sum_pi_squared
+        )
+        self.watch = PhaseWatch(
+            lambda: list(runtime.groups), recipe.trainer.watchdog
+        )  # slow phases, silent ranks
         t = recipe.trainer
-        self.pipe = (RolloutPipeline(runtime.rollout, runtime.actor, depth=pipeline_depth(t.mode, t.max_staleness),
-                                     max_staleness=staleness_bound(t.mode, t.max_staleness))
-                     if runtime.rollout is not None else None)  # the rollout pool generating ahead
+        self.pipe = (
+            RolloutPipeline(
+                runtime.rollout,
+                runtime.actor,
+                depth=pipeline_depth(t.mode, t.max_staleness),
+                max_staleness=staleness_bound(t.mode, t.max_staleness),
+            )
+            if runtime.rollout is not None
+            else None
+        )  # the rollout pool generating ahead
 
     # ----- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -106,7 +124,9 @@ class Trainer:
             metrics.update(more)
             return batch
 
-        def generated(gen_batch: int, prompts: Batch) -> Batch:  # gen (+ ReMax's greedy baseline), then reward
+        def generated(
+            gen_batch: int, prompts: Batch
+        ) -> Batch:  # gen (+ ReMax's greedy baseline), then reward
             with timer("gen"):
                 batch = run(None, generate, prompts, gen_batch)
                 if self.needs_baseline:
@@ -119,7 +139,9 @@ class Trainer:
             else:
                 batch = run("reward", score, run("gen", generated_ahead, more_prompts, self.pipe))
             if self.sampling is not None:
-                batch = run(None, dynamic_sampling, batch, self.sampling, lambda i: generated(i, next(more_prompts)))
+                batch = run(
+                    None, dynamic_sampling, batch, self.sampling, lambda i: generated(i, next(more_prompts))
+                )
             if self.recompute_old_log_prob:
                 batch = run("old_log_prob", old_log_prob, batch, self.needs_sum_pi_squared)
             if self.recompute_old_log_prob or self.bypass:
@@ -133,13 +155,18 @@ class Trainer:
             if self.rt.critic is not None:
                 batch = run("update_critic", update_critic, batch)
             batch = run("update_actor", update_actor, batch)
-            batch = run("sync_weights", sync_weights, batch)  # hybrid engine: the rollout samples the updated actor
+            batch = run(
+                "sync_weights", sync_weights, batch
+            )  # hybrid engine: the rollout samples the updated actor
             if self.pipe is not None:
-                with timer("push_weights"):  # the rollout pool gets this version behind what it already generates
+                with timer(
+                    "push_weights"
+                ):  # the rollout pool gets this version behind what it already generates
                     self.pipe.push_weights(self.global_step)
         data = self.recipe.data
-        metrics |= data_metrics(batch, max_prompt_length=data.max_prompt_length,
-                                max_response_length=data.max_response_length)
+        metrics |= data_metrics(
+            batch, max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length
+        )
         metrics |= timing_metrics(timer.times, batch)
         metrics |= throughput_metrics(batch, timer.times["step"], self.rt.actor.world_size)
         metrics |= self.rt.perf_metrics(batch, timer.times, metrics)
@@ -148,14 +175,20 @@ class Trainer:
     # ----- around the steps ---------------------------------------------------------------------
     def _fit(self) -> dict[str, float]:
         cfg = self.recipe.trainer
-        timer = Timer(on_enter=self.watch.enter, on_exit=self.watch.exit)  # validate / save: watched, not timed
+        timer = Timer(
+            on_enter=self.watch.enter, on_exit=self.watch.exit
+        )  # validate / save: watched, not timed
         resumed = state.resume(self.recipe, self.rt, self.checkpoints, self.pipe)
         self.global_step = resumed or 0
-        if self.pipe is not None:  # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
+        if (
+            self.pipe is not None
+        ):  # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
             self.pipe.push_weights(self.global_step)
         state.write_run_info(self.rt, self.output_dir)
         if resumed is None:
-            self.rt.tracking.log_text(yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml")
+            self.rt.tracking.log_text(
+                yaml.safe_dump(recipe_to_dict(self.recipe), sort_keys=False), "recipe.yaml"
+            )
         last: dict[str, float] = {}
         if cfg.val_before_train and self.rt.val_loader is not None and resumed is None:
             with timer("validate"):
@@ -163,12 +196,16 @@ class Trainer:
             self.rt.tracking.log(last, self.global_step)
         batches = self.rt.train_batches()
         while self.global_step < self.rt.total_steps:
-            prompts = next(batches) if self.pipe is None else None  # the rollout pool draws its own prompts ahead
+            prompts = (
+                next(batches) if self.pipe is None else None
+            )  # the rollout pool draws its own prompts ahead
             self.global_step += 1
             self.watch.step = self.global_step
             metrics = self.step(prompts, batches)
             is_last = self.global_step == self.rt.total_steps
-            if self.rt.val_loader is not None and (is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)):
+            if self.rt.val_loader is not None and (
+                is_last or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)
+            ):
                 with timer("validate"):
                     metrics |= validate(self._context())
             self.rt.tracking.log(metrics, self.global_step)

@@ -29,17 +29,28 @@ def validate(ctx: StepContext) -> dict[str, float]:
     for prompts in rt.val_loader:
         prompts["uid"] = [f"val-{len(samples.score) + i}" for i in range(len(prompts))]
         repeated = prompts.repeat(val.n, interleave=True)
-        gen = rt.actor.call("generate_sequences", rollout_inputs(repeated), balance=False, n=1,
-                            do_sample=val.do_sample, temperature=val.temperature, top_p=val.top_p)
+        gen = rt.actor.call(
+            "generate_sequences",
+            rollout_inputs(repeated),
+            balance=False,
+            n=1,
+            do_sample=val.do_sample,
+            temperature=val.temperature,
+            top_p=val.top_p,
+        )
         gen.meta.pop("metrics", None)
-        own = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}  # env_reward, num_turns
+        own = {
+            k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors
+        }  # env_reward, num_turns
         batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, own, {}))
         result = reward_of(batch, ctx)
         samples.extend(samples_from(batch, result, eos))
         if len(rows) < recipe.tracking.log_generations:
             rows += generation_rows(batch, result.token_level_scores.sum(-1), rt.tokenizer)
     metrics = core_metrics(samples, val.n)
-    table = "| prompt | response | score |\n|---|---|---|\n" + "\n".join(rows[: recipe.tracking.log_generations])
+    table = "| prompt | response | score |\n|---|---|---|\n" + "\n".join(
+        rows[: recipe.tracking.log_generations]
+    )
     rt.tracking.log_text(table, f"generations/step_{ctx.global_step}.md")
     return metrics
 
@@ -52,7 +63,9 @@ def generation_rows(batch: Batch, scores: torch.Tensor, tok: Any) -> list[str]:
 
     rows = []
     for i in range(len(batch)):
-        prompt = tok.decode(batch["prompts"][i][batch["attention_mask"][i, : batch["prompts"].shape[1]].bool()])
+        prompt = tok.decode(
+            batch["prompts"][i][batch["attention_mask"][i, : batch["prompts"].shape[1]].bool()]
+        )
         response = tok.decode(batch["responses"][i][batch["response_mask"][i].bool()])
         rows.append(f"| {cell(prompt[-300:])} | {cell(response)} | {scores[i].item():.3f} |")
     return rows

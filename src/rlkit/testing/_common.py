@@ -28,9 +28,9 @@ def resolve_component(kind: str, component: Any, params: Mapping[str, Any], regi
     type (no installation needed), or, for class-carrying registries, the class itself.
     """
     from rlkit.plugin.hookspecs import REGISTRY_KINDS
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.manager import PluginSource
     from rlkit.plugin.registry import Registry
+    from rlkit.recipe.compose import resolve
 
     spec_type = REGISTRY_KINDS[kind][1]
     if isinstance(component, str):
@@ -44,13 +44,17 @@ def resolve_component(kind: str, component: Any, params: Mapping[str, Any], regi
         if isinstance(component, type) and "cls" in spec_type.__dataclass_fields__:
             component = spec_type(name=component.__name__, cls=component)
         if not isinstance(component, spec_type):
-            raise ContractError(f"rlkit.testing: expected a name, a {spec_type.__name__} or a class for registry "
-                                f"`{kind}`, got {type(component).__name__} {component!r}.")
+            raise ContractError(
+                f"rlkit.testing: expected a name, a {spec_type.__name__} or a class for registry "
+                f"`{kind}`, got {type(component).__name__} {component!r}."
+            )
         one = Registry(kind)
         one.add(component, PluginSource("(spec given to rlkit.testing)", "-", "-"))
         registries, name = {kind: one}, component.name
     resolved, problems = resolve(f"<{kind}>", kind, {"name": name, **params}, registries)
     if problems:
         lines = "\n".join(f"  - {key}: {msg}" for key, msg in problems)
-        raise ContractError(f"rlkit.testing could not resolve {kind} entry '{name}' with parameters {dict(params)}:\n{lines}")
+        raise ContractError(
+            f"rlkit.testing could not resolve {kind} entry '{name}' with parameters {dict(params)}:\n{lines}"
+        )
     return resolved

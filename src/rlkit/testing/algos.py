@@ -19,13 +19,19 @@ from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_estimator", "check_policy_loss", "check_rollout_correction"]
 
-_ESTIMATOR_CONTRACT = ("fn(inputs: EstimatorInputs (token_level_rewards [B, T], response_mask [B, T], group_id [B], "
-                       "and what the spec declares), **params) -> (advantages [B, T], returns [B, T])  "
-                       "(rlkit.algos.estimators, rlkit.plugin.specs)")
-_LOSS_CONTRACT = ("fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (per_token_loss [B, T], "
-                  "metrics: dict[str, float])  (rlkit.plugin.specs)")
-_CORRECTION_CONTRACT = ("fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
-                        "metrics: dict[str, float])  (rlkit.plugin.specs.RolloutCorrectionSpec)")
+_ESTIMATOR_CONTRACT = (
+    "fn(inputs: EstimatorInputs (token_level_rewards [B, T], response_mask [B, T], group_id [B], "
+    "and what the spec declares), **params) -> (advantages [B, T], returns [B, T])  "
+    "(rlkit.algos.estimators, rlkit.plugin.specs)"
+)
+_LOSS_CONTRACT = (
+    "fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (per_token_loss [B, T], "
+    "metrics: dict[str, float])  (rlkit.plugin.specs)"
+)
+_CORRECTION_CONTRACT = (
+    "fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
+    "metrics: dict[str, float])  (rlkit.plugin.specs.RolloutCorrectionSpec)"
+)
 
 
 def _fail(name: str, problem: str, contract: str) -> ContractError:
@@ -67,27 +73,53 @@ def _estimator_case(spec: Any, num_groups: int, group_size: int, length: int, se
         old[:group_size] = old[0]
         spp = torch.exp(old) ** 2 + torch.rand(b, t, generator=gen) * (1 - torch.exp(old)) ** 2
         otb = {"old_log_prob": old * mask, "sum_pi_squared": spp * mask}
-    return {"rewards": rewards, "mask": mask, "index": index, "values": values, "baselines": baselines, "otb": otb}
+    return {
+        "rewards": rewards,
+        "mask": mask,
+        "index": index,
+        "values": values,
+        "baselines": baselines,
+        "otb": otb,
+    }
 
 
-def _call_estimator(est: Any, case: dict[str, Any], rows: torch.Tensor | None = None,
-                    index: torch.Tensor | None = None) -> tuple[Any, Any]:
+def _call_estimator(
+    est: Any, case: dict[str, Any], rows: torch.Tensor | None = None, index: torch.Tensor | None = None
+) -> tuple[Any, Any]:
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:  # the case's own tensors: in-place writes show
         return x if x is None or rows is None else x[rows]
 
     otb = {k: pick(v) for k, v in case["otb"].items()} if case["otb"] else {}
-    inputs = EstimatorInputs(token_level_rewards=pick(case["rewards"]), response_mask=pick(case["mask"]),
-                             group_id=pick(case["index"]) if index is None else index, values=pick(case["values"]),
-                             reward_baselines=pick(case["baselines"]), **otb)
+    inputs = EstimatorInputs(
+        token_level_rewards=pick(case["rewards"]),
+        response_mask=pick(case["mask"]),
+        group_id=pick(case["index"]) if index is None else index,
+        values=pick(case["values"]),
+        reward_baselines=pick(case["baselines"]),
+        **otb,
+    )
     out = est.fn(inputs, **est.kwargs)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
-        raise _fail(who(est), f"returned {type(out).__name__}, not a pair of tensors (advantages, returns).",
-                    _ESTIMATOR_CONTRACT)
+    if not (
+        isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)
+    ):
+        raise _fail(
+            who(est),
+            f"returned {type(out).__name__}, not a pair of tensors (advantages, returns).",
+            _ESTIMATOR_CONTRACT,
+        )
     return out
 
 
-def check_estimator(spec_or_name: Any, *, registries: Any = None, num_groups: int = 4, group_size: int = 4,
-                    length: int = 6, seed: int = 0, **params: Any) -> None:
+def check_estimator(
+    spec_or_name: Any,
+    *,
+    registries: Any = None,
+    num_groups: int = 4,
+    group_size: int = 4,
+    length: int = 6,
+    seed: int = 0,
+    **params: Any,
+) -> None:
     """Check an advantage estimator against the registry contract; raise ``ContractError`` (an
     ``AssertionError``) naming the first problem.
 
@@ -114,46 +146,73 @@ def check_estimator(spec_or_name: Any, *, registries: Any = None, num_groups: in
     outside = case["mask"] == 0
     for label, x in (("advantages", adv), ("returns", ret)):
         if tuple(x.shape) != (b, t):
-            raise _fail(name, f"{label} has shape {tuple(x.shape)}; expected [B, T] = {(b, t)}.", _ESTIMATOR_CONTRACT)
+            raise _fail(
+                name, f"{label} has shape {tuple(x.shape)}; expected [B, T] = {(b, t)}.", _ESTIMATOR_CONTRACT
+            )
         if not x.is_floating_point():
             raise _fail(name, f"{label} has dtype {x.dtype}; expected a floating dtype.", _ESTIMATOR_CONTRACT)
         if not torch.isfinite(x).all():
             rows = sorted({int(r) for r in (~torch.isfinite(x)).nonzero()[:, 0]})
-            hint = " Rows 0..G-1 form a group whose scores are all equal: divide by (std + epsilon)." \
-                if any(r < group_size for r in rows) else ""
+            hint = (
+                " Rows 0..G-1 form a group whose scores are all equal: divide by (std + epsilon)."
+                if any(r < group_size for r in rows)
+                else ""
+            )
             raise _fail(name, f"{label} has NaN/inf in rows {rows}.{hint}", _ESTIMATOR_CONTRACT)
         if outside.any() and x[outside].abs().max() != 0:
-            raise _fail(name, f"{label} is not 0 where response_mask is 0 (max |value| there: "
-                              f"{float(x[outside].abs().max()):.4g}); multiply by response_mask.", _ESTIMATOR_CONTRACT)
+            raise _fail(
+                name,
+                f"{label} is not 0 where response_mask is 0 (max |value| there: "
+                f"{float(x[outside].abs().max()):.4g}); multiply by response_mask.",
+                _ESTIMATOR_CONTRACT,
+            )
     for key, value in before.items():
         if not torch.equal(case[key] if not key.startswith("otb.") else case["otb"][key[4:]], value):
             raise _fail(name, f"it modified its input `{key}` in place; work on a copy.", _ESTIMATOR_CONTRACT)
     adv2, ret2 = _call_estimator(est, case)
     if not (torch.equal(adv, adv2) and torch.equal(ret, ret2)):
-        raise _fail(name, "two calls on the same inputs gave different results; an estimator is a pure function "
-                          "(no random numbers, no state).", _ESTIMATOR_CONTRACT)
+        raise _fail(
+            name,
+            "two calls on the same inputs gave different results; an estimator is a pure function "
+            "(no random numbers, no state).",
+            _ESTIMATOR_CONTRACT,
+        )
     same = adv[:group_size]
     if not torch.allclose(same, same[:1].expand_as(same), rtol=1e-5, atol=1e-6):
-        raise _fail(name, f"the {group_size} identical members of group 0 (same score, same length) got different "
-                          f"advantages:\n{same}", _ESTIMATOR_CONTRACT)
+        raise _fail(
+            name,
+            f"the {group_size} identical members of group 0 (same score, same length) got different "
+            f"advantages:\n{same}",
+            _ESTIMATOR_CONTRACT,
+        )
     _check_group_permutation(est, case, adv, ret, num_groups, group_size, seed)
 
 
-def _check_group_permutation(est: Any, case: dict[str, Any], adv: torch.Tensor, ret: torch.Tensor,
-                             num_groups: int, group_size: int, seed: int) -> None:
+def _check_group_permutation(
+    est: Any,
+    case: dict[str, Any],
+    adv: torch.Tensor,
+    ret: torch.Tensor,
+    num_groups: int,
+    group_size: int,
+    seed: int,
+) -> None:
     perm = torch.randperm(num_groups, generator=torch.Generator().manual_seed(seed + 1))
     if num_groups > 1 and torch.equal(perm, torch.arange(num_groups)):
         perm = perm.roll(1)
     rows = torch.cat([torch.arange(g * group_size, (g + 1) * group_size) for g in perm.tolist()])  # [B]
-    new_ids = (case["index"][rows] * 7 + 3)  # other, non-contiguous ids for the same groups
+    new_ids = case["index"][rows] * 7 + 3  # other, non-contiguous ids for the same groups
     adv_p, ret_p = _call_estimator(est, case, rows=rows, index=new_ids)
     for label, got, want in (("advantages", adv_p, adv[rows]), ("returns", ret_p, ret[rows])):
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
             worst = float((got - want).abs().max())
-            raise _fail(who(est), f"permuting whole groups (order {perm.tolist()}) and renaming their ids changed "
-                                  f"the {label} by up to {worst:.4g} instead of permuting them; the result must depend "
-                                  "on the group each row belongs to, not on row positions or id values.",
-                        _ESTIMATOR_CONTRACT)
+            raise _fail(
+                who(est),
+                f"permuting whole groups (order {perm.tolist()}) and renaming their ids changed "
+                f"the {label} by up to {worst:.4g} instead of permuting them; the result must depend "
+                "on the group each row belongs to, not on row positions or id values.",
+                _ESTIMATOR_CONTRACT,
+            )
 
 
 # ----- policy losses --------------------------------------------------------------------------------
@@ -168,10 +227,16 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
         mask[0, 1] = 0  # a hole
     log_prob = -(torch.rand(batch, length, generator=gen) * 2 + 0.05)  # [B, T]
     old = log_prob + 0.4 * torch.randn(batch, length, generator=gen)  # ratios around 1, some clipped
-    advantages = torch.randn(batch, 1, generator=gen).expand(batch, length).clone()  # outcome-style, both signs
+    advantages = (
+        torch.randn(batch, 1, generator=gen).expand(batch, length).clone()
+    )  # outcome-style, both signs
     zero = mask == 0
-    return {"log_prob": log_prob.masked_fill(zero, 0.0), "old_log_prob": old.masked_fill(zero, 0.0),
-            "advantages": advantages.masked_fill(zero, 0.0), "response_mask": mask}
+    return {
+        "log_prob": log_prob.masked_fill(zero, 0.0),
+        "old_log_prob": old.masked_fill(zero, 0.0),
+        "advantages": advantages.masked_fill(zero, 0.0),
+        "response_mask": mask,
+    }
 
 
 def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -181,24 +246,53 @@ def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
     select = loss.spec.mini_batch_selection
     if select is None:
         return None
-    return load_object(select)(case["log_prob"], case["old_log_prob"], case["advantages"],
-                               case["response_mask"].float(), generator=torch.Generator().manual_seed(0),
-                               **loss.kwargs).bool()
+    return load_object(select)(
+        case["log_prob"],
+        case["old_log_prob"],
+        case["advantages"],
+        case["response_mask"].float(),
+        generator=torch.Generator().manual_seed(0),
+        **loss.kwargs,
+    ).bool()
 
 
-def _call_loss(loss: Any, case: dict[str, torch.Tensor], log_prob: torch.Tensor, rows: Any = slice(None)) -> tuple[torch.Tensor, dict]:
+def _call_loss(
+    loss: Any, case: dict[str, torch.Tensor], log_prob: torch.Tensor, rows: Any = slice(None)
+) -> tuple[torch.Tensor, dict]:
     selected = case.get("selected")
     extra = {"selected": selected[rows]} if selected is not None else {}
-    out = loss.fn(log_prob[rows], case["old_log_prob"][rows].clone(), case["advantages"][rows].clone(),
-                  case["response_mask"][rows].clone(), **loss.kwargs, **extra)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)
-            and isinstance(out[1], dict)):
-        raise _fail(who(loss), f"returned {type(out).__name__}, not (per_token_loss tensor, metrics dict).", _LOSS_CONTRACT)
+    out = loss.fn(
+        log_prob[rows],
+        case["old_log_prob"][rows].clone(),
+        case["advantages"][rows].clone(),
+        case["response_mask"][rows].clone(),
+        **loss.kwargs,
+        **extra,
+    )
+    if not (
+        isinstance(out, (tuple, list))
+        and len(out) == 2
+        and isinstance(out[0], torch.Tensor)
+        and isinstance(out[1], dict)
+    ):
+        raise _fail(
+            who(loss),
+            f"returned {type(out).__name__}, not (per_token_loss tensor, metrics dict).",
+            _LOSS_CONTRACT,
+        )
     return out[0], out[1]
 
 
-def check_policy_loss(spec_or_name: Any, *, registries: Any = None, loss_agg_modes: tuple[str, ...] = LOSS_AGG_MODES,
-                      batch: int = 8, length: int = 6, seed: int = 0, **params: Any) -> None:
+def check_policy_loss(
+    spec_or_name: Any,
+    *,
+    registries: Any = None,
+    loss_agg_modes: tuple[str, ...] = LOSS_AGG_MODES,
+    batch: int = 8,
+    length: int = 6,
+    seed: int = 0,
+    **params: Any,
+) -> None:
     """Check a policy loss against the registry contract; raise ``ContractError`` naming the first problem.
 
     ``spec_or_name``: a ``PolicyLossSpec`` or a registered name; ``params``: its parameters.
@@ -220,28 +314,49 @@ def check_policy_loss(spec_or_name: Any, *, registries: Any = None, loss_agg_mod
     selected = _selection(loss, case)
     if selected is not None:
         if tuple(selected.shape) != tuple(case["response_mask"].shape):
-            raise _fail(name, f"mini_batch_selection returned shape {tuple(selected.shape)}; expected [B, T].",
-                        _LOSS_CONTRACT)
+            raise _fail(
+                name,
+                f"mini_batch_selection returned shape {tuple(selected.shape)}; expected [B, T].",
+                _LOSS_CONTRACT,
+            )
         case["selected"] = selected
     mask = case["response_mask"]
     lp = case["log_prob"].clone().requires_grad_(True)
     per_token, metrics = _call_loss(loss, case, lp)
     if tuple(per_token.shape) != tuple(mask.shape) or not per_token.is_floating_point():
-        raise _fail(name, f"per_token_loss is {per_token.dtype} {tuple(per_token.shape)}; expected a floating [B, T] = "
-                          f"{tuple(mask.shape)}.", _LOSS_CONTRACT)
+        raise _fail(
+            name,
+            f"per_token_loss is {per_token.dtype} {tuple(per_token.shape)}; expected a floating [B, T] = "
+            f"{tuple(mask.shape)}.",
+            _LOSS_CONTRACT,
+        )
     if not torch.isfinite(per_token).all():
-        raise _fail(name, "per_token_loss has NaN/inf (also masked positions must be finite: log_prob and "
-                          "old_log_prob are 0 there).", _LOSS_CONTRACT)
+        raise _fail(
+            name,
+            "per_token_loss has NaN/inf (also masked positions must be finite: log_prob and "
+            "old_log_prob are 0 there).",
+            _LOSS_CONTRACT,
+        )
     if not per_token.requires_grad:
-        raise _fail(name, "per_token_loss has no gradient with respect to log_prob (was it detached?).", _LOSS_CONTRACT)
+        raise _fail(
+            name,
+            "per_token_loss has no gradient with respect to log_prob (was it detached?).",
+            _LOSS_CONTRACT,
+        )
     for key, value in metrics.items():
         ok = isinstance(key, str) and isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not ok or value != value or abs(float(value)) == float("inf"):
-            raise _fail(name, f"metric {key!r} = {value!r} is not a finite Python number (return float(...)).",
-                        _LOSS_CONTRACT)
+            raise _fail(
+                name,
+                f"metric {key!r} = {value!r} is not a finite Python number (return float(...)).",
+                _LOSS_CONTRACT,
+            )
         if key.startswith("actor/"):
-            raise _fail(name, f"metric {key!r} is prefixed; return un-prefixed names (the actor adds actor/).",
-                        _LOSS_CONTRACT)
+            raise _fail(
+                name,
+                f"metric {key!r} is prefixed; return un-prefixed names (the actor adds actor/).",
+                _LOSS_CONTRACT,
+            )
     for mode in loss_agg_modes:
         full = agg_loss(per_token, mask, mode, max_response_len=length)
         (grad,) = torch.autograd.grad(full, lp, retain_graph=True)
@@ -255,15 +370,20 @@ def _check_gradient(name: str, grad: torch.Tensor, mask: torch.Tensor, mode: str
     leak = grad[mask == 0].abs().max() if (mask == 0).any() else torch.tensor(0.0)
     if leak > 1e-8:
         rows = sorted({int(r) for r in ((grad.abs() > 1e-8) & (mask == 0)).nonzero()[:, 0]})
-        raise _fail(name, f"masked tokens get a gradient (up to {float(leak):.3g}, rows {rows}) under {mode}: some "
-                          "row-level quantity (a sequence mean, a normaliser) is computed over masked positions; "
-                          "weight it by response_mask.", _LOSS_CONTRACT)
+        raise _fail(
+            name,
+            f"masked tokens get a gradient (up to {float(leak):.3g}, rows {rows}) under {mode}: some "
+            "row-level quantity (a sequence mean, a normaliser) is computed over masked positions; "
+            "weight it by response_mask.",
+            _LOSS_CONTRACT,
+        )
     if grad[mask == 1].abs().max() == 0:
         raise _fail(name, f"the {mode} loss has zero gradient for every valid token.", _LOSS_CONTRACT)
 
 
-def _check_split(loss: Any, case: dict[str, torch.Tensor], full: torch.Tensor, grad: torch.Tensor, mode: str,
-                 length: int) -> None:
+def _check_split(
+    loss: Any, case: dict[str, torch.Tensor], full: torch.Tensor, grad: torch.Tensor, mode: str, length: int
+) -> None:
     mask = case["response_mask"]
     b = mask.shape[0]
     ranks = [list(range(r, b, 2)) for r in range(2)]  # two ranks, interleaved rows
@@ -273,22 +393,41 @@ def _check_split(loss: Any, case: dict[str, torch.Tensor], full: torch.Tensor, g
     total = torch.zeros(())
     for rows in ranks:
         for start in range(0, len(rows), 3):  # micro-batches of up to 3 rows
-            piece = rows[start:start + 3]
+            piece = rows[start : start + 3]
             per_token, _ = _call_loss(loss, case, lp, piece)
-            share = agg_loss(per_token, mask[piece], mode, global_tokens=g_tokens, global_seqs=g_seqs,
-                             max_response_len=length)
+            share = agg_loss(
+                per_token,
+                mask[piece],
+                mode,
+                global_tokens=g_tokens,
+                global_seqs=g_seqs,
+                max_response_len=length,
+            )
             share.backward()
             total = total + share.detach()
-    if not torch.allclose(total, full.detach(), rtol=1e-4, atol=1e-6) or not torch.allclose(lp.grad, grad, rtol=1e-4, atol=1e-6):
-        raise _fail(who(loss), f"under {mode}, micro-batches and ranks aggregated with the global counts give loss "
-                               f"{float(total):.6g} (gradient off by {float((lp.grad - grad).abs().max()):.3g}) but the "
-                               f"full batch gives {float(full.detach()):.6g}: a row's loss must not depend on the other rows "
-                               "of its micro-batch (no batch-level normalisation inside the loss).", _LOSS_CONTRACT)
+    if not torch.allclose(total, full.detach(), rtol=1e-4, atol=1e-6) or not torch.allclose(
+        lp.grad, grad, rtol=1e-4, atol=1e-6
+    ):
+        raise _fail(
+            who(loss),
+            f"under {mode}, micro-batches and ranks aggregated with the global counts give loss "
+            f"{float(total):.6g} (gradient off by {float((lp.grad - grad).abs().max()):.3g}) but the "
+            f"full batch gives {float(full.detach()):.6g}: a row's loss must not depend on the other rows "
+            "of its micro-batch (no batch-level normalisation inside the loss).",
+            _LOSS_CONTRACT,
+        )
 
 
 # ----- rollout corrections --------------------------------------------------------------------------
-def check_rollout_correction(spec_or_name: Any, *, registries: Any = None, batch: int = 8, length: int = 6,
-                             seed: int = 0, **params: Any) -> None:
+def check_rollout_correction(
+    spec_or_name: Any,
+    *,
+    registries: Any = None,
+    batch: int = 8,
+    length: int = 6,
+    seed: int = 0,
+    **params: Any,
+) -> None:
     """Check a rollout correction against its contract; raise ``ContractError`` naming the first problem.
 
     - returns ``(tensor [B, T], metrics)``: finite, non-negative, 0 on padding, no gradient; a ``"mask"``
@@ -303,24 +442,48 @@ def check_rollout_correction(spec_or_name: Any, *, registries: Any = None, batch
     corr = resolve_component("rollout_corrections", spec_or_name, params, registries)
     name = who(corr)
     if corr.spec.output not in ("weights", "mask"):
-        raise _fail(name, f"spec.output is {corr.spec.output!r}; it must be 'weights' or 'mask'.", _CORRECTION_CONTRACT)
+        raise _fail(
+            name,
+            f"spec.output is {corr.spec.output!r}; it must be 'weights' or 'mask'.",
+            _CORRECTION_CONTRACT,
+        )
     field = type(corr.params).model_fields.get("bypass") if corr.params is not None else None
     if corr.spec.bypass and (field is None or field.annotation is not bool or field.default is not False):
-        raise _fail(name, "spec.bypass is True, so its params model needs `bypass: bool = Field(False, ...)` (the trainer "
-                          "reads it) and its function a `bypass` keyword (pi_old := pi_rollout).", _CORRECTION_CONTRACT)
-    if corr.spec.bypass:  # bypass (other parameters at their defaults): old_log_prob ignored, every valid weight 1
+        raise _fail(
+            name,
+            "spec.bypass is True, so its params model needs `bypass: bool = Field(False, ...)` (the trainer "
+            "reads it) and its function a `bypass` keyword (pi_old := pi_rollout).",
+            _CORRECTION_CONTRACT,
+        )
+    if (
+        corr.spec.bypass
+    ):  # bypass (other parameters at their defaults): old_log_prob ignored, every valid weight 1
         case = _loss_case(batch, length, seed)
-        out, _ = corr.fn(case["log_prob"], case["old_log_prob"], case["response_mask"],
-                         **type(corr.params)(bypass=True).model_dump())
+        out, _ = corr.fn(
+            case["log_prob"],
+            case["old_log_prob"],
+            case["response_mask"],
+            **type(corr.params)(bypass=True).model_dump(),
+        )
         if not torch.equal(out, case["response_mask"].to(out.dtype)):
-            raise _fail(name, "with bypass=True the output must be exactly 1 on every valid token, 0 on padding.",
-                        _CORRECTION_CONTRACT)
+            raise _fail(
+                name,
+                "with bypass=True the output must be exactly 1 on every valid token, 0 on padding.",
+                _CORRECTION_CONTRACT,
+            )
     case = _loss_case(batch, length, seed)
     old, rollout, mask = case["log_prob"], case["old_log_prob"], case["response_mask"]
     out, metrics = corr.fn(old.clone(), rollout.clone(), mask.clone(), **corr.kwargs)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(mask.shape) or not out.is_floating_point():
-        raise _fail(name, f"returned {type(out).__name__} {tuple(getattr(out, 'shape', ()))}; expected a floating [B, T].",
-                    _CORRECTION_CONTRACT)
+    if (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != tuple(mask.shape)
+        or not out.is_floating_point()
+    ):
+        raise _fail(
+            name,
+            f"returned {type(out).__name__} {tuple(getattr(out, 'shape', ()))}; expected a floating [B, T].",
+            _CORRECTION_CONTRACT,
+        )
     if not torch.isfinite(out).all() or (out < 0).any() or out.requires_grad:
         raise _fail(name, "the output must be finite, >= 0 and carry no gradient.", _CORRECTION_CONTRACT)
     if (out[mask == 0] != 0).any():
@@ -329,12 +492,21 @@ def check_rollout_correction(spec_or_name: Any, *, registries: Any = None, batch
         raise _fail(name, "a 'mask' correction must return only 0 and 1.", _CORRECTION_CONTRACT)
     for key, value in metrics.items():
         if not isinstance(value, numbers.Real) or value != value or key.startswith("rollout_corr/"):
-            raise _fail(name, f"metric {key!r} = {value!r}: return un-prefixed finite floats.", _CORRECTION_CONTRACT)
+            raise _fail(
+                name, f"metric {key!r} = {value!r}: return un-prefixed finite floats.", _CORRECTION_CONTRACT
+            )
     same, _ = corr.fn(old.clone(), old.clone(), mask.clone(), **corr.kwargs)
     if not torch.allclose(same, mask.to(same.dtype)):
-        raise _fail(name, "on-policy (rollout log-probs == old log-probs) the output must be 1 on every valid token.",
-                    _CORRECTION_CONTRACT)
+        raise _fail(
+            name,
+            "on-policy (rollout log-probs == old log-probs) the output must be 1 on every valid token.",
+            _CORRECTION_CONTRACT,
+        )
     rows = torch.arange(batch).flip(0)
     piece, _ = corr.fn(old[rows[:3]], rollout[rows[:3]], mask[rows[:3]], **corr.kwargs)
     if not torch.allclose(piece, out[rows[:3]], rtol=1e-5, atol=1e-7):
-        raise _fail(name, "a row's output depends on the other rows of the call; it must be row-local.", _CORRECTION_CONTRACT)
+        raise _fail(
+            name,
+            "a row's output depends on the other rows of the call; it must be row-local.",
+            _CORRECTION_CONTRACT,
+        )

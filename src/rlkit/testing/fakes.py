@@ -47,13 +47,22 @@ class FakeGroup:
         self.calls: dict[str, list[Any]] = defaultdict(list)
         self.last_metrics: dict[str, float] = {}
 
-    def call(self, method: str, batch: Batch | None = None, *, balance: bool = False, dispatch: str = "split",
-             **kwargs: Any) -> Any:
+    def call(
+        self,
+        method: str,
+        batch: Batch | None = None,
+        *,
+        balance: bool = False,
+        dispatch: str = "split",
+        **kwargs: Any,
+    ) -> Any:
         self.calls[method].append(batch)
         return getattr(self, method)(batch, **kwargs)
 
     # ----- actor ----------------------------------------------------------------------------------
-    def generate_sequences(self, prompts: Batch, n: int = 1, do_sample: bool | None = None, **_: Any) -> Batch:
+    def generate_sequences(
+        self, prompts: Batch, n: int = 1, do_sample: bool | None = None, **_: Any
+    ) -> Batch:
         b, t = len(prompts), self.width
         if do_sample is False:  # greedy: token 2 then 1s, full length
             responses = torch.ones((b, t), dtype=torch.long)
@@ -67,9 +76,15 @@ class FakeGroup:
         log_probs = -(responses.float() % 5 + 1) / 10 * mask
         ids = torch.cat([prompts["input_ids"], responses], 1)
         attention = torch.cat([prompts["attention_mask"], mask], 1)
-        tensors = {"prompts": prompts["input_ids"], "responses": responses, "response_mask": mask,
-                   "input_ids": ids, "attention_mask": attention,
-                   "position_ids": (attention.cumsum(-1) - 1).clamp(min=0), "rollout_log_probs": log_probs}
+        tensors = {
+            "prompts": prompts["input_ids"],
+            "responses": responses,
+            "response_mask": mask,
+            "input_ids": ids,
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+            "rollout_log_probs": log_probs,
+        }
         return Batch(tensors, {}, {"temperature": 1.0})
 
     def compute_log_prob(self, batch: Batch, with_sum_pi_squared: bool = False) -> Batch:
@@ -81,7 +96,9 @@ class FakeGroup:
 
     def update_actor(self, batch: Batch) -> list[dict[str, float]]:
         mask = batch["response_mask"].float()
-        return [{"actor/pg_loss": float(-(batch["advantages"] * mask).sum() / mask.sum()), "actor/grad_norm": 1.0}]
+        return [
+            {"actor/pg_loss": float(-(batch["advantages"] * mask).sum() / mask.sum()), "actor/grad_norm": 1.0}
+        ]
 
     def sync_weights(self, batch: Any) -> None:
         return None
@@ -133,7 +150,9 @@ class FakeRuntime:
         self.rollout = None  # the trainer builds its RolloutPipeline over it; tests set trainer.pipe
         self.kl_ctrl = _kl_controller(recipe)
         self.tokenizer = SimpleNamespace(pad_token_id=0)
-        self.tracking = SimpleNamespace(log=lambda *a, **k: None, log_text=lambda *a, **k: None, run_ids=lambda: {})
+        self.tracking = SimpleNamespace(
+            log=lambda *a, **k: None, log_text=lambda *a, **k: None, run_ids=lambda: {}
+        )
         self.val_loader = None
         self.total_steps = recipe.trainer.total_steps or 1
         self.output_dir = Path(output_dir)
@@ -149,9 +168,14 @@ class FakeRuntime:
         ids = torch.randint(3, VOCAB, (self.n_prompts, P), generator=g)
         mask = torch.ones_like(ids)
         mask[::2, 0] = 0
-        return Batch({"input_ids": ids * mask, "attention_mask": mask,
-                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                     {"data_source": ["fake"] * self.n_prompts, "reward_model": [{}] * self.n_prompts})
+        return Batch(
+            {
+                "input_ids": ids * mask,
+                "attention_mask": mask,
+                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            },
+            {"data_source": ["fake"] * self.n_prompts, "reward_model": [{}] * self.n_prompts},
+        )
 
     def prompt_stream(self) -> Iterator[Batch]:
         while True:
@@ -170,7 +194,9 @@ class FakeRuntime:
     def ref_call(self, method: str, batch: Batch) -> Batch:
         return getattr(self.ref, method)(batch)
 
-    def perf_metrics(self, batch: Batch, times: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+    def perf_metrics(
+        self, batch: Batch, times: dict[str, float], metrics: dict[str, float]
+    ) -> dict[str, float]:
         return {}
 
 

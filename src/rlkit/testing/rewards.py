@@ -18,22 +18,35 @@ from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_reward_manager", "check_compute_score", "conformance_score", "conformance_score_batch"]
 
-_CONTRACT = ("cls(tokenizer, score_fn, *, num_examine, default_score, timeout_s[, params]); "
-             "manager(batch) -> RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.plugin.protocols.RewardManager)")
+_CONTRACT = (
+    "cls(tokenizer, score_fn, *, num_examine, default_score, timeout_s[, params]); "
+    "manager(batch) -> RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.plugin.protocols.RewardManager)"
+)
 
 DEFAULT_SCORE = -1.0
 # (planted ground truth, valid response tokens, mask holes): "raise" / "nan" misbehave, "dict:x" returns
 # {"score": x, "acc": 1.0}; the last row has no valid token (its score goes to position 0).
-_ROWS = [("0.5", 8, ()), ("1.0", 3, ()), ("0.25", 5, (2,)), ("dict:2.0", 1, ()), ("raise", 6, ()), ("nan", 4, ()),
-         ("0.75", 0, ())]
+_ROWS = [
+    ("0.5", 8, ()),
+    ("1.0", 3, ()),
+    ("0.25", 5, (2,)),
+    ("dict:2.0", 1, ()),
+    ("raise", 6, ()),
+    ("nan", 4, ()),
+    ("0.75", 0, ()),
+]
 _WIDTH = 8
 
 
-def conformance_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+def conformance_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> Any:
     """The planted score: ``float(ground_truth)``; ``"raise"`` raises, ``"nan"`` returns NaN,
     ``"dict:x"`` returns ``{"score": x, "acc": 1.0}``. Importable by name (spawned processes)."""
     if not isinstance(solution_str, str):
-        raise TypeError(f"solution_str must be the decoded response (a str), got {type(solution_str).__name__}")
+        raise TypeError(
+            f"solution_str must be the decoded response (a str), got {type(solution_str).__name__}"
+        )
     if ground_truth == "raise":
         raise ValueError("conformance_score raises on purpose")
     if ground_truth == "nan":
@@ -43,8 +56,12 @@ def conformance_score(data_source: str, solution_str: str, ground_truth: Any, ex
     return float(ground_truth)
 
 
-def conformance_score_batch(data_sources: list[str], solution_strs: list[str], ground_truths: list[Any],
-                            extra_infos: list[dict | None]) -> list[Any]:
+def conformance_score_batch(
+    data_sources: list[str],
+    solution_strs: list[str],
+    ground_truths: list[Any],
+    extra_infos: list[dict | None],
+) -> list[Any]:
     """The batched form (``RewardManagerSpec.batched_scores``): one value per sample; a sample that
     would raise returns a string instead (a bad value), since a raising batched call fails the batch."""
     out: list[Any] = []
@@ -73,16 +90,21 @@ def _batch(tokenizer: Any) -> tuple[Any, torch.Tensor, list[float]]:
         last.append(max(length - 1, 0))
         score = DEFAULT_SCORE if truth in ("raise", "nan") else float(truth.removeprefix("dict:"))
         expected.append(score)
-    batch = Batch({"responses": responses, "response_mask": mask},
-                  {"data_source": ["rlkit/conformance"] * b,
-                   "reward_model": [{"style": "rule", "ground_truth": row[0]} for row in _ROWS],
-                   "extra_info": [{"index": i} for i in range(b)],
-                   "uid": [f"0-{i // 2}" for i in range(b)]})
+    batch = Batch(
+        {"responses": responses, "response_mask": mask},
+        {
+            "data_source": ["rlkit/conformance"] * b,
+            "reward_model": [{"style": "rule", "ground_truth": row[0]} for row in _ROWS],
+            "extra_info": [{"index": i} for i in range(b)],
+            "uid": [f"0-{i // 2}" for i in range(b)],
+        },
+    )
     return batch, torch.tensor(last), expected
 
 
-def check_reward_manager(cls_or_spec: Any, tokenizer: Any, *, registries: Any = None, uses_score_fn: bool = True,
-                         **params: Any) -> None:
+def check_reward_manager(
+    cls_or_spec: Any, tokenizer: Any, *, registries: Any = None, uses_score_fn: bool = True, **params: Any
+) -> None:
     """Check a reward manager against ``rlkit.plugin.protocols.RewardManager``; raise ``ContractError``.
 
     ``cls_or_spec``: the class, a ``RewardManagerSpec`` (its ``batched_scores`` decides how the score
@@ -103,9 +125,13 @@ def check_reward_manager(cls_or_spec: Any, tokenizer: Any, *, registries: Any = 
     name = who(manager_c)
     score_fn = conformance_score_batch if manager_c.spec.batched_scores else conformance_score
     try:
-        manager = manager_c.build(tokenizer, score_fn, num_examine=0, default_score=DEFAULT_SCORE, timeout_s=10.0)
+        manager = manager_c.build(
+            tokenizer, score_fn, num_examine=0, default_score=DEFAULT_SCORE, timeout_s=10.0
+        )
     except TypeError as exc:
-        raise ContractError(f"{name}: the constructor refused rlkit's arguments: {exc}\nContract: {_CONTRACT}") from exc
+        raise ContractError(
+            f"{name}: the constructor refused rlkit's arguments: {exc}\nContract: {_CONTRACT}"
+        ) from exc
     batch, last, expected = _batch(tokenizer)
     try:
         result = manager(batch)
@@ -116,15 +142,27 @@ def check_reward_manager(cls_or_spec: Any, tokenizer: Any, *, registries: Any = 
             close()
 
 
-def _check_result(name: str, result: Any, batch: Any, last: torch.Tensor, expected: list[float], uses_score_fn: bool) -> None:
+def _check_result(
+    name: str, result: Any, batch: Any, last: torch.Tensor, expected: list[float], uses_score_fn: bool
+) -> None:
     def fail(problem: str) -> ContractError:
         return ContractError(f"{name}: {problem}\nContract: {_CONTRACT}")
 
     scores = getattr(result, "token_level_scores", None)
     b, t = batch["responses"].shape
-    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (b, t) or not scores.is_floating_point():
-        got = f"{scores.dtype} {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores).__name__
-        raise fail(f"token_level_scores is {got}; expected a floating tensor [B, T] = {(b, t)} (a RewardResult).")
+    if (
+        not isinstance(scores, torch.Tensor)
+        or tuple(scores.shape) != (b, t)
+        or not scores.is_floating_point()
+    ):
+        got = (
+            f"{scores.dtype} {tuple(scores.shape)}"
+            if isinstance(scores, torch.Tensor)
+            else type(scores).__name__
+        )
+        raise fail(
+            f"token_level_scores is {got}; expected a floating tensor [B, T] = {(b, t)} (a RewardResult)."
+        )
     if not torch.isfinite(scores).all():
         raise fail("token_level_scores has NaN/inf; a bad score must become default_score.")
     rows = torch.arange(b)
@@ -132,8 +170,10 @@ def _check_result(name: str, result: Any, batch: Any, last: torch.Tensor, expect
     off[rows, last] = 0
     if off.abs().max() != 0:
         bad = sorted({int(r) for r in off.nonzero()[:, 0]})
-        raise fail(f"rows {bad} have scores away from their last valid token (positions {last.tolist()}): put each "
-                   "sequence score on the last 1 of response_mask (RewardManager.last_valid_index).")
+        raise fail(
+            f"rows {bad} have scores away from their last valid token (positions {last.tolist()}): put each "
+            "sequence score on the last 1 of response_mask (RewardManager.last_valid_index)."
+        )
     metrics = getattr(result, "metrics", None)
     if not isinstance(metrics, dict) or not {"reward/errors", "reward/timeouts"} <= set(metrics):
         raise fail(f"metrics must be a dict with reward/errors and reward/timeouts, got {metrics!r}.")
@@ -148,19 +188,28 @@ def _check_result(name: str, result: Any, batch: Any, last: torch.Tensor, expect
     got = scores[rows, last].tolist()
     wrong = [i for i in range(b) if abs(got[i] - expected[i]) > 1e-6]
     if wrong:
-        raise fail(f"scores {got} differ from the expected {expected} in rows {wrong} (planted ground truths "
-                   f"{[batch['reward_model'][i]['ground_truth'] for i in range(b)]}; raise/nan → default_score "
-                   f"{DEFAULT_SCORE}).")
+        raise fail(
+            f"scores {got} differ from the expected {expected} in rows {wrong} (planted ground truths "
+            f"{[batch['reward_model'][i]['ground_truth'] for i in range(b)]}; raise/nan → default_score "
+            f"{DEFAULT_SCORE})."
+        )
     if metrics["reward/errors"] != 2 or metrics["reward/timeouts"] != 0:
-        raise fail(f"one sample's score raised and one returned NaN: expected reward/errors 2 and reward/timeouts 0, "
-                   f"got {metrics['reward/errors']} and {metrics['reward/timeouts']}.")
+        raise fail(
+            f"one sample's score raised and one returned NaN: expected reward/errors 2 and reward/timeouts 0, "
+            f"got {metrics['reward/errors']} and {metrics['reward/timeouts']}."
+        )
     acc = extra.get("acc")
     if acc is None or acc[3] != 1.0:
         raise fail(f"the dict score's extra key 'acc' is missing from extra (got keys {sorted(extra)}).")
 
 
-def check_compute_score(spec_or_name: Any, examples: list[tuple[str, Any, float]], *, extra_info: dict | None = None,
-                        registries: Any = None) -> None:
+def check_compute_score(
+    spec_or_name: Any,
+    examples: list[tuple[str, Any, float]],
+    *,
+    extra_info: dict | None = None,
+    registries: Any = None,
+) -> None:
     """Check a ``compute_score`` function (registry ``compute_scores``); raise ``ContractError``.
 
     ``examples``: ``(solution_str, ground_truth, expected_score)`` triples. For the spec's data_source
@@ -174,20 +223,28 @@ def check_compute_score(spec_or_name: Any, examples: list[tuple[str, Any, float]
     name = who(score_c)
     contract = "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | {'score': float, ...}"
     fn = score_c.fn
-    cases = [(s, truth, expected) for s, truth, expected in examples] + [("", examples[0][1] if examples else "", None)]
+    cases = [(s, truth, expected) for s, truth, expected in examples] + [
+        ("", examples[0][1] if examples else "", None)
+    ]
     for source in (score_c.spec.name, *score_c.spec.aliases):
         for solution, truth, expected in cases:
             for info in (extra_info, None):
                 try:
                     first, second = fn(source, solution, truth, info), fn(source, solution, truth, info)
                 except Exception as exc:
-                    raise ContractError(f"{name}: ({source!r}, {solution!r}, {truth!r}, {info!r}) raised "
-                                        f"{type(exc).__name__}: {exc}\nContract: {contract}") from exc
+                    raise ContractError(
+                        f"{name}: ({source!r}, {solution!r}, {truth!r}, {info!r}) raised "
+                        f"{type(exc).__name__}: {exc}\nContract: {contract}"
+                    ) from exc
                 outcome = normalize_score(first, math.nan)
                 if outcome.error:
-                    raise ContractError(f"{name}: ({source!r}, {solution!r}, {truth!r}) {outcome.error}.\nContract: {contract}")
+                    raise ContractError(
+                        f"{name}: ({source!r}, {solution!r}, {truth!r}) {outcome.error}.\nContract: {contract}"
+                    )
                 if normalize_score(second, math.nan).score != outcome.score:
                     raise ContractError(f"{name}: two calls on ({solution!r}, {truth!r}) scored differently.")
                 if expected is not None and abs(outcome.score - expected) > 1e-6:
-                    raise ContractError(f"{name}: ({source!r}, {solution!r}, {truth!r}) scored {outcome.score}, expected "
-                                        f"{expected}.")
+                    raise ContractError(
+                        f"{name}: ({source!r}, {solution!r}, {truth!r}) scored {outcome.score}, expected "
+                        f"{expected}."
+                    )

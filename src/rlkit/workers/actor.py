@@ -35,11 +35,11 @@ from rlkit.algos.kl import kl_penalty
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
+from rlkit.model import flops, fsdp
 from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
+from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
-from rlkit.model import flops, fsdp
-from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 
 __all__ = ["FSDPActor"]
 
@@ -47,10 +47,21 @@ __all__ = ["FSDPActor"]
 class FSDPActor:
     """The policy model of one rank: FSDP2-sharded causal LM, AdamW, LR schedule."""
 
-    def __init__(self, model_config: ModelConfig, actor_config: ActorConfig, policy_loss: Resolved, *,
-                 rollout_n: int, total_steps: int,
-                 device: torch.device | str = "cpu", temperature: float = 1.0, log_prob_micro_batch_size: int = 8,
-                 tokenizer=None, seed: int = 0, forward_plan: ForwardPlan = ForwardPlan()):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        actor_config: ActorConfig,
+        policy_loss: Resolved,
+        *,
+        rollout_n: int,
+        total_steps: int,
+        device: torch.device | str = "cpu",
+        temperature: float = 1.0,
+        log_prob_micro_batch_size: int = 8,
+        tokenizer=None,
+        seed: int = 0,
+        forward_plan: ForwardPlan = ForwardPlan(),
+    ):
         """``forward_plan``: which forward computes response log-probs (``rlkit.model.forward``; the default is
         the cheapest path, tests and benchmarks pass the alternatives)."""
         from rlkit.model.load import load_model, load_tokenizer
@@ -79,10 +90,14 @@ class FSDPActor:
             module.set_attn_implementation("eager")  # CPU SDPA's bf16 backward is slow (docs/benchmarks.md)
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                module.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.module = fsdp.fsdp_wrap(module, self.device, plain_at_world_size_1=forward_plan.plain_at_world_size_1)
+        self.module = fsdp.fsdp_wrap(
+            module, self.device, plain_at_world_size_1=forward_plan.plain_at_world_size_1
+        )
         self.dims = flops.model_dims(self.module)  # what perf/flops/actor counts per position
         self.optimizer = fsdp.build_optimizer(self.module, actor_config.optim)
         self.scheduler = fsdp.build_lr_scheduler(self.optimizer, actor_config.optim, total_steps)
@@ -93,15 +108,23 @@ class FSDPActor:
         self.seed = seed
 
     # ----- log-probs ----------------------------------------------------------------------------
-    def compute_log_prob(self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False) -> Batch:
+    def compute_log_prob(
+        self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
         """``old_log_prob [B, T]`` (and ``entropy``, ``sum_pi_squared`` [B, T]) of the batch's responses under the
         current weights."""
         outs = compute_log_probs(
-            self.module, batch, temperature=batch.meta.get("temperature", self.temperature),
-            micro_batch_size=self.log_prob_micro_batch_size, with_entropy=with_entropy,
-            mixed_precision=self.cfg.mixed_precision, device=self.device,
+            self.module,
+            batch,
+            temperature=batch.meta.get("temperature", self.temperature),
+            micro_batch_size=self.log_prob_micro_batch_size,
+            with_entropy=with_entropy,
+            mixed_precision=self.cfg.mixed_precision,
+            device=self.device,
             max_token_len=self.cfg.ppo_max_token_len_per_rank if self.cfg.use_dynamic_bsz else None,
-            with_sum_pi_squared=with_sum_pi_squared, plan=self.forward_plan)
+            with_sum_pi_squared=with_sum_pi_squared,
+            plan=self.forward_plan,
+        )
         return Batch({"old_log_prob": outs.pop("log_prob")} | outs)
 
     # ----- update -------------------------------------------------------------------------------
@@ -114,7 +137,8 @@ class FSDPActor:
                 f"actor.update: this rank holds {len(batch)} samples, not a multiple of the per-rank mini-batch "
                 f"actor.ppo_mini_batch_size ({cfg.ppo_mini_batch_size}) × rollout.n ({self.rollout_n}) / world size "
                 f"({self.world_size}) = {mini_size}. Make data.train_batch_size a multiple of actor.ppo_mini_batch_size "
-                "and the samples divisible by the world size.")
+                "and the samples divisible by the world size."
+            )
         temperature = batch.meta.get("temperature", self.temperature)
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)
@@ -125,11 +149,22 @@ class FSDPActor:
         tally = flops.FlopTally(self.dims)
         minis = 0
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=self.shuffle_generator) if cfg.shuffle else torch.arange(len(batch))
+            order = (
+                torch.randperm(len(batch), generator=self.shuffle_generator)
+                if cfg.shuffle
+                else torch.arange(len(batch))
+            )
             for start in range(0, len(batch), mini_size):
-                selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis  # the same on every rank
-                out = self._update_mini(batch[order[start:start + mini_size]], temperature, selection_seed,
-                                        mismatch if minis == 0 else None, tally)
+                selection_seed = (
+                    self.seed * 1_000_003 + self.update_calls * 1009 + minis
+                )  # the same on every rank
+                out = self._update_mini(
+                    batch[order[start : start + mini_size]],
+                    temperature,
+                    selection_seed,
+                    mismatch if minis == 0 else None,
+                    tally,
+                )
                 minis += 1
                 for key, value in out.items():
                     history[key].append(value)
@@ -144,15 +179,23 @@ class FSDPActor:
             metrics["actor/lora_trainable_params"] = float(self.lora_trainable)
         return metrics | (mismatch.metrics() if mismatch is not None else {})
 
-    def _update_mini(self, mini: Batch, temperature: float, selection_seed: int,
-                     mismatch: UpdateMismatch | None,
-                     tally: flops.FlopTally | None = None) -> dict[str, float]:
+    def _update_mini(
+        self,
+        mini: Batch,
+        temperature: float,
+        selection_seed: int,
+        mismatch: UpdateMismatch | None,
+        tally: flops.FlopTally | None = None,
+    ) -> dict[str, float]:
         cfg = self.cfg
         selected = mini_batch_selection(self, mini, temperature, selection_seed)  # [b, T] bool, or None
         counts = torch.stack(global_counts(mini["response_mask"])).double()
         global_tokens, global_seqs = fsdp.all_reduce(counts).tolist()
-        pieces = fsdp.micro_batch_indices(mini, size=cfg.ppo_micro_batch_size_per_rank,
-                                          max_tokens=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None)
+        pieces = fsdp.micro_batch_indices(
+            mini,
+            size=cfg.ppo_micro_batch_size_per_rank,
+            max_tokens=cfg.ppo_max_token_len_per_rank if cfg.use_dynamic_bsz else None,
+        )
         n_all = fsdp.num_chunks_everywhere(len(pieces))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
@@ -160,9 +203,15 @@ class FSDPActor:
             real = i < len(pieces)
             idx = pieces[i] if real else torch.tensor([0])  # a dummy piece keeps FSDP ranks in step
             micro = mini[idx]
-            loss, metrics = self._micro_loss(micro, temperature, global_tokens, global_seqs,
-                                             selected[idx] if selected is not None else None,
-                                             mismatch if real else None, tally if real else None)
+            loss, metrics = self._micro_loss(
+                micro,
+                temperature,
+                global_tokens,
+                global_seqs,
+                selected[idx] if selected is not None else None,
+                mismatch if real else None,
+                tally if real else None,
+            )
             (loss if real else loss * 0.0).backward()
             if real:
                 for key, value in metrics.items():
@@ -179,38 +228,61 @@ class FSDPActor:
                 raise WorkerError(
                     f"actor.update: {self._nonfinite_in_row} non-finite losses or gradient norms in a row "
                     f"(actor.max_nonfinite_in_row = {cfg.max_nonfinite_in_row}). Lower actor.optim.lr, check the "
-                    "rewards / advantages for inf or NaN, or use actor.mixed_precision: fp32.")
+                    "rewards / advantages for inf or NaN, or use actor.mixed_precision: fp32."
+                )
         else:
             self.optimizer.step()
             self._nonfinite_in_row = 0
         out["actor/grad_norm"] = grad_norm
         return out
 
-    def _micro_loss(self, micro: Batch, temperature: float, global_tokens: float, global_seqs: float,
-                    selected: torch.Tensor | None = None,
-                    mismatch: UpdateMismatch | None = None,
-                    tally: flops.FlopTally | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(
+        self,
+        micro: Batch,
+        temperature: float,
+        global_tokens: float,
+        global_seqs: float,
+        selected: torch.Tensor | None = None,
+        mismatch: UpdateMismatch | None = None,
+        tally: flops.FlopTally | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
         the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
         cfg = self.cfg
         mask = micro["response_mask"].to(self.device)  # [b, T]
         width = mask.shape[1]
-        log_prob, entropy = forward_response(self.module, micro, temperature=temperature, with_entropy=True,
-                                             entropy_grad=cfg.entropy_coeff != 0,
-                                             mixed_precision=cfg.mixed_precision, device=self.device,
-                                             plan=self.forward_plan, tally=tally)
+        log_prob, entropy = forward_response(
+            self.module,
+            micro,
+            temperature=temperature,
+            with_entropy=True,
+            entropy_grad=cfg.entropy_coeff != 0,
+            mixed_precision=cfg.mixed_precision,
+            device=self.device,
+            plan=self.forward_plan,
+            tally=tally,
+        )
         old = micro["old_log_prob"].to(self.device) if "old_log_prob" in micro else log_prob.detach()
         extra = {"selected": selected.to(self.device)} if selected is not None else {}
-        pg_mat, pg_metrics = self.policy_loss.fn(log_prob, old, micro["advantages"].to(self.device), mask,
-                                                 **self.policy_loss.kwargs, **extra)
-        if "rollout_is_weights" in micro:  # rollout correction (rlkit.step.correction): per-token weights, no gradient
+        pg_mat, pg_metrics = self.policy_loss.fn(
+            log_prob, old, micro["advantages"].to(self.device), mask, **self.policy_loss.kwargs, **extra
+        )
+        if (
+            "rollout_is_weights" in micro
+        ):  # rollout correction (rlkit.step.correction): per-token weights, no gradient
             pg_mat = pg_mat * micro["rollout_is_weights"].to(self.device)
         if mismatch is not None:
             mismatch.add(log_prob, micro["rollout_log_probs"], mask)
 
         def agg(mat: torch.Tensor) -> torch.Tensor:
-            return agg_loss(mat, mask, cfg.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
-                            max_response_len=width)
+            return agg_loss(
+                mat,
+                mask,
+                cfg.loss_agg_mode,
+                global_tokens=global_tokens,
+                global_seqs=global_seqs,
+                max_response_len=width,
+            )
 
         pg_loss = agg(pg_mat)
         entropy_loss = agg(entropy)
@@ -243,8 +315,12 @@ class FSDPActor:
     def save_checkpoint(self, directory) -> None:
         """Model + optimizer shards (with ``actor.lora``: the adapter and its optimizer state only, plus
         ``adapter_config.json``), scheduler, counters and RNG states."""
-        extra = {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips,
-                 "update_calls": self.update_calls, "shuffle_generator": self.shuffle_generator.get_state()}
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "nonfinite_skips": self.nonfinite_skips,
+            "update_calls": self.update_calls,
+            "shuffle_generator": self.shuffle_generator.get_state(),
+        }
         lora = self.peft_model is not None
         fsdp.save_checkpoint(directory, self.module, self.optimizer, extra, trainable_only=lora)
         if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
@@ -253,7 +329,9 @@ class FSDPActor:
             save_adapter_config(self.peft_model, Path(directory))
 
     def load_checkpoint(self, directory) -> None:
-        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer, trainable_only=self.peft_model is not None)
+        extra = fsdp.load_checkpoint(
+            directory, self.module, self.optimizer, trainable_only=self.peft_model is not None
+        )
         self.scheduler.load_state_dict(extra["scheduler"])
         self.nonfinite_skips = extra["nonfinite_skips"]
         self.update_calls = extra["update_calls"]

@@ -135,7 +135,9 @@ class Worker:
     def where(self) -> dict[str, object]:
         """Liveness probe, answered beside a busy method (``WorkerGroup`` runs it in its own concurrency
         group): the pid, and the method this rank is running with its innermost frame, if any."""
-        methods = {name for name in dir(type(self)) if not name.startswith("_") and name not in ("where", "ping")}
+        methods = {
+            name for name in dir(type(self)) if not name.startswith("_") and name not in ("where", "ping")
+        }
         me = threading.get_ident()
         for ident, frame in sys._current_frames().items():
             if ident == me:
@@ -144,8 +146,11 @@ class Worker:
             running = [f for f in stack if f.name in methods]
             if running:
                 inner = stack[-1]
-                return {"pid": os.getpid(), "method": running[0].name,
-                        "at": f"{inner.filename}:{inner.lineno} in {inner.name}"}
+                return {
+                    "pid": os.getpid(),
+                    "method": running[0].name,
+                    "at": f"{inner.filename}:{inner.lineno} in {inner.name}",
+                }
         return {"pid": os.getpid(), "method": None, "at": None}
 
     def destroy(self) -> None:

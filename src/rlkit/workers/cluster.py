@@ -225,13 +225,22 @@ class RayCluster:
         so a supervisor (or a test) can check that nothing of a killed run survives."""
         import ray
 
-        info: dict[str, Any] = {"started": self.started, "driver_pid": os.getpid(), "session_dir": None, "pids": {}}
-        node = getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)  # private API
+        info: dict[str, Any] = {
+            "started": self.started,
+            "driver_pid": os.getpid(),
+            "session_dir": None,
+            "pids": {},
+        }
+        node = getattr(
+            getattr(ray, "_private", None) and ray._private.worker, "_global_node", None
+        )  # private API
         if node is not None:
             info["session_dir"] = node.get_session_dir_path()
             if self.started:
-                info["pids"] = {name: [p.process.pid for p in procs if p.process is not None]
-                                for name, procs in node.all_processes.items()}
+                info["pids"] = {
+                    name: [p.process.pid for p in procs if p.process is not None]
+                    for name, procs in node.all_processes.items()
+                }
                 info["pids"] |= _raylet_agents(info["pids"].get("raylet", []))
         return info
 

@@ -28,15 +28,16 @@ from rlkit.algos.aggregation import global_counts
 from rlkit.algos.value import compute_value_loss
 from rlkit.batch import Batch
 from rlkit.errors import WorkerError
-from rlkit.recipe.schema import CriticConfig, ModelConfig
 from rlkit.model import fsdp
 from rlkit.model.forward import autocast
+from rlkit.recipe.schema import CriticConfig, ModelConfig
 
 __all__ = ["FSDPCritic", "forward_values"]
 
 
-def forward_values(module: nn.Module, micro: Batch, *, mixed_precision: str = "fp32",
-                   device: torch.device | None = None) -> torch.Tensor:
+def forward_values(
+    module: nn.Module, micro: Batch, *, mixed_precision: str = "fp32", device: torch.device | None = None
+) -> torch.Tensor:
     """Values of the response tokens [b, T] (float32, 0 where masked)."""
     device = device or next(module.parameters()).device
     ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
@@ -51,9 +52,19 @@ def forward_values(module: nn.Module, micro: Batch, *, mixed_precision: str = "f
 class FSDPCritic:
     """The value model of one rank: FSDP2-sharded token-classification model, AdamW, LR schedule."""
 
-    def __init__(self, model_config: ModelConfig, critic_config: CriticConfig, *, rollout_n: int, total_steps: int,
-                 ppo_mini_batch_size: int, device: torch.device | str = "cpu", mixed_precision: str = "fp32",
-                 tokenizer=None, seed: int = 0):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        critic_config: CriticConfig,
+        *,
+        rollout_n: int,
+        total_steps: int,
+        ppo_mini_batch_size: int,
+        device: torch.device | str = "cpu",
+        mixed_precision: str = "fp32",
+        tokenizer=None,
+        seed: int = 0,
+    ):
         """``ppo_mini_batch_size``: prompts per optimizer step (``critic.ppo_mini_batch_size`` or the actor's)."""
         from rlkit.model.load import load_model, load_tokenizer
 
@@ -70,8 +81,12 @@ class FSDPCritic:
         if critic_config.lora is not None:
             from rlkit.model.lora import apply_lora, trainable_numel
 
-            head = "score" if hasattr(module, "score") else "classifier"  # the value head (token classification)
-            module, self.peft_model = apply_lora(module, critic_config.lora, where="critic.lora", trainable_head=head)
+            head = (
+                "score" if hasattr(module, "score") else "classifier"
+            )  # the value head (token classification)
+            module, self.peft_model = apply_lora(
+                module, critic_config.lora, where="critic.lora", trainable_head=head
+            )
             self.lora_trainable = trainable_numel(module)[0]
         self.module = fsdp.fsdp_wrap(module, self.device)
         self.optimizer = fsdp.build_optimizer(self.module, critic_config.optim)
@@ -87,7 +102,9 @@ class FSDPCritic:
         self.module.eval()
         for i in range(n_all):
             idx = pieces[i] if i < len(pieces) else torch.tensor([0])
-            out = forward_values(self.module, batch[idx], mixed_precision=self.mixed_precision, device=self.device)
+            out = forward_values(
+                self.module, batch[idx], mixed_precision=self.mixed_precision, device=self.device
+            )
             if i < len(pieces):
                 values[idx] = out.cpu()
         self.module.train()
@@ -100,7 +117,8 @@ class FSDPCritic:
             raise WorkerError(
                 f"critic.update: this rank holds {len(batch)} samples, not a multiple of the per-rank mini-batch "
                 f"{self.mini_batch_prompts} prompts × rollout.n {self.rollout_n} / world size {self.world_size} "
-                f"= {mini_size} (critic.ppo_mini_batch_size, else actor.ppo_mini_batch_size).")
+                f"= {mini_size} (critic.ppo_mini_batch_size, else actor.ppo_mini_batch_size)."
+            )
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.cfg.ppo_epochs):
@@ -127,11 +145,20 @@ class FSDPCritic:
             real = i < len(pieces)
             micro = mini[pieces[i] if real else torch.tensor([0])]
             mask = micro["response_mask"].to(self.device)
-            vpreds = forward_values(self.module, micro, mixed_precision=self.mixed_precision, device=self.device)
+            vpreds = forward_values(
+                self.module, micro, mixed_precision=self.mixed_precision, device=self.device
+            )
             loss, metrics = compute_value_loss(
-                vpreds, micro["values"].to(self.device), micro["returns"].to(self.device), mask,
-                self.cfg.cliprange_value, self.cfg.loss_agg_mode, global_tokens=global_tokens,
-                global_seqs=global_seqs, max_response_len=width)
+                vpreds,
+                micro["values"].to(self.device),
+                micro["returns"].to(self.device),
+                mask,
+                self.cfg.cliprange_value,
+                self.cfg.loss_agg_mode,
+                global_tokens=global_tokens,
+                global_seqs=global_seqs,
+                max_response_len=width,
+            )
             (loss if real else loss * 0.0).backward()
             if real:
                 share = float(mask.sum()) / max(global_tokens, 1.0)
@@ -154,15 +181,21 @@ class FSDPCritic:
         """Model + optimizer shards (with ``critic.lora``: the adapter, the value head and their optimizer
         state only, plus PEFT's ``adapter_config.json``), scheduler and counters."""
         lora = self.peft_model is not None
-        fsdp.save_checkpoint(directory, self.module, self.optimizer,
-                             {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips},
-                             trainable_only=lora)
+        fsdp.save_checkpoint(
+            directory,
+            self.module,
+            self.optimizer,
+            {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips},
+            trainable_only=lora,
+        )
         if lora and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             from rlkit.model.lora import save_adapter_config
 
             save_adapter_config(self.peft_model, Path(directory))
 
     def load_checkpoint(self, directory) -> None:
-        extra = fsdp.load_checkpoint(directory, self.module, self.optimizer, trainable_only=self.peft_model is not None)
+        extra = fsdp.load_checkpoint(
+            directory, self.module, self.optimizer, trainable_only=self.peft_model is not None
+        )
         self.scheduler.load_state_dict(extra["scheduler"])
         self.nonfinite_skips = extra["nonfinite_skips"]

@@ -53,8 +53,15 @@ from rlkit.workers.balance import balanced_partitions, contiguous_partitions, se
 from rlkit.workers.base import find_free_port
 from rlkit.workers.pools import ResourcePool
 
-__all__ = ["WorkerGroup", "PendingCall", "InFlight", "Dispatch", "worker_error", "unscheduled_ranks",
-           "SCHEDULE_TIMEOUT_S"]
+__all__ = [
+    "WorkerGroup",
+    "PendingCall",
+    "InFlight",
+    "Dispatch",
+    "worker_error",
+    "unscheduled_ranks",
+    "SCHEDULE_TIMEOUT_S",
+]
 
 Dispatch = Literal["split", "all", "rank0"]
 SCHEDULE_TIMEOUT_S = 20.0  # longest wait for a rank whose share of its bundle is not free
@@ -105,7 +112,10 @@ def unscheduled_ranks(actors: Sequence[Any], pool: ResourcePool, ranks: Sequence
     no_worker = []
     for rank in ranks:
         info = state.actors(actor_id=actors[rank]._actor_id.hex())
-        if info.get("State") in ("PENDING_CREATION", "DEPENDENCIES_UNREADY") and not info["Address"]["IPAddress"]:
+        if (
+            info.get("State") in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+            and not info["Address"]["IPAddress"]
+        ):
             no_worker.append(rank)
     if not no_worker:
         return []
@@ -113,8 +123,12 @@ def unscheduled_ranks(actors: Sequence[Any], pool: ResourcePool, ranks: Sequence
         from ray.autoscaler.v2.sdk import get_cluster_status  # private API: pending resource demand
 
         status = get_cluster_status(ray.get_runtime_context().gcs_address)
-        demanded = {key for d in status.resource_demands.ray_task_actor_demand
-                    for req in d.bundles_by_count for key in req.bundle}
+        demanded = {
+            key
+            for d in status.resource_demands.ray_task_actor_demand
+            for req in d.bundles_by_count
+            for key in req.bundle
+        }
     except Exception:  # noqa: BLE001 - fall back to the actor table alone
         return no_worker
     out = []
@@ -244,7 +258,13 @@ class WorkerGroup:
                 options["runtime_env"] = {"env_vars": dict(env_vars)}
             self.actors.append(
                 remote_cls.options(**options).remote(
-                    rank, self.world_size, self.master_addr, self.master_port, self.device, threads, **role_kwargs
+                    rank,
+                    self.world_size,
+                    self.master_addr,
+                    self.master_port,
+                    self.device,
+                    threads,
+                    **role_kwargs,
                 )
             )
 
@@ -306,7 +326,9 @@ class WorkerGroup:
             return ip, find_free_port(ip)
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
         try:
-            addr, port = ray.get(_address_on_node.options(scheduling_strategy=strategy).remote(), timeout=timeout_s)
+            addr, port = ray.get(
+                _address_on_node.options(scheduling_strategy=strategy).remote(), timeout=timeout_s
+            )
         except (GetTimeoutError, RayTaskError) as exc:
             raise WorkerError(
                 f"role '{self.role}': could not learn the address of rank 0's node {node_of_bundle} "
@@ -399,7 +421,11 @@ class WorkerGroup:
         self._in_flight[id(call)] = call
         try:
             while pending:
-                left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+                left = (
+                    WAIT_SLICE_S
+                    if deadline is None
+                    else min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+                )
                 ready, pending = ray.wait(pending, num_returns=1, timeout=left)
                 if not ready and deadline is not None and time.monotonic() >= deadline:
                     ranks = sorted(rank_of[r] for r in pending)
@@ -433,7 +459,10 @@ class WorkerGroup:
         out: dict[int, dict[str, Any]] = {}
         for rank, ref in refs.items():
             if ref not in ready:
-                out[rank] = {"state": "no answer", "pid": self._pids[rank] if rank < len(self._pids) else None}
+                out[rank] = {
+                    "state": "no answer",
+                    "pid": self._pids[rank] if rank < len(self._pids) else None,
+                }
                 try:
                     ray.cancel(ref)
                 except Exception:  # noqa: BLE001 - best effort

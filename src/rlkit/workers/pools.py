@@ -79,7 +79,9 @@ class ResourcePool:
     device: str  # "cpu" | "cuda"
     placement_groups: list[Any] = field(default_factory=list, repr=False)  # ray PlacementGroup per node
     roles: list[str] = field(default_factory=list)  # roles placed here (named in errors)
-    claims: dict[int, tuple[str, float]] = field(default_factory=dict, repr=False)  # group id -> (role, share)
+    claims: dict[int, tuple[str, float]] = field(
+        default_factory=dict, repr=False
+    )  # group id -> (role, share)
 
     @property
     def world_size(self) -> int:
@@ -113,7 +115,9 @@ class ResourcePool:
 
         return [ray.util.placement_group_table(pg)["bundles_to_node_id"][0] for pg in self.placement_groups]
 
-    def create(self, timeout_s: float = PLACEMENT_TIMEOUT_S, roles: Sequence[str] | None = None) -> ResourcePool:
+    def create(
+        self, timeout_s: float = PLACEMENT_TIMEOUT_S, roles: Sequence[str] | None = None
+    ) -> ResourcePool:
         """Reserve one placement group per node, each on a node the previous ones do not use.
 
         Raises ``WorkerError`` at once when the cluster can never hold the pool (``check_placement``),
@@ -135,8 +139,11 @@ class ResourcePool:
             # Exclude the nodes this pool already holds: STRICT_PACK keeps a node's bundles together,
             # the selector keeps the pool's nodes apart.
             selector = [{NODE_ID_LABEL: f"!in({','.join(used)})"}] * per_node if used else None
-            pg = placement_group([self.bundle() for _ in range(per_node)], strategy="STRICT_PACK",
-                                 bundle_label_selector=selector)
+            pg = placement_group(
+                [self.bundle() for _ in range(per_node)],
+                strategy="STRICT_PACK",
+                bundle_label_selector=selector,
+            )
             self.placement_groups.append(pg)
             ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -212,8 +219,11 @@ def check_placement(
     if nodes is None:
         import ray
 
-        nodes = {f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})": n["Resources"]
-                 for n in ray.nodes() if n.get("Alive")}
+        nodes = {
+            f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})": n["Resources"]
+            for n in ray.nodes()
+            if n.get("Alive")
+        }
     sizes = {addr: _base(res) for addr, res in nodes.items()}
     for pool in pools:
         need = pool.node_demand()
@@ -222,12 +232,20 @@ def check_placement(
             continue
         per = "; ".join(f"{addr} {_fmt(have)}" for addr, have in sizes.items())
         if pool.config.nodes > fit >= 1:
-            fix = (f"set resources.pools.{pool.name}.nodes={fit}" + (
-                f" and bundles_per_node={pool.config.bundles_per_node * pool.config.nodes // fit}"
-                if len(sizes) == 1 else "") + ", or join a cluster with more nodes (resources.ray_address)")
+            fix = (
+                f"set resources.pools.{pool.name}.nodes={fit}"
+                + (
+                    f" and bundles_per_node={pool.config.bundles_per_node * pool.config.nodes // fit}"
+                    if len(sizes) == 1
+                    else ""
+                )
+                + ", or join a cluster with more nodes (resources.ray_address)"
+            )
         else:
-            fix = (f"lower resources.pools.{pool.name}.bundles_per_node, cpus_per_bundle or gpus_per_bundle, "
-                   f"or start Ray with more resources per node")
+            fix = (
+                f"lower resources.pools.{pool.name}.bundles_per_node, cpus_per_bundle or gpus_per_bundle, "
+                f"or start Ray with more resources per node"
+            )
         raise WorkerError(
             f"resource pool '{pool.name}' ({_roles_text(roles[pool.name])}) asks for {pool.config.nodes} "
             f"node(s) that each hold {pool.config.bundles_per_node} bundle(s) of {_fmt(pool.bundle())} = "
@@ -297,11 +315,15 @@ class ResourcePoolManager:
         ``resources.roles`` maps to it. Raises ``WorkerError`` at once, naming pools and roles.
         ``nodes``: see ``check_placement`` (default: the connected Ray cluster's live nodes)."""
         if roles_by_pool is None:
-            roles_by_pool = {name: [r for r, p in self.resources.roles.items() if p == name] for name in self.pools}
+            roles_by_pool = {
+                name: [r for r, p in self.resources.roles.items() if p == name] for name in self.pools
+            }
         unknown = sorted(set(roles_by_pool) - set(self.pools))
         if unknown:
-            raise WorkerError(f"roles_by_pool names pools {unknown} that resources.pools does not declare "
-                              f"(declared: {sorted(self.pools)}).")
+            raise WorkerError(
+                f"roles_by_pool names pools {unknown} that resources.pools does not declare "
+                f"(declared: {sorted(self.pools)})."
+            )
         for name, roles in roles_by_pool.items():
             self.pools[name].roles = list(roles)
         check_placement([self.pools[n] for n in roles_by_pool], roles_by_pool, nodes=nodes)

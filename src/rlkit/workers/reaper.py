@@ -67,8 +67,13 @@ class Reaper:
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-S", "-c", _PROGRAM], stdin=subprocess.PIPE, text=True,
-                                        start_new_session=True, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-S", "-c", _PROGRAM],
+            stdin=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+        )
         self._sent: set[int] = set()
 
     def watch(self, processes: Iterable[Any]) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from rlkit.batch import Batch
-from rlkit.recipe.schema import ModelConfig, RefConfig
 from rlkit.model import fsdp
 from rlkit.model.forward import compute_log_probs
+from rlkit.recipe.schema import ModelConfig, RefConfig
 
 __all__ = ["FSDPRef"]
 
@@ -19,8 +19,16 @@ __all__ = ["FSDPRef"]
 class FSDPRef:
     """Frozen causal LM of one rank (no optimizer; parameters do not require grad)."""
 
-    def __init__(self, model_config: ModelConfig, ref_config: RefConfig, *, device: torch.device | str = "cpu",
-                 temperature: float = 1.0, mixed_precision: str = "fp32", tokenizer=None):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        ref_config: RefConfig,
+        *,
+        device: torch.device | str = "cpu",
+        temperature: float = 1.0,
+        mixed_precision: str = "fp32",
+        tokenizer=None,
+    ):
         from rlkit.model.load import load_model, load_tokenizer
 
         self.cfg = ref_config
@@ -35,9 +43,14 @@ class FSDPRef:
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         log_prob = compute_log_probs(
-            self.module, batch, temperature=batch.meta.get("temperature", self.temperature),
-            micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank, with_entropy=False,
-            mixed_precision=self.mixed_precision, device=self.device)["log_prob"]
+            self.module,
+            batch,
+            temperature=batch.meta.get("temperature", self.temperature),
+            micro_batch_size=self.cfg.log_prob_micro_batch_size_per_rank,
+            with_entropy=False,
+            mixed_precision=self.mixed_precision,
+            device=self.device,
+        )["log_prob"]
         return Batch({"ref_log_prob": log_prob})
 
     def save_checkpoint(self, directory) -> None:

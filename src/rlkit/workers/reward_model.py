@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from rlkit.batch import Batch
-from rlkit.recipe.schema import ModelConfig
 from rlkit.model import fsdp
 from rlkit.model.forward import autocast
+from rlkit.recipe.schema import ModelConfig
 
 __all__ = ["FSDPRewardModel"]
 
@@ -22,8 +22,16 @@ __all__ = ["FSDPRewardModel"]
 class FSDPRewardModel:
     """Frozen sequence-classification model of one rank."""
 
-    def __init__(self, model_config: ModelConfig, *, path: str | None = None, device: torch.device | str = "cpu",
-                 micro_batch_size: int = 8, mixed_precision: str = "fp32", tokenizer=None):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        path: str | None = None,
+        device: torch.device | str = "cpu",
+        micro_batch_size: int = 8,
+        mixed_precision: str = "fp32",
+        tokenizer=None,
+    ):
         """``path``: the reward model folder (``reward.reward_model.path``); ``model_config`` gives dtype
         and tokenizer (the reward model must share the policy's tokenizer)."""
         from rlkit.model.load import load_model, load_tokenizer
@@ -49,7 +57,9 @@ class FSDPRewardModel:
             mask = micro["attention_mask"].to(self.device)
             ids = micro["input_ids"].to(self.device).masked_fill(mask == 0, self.pad_token_id)
             with autocast(self.device, self.mixed_precision):
-                out = self.module(input_ids=ids, attention_mask=mask, position_ids=micro["position_ids"].to(self.device))
+                out = self.module(
+                    input_ids=ids, attention_mask=mask, position_ids=micro["position_ids"].to(self.device)
+                )
             if i < len(pieces):
                 scores[idx] = out.logits[:, 0].float().cpu()
         return Batch({"rm_scores": scores})

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
-from rlkit.model.state_file import load_state_file
 from rlkit.errors import WorkerError
+from rlkit.model.state_file import load_state_file
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, CriticConfig, ModelConfig, RefConfig, RolloutConfig
 from rlkit.workers.base import Worker
@@ -38,23 +38,40 @@ __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RefWorker", "RewardModelWor
 class ActorRolloutRefWorker(Worker):
     """Actor + rollout + optional reference in one process (veRL's hybrid engine)."""
 
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
-                 model_config: ModelConfig, actor_config: ActorConfig | None = None,
-                 rollout_config: RolloutConfig | None = None, ref_config: RefConfig | None = None,
-                 max_response_length: int = 512, total_steps: int = 1, seed: int = 1,
-                 policy_loss: Resolved | None = None, rollout_backend: Resolved | None = None,
-                 agent_loops: dict[str, Resolved] | None = None, default_agent: str | None = None,
-                 tools: tuple[Resolved, ...] = ()):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config: ModelConfig,
+        actor_config: ActorConfig | None = None,
+        rollout_config: RolloutConfig | None = None,
+        ref_config: RefConfig | None = None,
+        max_response_length: int = 512,
+        total_steps: int = 1,
+        seed: int = 1,
+        policy_loss: Resolved | None = None,
+        rollout_backend: Resolved | None = None,
+        agent_loops: dict[str, Resolved] | None = None,
+        default_agent: str | None = None,
+        tools: tuple[Resolved, ...] = (),
+    ):
         """``max_response_length``: ``data.max_response_length``; ``total_steps``: LR-schedule length;
         ``seed``: ``trainer.seed`` (model init is the same on every rank; sampling is seeded by rank).
         The resolved components (``rlkit.recipe.compose``) come from the driver: ``policy_loss`` (with an
         actor), ``rollout_backend``, ``agent_loops``/``default_agent``/``tools`` (with a rollout)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
-        from rlkit.model.load import load_model, load_tokenizer
         from rlkit.model import fsdp
+        from rlkit.model.load import load_model, load_tokenizer
 
         if actor_config is None and rollout_config is None and ref_config is None:
-            raise WorkerError("ActorRolloutRefWorker needs at least one of actor_config, rollout_config, ref_config.")
+            raise WorkerError(
+                "ActorRolloutRefWorker needs at least one of actor_config, rollout_config, ref_config."
+            )
         self.model_config = model_config
         self.tokenizer = load_tokenizer(model_config)
         temperature = rollout_config.temperature if rollout_config is not None else 1.0
@@ -63,45 +80,78 @@ class ActorRolloutRefWorker(Worker):
             from rlkit.workers.actor import FSDPActor
 
             if policy_loss is None:
-                raise WorkerError("ActorRolloutRefWorker with an actor needs policy_loss (a resolved component).")
-            self.actor = FSDPActor(model_config, actor_config, policy_loss, rollout_n=rollout_config.n if rollout_config else 1,
-                                   total_steps=total_steps, device=self.device, temperature=temperature,
-                                   log_prob_micro_batch_size=(rollout_config.log_prob_micro_batch_size_per_rank
-                                                              if rollout_config else 8),
-                                   tokenizer=self.tokenizer, seed=seed)
+                raise WorkerError(
+                    "ActorRolloutRefWorker with an actor needs policy_loss (a resolved component)."
+                )
+            self.actor = FSDPActor(
+                model_config,
+                actor_config,
+                policy_loss,
+                rollout_n=rollout_config.n if rollout_config else 1,
+                total_steps=total_steps,
+                device=self.device,
+                temperature=temperature,
+                log_prob_micro_batch_size=(
+                    rollout_config.log_prob_micro_batch_size_per_rank if rollout_config else 8
+                ),
+                tokenizer=self.tokenizer,
+                seed=seed,
+            )
         self.backend_spec = rollout_backend.spec if rollout_backend is not None else None
         if rollout_config is not None:
             if rollout_backend is None:
-                raise WorkerError("ActorRolloutRefWorker with a rollout needs rollout_backend (a resolved component).")
+                raise WorkerError(
+                    "ActorRolloutRefWorker with a rollout needs rollout_backend (a resolved component)."
+                )
             if self.actor is not None:
                 module = self.actor.module
             else:
                 module = fsdp.fsdp_wrap(load_model(model_config, tokenizer=self.tokenizer), self.device)
             self.rollout = rollout_backend.build(
-                module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
-                max_response_length=max_response_length, device=self.device, seed=seed * 1000 + rank)
+                module=module,
+                tokenizer=self.tokenizer,
+                rollout_config=rollout_config,
+                max_response_length=max_response_length,
+                device=self.device,
+                seed=seed * 1000 + rank,
+            )
             if default_agent is not None:  # multi-turn: agent loops drive the backend turn by turn
                 from rlkit.rollout.agent import AgentLoopRollout
 
-                self.rollout = AgentLoopRollout(self.rollout, self.tokenizer, rollout_config=rollout_config,
-                                                max_response_length=max_response_length, loops=agent_loops or {},
-                                                default_agent=default_agent, tools=tools,
-                                                generate_ids=self.backend_spec.generate_ids)
+                self.rollout = AgentLoopRollout(
+                    self.rollout,
+                    self.tokenizer,
+                    rollout_config=rollout_config,
+                    max_response_length=max_response_length,
+                    loops=agent_loops or {},
+                    default_agent=default_agent,
+                    tools=tools,
+                    generate_ids=self.backend_spec.generate_ids,
+                )
         if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
             from rlkit.model.lora import LoraRef
 
-            self.ref = LoraRef(self.actor, ref_config, temperature=temperature)  # the base: adapter off, no copy
+            self.ref = LoraRef(
+                self.actor, ref_config, temperature=temperature
+            )  # the base: adapter off, no copy
         elif ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
-            self.ref = FSDPRef(model_config, ref_config, device=self.device, temperature=temperature,
-                               mixed_precision=actor_config.mixed_precision if actor_config else "fp32",
-                               tokenizer=self.tokenizer)
+            self.ref = FSDPRef(
+                model_config,
+                ref_config,
+                device=self.device,
+                temperature=temperature,
+                mixed_precision=actor_config.mixed_precision if actor_config else "fp32",
+                tokenizer=self.tokenizer,
+            )
 
     def _need(self, part: str):
         obj = getattr(self, part)
         if obj is None:
-            raise WorkerError(f"this ActorRolloutRefWorker was built without its {part} (pass {part}_config).")
+            raise WorkerError(
+                f"this ActorRolloutRefWorker was built without its {part} (pass {part}_config)."
+            )
         return obj
 
     # ----- rollout ------------------------------------------------------------------------------
@@ -145,10 +195,13 @@ class ActorRolloutRefWorker(Worker):
         self._need("rollout").update_weights(state_dict)
 
     # ----- actor / ref --------------------------------------------------------------------------
-    def compute_log_prob(self, batch: Batch, with_entropy: bool = False, with_sum_pi_squared: bool = False) -> Batch:
+    def compute_log_prob(
+        self, batch: Batch, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> Batch:
         """``old_log_prob [B, T]`` (+ ``entropy``, ``sum_pi_squared`` [B, T]) under the current actor weights."""
-        return self._need("actor").compute_log_prob(batch, with_entropy=with_entropy,
-                                                    with_sum_pi_squared=with_sum_pi_squared)
+        return self._need("actor").compute_log_prob(
+            batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
+        )
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]`` under the frozen reference model."""
@@ -190,7 +243,9 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(Path(directory) / "actor")
-            if self.rollout is not None:  # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+            if (
+                self.rollout is not None
+            ):  # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
                 self.sync_weights()
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()
@@ -211,16 +266,37 @@ class ActorRolloutRefWorker(Worker):
 class CriticWorker(Worker):
     """The value model (``FSDPCritic``) of one rank."""
 
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
-                 model_config: ModelConfig, critic_config: CriticConfig, rollout_n: int, ppo_mini_batch_size: int,
-                 total_steps: int = 1, mixed_precision: str = "fp32", seed: int = 1):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config: ModelConfig,
+        critic_config: CriticConfig,
+        rollout_n: int,
+        ppo_mini_batch_size: int,
+        total_steps: int = 1,
+        mixed_precision: str = "fp32",
+        seed: int = 1,
+    ):
         """``ppo_mini_batch_size``: ``actor.ppo_mini_batch_size`` (used unless the critic sets its own)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.workers.critic import FSDPCritic
 
-        self.critic = FSDPCritic(model_config, critic_config, rollout_n=rollout_n, total_steps=total_steps,
-                                 ppo_mini_batch_size=ppo_mini_batch_size, device=self.device,
-                                 mixed_precision=mixed_precision, seed=seed)
+        self.critic = FSDPCritic(
+            model_config,
+            critic_config,
+            rollout_n=rollout_n,
+            total_steps=total_steps,
+            ppo_mini_batch_size=ppo_mini_batch_size,
+            device=self.device,
+            mixed_precision=mixed_precision,
+            seed=seed,
+        )
 
     def compute_values(self, batch: Batch) -> Batch:
         """``values [B, T]``."""
@@ -244,14 +320,30 @@ class CriticWorker(Worker):
 class RefWorker(Worker):
     """A stand-alone reference policy (when it is not colocated with the actor)."""
 
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
-                 model_config: ModelConfig, ref_config: RefConfig, temperature: float = 1.0,
-                 mixed_precision: str = "fp32"):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config: ModelConfig,
+        ref_config: RefConfig,
+        temperature: float = 1.0,
+        mixed_precision: str = "fp32",
+    ):
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.workers.ref import FSDPRef
 
-        self.ref = FSDPRef(model_config, ref_config, device=self.device, temperature=temperature,
-                           mixed_precision=mixed_precision)
+        self.ref = FSDPRef(
+            model_config,
+            ref_config,
+            device=self.device,
+            temperature=temperature,
+            mixed_precision=mixed_precision,
+        )
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]``."""
@@ -271,15 +363,31 @@ class RefWorker(Worker):
 class RewardModelWorker(Worker):
     """A sequence-classification reward model; ``compute_rm_score`` writes ``rm_scores [B]``."""
 
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
-                 model_config: ModelConfig, reward_model_path: str, micro_batch_size: int = 8,
-                 mixed_precision: str = "fp32"):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config: ModelConfig,
+        reward_model_path: str,
+        micro_batch_size: int = 8,
+        mixed_precision: str = "fp32",
+    ):
         """``model_config``: the policy's (tokenizer, dtype); ``reward_model_path``: ``reward.reward_model.path``."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.workers.reward_model import FSDPRewardModel
 
-        self.rm = FSDPRewardModel(model_config, path=reward_model_path, device=self.device,
-                                  micro_batch_size=micro_batch_size, mixed_precision=mixed_precision)
+        self.rm = FSDPRewardModel(
+            model_config,
+            path=reward_model_path,
+            device=self.device,
+            micro_batch_size=micro_batch_size,
+            mixed_precision=mixed_precision,
+        )
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         return self.rm.compute_rm_score(batch)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from rlkit.batch import Batch
-from rlkit.model.state_file import load_state_file
 from rlkit.errors import WorkerError
+from rlkit.model.state_file import load_state_file
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
 from rlkit.workers.base import Worker
@@ -32,11 +32,25 @@ __all__ = ["RolloutWorker"]
 class RolloutWorker(Worker):
     """A rollout-only rank: the backend over its own copy of the policy, weights by version."""
 
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *,
-                 model_config: ModelConfig, rollout_config: RolloutConfig, max_response_length: int = 512,
-                 seed: int = 1, rollout_backend: Resolved | None = None,
-                 agent_loops: dict[str, Resolved] | None = None, default_agent: str | None = None,
-                 tools: tuple[Resolved, ...] = (), lora: LoraConfig | None = None):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config: ModelConfig,
+        rollout_config: RolloutConfig,
+        max_response_length: int = 512,
+        seed: int = 1,
+        rollout_backend: Resolved | None = None,
+        agent_loops: dict[str, Resolved] | None = None,
+        default_agent: str | None = None,
+        tools: tuple[Resolved, ...] = (),
+        lora: LoraConfig | None = None,
+    ):
         """Keywords as for ``ActorRolloutRefWorker``'s rollout part; ``seed``: ``trainer.seed`` (sampling is
         seeded ``seed * 1000 + 500 + rank``, apart from the actor's own engine); ``lora``: ``actor.lora`` (the
         module gets the same adapter, its values come with the first weight push)."""
@@ -53,16 +67,27 @@ class RolloutWorker(Worker):
 
             module, _ = apply_lora(module, lora)
         module.requires_grad_(False)
-        self.rollout = rollout_backend.build(module=module, tokenizer=self.tokenizer, rollout_config=rollout_config,
-                                             max_response_length=max_response_length, device=self.device,
-                                             seed=seed * 1000 + 500 + rank)
+        self.rollout = rollout_backend.build(
+            module=module,
+            tokenizer=self.tokenizer,
+            rollout_config=rollout_config,
+            max_response_length=max_response_length,
+            device=self.device,
+            seed=seed * 1000 + 500 + rank,
+        )
         if default_agent is not None:  # multi-turn: agent loops drive the backend turn by turn
             from rlkit.rollout.agent import AgentLoopRollout
 
-            self.rollout = AgentLoopRollout(self.rollout, self.tokenizer, rollout_config=rollout_config,
-                                            max_response_length=max_response_length, loops=agent_loops or {},
-                                            default_agent=default_agent, tools=tools,
-                                            generate_ids=rollout_backend.spec.generate_ids)
+            self.rollout = AgentLoopRollout(
+                self.rollout,
+                self.tokenizer,
+                rollout_config=rollout_config,
+                max_response_length=max_response_length,
+                loops=agent_loops or {},
+                default_agent=default_agent,
+                tools=tools,
+                generate_ids=rollout_backend.spec.generate_ids,
+            )
         self.version = 0  # the actor update whose weights this rank holds (0 = the initial weights)
         self.sync_bytes = 0  # tensor bytes of the last weight push (metric rollout/weight_sync_bytes)
 
@@ -97,8 +122,10 @@ class RolloutWorker(Worker):
         path = Path(directory) / "rollout_worker"
         path.mkdir(parents=True, exist_ok=True)
         generator = getattr(self.rollout_engine(), "generator", None)
-        state = {"version": self.version,
-                 "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
+        state = {
+            "version": self.version,
+            "generator": generator.get_state() if isinstance(generator, torch.Generator) else None,
+        }
         torch.save(state, path / f"rank{self.rank}.pt")
 
     def load_checkpoint(self, directory: str) -> None:

@@ -340,8 +340,10 @@ def tir_otb(rewards, mask, index, old, sum_sq, is_w=None, zero_tail=True, eps=1e
 
 # ---------------------------------------------------------------- rollout correction
 def token_ratios(old, rollout, mask):
-    return [[math.exp(_clamp(o - r, -20.0, 20.0)) if k else 0.0 for o, r, k in zip(ro, rr, rm)]
-            for ro, rr, rm in zip(tolist(old), tolist(rollout), tolist(mask))]
+    return [
+        [math.exp(_clamp(o - r, -20.0, 20.0)) if k else 0.0 for o, r, k in zip(ro, rr, rm)]
+        for ro, rr, rm in zip(tolist(old), tolist(rollout), tolist(mask))
+    ]
 
 
 def seq_ratios(old, rollout, mask, geometric=False):
@@ -365,9 +367,15 @@ def correction(name, old, rollout, mask, **kw):
             return [[min(s, kw["threshold"]) if k else 0.0 for k in rm] for s, rm in zip(seq, m)]
         return [[1.0 if k and kw["lower"] <= s <= kw["upper"] else 0.0 for k in rm] for s, rm in zip(seq, m)]
     if name == "token_mis":
-        return [[1.0 if k and kw["lower"] <= x <= kw["upper"] else 0.0 for x, k in zip(rx, rm)] for rx, rm in zip(tok, m)]
+        return [
+            [1.0 if k and kw["lower"] <= x <= kw["upper"] else 0.0 for x, k in zip(rx, rm)]
+            for rx, rm in zip(tok, m)
+        ]
     if name == "icepop":
-        return [[x if k and kw["lower"] <= x <= kw["upper"] else 0.0 for x, k in zip(rx, rm)] for rx, rm in zip(tok, m)]
+        return [
+            [x if k and kw["lower"] <= x <= kw["upper"] else 0.0 for x, k in zip(rx, rm)]
+            for rx, rm in zip(tok, m)
+        ]
     if name == "decoupled":
         cap = kw.get("cap") or math.inf
         return [[x if k and x <= cap else 0.0 for x, k in zip(rx, rm)] for rx, rm in zip(tok, m)]

@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def batches(draw, min_group: int = 1, max_group: int = 4, max_groups: int = 4, max_t: int = 5, outcome: bool = False):
+def batches(
+    draw, min_group: int = 1, max_group: int = 4, max_groups: int = 4, max_t: int = 5, outcome: bool = False
+):
     """(token_level_rewards [B, T], response_mask [B, T], index [B]) with prefix masks of >= 1 token.
 
     Group ids are drawn sparse and shuffled so nothing relies on contiguous or dense ids.

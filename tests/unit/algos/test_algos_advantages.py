@@ -41,7 +41,13 @@ def test_grpo_hand_worked():
     index = torch.tensor([7, 7, 3, 7, 7])
     adv, ret = A.compute_grpo_advantage(rewards, mask, index)
     std = (1 / 3) ** 0.5
-    expected = [0.5 / (std + 1e-6), -0.5 / (std + 1e-6), 2 / (1 + 1e-6), 0.5 / (std + 1e-6), -0.5 / (std + 1e-6)]
+    expected = [
+        0.5 / (std + 1e-6),
+        -0.5 / (std + 1e-6),
+        2 / (1 + 1e-6),
+        0.5 / (std + 1e-6),
+        -0.5 / (std + 1e-6),
+    ]
     close(adv[:, 0], expected)
     close(adv, torch.tensor(expected, **F64)[:, None] * mask)  # broadcast over valid tokens only
     assert adv.shape == ret.shape == (5, 3) and torch.equal(adv, ret)
@@ -80,7 +86,9 @@ def test_passk_hand_worked():
     # group 0: 0.2, 0.9, 0.5 -> only the best (0.9) gets 0.9 - 0.5 = 0.4
     # group 1: 1, 1 -> tie, the gap is 0
     rewards, mask = outcome([0.2, 0.9, 0.5, 1, 1])
-    adv, _ = A.compute_grpo_passk_advantage(rewards, mask, torch.tensor([0, 0, 0, 1, 1]), norm_adv_by_std=False)
+    adv, _ = A.compute_grpo_passk_advantage(
+        rewards, mask, torch.tensor([0, 0, 0, 1, 1]), norm_adv_by_std=False
+    )
     close(adv[:, 0], [0, 0.4, 0, 0, 0])
     # with std: unbiased std of (0.2, 0.9, 0.5) = 0.3511885 -> 0.4 / (0.3511885 + 1e-6)
     adv, _ = A.compute_grpo_passk_advantage(rewards, mask, torch.tensor([0, 0, 0, 1, 1]))
@@ -171,7 +179,9 @@ def test_gae_matches_loop(batch, gl, rnd):
     rewards, mask, _ = batch
     if mask.sum() < 2:
         return
-    values = torch.tensor([[rnd.uniform(-1, 1) for _ in range(mask.shape[1])] for _ in range(mask.shape[0])], **F64)
+    values = torch.tensor(
+        [[rnd.uniform(-1, 1) for _ in range(mask.shape[1])] for _ in range(mask.shape[0])], **F64
+    )
     adv, ret = A.compute_gae(rewards, values, mask, *gl)
     ref_adv, ref_ret = ref.gae(rewards, values, mask, *gl)
     close(ret * mask, torch.tensor(ref_ret, **F64) * mask, tol=1e-7)
@@ -187,8 +197,13 @@ def test_constant_reward_group_has_zero_advantage(batch):
     lengths = mask.sum(-1).long()
     for i, g in enumerate(index.tolist()):
         rewards[i, lengths[i] - 1] = float(g % 3)
-    for fn in (A.compute_grpo_advantage, A.compute_rloo_advantage, A.compute_opo_advantage,
-               A.compute_gpg_advantage, A.compute_grpo_passk_advantage):
+    for fn in (
+        A.compute_grpo_advantage,
+        A.compute_rloo_advantage,
+        A.compute_opo_advantage,
+        A.compute_gpg_advantage,
+        A.compute_grpo_passk_advantage,
+    ):
         adv, _ = fn(rewards, mask, index)
         assert torch.count_nonzero(adv) == 0, fn.__name__
 

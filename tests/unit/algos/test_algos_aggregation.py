@@ -102,8 +102,14 @@ def test_micro_batch_and_rank_split_is_exact(case, mode):
             if not mb:  # a rank with no rows (more ranks than sequences) contributes nothing
                 continue
             width = max(1, int(mask[mb].sum(-1).max()))  # dynamic padding per micro-batch
-            share = agg_loss(per_token_loss(param, mb, width), mask[mb, :width], mode,
-                             global_tokens=g_tokens, global_seqs=g_seqs, max_response_len=t)
+            share = agg_loss(
+                per_token_loss(param, mb, width),
+                mask[mb, :width],
+                mode,
+                global_tokens=g_tokens,
+                global_seqs=g_seqs,
+                max_response_len=t,
+            )
             share.backward()  # gradient accumulation = sum over micro-batches
             total_value += float(share.detach())
         grads.append(param.grad if param.grad is not None else torch.zeros_like(theta))
@@ -119,6 +125,10 @@ def test_local_counts_would_be_wrong():
     loss = torch.tensor([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0]], **F64)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], **F64)
     full = float(agg_loss(loss, mask, "token-mean"))  # 7 / 4 = 1.75
-    naive = sum(float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean")) for i in range(2)) / 2  # (1 + 4) / 2
-    exact = sum(float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean", global_tokens=4)) for i in range(2))
+    naive = (
+        sum(float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean")) for i in range(2)) / 2
+    )  # (1 + 4) / 2
+    exact = sum(
+        float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean", global_tokens=4)) for i in range(2)
+    )
     assert full == 1.75 and naive == 2.5 and exact == 1.75

@@ -34,7 +34,9 @@ def test_entropy_and_log_probs_match_full_softmax(chunk):
     lp = log_probs_from_logits(logits, labels, chunk_size=chunk)
     assert h.shape == lp.shape == (2, 5)
     torch.testing.assert_close(h.double(), full_h, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(lp.double(), full_logp.gather(-1, labels[..., None])[..., 0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        lp.double(), full_logp.gather(-1, labels[..., None])[..., 0], rtol=1e-6, atol=1e-6
+    )
     # gradients agree too (each chunk is recomputed in backward)
     (g1,) = torch.autograd.grad((h.sum() + lp.sum()), logits)
     (g2,) = torch.autograd.grad(full_h.sum() + full_logp.gather(-1, labels[..., None]).sum(), logits)
@@ -53,7 +55,9 @@ def test_entropy_hand_worked_and_bf16():
 
 def test_overlong_penalty_hand_worked():
     # max 10, buffer 4 -> expected length 6; factor 1: L=3,6 -> 0; L=8 -> -(8-6)/4 = -0.5; L=10 -> -1
-    p = overlong_penalty(torch.tensor([3, 6, 8, 10]), max_response_length=10, buffer_len=4, penalty_factor=1.0)
+    p = overlong_penalty(
+        torch.tensor([3, 6, 8, 10]), max_response_length=10, buffer_len=4, penalty_factor=1.0
+    )
     torch.testing.assert_close(p, torch.tensor([0.0, 0.0, -0.5, -1.0]))
     with pytest.raises(AlgoError, match="overlong_buffer.len"):
         overlong_penalty(torch.tensor([1]), 10, 0, 1.0)
@@ -93,7 +97,10 @@ def test_accumulator_fills_then_stops():
     acc.add(torch.tensor([2, 2, 3, 3]), torch.tensor([0.0, 1.0, 1.0, 0.0]))
     assert acc.full and acc.metrics()["train/num_gen_batches"] == 2.0
     # 4 groups seen: 3 kept (0, 2, 3), 1 dropped (1)
-    assert acc.metrics()["train/filter_groups_kept"] == 3.0 and acc.metrics()["train/filter_groups_dropped"] == 1.0
+    assert (
+        acc.metrics()["train/filter_groups_kept"] == 3.0
+        and acc.metrics()["train/filter_groups_dropped"] == 1.0
+    )
     assert acc.metrics()["train/filter_groups_kept_frac"] == 0.75
     acc.reset()
     assert acc.num_groups == 0 and acc.num_gen_batches == 0

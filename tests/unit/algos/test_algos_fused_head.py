@@ -34,8 +34,16 @@ def inputs(n=13, h=8, v=37, dtype=torch.float64):
 @pytest.mark.parametrize("entropy_grad", [True, False])
 def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_grad):
     hidden, weight, labels = inputs()
-    got = head_outputs(hidden, weight, labels, temperature=temperature, with_entropy=True, entropy_grad=entropy_grad,
-                       with_sum_pi_squared=True, chunk=chunk)
+    got = head_outputs(
+        hidden,
+        weight,
+        labels,
+        temperature=temperature,
+        with_entropy=True,
+        entropy_grad=entropy_grad,
+        with_sum_pi_squared=True,
+        chunk=chunk,
+    )
     want_lp, want_h, want_s = reference(hidden, weight, labels, temperature)
     assert got["log_prob"].dtype == torch.float32 and got["log_prob"].shape == (13,)
     # the float32 vocabulary math over float64 inputs: agreement to float32 precision
@@ -46,7 +54,9 @@ def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_
     assert got["entropy"].requires_grad == entropy_grad
     # a loss with distinct weights per row, so every row's gradient matters
     coef = torch.linspace(-1, 2, 13, dtype=torch.float64)
-    loss_got = (coef * got["log_prob"].double()).sum() + (0.3 * got["entropy"].double().sum() if entropy_grad else 0)
+    loss_got = (coef * got["log_prob"].double()).sum() + (
+        0.3 * got["entropy"].double().sum() if entropy_grad else 0
+    )
     loss_want = (coef * want_lp).sum() + (0.3 * want_h.sum() if entropy_grad else 0)
     g_got = torch.autograd.grad(loss_got, (hidden, weight))
     g_want = torch.autograd.grad(loss_want, (hidden, weight))
@@ -74,8 +84,9 @@ def test_bf16_autocast_runs_the_matmuls_in_bf16():
     assert logits.dtype == torch.float32
     exact = head_outputs(hidden, weight, labels, with_entropy=True)
     # bf16 logits, not fp32 ones: close to the bf16 reference, and visibly different from the exact values
-    torch.testing.assert_close(got["log_prob"], torch.log_softmax(logits, -1).gather(-1, labels[:, None])[:, 0],
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got["log_prob"], torch.log_softmax(logits, -1).gather(-1, labels[:, None])[:, 0], rtol=1e-4, atol=1e-4
+    )
     assert not torch.allclose(got["log_prob"], exact["log_prob"], rtol=0, atol=1e-5)
     g_hidden, g_weight = torch.autograd.grad(got["log_prob"].sum() + got["entropy"].sum(), (hidden, weight))
     assert g_hidden.dtype == g_weight.dtype == torch.float32 and torch.isfinite(g_weight).all()

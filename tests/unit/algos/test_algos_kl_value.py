@@ -99,6 +99,7 @@ def test_value_loss_hand_worked():
     loss.backward()
     # token 0's loss comes from the clipped branch (no gradient); token 1: 0.5 * 2 * 0.2 / 2 = 0.1
     torch.testing.assert_close(vpreds.grad, torch.tensor([[0.0, 0.1]], **F64))
-    half, _ = compute_value_loss(vpreds[:, :1], values[:, :1], returns[:, :1], torch.ones(1, 1, **F64), 0.5,
-                                 global_tokens=2)
+    half, _ = compute_value_loss(
+        vpreds[:, :1], values[:, :1], returns[:, :1], torch.ones(1, 1, **F64), 0.5, global_tokens=2
+    )
     assert float(half.detach()) == pytest.approx(0.5 * 2.25 / 2)  # global count reaches agg_loss

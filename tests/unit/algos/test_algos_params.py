@@ -15,20 +15,38 @@ from rlkit.algos import rollout_correction as R
 from rlkit.builtin import algo_params as A
 
 PAIRS = [
-    (A.ClipCovParams, P.clip_cov), (A.KLCovParams, P.kl_cov), (A.GeoMeanParams, P.geo_mean),
-    (A.LuspoParams, P.luspo), (A.VespoParams, P.vespo),
+    (A.ClipCovParams, P.clip_cov),
+    (A.KLCovParams, P.kl_cov),
+    (A.GeoMeanParams, P.geo_mean),
+    (A.LuspoParams, P.luspo),
+    (A.VespoParams, P.vespo),
     (A.OptimalTokenBaselineParams, E.optimal_token_baseline),
     (A.TirOptimalTokenBaselineParams, E.tir_optimal_token_baseline),
-    (A.TokenTISParams, R.token_tis), (A.SeqTISParams, R.seq_tis), (A.TokenMISParams, R.token_mis),
-    (A.SeqMISParams, R.seq_mis), (A.IcePopParams, R.icepop), (A.DecoupledParams, R.decoupled),
+    (A.TokenTISParams, R.token_tis),
+    (A.SeqTISParams, R.seq_tis),
+    (A.TokenMISParams, R.token_mis),
+    (A.SeqMISParams, R.seq_mis),
+    (A.IcePopParams, R.icepop),
+    (A.DecoupledParams, R.decoupled),
 ]
-NOT_PARAMS = {"generator", "selected", "values", "reward_baselines", "old_log_prob", "sum_pi_squared", "rollout_is_weights"}
+NOT_PARAMS = {
+    "generator",
+    "selected",
+    "values",
+    "reward_baselines",
+    "old_log_prob",
+    "sum_pi_squared",
+    "rollout_is_weights",
+}
 
 
 @pytest.mark.parametrize(("model", "fn"), PAIRS, ids=[m.__name__ for m, _ in PAIRS])
 def test_fields_are_the_functions_keyword_scalars_with_its_defaults(model, fn):
-    keywords = {name: p.default for name, p in inspect.signature(fn).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in NOT_PARAMS}
+    keywords = {
+        name: p.default
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in NOT_PARAMS
+    }
     assert model().model_dump() == keywords
     for name, field in model.model_fields.items():
         assert field.description, f"{model.__name__}.{name} has no description"
@@ -54,22 +72,33 @@ def test_a_validated_model_drives_its_function():
     torch.testing.assert_close(weights, torch.tensor([[3.0, 1.0]]))
 
 
-RECIPE = {"model": {"path": "some/model"}, "data": {"train_files": ["train.parquet"], "train_batch_size": 4},
-          "actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 4}, "algorithm": {"estimator": "grpo"}}
+RECIPE = {
+    "model": {"path": "some/model"},
+    "data": {"train_files": ["train.parquet"], "train_batch_size": 4},
+    "actor": {"ppo_mini_batch_size": 2},
+    "rollout": {"n": 4},
+    "algorithm": {"estimator": "grpo"},
+}
 
 
-@pytest.mark.parametrize(("name", "param"), [
-    ("gmpo", {"clip_ratio_high": 0.1}), ("luspo", {"clip_ratio_low": 0.3}), ("vespo", {"k_neg": 1.5}),
-    ("clip_cov", {"clip_cov_ratio": 0.1}), ("kl_cov", {"kl_cov_ratio": 0.1}),
-])
+@pytest.mark.parametrize(
+    ("name", "param"),
+    [
+        ("gmpo", {"clip_ratio_high": 0.1}),
+        ("luspo", {"clip_ratio_low": 0.3}),
+        ("vespo", {"k_neg": 1.5}),
+        ("clip_cov", {"clip_cov_ratio": 0.1}),
+        ("kl_cov", {"kl_cov_ratio": 0.1}),
+    ],
+)
 def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param):
     """The recipe door: `actor.policy_loss: {name, **params}` validates against the params model and the
     resolved component calls the function with the validated keywords."""
     from rlkit.errors import RecipeError
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.manager import make_plugin_manager
-    from rlkit.recipe import validate_recipe
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe import validate_recipe
+    from rlkit.recipe.compose import resolve
 
     registries = build_registries(make_plugin_manager(entry_points=False))
     raw = {**RECIPE, "actor": {**RECIPE["actor"], "policy_loss": {"name": name, **param}}}
@@ -89,8 +118,10 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
         validate_recipe(bad, registries=registries, check_files=False)
 
 
-@pytest.mark.parametrize(("loss", "select"), [(P.clip_cov, P.clip_cov_mini_batch_selection),
-                                               (P.kl_cov, P.kl_cov_mini_batch_selection)])
+@pytest.mark.parametrize(
+    ("loss", "select"),
+    [(P.clip_cov, P.clip_cov_mini_batch_selection), (P.kl_cov, P.kl_cov_mini_batch_selection)],
+)
 def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_their_parameters(loss, select):
     """The actor calls the spec's selection with the loss's validated parameters: same keywords, same defaults."""
     from rlkit.plugin.manager import make_plugin_manager
@@ -98,6 +129,9 @@ def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_t
 
     spec = build_registries(make_plugin_manager(entry_points=False)).policy_losses.get(loss.__name__)
     assert spec.mini_batch_selection.target.endswith(select.__name__)
-    keywords = {name: p.default for name, p in inspect.signature(select).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in NOT_PARAMS}
+    keywords = {
+        name: p.default
+        for name, p in inspect.signature(select).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in NOT_PARAMS
+    }
     assert spec.params().model_dump() == keywords

@@ -62,10 +62,13 @@ def loss_inputs(draw):
 @given(loss_inputs(), st.sampled_from([(0.2, 0.2, 3.0), (0.2, 0.28, 3.0), (0.1, 0.5, 1.5)]))
 def test_ppo_clip_matches_loop(inputs, clips):
     log_prob, old, adv, mask = inputs
-    loss, _ = P.ppo_clip(log_prob, old, adv, mask, clip_ratio_low=clips[0], clip_ratio_high=clips[1],
-                         clip_ratio_c=clips[2])
-    expected = [[ref.ppo_clip_token(lp, o, a, *clips) for lp, o, a in zip(*rows)]
-                for rows in zip(log_prob.tolist(), old.tolist(), adv.tolist())]
+    loss, _ = P.ppo_clip(
+        log_prob, old, adv, mask, clip_ratio_low=clips[0], clip_ratio_high=clips[1], clip_ratio_c=clips[2]
+    )
+    expected = [
+        [ref.ppo_clip_token(lp, o, a, *clips) for lp, o, a in zip(*rows)]
+        for rows in zip(log_prob.tolist(), old.tolist(), adv.tolist())
+    ]
     torch.testing.assert_close(loss, t(expected))
 
 

@@ -35,7 +35,9 @@ def test_clip_cov_hand_worked():
     # r = 1 everywhere: loss -A = [-2, 2, -0.5, 0.5] -> [0, 0, -0.5, 0.5]; gradient -A r on kept tokens.
     log_prob = t(LOGP).requires_grad_(True)
     mask = torch.ones(1, 4, **F64)
-    loss, m = P.clip_cov(log_prob, t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    loss, m = P.clip_cov(
+        log_prob, t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0
+    )
     torch.testing.assert_close(loss, t([[0.0, 0.0, -0.5, 0.5]]))
     loss.sum().backward()
     torch.testing.assert_close(log_prob.grad, t([[0.0, 0.0, -0.5, 0.5]]))
@@ -51,10 +53,12 @@ def test_clip_cov_draws_its_subset_from_the_generator():
     mask = torch.ones(1, 4, **F64)
     picks = set()
     for seed in range(20):
-        loss, _ = P.clip_cov(t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25,
-                             generator=torch.Generator().manual_seed(seed))
-        again, _ = P.clip_cov(t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25,
-                              generator=torch.Generator().manual_seed(seed))
+        loss, _ = P.clip_cov(
+            t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25, generator=torch.Generator().manual_seed(seed)
+        )
+        again, _ = P.clip_cov(
+            t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25, generator=torch.Generator().manual_seed(seed)
+        )
         assert torch.equal(loss, again)
         cut = (loss[0, :2] == 0).nonzero().flatten().tolist()
         assert len(cut) == 1
@@ -77,8 +81,9 @@ def test_mini_batch_selections_hand_worked():
     candidates (cov 2) is left; KL-Cov takes the top-k covariance tokens (k = 1: token 0, the earlier tie)."""
     old = t([[-1.5, -3.0, -2.0, -2.0]])  # token 0: r = e^0.5 > 1.2 with A > 0, the ratio clip binds
     mask = torch.ones(1, 4, **F64)
-    sel = P.clip_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0,
-                                          generator=torch.Generator().manual_seed(0))
+    sel = P.clip_cov_mini_batch_selection(
+        t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, generator=torch.Generator().manual_seed(0)
+    )
     assert sel.tolist() == [[False, True, False, False]]
     loss, m = P.clip_cov(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, selected=sel)
     assert float(loss[0, 1]) == 0.0 and m["pg_clipfrac"] == 0.25  # the loss cuts exactly the selection
@@ -175,17 +180,32 @@ def loss_inputs(draw, seq_adv: bool = False):
     return log_prob, old, adv, mask
 
 
-@given(loss_inputs(), st.sampled_from([0.05, 0.3, 1.0]), st.sampled_from([(-1.0, 1.0), (0.0, 0.5), (0.1, 5.0)]),
-       st.integers(0, 99))
+@given(
+    loss_inputs(),
+    st.sampled_from([0.05, 0.3, 1.0]),
+    st.sampled_from([(-1.0, 1.0), (0.0, 0.5), (0.1, 5.0)]),
+    st.integers(0, 99),
+)
 def test_clip_cov_matches_loop(inputs, ratio, bounds, seed):
     log_prob, old, adv, mask = inputs
-    loss, m = P.clip_cov(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_cov_ratio=ratio,
-                         clip_cov_lb=bounds[0], clip_cov_ub=bounds[1], generator=torch.Generator().manual_seed(seed))
+    loss, m = P.clip_cov(
+        log_prob,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_cov_ratio=ratio,
+        clip_cov_lb=bounds[0],
+        clip_cov_ub=bounds[1],
+        generator=torch.Generator().manual_seed(seed),
+    )
     ppo, cands, n_cut = ref.clip_cov_parts(log_prob, old, adv, mask, 0.2, 0.28, ratio, *bounds)
     cut = {(i, j) for i, j in (loss == 0).nonzero().tolist() if ppo[i][j] != 0 and mask[i, j]}
     assert cut <= set(cands) and len(cut) == min(n_cut, len(cands))
-    keep = torch.tensor([[0.0 if (i, j) in cut else 1.0 for j in range(mask.shape[1])] for i in range(mask.shape[0])],
-                        **F64)
+    keep = torch.tensor(
+        [[0.0 if (i, j) in cut else 1.0 for j in range(mask.shape[1])] for i in range(mask.shape[0])], **F64
+    )
     torch.testing.assert_close(loss, t(ppo) * keep)
     assert m["pg_clipfrac"] == pytest.approx(len(cut) / float(mask.sum()))
 
@@ -228,7 +248,9 @@ def test_luspo_matches_trl_loop(inputs):
     loss, _ = P.luspo(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
     expected = ref.luspo_trl(log_prob, old, adv, mask, 0.2, 0.28)
     assert float(agg_loss(loss, mask, "seq-mean-token-sum")) == pytest.approx(expected, abs=1e-12)
-    torch.testing.assert_close(loss, P.gspo(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)[0])
+    torch.testing.assert_close(
+        loss, P.gspo(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)[0]
+    )
 
 
 @given(loss_inputs(), st.sampled_from([(2.0, 3.0, 3.0, 2.0), (1.0, 1.0, 0.5, 4.0)]))
@@ -258,7 +280,9 @@ def test_on_policy_every_new_loss_is_plain_policy_gradient(inputs):
     for fn in (P.geo_mean, P.luspo):
         lp = old.clone().requires_grad_(True)
         loss, _ = fn(lp, old, adv, mask)
-        expected = -(adv * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True) if fn is P.geo_mean else -adv
+        expected = (
+            -(adv * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True) if fn is P.geo_mean else -adv
+        )
         torch.testing.assert_close(loss * mask, expected * mask)
 
 
@@ -281,12 +305,20 @@ def test_kl_cov_penalises_exactly_k_tokens(inputs, ratio):
 
 
 # ---------------------------------------------------------------- split invariance
-SEQUENCE_LOSSES = [(P.geo_mean, "seq-mean-token-mean"), (P.luspo, "seq-mean-token-sum"),
-                   (P.vespo, "token-mean"), (P.geo_mean, "token-mean"), (P.luspo, "token-mean")]
+SEQUENCE_LOSSES = [
+    (P.geo_mean, "seq-mean-token-mean"),
+    (P.luspo, "seq-mean-token-sum"),
+    (P.vespo, "token-mean"),
+    (P.geo_mean, "token-mean"),
+    (P.luspo, "token-mean"),
+]
 
 
-@given(loss_inputs(seq_adv=True), st.lists(st.integers(1, 4), max_size=3, unique=True),
-       st.sampled_from(range(len(SEQUENCE_LOSSES))))
+@given(
+    loss_inputs(seq_adv=True),
+    st.lists(st.integers(1, 4), max_size=3, unique=True),
+    st.sampled_from(range(len(SEQUENCE_LOSSES))),
+)
 def test_split_into_micro_batches_is_exact(inputs, cuts, which):
     """Each sequence's per-token loss depends on that sequence alone, so micro-batches (each padded to
     its own width) with global counts reproduce the full batch's loss and gradient. clip_cov / kl_cov
@@ -312,8 +344,12 @@ def test_split_into_micro_batches_is_exact(inputs, cuts, which):
 
 
 # ---------------------------------------------------------------- clip_cov / kl_cov with a mini-batch selection
-@given(loss_inputs(seq_adv=True), st.lists(st.integers(1, 4), max_size=3, unique=True),
-       st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]), st.integers(0, 99))
+@given(
+    loss_inputs(seq_adv=True),
+    st.lists(st.integers(1, 4), max_size=3, unique=True),
+    st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
+    st.integers(0, 99),
+)
 def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode, seed):
     """Selected once over the whole mini-batch (then sliced with the rows), the tokens Clip-Cov cuts and
     KL-Cov penalises no longer depend on the micro-batch split: loss and gradient are exact."""
@@ -322,8 +358,15 @@ def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode
     tokens, seqs = global_counts(mask)
     bounds = [0, *sorted(c for c in cuts if c < b), b]
     selections = {
-        P.clip_cov: P.clip_cov_selection(log_prob, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
-                                         generator=torch.Generator().manual_seed(seed)),
+        P.clip_cov: P.clip_cov_selection(
+            log_prob,
+            adv,
+            mask,
+            clip_cov_ratio=0.3,
+            clip_cov_lb=-1e9,
+            clip_cov_ub=1e9,
+            generator=torch.Generator().manual_seed(seed),
+        ),
         P.kl_cov: P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3),
     }
     for fn, sel in selections.items():
@@ -334,8 +377,13 @@ def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode
         total = 0.0
         for lo, hi in zip(bounds, bounds[1:]):
             width = int(mask[lo:hi].sum(-1).max())
-            piece = fn(lp[lo:hi, :width], old[lo:hi, :width], adv[lo:hi, :width], mask[lo:hi, :width],
-                       selected=sel[lo:hi, :width])[0]
+            piece = fn(
+                lp[lo:hi, :width],
+                old[lo:hi, :width],
+                adv[lo:hi, :width],
+                mask[lo:hi, :width],
+                selected=sel[lo:hi, :width],
+            )[0]
             share = agg_loss(piece, mask[lo:hi, :width], mode, global_tokens=tokens, global_seqs=seqs)
             share.backward()
             total += float(share.detach())
@@ -349,13 +397,29 @@ def test_cov_losses_select_within_the_call_by_default(inputs, seed):
     the same as passing the selection functions' result for that call."""
     log_prob, old, adv, mask = inputs
     a, _ = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.3)
-    b, _ = P.kl_cov(log_prob, old, adv, mask, selected=P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3))
+    b, _ = P.kl_cov(
+        log_prob, old, adv, mask, selected=P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3)
+    )
     torch.testing.assert_close(a, b)
     # on-policy nothing is ratio-clipped, so the draw is the selection function's with the same seed
-    a, _ = P.clip_cov(old, old, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
-                      generator=torch.Generator().manual_seed(seed))
-    sel = P.clip_cov_selection(old, adv, mask, clip_cov_ratio=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9,
-                               generator=torch.Generator().manual_seed(seed))
+    a, _ = P.clip_cov(
+        old,
+        old,
+        adv,
+        mask,
+        clip_cov_ratio=0.3,
+        clip_cov_lb=-1e9,
+        clip_cov_ub=1e9,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    sel = P.clip_cov_selection(
+        old,
+        adv,
+        mask,
+        clip_cov_ratio=0.3,
+        clip_cov_lb=-1e9,
+        clip_cov_ub=1e9,
+        generator=torch.Generator().manual_seed(seed),
+    )
     b, _ = P.clip_cov(old, old, adv, mask, selected=sel)
     torch.testing.assert_close(a, b)
-

@@ -15,19 +15,51 @@ import torch
 
 import rlkit.algos
 from rlkit.algos.estimators import EstimatorInputs
-from rlkit.recipe.compose import params_model, resolve
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
+from rlkit.recipe.compose import params_model, resolve
 
-ESTIMATORS = ["ppo", "gae", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus",
-              "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk",
-              "optimal_token_baseline", "tir_optimal_token_baseline"]
+ESTIMATORS = [
+    "ppo",
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "gpg",
+    "grpo_passk",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+]
 LOSSES = ["ppo_clip", "gspo", "cispo", "gpg", "sapo", "geo_mean", "luspo", "vespo", "clip_cov", "kl_cov"]
 # values for every parameter a built-in's params model declares (algorithm.estimator.* / actor.policy_loss.*)
-ALGORITHM_KEYS = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std": True, "epsilon": 1e-6, "handle_zero_tail": True}
-ACTOR_KEYS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05,
-              "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0, "clip_cov_ratio": 0.1,
-              "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.1, "ppo_kl_coef": 1.0}
+ALGORITHM_KEYS = {
+    "gamma": 1.0,
+    "lam": 0.95,
+    "norm_adv_by_std": True,
+    "epsilon": 1e-6,
+    "handle_zero_tail": True,
+}
+ACTOR_KEYS = {
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    "k_pos": 2.0,
+    "lambda_pos": 3.0,
+    "k_neg": 3.0,
+    "lambda_neg": 2.0,
+    "clip_cov_ratio": 0.1,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 0.1,
+    "ppo_kl_coef": 1.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +86,9 @@ def fields(spec) -> set[str]:
 def resolved(registries, key, kind, name, values):
     """The component as the driver resolves it, with this test's value for each of its parameters."""
     spec = registries[kind].get(name)
-    component, problems = resolve(key, kind, {"name": name, **{k: values[k] for k in fields(spec)}}, registries)
+    component, problems = resolve(
+        key, kind, {"name": name, **{k: values[k] for k in fields(spec)}}, registries
+    )
     assert not problems, problems
     return component
 
@@ -68,9 +102,19 @@ def test_estimator_registered_and_callable(registries, name):
     est = resolved(registries, "algorithm.estimator", "estimators", name, ALGORITHM_KEYS)
     assert est.kwargs == {k: ALGORITHM_KEYS[k] for k in fields(spec)}
     rewards, mask, index, values, baselines = small_batch()
-    otb = {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask} if spec.needs_sum_pi_squared else {}
-    inputs = EstimatorInputs(rewards, mask, index, values=values if spec.needs_critic else None,
-                             reward_baselines=baselines if spec.needs_greedy_baseline else None, **otb)
+    otb = (
+        {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask}
+        if spec.needs_sum_pi_squared
+        else {}
+    )
+    inputs = EstimatorInputs(
+        rewards,
+        mask,
+        index,
+        values=values if spec.needs_critic else None,
+        reward_baselines=baselines if spec.needs_greedy_baseline else None,
+        **otb,
+    )
     adv, ret = est.fn(inputs, **est.kwargs)
     assert adv.shape == ret.shape == rewards.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
@@ -96,12 +140,26 @@ def test_what_the_specs_declare(registries):
     est = registries.estimators
     assert est.get("gae") is est.get("ppo") and est.get("ppo").needs_critic
     assert est.get("remax").needs_greedy_baseline
-    assert all(est.get(n).needs_groups for n in ["grpo", "dapo", "dr_grpo", "rloo", "opo", "gpg", "grpo_passk",
-                                                    "reinforce_plus_plus_baseline"])
+    assert all(
+        est.get(n).needs_groups
+        for n in [
+            "grpo",
+            "dapo",
+            "dr_grpo",
+            "rloo",
+            "opo",
+            "gpg",
+            "grpo_passk",
+            "reinforce_plus_plus_baseline",
+        ]
+    )
     assert dict(est.get("dapo").recipe_defaults) == {
-        "actor.policy_loss.clip_ratio_low": 0.2, "actor.policy_loss.clip_ratio_high": 0.28,
-        "actor.loss_agg_mode": "token-mean", "algorithm.filter_groups.enable": True,
-        "reward.overlong_buffer.enable": True}
+        "actor.policy_loss.clip_ratio_low": 0.2,
+        "actor.policy_loss.clip_ratio_high": 0.28,
+        "actor.loss_agg_mode": "token-mean",
+        "algorithm.filter_groups.enable": True,
+        "reward.overlong_buffer.enable": True,
+    }
     assert dict(est.get("dr_grpo").recipe_defaults) == {"actor.loss_agg_mode": "seq-mean-token-sum-norm"}
     # Dr. GRPO's own default lives in its params model: no std division
     assert params_model(est.get("dr_grpo"))().norm_adv_by_std is False
@@ -121,8 +179,10 @@ def test_dr_grpo_through_its_defaults_is_unscaled(registries):
 
 def test_registering_the_algorithms_does_not_import_torch():
     """`rlkit plugins` / `rlkit validate` stay fast: the specs hold lazy references to rlkit.algos."""
-    code = ("import sys, rlkit.builtin.algorithms as m; m.rlkit_register_estimators();"
-            "m.rlkit_register_policy_losses(); m.rlkit_register_rollout_corrections(); print('torch' in sys.modules)")
+    code = (
+        "import sys, rlkit.builtin.algorithms as m; m.rlkit_register_estimators();"
+        "m.rlkit_register_policy_losses(); m.rlkit_register_rollout_corrections(); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -143,9 +203,16 @@ def test_algos_sources_import_only_torch_stdlib_and_errors():
                 continue
             for name in names:
                 root = name.split(".")[0]
-                ok = (root in sys.stdlib_module_names or root == "torch" or name == "rlkit.errors"
-                      or name == "rlkit.algos" or name.startswith("rlkit.algos."))
-                assert ok, f"{path.name} imports {name}: rlkit.algos may import only torch, stdlib, rlkit.errors"
+                ok = (
+                    root in sys.stdlib_module_names
+                    or root == "torch"
+                    or name == "rlkit.errors"
+                    or name == "rlkit.algos"
+                    or name.startswith("rlkit.algos.")
+                )
+                assert ok, (
+                    f"{path.name} imports {name}: rlkit.algos may import only torch, stdlib, rlkit.errors"
+                )
 
 
 def test_importing_algos_adds_no_third_party_module():
@@ -158,8 +225,13 @@ def test_importing_algos_adds_no_third_party_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     added = json.loads(out.stdout)
-    bad = [m for m in added if m.split(".")[0] not in sys.stdlib_module_names
-           and m.split(".")[0] != "torch" and not (m == "rlkit.algos" or m.startswith("rlkit.algos."))
-           and m != "rlkit.errors"]
+    bad = [
+        m
+        for m in added
+        if m.split(".")[0] not in sys.stdlib_module_names
+        and m.split(".")[0] != "torch"
+        and not (m == "rlkit.algos" or m.startswith("rlkit.algos."))
+        and m != "rlkit.errors"
+    ]
     assert not bad, f"importing rlkit.algos pulled in {bad}"
     assert "rlkit.algos" in added

@@ -45,19 +45,31 @@ def test_token_tis_hand_worked():
     # cap C = 2: e -> 2 (truncated, 1 of 5 tokens); 1/C = 0.5 > e^-2 (1 of 5 below)
     w, m = R.token_tis(OLD, ROLLOUT, MASK, threshold=2.0)
     close(w, [[2.0, 1.0, math.exp(-2)], [math.exp(-0.2), math.exp(-0.1), 0.0]])
-    assert m == pytest.approx({"rollout_is_mean": RHO_MEAN, "rollout_is_max": E, "rollout_is_min": math.exp(-2),
-                               "rollout_is_ratio_fraction_high": 0.2, "rollout_is_ratio_fraction_low": 0.2,
-                               "kl": 0.26, "k3_kl": K3})
+    assert m == pytest.approx(
+        {
+            "rollout_is_mean": RHO_MEAN,
+            "rollout_is_max": E,
+            "rollout_is_min": math.exp(-2),
+            "rollout_is_ratio_fraction_high": 0.2,
+            "rollout_is_ratio_fraction_low": 0.2,
+            "kl": 0.26,
+            "k3_kl": K3,
+        }
+    )
 
 
 def test_seq_tis_hand_worked():
     # products: row 0 e^(1 + 0 - 2) = e^-1 = 0.367879, row 1 e^-0.3 = 0.740818; cap 0.5 truncates row 1 only
     w, m = R.seq_tis(OLD, ROLLOUT, MASK, threshold=0.5)
     close(w, [[math.exp(-1)] * 3, [0.5, 0.5, 0.0]])
-    assert m["rollout_is_max"] == pytest.approx(math.exp(-0.3)) and m["rollout_is_min"] == pytest.approx(math.exp(-1))
+    assert m["rollout_is_max"] == pytest.approx(math.exp(-0.3)) and m["rollout_is_min"] == pytest.approx(
+        math.exp(-1)
+    )
     assert m["rollout_is_ratio_fraction_high"] == 0.5  # one of two sequences above C
     assert m["rollout_is_ratio_fraction_low"] == 1.0  # "low" is below 1/C = 2 (veRL's): both sequences
-    assert m["rollout_is_mean"] == pytest.approx((3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5)  # token-weighted
+    assert m["rollout_is_mean"] == pytest.approx(
+        (3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5
+    )  # token-weighted
 
 
 def test_token_mis_hand_worked():
@@ -65,14 +77,18 @@ def test_token_mis_hand_worked():
     # 1 of 2 sequences touched
     keep, m = R.token_mis(OLD, ROLLOUT, MASK, lower=0.5, upper=2.0)
     close(keep, [[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    assert m["rollout_rs_masked_fraction"] == pytest.approx(0.4) and m["rollout_rs_seq_masked_fraction"] == 0.5
+    assert (
+        m["rollout_rs_masked_fraction"] == pytest.approx(0.4) and m["rollout_rs_seq_masked_fraction"] == 0.5
+    )
 
 
 def test_seq_mis_hand_worked():
     # product ratios e^-1 = 0.368 (< 0.5: dropped) and e^-0.3 = 0.741 (kept)
     keep, m = R.seq_mis(OLD, ROLLOUT, MASK, lower=0.5, upper=2.0)
     close(keep, [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
-    assert m["rollout_rs_masked_fraction"] == pytest.approx(0.6) and m["rollout_rs_seq_masked_fraction"] == 0.5
+    assert (
+        m["rollout_rs_masked_fraction"] == pytest.approx(0.6) and m["rollout_rs_seq_masked_fraction"] == 0.5
+    )
     # geometric means e^(-1/3) = 0.717 and e^-0.15 = 0.861 are both inside [0.5, 2]; not inside [0.8, 1.25]
     keep, _ = R.seq_mis(OLD, ROLLOUT, MASK, lower=0.5, upper=2.0, geometric=True)
     close(keep, MASK)
@@ -85,7 +101,10 @@ def test_icepop_hand_worked():
     w, m = R.icepop(OLD, ROLLOUT, MASK, lower=0.5, upper=5.0)
     close(w, [[E, 1.0, 0.0], [math.exp(-0.2), math.exp(-0.1), 0.0]])
     assert m["rollout_rs_masked_fraction"] == pytest.approx(0.2)
-    assert m["rollout_is_ratio_fraction_low"] == pytest.approx(0.2) and m["rollout_is_ratio_fraction_high"] == 0.0
+    assert (
+        m["rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+        and m["rollout_is_ratio_fraction_high"] == 0.0
+    )
 
 
 def test_decoupled_hand_worked():
@@ -112,12 +131,21 @@ def test_decoupled_ppo_clip_hand_worked():
     close(loss.detach(), [[-1.4 * r, -1.2, 0.0]])
     agg_loss(loss, mask, "token-mean").backward()
     close(log_prob.grad, [[-1.4 * r / 3, 0.0, 0.0]])
-    assert m["pg_clipfrac"] == pytest.approx(1 / 3) and m["rollout_rs_masked_fraction"] == pytest.approx(1 / 3)
+    assert m["pg_clipfrac"] == pytest.approx(1 / 3) and m["rollout_rs_masked_fraction"] == pytest.approx(
+        1 / 3
+    )
 
 
 def test_metric_names_are_verl_rollout_corr_names():
-    ratio = {"rollout_is_mean", "rollout_is_max", "rollout_is_min", "rollout_is_ratio_fraction_high",
-             "rollout_is_ratio_fraction_low", "kl", "k3_kl"}
+    ratio = {
+        "rollout_is_mean",
+        "rollout_is_max",
+        "rollout_is_min",
+        "rollout_is_ratio_fraction_high",
+        "rollout_is_ratio_fraction_low",
+        "kl",
+        "k3_kl",
+    }
     masked = ratio | {"rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"}
     assert set(R.token_tis(OLD, ROLLOUT, MASK)[1]) == set(R.seq_tis(OLD, ROLLOUT, MASK)[1]) == ratio
     for fn in (R.token_mis, R.seq_mis, R.icepop, R.decoupled):
@@ -158,12 +186,18 @@ def corr_inputs(draw):
 
 
 CASES = [
-    ("token_tis", {"threshold": 2.0}), ("token_tis", {"threshold": 1.1}),
-    ("seq_tis", {"threshold": 2.0}), ("seq_tis", {"threshold": 5.0}),
-    ("token_mis", {"lower": 0.5, "upper": 2.0}), ("token_mis", {"lower": 0.9, "upper": 1.1}),
-    ("seq_mis", {"lower": 0.5, "upper": 2.0}), ("seq_mis", {"lower": 0.9, "upper": 1.1, "geometric": True}),
-    ("icepop", {"lower": 0.5, "upper": 5.0}), ("icepop", {"lower": 0.8, "upper": 1.2}),
-    ("decoupled", {}), ("decoupled", {"cap": 1.5}),
+    ("token_tis", {"threshold": 2.0}),
+    ("token_tis", {"threshold": 1.1}),
+    ("seq_tis", {"threshold": 2.0}),
+    ("seq_tis", {"threshold": 5.0}),
+    ("token_mis", {"lower": 0.5, "upper": 2.0}),
+    ("token_mis", {"lower": 0.9, "upper": 1.1}),
+    ("seq_mis", {"lower": 0.5, "upper": 2.0}),
+    ("seq_mis", {"lower": 0.9, "upper": 1.1, "geometric": True}),
+    ("icepop", {"lower": 0.5, "upper": 5.0}),
+    ("icepop", {"lower": 0.8, "upper": 1.2}),
+    ("decoupled", {}),
+    ("decoupled", {"cap": 1.5}),
 ]
 
 
@@ -180,7 +214,9 @@ def test_outputs_are_constants_on_valid_tokens_only(inputs, case):
     """No gradient flows into the weights; padding is 0; masks are 0/1 inside response_mask; TIS caps."""
     name, kw = case
     old, rollout, mask = inputs
-    out, metrics = getattr(R, name)(old.clone().requires_grad_(True), rollout.clone().requires_grad_(True), mask, **kw)
+    out, metrics = getattr(R, name)(
+        old.clone().requires_grad_(True), rollout.clone().requires_grad_(True), mask, **kw
+    )
     assert not out.requires_grad
     assert bool((out[mask == 0] == 0).all()) and bool((out >= 0).all())
     if name.endswith("_mis"):
@@ -250,7 +286,9 @@ def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs,
     adv = torch.randn(behav.shape, generator=g, **F64)
     weights, _ = R.decoupled(behav, behav.clone(), mask)
     assert torch.equal(weights, mask)
-    other = behav + torch.randn(behav.shape, generator=g, **F64)  # bypass ignores old_log_prob: weight 1 anyway
+    other = behav + torch.randn(
+        behav.shape, generator=g, **F64
+    )  # bypass ignores old_log_prob: weight 1 anyway
     assert torch.equal(R.decoupled(other, behav, mask, bypass=True)[0], mask)
     plain, _ = ppo_clip(log_prob, behav, adv, mask)
     decoupled, _ = R.decoupled_ppo_clip(log_prob, behav, behav.clone(), adv, mask)

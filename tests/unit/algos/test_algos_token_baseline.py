@@ -40,7 +40,9 @@ def test_otb_hand_worked():
     close(ret, [[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
     close(adv, [[0.6, 0.0], [-0.4, 0.0], [2.0, 2.0]])
     # zero tail: sample 0 is its group's unique longest (2 > 1): baseline 0 from position 1 -> A = G = 1
-    adv, _ = O.compute_optimal_token_baseline_advantage(rewards, mask, index, old, sum_sq, handle_zero_tail=True)
+    adv, _ = O.compute_optimal_token_baseline_advantage(
+        rewards, mask, index, old, sum_sq, handle_zero_tail=True
+    )
     close(adv, [[0.6, 1.0], [-0.4, 0.0], [2.0, 2.0]])
     # rollout IS weight 2 on sample 1 scales its w by 4 -> 3: t=0 B = 0.5 / 3.5 = 1/7 -> A = 6/7, -1/7
     is_w = t([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
@@ -78,7 +80,9 @@ def test_estimator_wrappers_need_the_extra_tensors():
     with pytest.raises(AlgoError, match="needs old_log_prob, sum_pi_squared"):
         E.optimal_token_baseline(E.EstimatorInputs(rewards, rewards + 1, torch.tensor([0, 0])))
     with pytest.raises(AlgoError, match="needs sum_pi_squared"):
-        E.tir_optimal_token_baseline(E.EstimatorInputs(rewards, rewards + 1, torch.tensor([0, 0]), old_log_prob=rewards))
+        E.tir_optimal_token_baseline(
+            E.EstimatorInputs(rewards, rewards + 1, torch.tensor([0, 0]), old_log_prob=rewards)
+        )
 
 
 # ---------------------------------------------------------------- loop references
@@ -124,7 +128,9 @@ def test_otb_with_holes_matches_loop(batch, zero_tail):
 @given(st.one_of(otb_batches(), otb_batches(holes=True)), st.booleans())
 def test_tir_otb_matches_loop(batch, zero_tail):
     rewards, mask, index, old, sum_sq, is_w = batch
-    adv, ret = O.compute_tir_optimal_token_baseline_advantage(rewards, mask, index, old, sum_sq, is_w, zero_tail)
+    adv, ret = O.compute_tir_optimal_token_baseline_advantage(
+        rewards, mask, index, old, sum_sq, is_w, zero_tail
+    )
     ref_adv, ref_ret = ref.tir_otb(rewards, mask, index, old, sum_sq, is_w, zero_tail)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -139,7 +145,14 @@ def test_prefix_masks_make_tir_and_otb_agree(batch, zero_tail):
     keep = mask.sum(-1) > 0
     if not bool(keep.any()):
         return
-    args = (rewards[keep], mask[keep], index[keep], old[keep], sum_sq[keep], None if is_w is None else is_w[keep])
+    args = (
+        rewards[keep],
+        mask[keep],
+        index[keep],
+        old[keep],
+        sum_sq[keep],
+        None if is_w is None else is_w[keep],
+    )
     a, _ = O.compute_optimal_token_baseline_advantage(*args, zero_tail)
     b, _ = O.compute_tir_optimal_token_baseline_advantage(*args, zero_tail)
     close(a, b)
@@ -154,8 +167,9 @@ def test_equal_path_variance_gives_the_group_mean_baseline(scores, width):
     rewards[:, -1] = t(scores)
     mask = torch.ones(b, width, **F64)
     old = torch.full((b, width), -1.0, **F64)
-    adv, _ = O.compute_optimal_token_baseline_advantage(rewards, mask, torch.zeros(b, dtype=torch.long), old,
-                                                        torch.full((b, width), 0.3, **F64))
+    adv, _ = O.compute_optimal_token_baseline_advantage(
+        rewards, mask, torch.zeros(b, dtype=torch.long), old, torch.full((b, width), 0.3, **F64)
+    )
     s = t(scores)
     close(adv, (s - s.mean()).unsqueeze(-1).expand(b, width), tol=1e-6)
 
@@ -167,6 +181,12 @@ def test_row_order_does_not_matter(batch, rnd):
     rnd.shuffle(perm)
     for fn in (O.compute_optimal_token_baseline_advantage, O.compute_tir_optimal_token_baseline_advantage):
         a, _ = fn(rewards, mask, index, old, sum_sq, is_w)
-        b, _ = fn(rewards[perm], mask[perm], index[perm], old[perm], sum_sq[perm],
-                  None if is_w is None else is_w[perm])
+        b, _ = fn(
+            rewards[perm],
+            mask[perm],
+            index[perm],
+            old[perm],
+            sum_sq[perm],
+            None if is_w is None else is_w[perm],
+        )
         close(a[perm], b)

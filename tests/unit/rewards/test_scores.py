@@ -10,7 +10,9 @@ import pytest
 from rlkit.data.gsm8k import final_answer
 from rlkit.rewards.scores import gsm8k, math, synthetic
 
-DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"  # rows cut from the real files (README there)
+DATA = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
+)  # rows cut from the real files (README there)
 GSM8K = DATA / "gsm8k"
 MATH500 = DATA / "math500" / "test.jsonl"
 
@@ -133,7 +135,12 @@ def test_math_hard_cases_pure_python(solution, truth, expected):
 def test_math_verify_extends_equivalence():
     pytest.importorskip("math_verify")
     # Symbolically equal, textually different: the rules say no, math-verify says yes.
-    assert math.compute_score("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", use_math_verify=False) == 0.0
+    assert (
+        math.compute_score(
+            "math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", use_math_verify=False
+        )
+        == 0.0
+    )
     assert math.compute_score("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}") == 1.0
     assert math.compute_score("math", "\\boxed{7}", "8") == 0.0
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.recipe.compose import resolve
 from rlkit.plugin.manager import make_plugin_manager
-from rlkit.recipe.schema import RolloutConfig
 from rlkit.plugin.registry import build_registries
+from rlkit.recipe.compose import resolve
+from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.agent import (
     AgentLoopRollout,
     AgentState,
@@ -42,7 +42,9 @@ def resolved_loops(registries, agent):
     its default parameters, the recipe's ``rollout.agent`` with its own; returns ``(loops, default name)``."""
     loops = {}
     for entry in registries.agent_loops:
-        loops[entry.spec.name], problems = resolve("rollout.agent", "agent_loops", entry.spec.name, registries)
+        loops[entry.spec.name], problems = resolve(
+            "rollout.agent", "agent_loops", entry.spec.name, registries
+        )
         assert not problems, problems
     default, problems = resolve("rollout.agent", "agent_loops", agent, registries)
     assert not problems, problems
@@ -77,7 +79,9 @@ def _run(loop: ToolAgentLoop, question="What is 12 * 7?", **kw):
 
 def test_tool_result_is_in_the_trajectory_and_masked_out(tokenizer):
     policy = ScriptedPolicy(tokenizer, [_call("calculator", expression="12 * 7"), "The answer is 84."])
-    loop = ToolAgentLoop(policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=4, max_response_length=200)
+    loop = ToolAgentLoop(
+        policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=4, max_response_length=200
+    )
     traj = _run(loop)
     assert traj.state is AgentState.DONE and traj.finish_reason == "stop"
     assert (traj.num_turns, traj.tool_calls, traj.tool_errors) == (2, 1, 0)
@@ -100,17 +104,28 @@ def test_tool_result_is_in_the_trajectory_and_masked_out(tokenizer):
 
 def test_max_turns_bounds_a_policy_that_never_stops_calling(tokenizer):
     policy = ScriptedPolicy(tokenizer, [_call("calculator", expression="1 + 1")])
-    loop = ToolAgentLoop(policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=3, max_response_length=500)
+    loop = ToolAgentLoop(
+        policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=3, max_response_length=500
+    )
     traj = _run(loop)
     assert (traj.num_turns, traj.tool_calls, traj.finish_reason) == (3, 2, "max_turns")
     assert len(policy.seen) == 3
 
 
 def test_malformed_and_unknown_tool_calls_become_error_messages(tokenizer):
-    turns = ['<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
-             + _call("search", query="x") + _call("calculator", expression="2 ** 3"), "done"]
-    loop = ToolAgentLoop(ScriptedPolicy(tokenizer, turns), tokenizer, {"calculator": CalculatorTool()},
-                         max_turns=4, max_response_length=400)
+    turns = [
+        '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
+        + _call("search", query="x")
+        + _call("calculator", expression="2 ** 3"),
+        "done",
+    ]
+    loop = ToolAgentLoop(
+        ScriptedPolicy(tokenizer, turns),
+        tokenizer,
+        {"calculator": CalculatorTool()},
+        max_turns=4,
+        max_response_length=400,
+    )
     traj = _run(loop)
     tool_msgs = [m for m in traj.messages if m["role"] == "tool"]
     assert len(tool_msgs) == 3 and (traj.tool_calls, traj.tool_errors) == (3, 2)
@@ -122,16 +137,23 @@ def test_malformed_and_unknown_tool_calls_become_error_messages(tokenizer):
 
 def test_response_is_cut_at_max_response_length(tokenizer):
     policy = ScriptedPolicy(tokenizer, [_call("calculator", expression="3 * 3"), "The answer is nine. " * 20])
-    loop = ToolAgentLoop(policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=4, max_response_length=60)
+    loop = ToolAgentLoop(
+        policy, tokenizer, {"calculator": CalculatorTool()}, max_turns=4, max_response_length=60
+    )
     traj = _run(loop)
     assert len(traj.response_ids) == 60 and traj.finish_reason == "length"
 
 
 def test_parse_hermes_several_calls_and_string_arguments():
-    calls = parse_hermes_tool_calls('a <tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call> b '
-                                    '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call> <tool_call>[1]</tool_call>')
-    assert [(c.name, c.arguments, c.error is None) for c in calls[:2]] == [("f", {"x": 1}, True), ("g", {}, True)]
-    assert calls[2].error and "string \"name\"" in calls[2].error
+    calls = parse_hermes_tool_calls(
+        'a <tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call> b '
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call> <tool_call>[1]</tool_call>'
+    )
+    assert [(c.name, c.arguments, c.error is None) for c in calls[:2]] == [
+        ("f", {"x": 1}, True),
+        ("g", {}, True),
+    ]
+    assert calls[2].error and 'string "name"' in calls[2].error
     assert parse_hermes_tool_calls("no calls <tool_call>{unterminated") == []
 
 
@@ -146,19 +168,37 @@ class EchoKwargs(Tool):
 def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer, registries):
     policy = ScriptedPolicy(tokenizer, [_call("echo"), "ok"])
     rows = [[{"role": "user", "content": "use the tool"}], [{"role": "user", "content": "just answer"}]]
-    encoded = [loop_ids for loop_ids in (tokenizer.apply_chat_template(r, add_generation_prompt=True, tokenize=False)
-                                         for r in rows)]
+    encoded = [
+        loop_ids
+        for loop_ids in (
+            tokenizer.apply_chat_template(r, add_generation_prompt=True, tokenize=False) for r in rows
+        )
+    ]
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in encoded]
     width = max(map(len, encoded))
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in encoded])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-    prompts = Batch({"input_ids": ids, "attention_mask": mask}, non_tensors={
-        "raw_prompt": rows,
-        "extra_info": [{"agent_name": "tool", "tools_kwargs": {"echo": {"secret": 42}}}, {"agent_name": "single_turn"}],
-    })
+    prompts = Batch(
+        {"input_ids": ids, "attention_mask": mask},
+        non_tensors={
+            "raw_prompt": rows,
+            "extra_info": [
+                {"agent_name": "tool", "tools_kwargs": {"echo": {"secret": 42}}},
+                {"agent_name": "single_turn"},
+            ],
+        },
+    )
     loops, default = resolved_loops(registries, {"name": "tool", "max_turns": 3})
-    rollout = AgentLoopRollout(policy, tokenizer, rollout_config=RolloutConfig(agent=default), max_response_length=160,
-                               loops=loops, default_agent=default, tools={"echo": EchoKwargs()}, generate_ids=True)
+    rollout = AgentLoopRollout(
+        policy,
+        tokenizer,
+        rollout_config=RolloutConfig(agent=default),
+        max_response_length=160,
+        loops=loops,
+        default_agent=default,
+        tools={"echo": EchoKwargs()},
+        generate_ids=True,
+    )
     assert rollout.generator is policy  # the declared capability: turns go straight to the backend
     assert rollout._loop("tool", {}, 160).max_turns == 3  # rollout.agent's parameter reached the loop
     assert rollout._loop("single_turn", {}, 160).max_turns == 1
@@ -166,10 +206,17 @@ def test_batch_rollout_picks_the_loop_per_row_and_passes_tools_kwargs(tokenizer,
     assert out["responses"].shape == (4, 160) and out["input_ids"].shape[1] == out["prompts"].shape[1] + 160
     assert list(out.non_tensors["num_turns"]) == [2, 2, 1, 1]
     assert list(out.non_tensors["tool_call_counts"]) == [1, 1, 0, 0]
-    assert out.meta["metrics"] == {"num_turns/mean": 1.5, "num_turns/max": 2.0, "num_turns/min": 1.0,
-                                   "tool_call_counts/mean": 0.5, "tool_call_counts/max": 1.0,
-                                   "tool_call_counts/min": 0.0}
-    text = tokenizer.decode(out["responses"][0][out["attention_mask"][0, -160:].bool()], skip_special_tokens=False)
+    assert out.meta["metrics"] == {
+        "num_turns/mean": 1.5,
+        "num_turns/max": 2.0,
+        "num_turns/min": 1.0,
+        "tool_call_counts/mean": 0.5,
+        "tool_call_counts/max": 1.0,
+        "tool_call_counts/min": 0.0,
+    }
+    text = tokenizer.decode(
+        out["responses"][0][out["attention_mask"][0, -160:].bool()], skip_special_tokens=False
+    )
     assert '{"secret": 42}' in text  # the row's tools_kwargs reached the tool
     # The tool tokens are attended to but excluded from the loss.
     p = out["prompts"].shape[1]
@@ -190,8 +237,12 @@ def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_
     assert not problems, problems
     hf = HFRollout(module=module, tokenizer=tokenizer, rollout_config=cfg, max_response_length=12)
     texts = ["What is 1 + 2?", "What is the sum of 30 and 4? Think step by step"]
-    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                             tokenize=False) for t in texts]
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False
+        )
+        for t in texts
+    ]
     encoded = [tokenizer(e, add_special_tokens=False)["input_ids"] for e in encoded]
     width = max(map(len, encoded))
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in encoded])
@@ -199,8 +250,15 @@ def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_
     prompts = Batch({"input_ids": ids, "attention_mask": mask})
     direct = hf.generate(prompts)
     loops, default = resolved_loops(registries, "single_turn")
-    agent = AgentLoopRollout(hf, tokenizer, rollout_config=cfg.model_copy(update={"agent": default}),
-                             max_response_length=12, loops=loops, default_agent=default, tools=(calculator,))
+    agent = AgentLoopRollout(
+        hf,
+        tokenizer,
+        rollout_config=cfg.model_copy(update={"agent": default}),
+        max_response_length=12,
+        loops=loops,
+        default_agent=default,
+        tools=(calculator,),
+    )
     assert isinstance(agent.generator, HFTurnGenerator)
     looped = agent.generate(prompts)
     for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
@@ -208,8 +266,15 @@ def test_hf_backend_through_the_adapter_matches_single_turn_generate(tiny_model_
     torch.testing.assert_close(looped["rollout_log_probs"], direct["rollout_log_probs"])
     # The tool agent on the real model runs (a random tiny model rarely calls a tool) with the same layout.
     loops, default = resolved_loops(registries, cfg.agent)
-    tool_agent = AgentLoopRollout(hf, tokenizer, rollout_config=cfg, max_response_length=12, loops=loops,
-                                  default_agent=default, tools=(calculator,))
+    tool_agent = AgentLoopRollout(
+        hf,
+        tokenizer,
+        rollout_config=cfg,
+        max_response_length=12,
+        loops=loops,
+        default_agent=default,
+        tools=(calculator,),
+    )
     assert default == "tool" and type(tool_agent.tools["calculator"]).__name__ == "CalculatorTool"
     assert tool_agent._loop("tool", {}, 12).max_turns == 2
     tool_out = tool_agent.generate(prompts)

@@ -32,7 +32,11 @@ def test_concat_pads_prompts_left_and_responses_right():
     with pytest.raises(BatchError, match="concat_rollouts"):
         Batch.concat([a, b])  # plain concat refuses, naming the fix
     full = concat_rollouts([a, b], pad_token_id=PAD)
-    assert full["prompts"].shape == (3, 5) and full["responses"].shape == (3, 3) and full["input_ids"].shape == (3, 8)
+    assert (
+        full["prompts"].shape == (3, 5)
+        and full["responses"].shape == (3, 3)
+        and full["input_ids"].shape == (3, 8)
+    )
     # row 1 of a: prompt [8] gets 4 left pads; response [10, 11] one right pad
     assert full["prompts"][1].tolist() == [0, 0, 0, 0, 8]
     assert full["input_ids"][1].tolist() == [0, 0, 0, 0, 8, 10, 11, 0]

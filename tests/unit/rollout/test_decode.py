@@ -30,8 +30,14 @@ def tok_and_model(tiny_model_dir):
 
 
 def prompts(tok, k: int = 3) -> Batch:
-    texts = [tok.apply_chat_template([{"role": "user", "content": "Add 2 and 3." * (i + 1)}], tokenize=False,
-                                     add_generation_prompt=True) for i in range(k)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "Add 2 and 3." * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(k)
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
@@ -41,14 +47,24 @@ class Recorder:
 
     def __init__(self, model):
         self.rows: list[int] = []
-        self.handle = model.register_forward_hook(lambda _m, _a, kw, _o: self.rows.append(kw["input_ids"].shape[0]),
-                                                  with_kwargs=True)
+        self.handle = model.register_forward_hook(
+            lambda _m, _a, kw, _o: self.rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+        )
 
 
-def generate(tok, model, *, fast: bool, share: bool = True, eos=None, cls=HFRollout, **kw) -> tuple[Batch, list[int]]:
+def generate(
+    tok, model, *, fast: bool, share: bool = True, eos=None, cls=HFRollout, **kw
+) -> tuple[Batch, list[int]]:
     cfg = {k: kw.pop(k) for k in ("n", "temperature", "top_k", "top_p", "stop") if k in kw}
-    ro = cls(module=model, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=T, seed=5,
-             eos_token_ids=eos, decode_plan=DecodePlan(slab_cache=fast, share_prefill=share))
+    ro = cls(
+        module=model,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(**cfg),
+        max_response_length=T,
+        seed=5,
+        eos_token_ids=eos,
+        decode_plan=DecodePlan(slab_cache=fast, share_prefill=share),
+    )
     rec = Recorder(model)
     try:
         return ro.generate(prompts(tok), **kw), rec.rows
@@ -79,19 +95,32 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(("case", "share"), [("greedy", True), ("greedy", False), ("sampled", True),
-                                           ("temperature_top_k_top_p", False), ("top_k", True), ("top_p", False)])
+@pytest.mark.parametrize(
+    ("case", "share"),
+    [
+        ("greedy", True),
+        ("greedy", False),
+        ("sampled", True),
+        ("temperature_top_k_top_p", False),
+        ("top_k", True),
+        ("top_p", False),
+    ],
+)
 def test_fast_loop_matches_plain_loop_with_rows_ending_at_different_steps(tok_and_model, case, share):
     """eos tokens end rows at different steps, so the fast loop drops rows mid-way (fewer rows per forward)."""
     tok, model = tok_and_model
     kw = {"n": 4, **CASES[case]}
     eos = ending_tokens(tok, model, **kw)
-    (fast, fast_rows), (plain, plain_rows) = (generate(tok, model, fast=f, share=share, eos=eos, **kw) for f in (True, False))
+    (fast, fast_rows), (plain, plain_rows) = (
+        generate(tok, model, fast=f, share=share, eos=eos, **kw) for f in (True, False)
+    )
     assert_same(fast, plain)
     lengths = plain["response_mask"].sum(1)
     assert lengths.min() < lengths.max()  # rows did end at different steps
     decode_rows = fast_rows[1:]  # after the prefill
-    assert min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])  # the fast loop dropped rows
+    assert (
+        min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])
+    )  # the fast loop dropped rows
     assert len(fast_rows) == len(plain_rows)  # the same number of forwards (FSDP ranks stay in step)
 
 
@@ -99,8 +128,9 @@ def test_stop_strings_end_rows_in_the_fast_loop_as_in_the_plain_loop(tok_and_mod
     tok, model = tok_and_model
     free, _ = generate(tok, model, fast=False, eos=[], n=2, temperature=1.0)
     stop = sorted({tok.decode([int(free["responses"][i, 3 + i])]) for i in range(4)} - {""})
-    (fast, fast_rows), (plain, _) = (generate(tok, model, fast=f, eos=[], n=2, temperature=1.0, stop=stop)
-                                     for f in (True, False))
+    (fast, fast_rows), (plain, _) = (
+        generate(tok, model, fast=f, eos=[], n=2, temperature=1.0, stop=stop) for f in (True, False)
+    )
     assert_same(fast, plain)
     assert plain["response_mask"].sum() < plain["response_mask"].numel() and min(fast_rows[1:]) < len(fast)
 
@@ -121,7 +151,9 @@ def test_a_rank_with_every_row_done_keeps_forwarding_one_row(tok_and_model):
     """FSDP: every rank runs the same number of forwards; the fast loop keeps one (finished) row to forward."""
     tok, model = tok_and_model
     free = generate(tok, model, fast=False, eos=[], n=2, temperature=1.0)[0]["responses"]
-    eos = sorted(set(free[:, 1:T - 2].flatten().tolist()) - set(free[:, 0].tolist()))  # every row ends early
+    eos = sorted(
+        set(free[:, 1 : T - 2].flatten().tolist()) - set(free[:, 0].tolist())
+    )  # every row ends early
     kw = {"eos": eos, "n": 2, "temperature": 1.0, "cls": OtherRankStillRunning}
     (fast, fast_rows), (plain, plain_rows) = (generate(tok, model, fast=f, **kw) for f in (True, False))
     assert_same(fast, plain)
@@ -152,8 +184,9 @@ def test_lean_sampling_draws_what_the_full_vocabulary_path_draws(top_k, top_p):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 1000, generator=g) * 3
     u = torch.rand(64, 1, generator=g, dtype=torch.float64)
-    tokens, logp = sample_next(logits, temperature=0.8, top_p=top_p, top_k=top_k, do_sample=True, generator=None,
-                               uniform=u)
+    tokens, logp = sample_next(
+        logits, temperature=0.8, top_p=top_p, top_k=top_k, do_sample=True, generator=None, uniform=u
+    )
     probs = _truncated_probs(logits / 0.8, top_k, top_p)
     cdf = probs.double().cumsum(-1)
     want = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=999).squeeze(-1)
@@ -164,9 +197,21 @@ def test_lean_sampling_draws_what_the_full_vocabulary_path_draws(top_k, top_p):
 def test_top_k_ties_with_the_kth_logit_keep_every_tie():
     """A row whose k-th logit is tied keeps all the ties (the reference rule), through the full path."""
     logits = torch.tensor([[5.0, 1.0, 1.0, 1.0, 0.0]]).repeat(4000, 1)
-    tokens, _ = sample_next(logits * 0, temperature=1.0, top_p=1.0, top_k=2, do_sample=True,
-                            generator=torch.Generator().manual_seed(0))
+    tokens, _ = sample_next(
+        logits * 0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=2,
+        do_sample=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert set(tokens.tolist()) == {0, 1, 2, 3, 4}  # all five tied at 0: none cut
-    tokens, _ = sample_next(logits - 4.0, temperature=1.0, top_p=1.0, top_k=2, do_sample=True,
-                            generator=torch.Generator().manual_seed(0))
+    tokens, _ = sample_next(
+        logits - 4.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=2,
+        do_sample=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert set(tokens.tolist()) == {0, 1, 2, 3}

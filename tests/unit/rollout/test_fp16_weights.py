@@ -18,7 +18,9 @@ from rlkit.recipe.schema import LoraConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy, Fp16Linear
 from rlkit.rollout.hf import HFRollout
 
-pytestmark = pytest.mark.skipif(fp16_weights_unavailable() is not None, reason="no fbgemm in this torch build")
+pytestmark = pytest.mark.skipif(
+    fp16_weights_unavailable() is not None, reason="no fbgemm in this torch build"
+)
 
 
 def _rounded(module: nn.Module) -> nn.Module:
@@ -33,8 +35,14 @@ def _rounded(module: nn.Module) -> nn.Module:
 
 
 def _prompts(tok) -> Batch:
-    texts = [tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?" * (i + 1)}], tokenize=False,
-                                     add_generation_prompt=True) for i in range(3)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(3)
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
@@ -64,33 +72,50 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
     """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over the
     fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the actor's
     weights (which writes them without bumping their version counter); the actor's fp32 weights stay untouched."""
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     model = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()
     backend = {"name": "hf", "dtype": "float16"}
-    spec, problems = resolve("rollout.backend", "rollout_backends", backend,
-                             build_registries(make_plugin_manager(entry_points=False)))  # as the driver resolves it
+    spec, problems = resolve(
+        "rollout.backend",
+        "rollout_backends",
+        backend,
+        build_registries(make_plugin_manager(entry_points=False)),
+    )  # as the driver resolves it
     assert not problems, problems
     fast = spec.build(
-        module=model, tokenizer=tok, max_response_length=12, seed=3,
-        rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend))
+        module=model,
+        tokenizer=tok,
+        max_response_length=12,
+        seed=3,
+        rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend),
+    )
     assert isinstance(fast, HFRollout) and fast.decode_dtype == torch.float16
     p, n = _prompts(tok), _linears(model)
     before = {name: t.clone() for name, t in model.state_dict().items()}
     for _ in range(2):
-        plain = HFRollout(module=_rounded(model), tokenizer=tok, max_response_length=12, seed=3,
-                          rollout_config=RolloutConfig(n=3, temperature=1.0))
+        plain = HFRollout(
+            module=_rounded(model),
+            tokenizer=tok,
+            max_response_length=12,
+            seed=3,
+            rollout_config=RolloutConfig(n=3, temperature=1.0),
+        )
         fast.generator.manual_seed(3)
         got, want = fast.generate(p), plain.generate(p)
         assert torch.equal(got["responses"], want["responses"])
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-4, rtol=1e-4)
         # trainable weights are repacked at every generate (the fused AdamW step does not bump their version)
         assert got.meta["metrics"] == {"rollout/fp16_repacked_linears": float(n)}
-        assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())  # fp32 actor untouched
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)  # the actor's optimizer (fsdp.py)
+        assert all(
+            torch.equal(t, before[name]) for name, t in model.state_dict().items()
+        )  # fp32 actor untouched
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=0.05, fused=True
+        )  # the actor's optimizer (fsdp.py)
         model(**tok(["What is 2 + 3?"], return_tensors="pt")).logits.square().mean().backward()
         optimizer.step()  # the next generate must see it
         assert not all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
@@ -105,8 +130,10 @@ def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir)
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     torch.manual_seed(0)
-    model, _ = apply_lora(load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval(),
-                          LoraConfig(rank=4, target_modules="all-linear"))
+    model, _ = apply_lora(
+        load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval(),
+        LoraConfig(rank=4, target_modules="all-linear"),
+    )
     grads = {name: p.requires_grad for name, p in model.named_parameters()}
     fp16 = Fp16DecodeCopy(model)
     fp16.refresh(model)  # the first generate's refresh reports the construction's packing
@@ -123,11 +150,16 @@ def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir)
     base = [m for name, m in model.named_modules() if type(m) is nn.Linear and "lora_" not in name]
     with torch.no_grad():  # a frozen weight written in place (load_state_dict does this): repacked, alone
         base[0].weight.copy_(base[0].weight * 1.5)
-        torch.testing.assert_close(fp16.refresh(model)(**ids).logits, _rounded(model)(**ids).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            fp16.refresh(model)(**ids).logits, _rounded(model)(**ids).logits, atol=1e-4, rtol=1e-4
+        )
     assert fp16.repacked == 1
-    assert not torch.allclose(out, load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()(**ids).logits,
-                              atol=1e-3)  # the adapter's change reached the copy
-    assert {name: p.requires_grad for name, p in model.named_parameters()} == grads  # the actor's flags untouched
+    assert not torch.allclose(
+        out, load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()(**ids).logits, atol=1e-3
+    )  # the adapter's change reached the copy
+    assert {
+        name: p.requires_grad for name, p in model.named_parameters()
+    } == grads  # the actor's flags untouched
 
 
 def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypatch):
@@ -136,10 +168,14 @@ def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypa
     import rlkit.hardware as hardware
 
     monkeypatch.setattr(hardware, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm")
-    with pytest.raises(RlkitError, match=r"rollout.backend.dtype=float16: this torch build has no fbgemm.*float32"):
+    with pytest.raises(
+        RlkitError, match=r"rollout.backend.dtype=float16: this torch build has no fbgemm.*float32"
+    ):
         hardware.resolve_precision("auto", "float16", "cpu")
     assert hardware.resolve_precision("auto", "float32", "cpu").decode_dtype == "float32"
-    assert hardware.concrete_decode_dtype("float16", "cuda") == "float16"  # CUDA: a plain fp16 copy, no fbgemm
+    assert (
+        hardware.concrete_decode_dtype("float16", "cuda") == "float16"
+    )  # CUDA: a plain fp16 copy, no fbgemm
 
 
 def test_a_weight_beyond_fp16_range_is_an_error_naming_the_layer():

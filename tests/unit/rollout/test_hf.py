@@ -22,17 +22,23 @@ def tok_and_model(tiny_model_dir):
 
 
 def prompts(tok, k: int = 3) -> Batch:
-    texts = [tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?" * (i + 1)}], tokenize=False,
-                                     add_generation_prompt=True) for i in range(k)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(k)
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 def resolved(key: str, kind: str, component):
     """A recipe component as the driver resolves it (``rlkit.recipe.compose.resolve``)."""
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     out, problems = resolve(key, kind, component, build_registries(make_plugin_manager(entry_points=False)))
     assert not problems, problems
@@ -40,8 +46,14 @@ def resolved(key: str, kind: str, component):
 
 
 def rollout(tok, module, decode_plan: DecodePlan = DecodePlan(), **cfg) -> HFRollout:
-    return HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(**cfg), max_response_length=12, seed=1,
-                     decode_plan=decode_plan)
+    return HFRollout(
+        module=module,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(**cfg),
+        max_response_length=12,
+        seed=1,
+        decode_plan=decode_plan,
+    )
 
 
 def test_layout_and_n_samples(tok_and_model):
@@ -58,11 +70,15 @@ def test_layout_and_n_samples(tok_and_model):
     pos, mask = out["position_ids"], out["attention_mask"]
     first = mask[:, :width_p].argmax(1)  # first real prompt column
     assert all(pos[i, first[i]] == 0 for i in range(b))
-    assert torch.equal(pos[:, width_p:] - pos[:, width_p - 1 : width_p], torch.arange(1, width_t + 1).expand(b, -1))
+    assert torch.equal(
+        pos[:, width_p:] - pos[:, width_p - 1 : width_p], torch.arange(1, width_t + 1).expand(b, -1)
+    )
     # response mask is a prefix; after it only pad ids and zero log-probs
     rm = out["response_mask"]
     assert torch.equal(rm, rm.cummin(1).values)
-    assert (out["responses"][rm == 0] == tok.pad_token_id).all() and (out["rollout_log_probs"][rm == 0] == 0).all()
+    assert (out["responses"][rm == 0] == tok.pad_token_id).all() and (
+        out["rollout_log_probs"][rm == 0] == 0
+    ).all()
     assert len({tuple(r.tolist()) for r in out["responses"][:4]}) > 1  # the 4 samples of a prompt differ
     assert out.meta == {"temperature": 1.0, "do_sample": True}
 
@@ -73,10 +89,21 @@ def test_rollout_log_probs_match_the_actor(tiny_model_dir, gloo_world1):
     from rlkit.workers.actor import FSDPActor
 
     loss = resolved("actor.policy_loss", "policy_losses", ActorConfig().policy_loss)
-    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), loss, rollout_n=2, total_steps=1,
-                      log_prob_micro_batch_size=5)
-    ro = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=RolloutConfig(
-        n=2, temperature=0.7, top_k=50, top_p=0.9), max_response_length=12, seed=0)
+    actor = FSDPActor(
+        ModelConfig(path=str(tiny_model_dir)),
+        ActorConfig(),
+        loss,
+        rollout_n=2,
+        total_steps=1,
+        log_prob_micro_batch_size=5,
+    )
+    ro = HFRollout(
+        module=actor.module,
+        tokenizer=actor.tokenizer,
+        rollout_config=RolloutConfig(n=2, temperature=0.7, top_k=50, top_p=0.9),
+        max_response_length=12,
+        seed=0,
+    )
     out = ro.generate(prompts(actor.tokenizer))
     assert out.meta["temperature"] == 0.7
     recomputed = actor.compute_log_prob(out)["old_log_prob"]
@@ -90,9 +117,15 @@ def test_greedy_is_deterministic_and_matches_transformers_generate(tok_and_model
     first = rollout(tok, model).generate(p, do_sample=False)
     second = rollout(tok, model).generate(p, do_sample=False)
     assert torch.equal(first["responses"], second["responses"]) and first.meta["temperature"] == 1.0
-    ref = model.generate(input_ids=p["input_ids"], attention_mask=p["attention_mask"], do_sample=False,
-                         max_new_tokens=12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    ref = ref[:, p["input_ids"].shape[1]:]
+    ref = model.generate(
+        input_ids=p["input_ids"],
+        attention_mask=p["attention_mask"],
+        do_sample=False,
+        max_new_tokens=12,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    ref = ref[:, p["input_ids"].shape[1] :]
     got = first["responses"][:, : ref.shape[1]]
     assert torch.equal(got, ref)
 
@@ -102,8 +135,13 @@ def test_eos_ends_a_response_and_is_kept(tok_and_model):
     p = prompts(tok, 1)
     free = rollout(tok, model).generate(p, do_sample=False)["responses"][0]
     eos = int(free[3])  # pretend the 4th greedy token is the end of turn
-    ro = HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=12,
-                   eos_token_ids=[eos])
+    ro = HFRollout(
+        module=model,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(),
+        max_response_length=12,
+        eos_token_ids=[eos],
+    )
     out = ro.generate(p, do_sample=False)
     stop_at = int((free == eos).nonzero()[0])
     assert out["response_mask"][0].sum() == stop_at + 1
@@ -116,8 +154,13 @@ def test_ignore_eos_keeps_every_response_at_full_length(tok_and_model):
     p = prompts(tok, 1)
     free = rollout(tok, model).generate(p, do_sample=False)["responses"][0]
     eos = int(free[3])  # the 4th greedy token would end the response
-    ro = HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(ignore_eos=True),
-                   max_response_length=12, eos_token_ids=[eos])
+    ro = HFRollout(
+        module=model,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(ignore_eos=True),
+        max_response_length=12,
+        eos_token_ids=[eos],
+    )
     out = ro.generate(p, do_sample=False)
     assert out["response_mask"].sum() == 12 and torch.equal(out["responses"][0], free)
 
@@ -127,8 +170,12 @@ def test_stop_string_masks_everything_after_it(tok_and_model):
     p = prompts(tok, 1)
     free = rollout(tok, model).generate(p)["responses"][0]  # seeded sampling: the same tokens every time
     # the first token (after the first two) whose text has not appeared before becomes the stop string
-    k, stop = next((k, tok.decode([int(free[k])])) for k in range(2, 12)
-                   if tok.decode([int(free[k])]).strip() and tok.decode([int(free[k])]) not in tok.decode(free[:k].tolist()))
+    k, stop = next(
+        (k, tok.decode([int(free[k])]))
+        for k in range(2, 12)
+        if tok.decode([int(free[k])]).strip()
+        and tok.decode([int(free[k])]) not in tok.decode(free[:k].tolist())
+    )
     out = rollout(tok, model, stop=[stop]).generate(p)
     kept = int(out["response_mask"][0].sum())
     assert kept == k + 1
@@ -200,13 +247,22 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny
     model = load_model(cfg, tokenizer=tok).eval()
     backend = {"name": "hf", "dtype": "bfloat16"}
     fast = resolved("rollout.backend", "rollout_backends", backend).build(  # built as the worker builds it
-        module=model, tokenizer=tok, max_response_length=12, seed=3,
-        rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend))
+        module=model,
+        tokenizer=tok,
+        max_response_length=12,
+        seed=3,
+        rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend),
+    )
     assert isinstance(fast, HFRollout) and fast.decode_dtype == torch.bfloat16
     p = prompts(tok)
     for _ in range(2):
-        plain = HFRollout(module=_bf16_copy(model), tokenizer=tok, max_response_length=12, seed=3,
-                          rollout_config=RolloutConfig(n=3, temperature=1.0))
+        plain = HFRollout(
+            module=_bf16_copy(model),
+            tokenizer=tok,
+            max_response_length=12,
+            seed=3,
+            rollout_config=RolloutConfig(n=3, temperature=1.0),
+        )
         fast.generator.manual_seed(3)
         got, want = fast.generate(p), plain.generate(p)
         assert torch.equal(got["responses"], want["responses"])
@@ -229,7 +285,9 @@ def test_shared_prefill_matches_one_prefill_per_row(tok_and_model, do_sample):
         ro = rollout(tok, model, n=4, temperature=1.0, decode_plan=DecodePlan(share_prefill=share))
         out[share] = ro.generate(p, do_sample=do_sample)
     assert torch.equal(out[True]["responses"], out[False]["responses"])
-    torch.testing.assert_close(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out[True]["rollout_log_probs"], out[False]["rollout_log_probs"], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_decode_dtype_auto_follows_the_hardware_decision(tok_and_model):
@@ -244,8 +302,14 @@ def test_decode_dtype_auto_follows_the_hardware_decision(tok_and_model):
     tok, model = tok_and_model
 
     def build(params):
-        return HFRollout(module=model, tokenizer=tok, rollout_config=RolloutConfig(), max_response_length=12, seed=1,
-                         params=params)
+        return HFRollout(
+            module=model,
+            tokenizer=tok,
+            rollout_config=RolloutConfig(),
+            max_response_length=12,
+            seed=1,
+            params=params,
+        )
 
     assert HFRolloutParams().dtype == "auto"
     assert build(HFRolloutParams()).decode_dtype == getattr(torch, precision_decision("cpu").decode_dtype)

@@ -204,14 +204,17 @@ def test_the_sandbox_ends_when_its_parent_dies_without_killing_it():
 
 def test_isolation_and_open_files_come_through_the_recipe():
     from rlkit.errors import RecipeError
-    from rlkit.recipe.compose import compose
     from rlkit.plugin.manager import make_plugin_manager
-    from rlkit.recipe import validate_recipe
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe import validate_recipe
+    from rlkit.recipe.compose import compose
 
     registries = build_registries(make_plugin_manager())
-    raw = {"model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
-           "rollout": {"n": 2}}
+    raw = {
+        "model": {"path": "m"},
+        "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
+        "rollout": {"n": 2},
+    }
 
     def recipe(tool: str):
         overrides = ["rollout.agent=tool", f"rollout.tools=[{tool}]"]
@@ -230,7 +233,9 @@ def test_isolation_and_open_files_come_through_the_recipe():
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_child_runs_under_every_rlimit(level):
-    code = ("import resource as r\nprint(*[r.getrlimit(getattr(r, 'RLIMIT_' + n))[1] for n in "
-            "('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE')])")
+    code = (
+        "import resource as r\nprint(*[r.getrlimit(getattr(r, 'RLIMIT_' + n))[1] for n in "
+        "('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE')])"
+    )
     res, _ = _run(code, level, cpu_s=3, memory_mb=300, max_file_mb=5, max_open_files=40)
     assert res.ok and res.text.split() == ["4", str(300 << 20), str(5 << 20), "40", "0"], res.text

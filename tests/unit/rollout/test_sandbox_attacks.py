@@ -47,8 +47,11 @@ class Host:
         self.secret = visible / f"rlkit-attack-secret-{self.token}"
         self.other = visible / f"rlkit-attack-other-{self.token}"
         self.hidden = base / "secret-in-host-tmp"
-        for path, text in ((self.secret, self.secret_text), (self.other, self.secret_text),
-                           (self.hidden, self.hidden_text)):
+        for path, text in (
+            (self.secret, self.secret_text),
+            (self.other, self.secret_text),
+            (self.hidden, self.hidden_text),
+        ):
             path.write_text(text)
             path.chmod(0o600)
         if os.geteuid() == 0:

@@ -86,14 +86,17 @@ def test_tool_schema_is_openai_function_format():
 
 
 def test_builtin_tools_come_from_the_registry():
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
     from rlkit.rollout.tools.python import PythonTool
     from rlkit.rollout.tools.sandbox import SandboxLimits
 
     registries = build_registries()
     assert {"calculator", "python"} <= set(registries.tools.names())
-    resolved = [resolve(f"rollout.tools.{i}", "tools", name, registries) for i, name in enumerate(["calculator", "python"])]
+    resolved = [
+        resolve(f"rollout.tools.{i}", "tools", name, registries)
+        for i, name in enumerate(["calculator", "python"])
+    ]
     assert not any(problems for _, problems in resolved)
     tools = build_tools([component for component, _ in resolved])
     assert sorted(tools) == ["calculator", "python"]

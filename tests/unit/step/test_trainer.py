@@ -15,9 +15,18 @@ PROMPTS = 4
 
 
 def make(tmp_path, *overrides: str, prompts: int | None = None) -> tuple[Trainer, FakeRuntime]:
-    raw = {"model": {"path": "fake-model"}, "data": {"train_files": ["fake.parquet"], "train_batch_size": PROMPTS,
-                                                       "max_response_length": 6, "max_prompt_length": 8},
-           "rollout": {"n": N}, "actor": {"ppo_mini_batch_size": PROMPTS}, "trainer": {"total_steps": 3}}
+    raw = {
+        "model": {"path": "fake-model"},
+        "data": {
+            "train_files": ["fake.parquet"],
+            "train_batch_size": PROMPTS,
+            "max_response_length": 6,
+            "max_prompt_length": 8,
+        },
+        "rollout": {"n": N},
+        "actor": {"ppo_mini_batch_size": PROMPTS},
+        "trainer": {"total_steps": 3},
+    }
     recipe = validate_recipe(raw, list(overrides), check_files=False)
     rt = FakeRuntime(recipe, tmp_path, prompts=prompts)
     return Trainer(recipe, rt), rt
@@ -50,8 +59,12 @@ def test_grpo_step_normalises_within_groups_and_skips_the_on_policy_log_prob_pas
 
 
 def test_dynamic_sampling_refills_from_new_prompts_until_every_group_varies(tmp_path):
-    trainer, rt = make(tmp_path, "algorithm.estimator=dapo", "algorithm.filter_groups.max_num_gen_batches=20",
-                       "reward.overlong_buffer.len=2")
+    trainer, rt = make(
+        tmp_path,
+        "algorithm.estimator=dapo",
+        "algorithm.filter_groups.max_num_gen_batches=20",
+        "reward.overlong_buffer.len=2",
+    )
     metrics = step(trainer, rt)
     batch = updated(rt)
     assert len(rt.actor.calls["generate_sequences"]) > 1  # refilled
@@ -64,24 +77,38 @@ def test_dynamic_sampling_refills_from_new_prompts_until_every_group_varies(tmp_
 
 
 def test_kl_in_reward_subtracts_the_penalty_from_the_scores(tmp_path):
-    trainer, rt = make(tmp_path, "algorithm.estimator=grpo", "algorithm.use_kl_in_reward=true",
-                       "algorithm.kl_ctrl.kl_coef=0.5")
+    trainer, rt = make(
+        tmp_path,
+        "algorithm.estimator=grpo",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.kl_coef=0.5",
+    )
     metrics = step(trainer, rt)
     batch = updated(rt)
-    kl = batch["old_log_prob"] - batch["ref_log_prob"] if "old_log_prob" in batch else \
-        batch["rollout_log_probs"] - batch["ref_log_prob"]
+    kl = (
+        batch["old_log_prob"] - batch["ref_log_prob"]
+        if "old_log_prob" in batch
+        else batch["rollout_log_probs"] - batch["ref_log_prob"]
+    )
     want = batch["token_level_scores"] - 0.5 * kl * batch["response_mask"]
     torch.testing.assert_close(batch["token_level_rewards"], want)
     assert metrics["actor/reward_kl_penalty"] > 0
 
 
 def test_bypass_uses_the_rollout_log_probs_as_old_and_runs_no_log_prob_pass(tmp_path):
-    trainer, rt = make(tmp_path, "algorithm.estimator=grpo", "actor.ppo_epochs=2",
-                       "algorithm.rollout_correction={name: decoupled, bypass: true}")
+    trainer, rt = make(
+        tmp_path,
+        "algorithm.estimator=grpo",
+        "actor.ppo_epochs=2",
+        "algorithm.rollout_correction={name: decoupled, bypass: true}",
+    )
     metrics = step(trainer, rt)
     batch = updated(rt)
     assert "compute_log_prob" not in rt.actor.calls
-    assert torch.equal(batch["old_log_prob"], batch["rollout_log_probs"]) and metrics["rollout_corr/bypass"] == 1.0
+    assert (
+        torch.equal(batch["old_log_prob"], batch["rollout_log_probs"])
+        and metrics["rollout_corr/bypass"] == 1.0
+    )
 
 
 def test_a_correction_forces_the_old_log_prob_pass_and_weights_the_loss(tmp_path):
@@ -113,7 +140,9 @@ def test_a_rollout_pool_hands_batches_generated_ahead(tmp_path):
     trainer.global_step = 2
     metrics = trainer.step(None, rt.prompt_stream())
     batch = updated(rt)
-    assert all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0  # one behind
+    assert (
+        all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0
+    )  # one behind
     assert trainer.pipe.pushed == [2] and metrics["async/weights_version"] == 1.0
 
 

@@ -14,8 +14,6 @@ from rlkit.algos import masked_mean
 from rlkit.algos.estimators import grpo
 from rlkit.algos.policy_losses import ppo_clip
 from rlkit.errors import RlkitError
-from rlkit.rewards.managers import NaiveRewardManager, RewardManager
-from rlkit.rollout.hf import HFRollout
 from rlkit.plugin.specs import (
     AgentLoopSpec,
     ComputeScoreSpec,
@@ -27,6 +25,8 @@ from rlkit.plugin.specs import (
     ToolSpec,
     TrackerSpec,
 )
+from rlkit.rewards.managers import NaiveRewardManager, RewardManager
+from rlkit.rollout.hf import HFRollout
 from rlkit.testing import (
     ContractError,
     check_agent_loop,
@@ -52,7 +52,9 @@ def scores_of(rewards, mask):
 # ----- estimators -----------------------------------------------------------------------------------
 def leaky(x):
     token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
-    adv = scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()  # forgot the mask
+    adv = (
+        scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()
+    )  # forgot the mask
     return adv, adv
 
 
@@ -101,14 +103,20 @@ def shifted(x, *, shift=0.0):
     return adv + shift, ret  # the shift lands on masked tokens too
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    (est(leaky), "advantages is not 0 where response_mask is 0"),
-    (est(no_epsilon), "NaN/inf in rows [0, 1, 2, 3]. Rows 0..G-1 form a group whose scores are all equal"),
-    (est(first_row_baseline), "permuting whole groups"),
-    (est(noisy), "two calls on the same inputs gave different results"),
-    (est(in_place), "modified its input `rewards` in place"),
-    (est(per_sequence), "advantages has shape (16,); expected [B, T] = (16, 6)"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (est(leaky), "advantages is not 0 where response_mask is 0"),
+        (
+            est(no_epsilon),
+            "NaN/inf in rows [0, 1, 2, 3]. Rows 0..G-1 form a group whose scores are all equal",
+        ),
+        (est(first_row_baseline), "permuting whole groups"),
+        (est(noisy), "two calls on the same inputs gave different results"),
+        (est(in_place), "modified its input `rewards` in place"),
+        (est(per_sequence), "advantages has shape (16,); expected [B, T] = (16, 6)"),
+    ],
+)
 def test_estimator_bugs_are_caught(spec, message):
     with pytest.raises(ContractError, match="estimators entry '" + spec.name) as err:
         check_estimator(spec)
@@ -120,7 +128,9 @@ def test_estimator_parameters_are_validated_and_passed():
     check_estimator(spec)  # shift 0: conforms
     with pytest.raises(ContractError, match="advantages is not 0 where response_mask is 0"):
         check_estimator(spec, shift=0.5)  # the parameter arrives, and its bug shows
-    with pytest.raises(ContractError, match=r"<estimators>.shfit: unknown parameter of estimators entry 'shifted'"):
+    with pytest.raises(
+        ContractError, match=r"<estimators>.shfit: unknown parameter of estimators entry 'shifted'"
+    ):
         check_estimator(spec, shfit=0.5)
     with pytest.raises(ContractError, match="greater than or equal to 0"):
         check_estimator(spec, shift=-1.0)
@@ -158,13 +168,16 @@ def prefixed(log_prob, old_log_prob, advantages, response_mask):
     return loss, {f"actor/{k}": v for k, v in metrics.items()}
 
 
-@pytest.mark.parametrize(("fn", "message"), [
-    (batch_normalised, "a row's loss must not depend on the other rows of its micro-batch"),
-    (unmasked_sequence_ratio, "masked tokens get a gradient"),
-    (tensor_metric, "metric 'ppo_kl' = tensor("),
-    (detached, "no gradient with respect to log_prob"),
-    (prefixed, "metric 'actor/pg_clipfrac' is prefixed"),
-])
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (batch_normalised, "a row's loss must not depend on the other rows of its micro-batch"),
+        (unmasked_sequence_ratio, "masked tokens get a gradient"),
+        (tensor_metric, "metric 'ppo_kl' = tensor("),
+        (detached, "no gradient with respect to log_prob"),
+        (prefixed, "metric 'actor/pg_clipfrac' is prefixed"),
+    ],
+)
 def test_policy_loss_bugs_are_caught(fn, message):
     with pytest.raises(ContractError, match=f"policy_losses entry '{fn.__name__}'") as err:
         check_policy_loss(PolicyLossSpec(name=fn.__name__, fn=fn))
@@ -203,11 +216,14 @@ class NoTimeoutManager(NaiveRewardManager):
         super().__init__(tokenizer, score_fn, num_examine=num_examine, default_score=default_score)
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    (LastColumnManager, "have scores away from their last valid token"),
-    (SilentManager, "differ from the expected"),
-    (NoTimeoutManager, "the constructor refused rlkit's arguments"),
-])
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (LastColumnManager, "have scores away from their last valid token"),
+        (SilentManager, "differ from the expected"),
+        (NoTimeoutManager, "the constructor refused rlkit's arguments"),
+    ],
+)
 def test_reward_manager_bugs_are_caught(cls, message):
     from rlkit.model.tiny import build_tiny_tokenizer
 
@@ -226,8 +242,11 @@ def test_compute_score_bugs_are_caught():
     with pytest.raises(ContractError, match="returned str '1.0', not a number"):
         check_compute_score(ComputeScoreSpec(name="my/text", fn=text_score), [("a 3", "3", 1.0)])
     with pytest.raises(ContractError, match="raised TypeError"):
-        check_compute_score(ComputeScoreSpec(name="my/extra", fn=needs_extra_info), [("x", "y", 1.0)],
-                            extra_info={"weight": 1.0})
+        check_compute_score(
+            ComputeScoreSpec(name="my/extra", fn=needs_extra_info),
+            [("x", "y", 1.0)],
+            extra_info={"weight": 1.0},
+        )
 
 
 # ----- rollout backends, agent loops -----------------------------------------------------------------
@@ -250,14 +269,24 @@ class TruncatedLogProbRollout(HFRollout):
         return out
 
 
-
-@pytest.mark.parametrize(("spec", "message"), [
-    (RolloutBackendSpec(name="sample_major", cls=SampleMajorRollout), "row 1 does not hold prompt 0"),
-    (RolloutBackendSpec(name="truncated", cls=TruncatedLogProbRollout), "rollout_log_probs differ from the model's"),
-    (RolloutBackendSpec(name="claims_ids", cls=HFRollout, generate_ids=True),
-     "the spec declares generate_ids=True but HFRollout lacks ['generate_ids']"),
-    (RolloutBackendSpec(name="claims_memory", cls=HFRollout, memory_release=True), "declares memory_release=True"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (RolloutBackendSpec(name="sample_major", cls=SampleMajorRollout), "row 1 does not hold prompt 0"),
+        (
+            RolloutBackendSpec(name="truncated", cls=TruncatedLogProbRollout),
+            "rollout_log_probs differ from the model's",
+        ),
+        (
+            RolloutBackendSpec(name="claims_ids", cls=HFRollout, generate_ids=True),
+            "the spec declares generate_ids=True but HFRollout lacks ['generate_ids']",
+        ),
+        (
+            RolloutBackendSpec(name="claims_memory", cls=HFRollout, memory_release=True),
+            "declares memory_release=True",
+        ),
+    ],
+)
 def test_rollout_backend_bugs_are_caught(spec, message, tiny):
     model, tokenizer = tiny
     with pytest.raises(ContractError, match=f"rollout_backends entry '{spec.name}'") as err:
@@ -271,7 +300,9 @@ class HidesFirstTokenLoop:
     def __init__(self, generator, tokenizer, tools, *, max_response_length, sampling=None):
         from rlkit.rollout.agent import SingleTurnAgentLoop
 
-        self.inner = SingleTurnAgentLoop(generator, tokenizer, max_response_length=max_response_length, sampling=sampling)
+        self.inner = SingleTurnAgentLoop(
+            generator, tokenizer, max_response_length=max_response_length, sampling=sampling
+        )
         self.schemas = None
 
     def prompt_ids(self, messages):
@@ -288,8 +319,9 @@ def test_agent_loop_bug_is_caught(tiny):
     from rlkit.rollout.agent import HFTurnGenerator
 
     model, tokenizer = tiny
-    generator = HFTurnGenerator(HFRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(),
-                                          max_response_length=12))
+    generator = HFTurnGenerator(
+        HFRollout(module=model, tokenizer=tokenizer, rollout_config=RolloutConfig(), max_response_length=12)
+    )
     with pytest.raises(ContractError, match="agent_loops entry 'hides'.*start with the policy's own tokens"):
         check_agent_loop(AgentLoopSpec(name="hides", cls=HidesFirstTokenLoop), generator, tokenizer)
 
@@ -322,18 +354,36 @@ class NanRefusingTracker(ForgetfulTracker):
             raise ValueError("NaN metric")
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    (ForgetfulTracker, "it must continue the same run"),
-    (NanRefusingTracker, "raised ValueError: NaN metric"),
-])
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (ForgetfulTracker, "it must continue the same run"),
+        (NanRefusingTracker, "raised ValueError: NaN metric"),
+    ],
+)
 def test_tracker_bugs_are_caught(cls, message, tmp_path):
     with pytest.raises(ContractError, match=message):
         check_tracker(TrackerSpec(name=cls.name, cls=cls), tmp_path)
 
 
 class ValueOnlyCritic:
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *, model_config, critic_config,
-                 rollout_n, ppo_mini_batch_size, total_steps=1, mixed_precision="fp32", seed=1): ...
+    def __init__(
+        self,
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        device,
+        threads=1,
+        *,
+        model_config,
+        critic_config,
+        rollout_n,
+        ppo_mini_batch_size,
+        total_steps=1,
+        mixed_precision="fp32",
+        seed=1,
+    ): ...
 
     def ping(self): ...
 
@@ -343,7 +393,9 @@ class ValueOnlyCritic:
 
 
 class FixedKwargsRef:
-    def __init__(self, rank, world_size, master_addr, master_port, device, threads=1, *, model_config, ref_config): ...
+    def __init__(
+        self, rank, world_size, master_addr, master_port, device, threads=1, *, model_config, ref_config
+    ): ...
 
 
 def test_role_bugs_are_caught():

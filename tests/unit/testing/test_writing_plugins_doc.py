@@ -28,20 +28,35 @@ SECTIONS = worked_sections()
 
 
 def test_every_kind_has_a_worked_section_with_its_check():
-    checks = {"check_estimator", "check_policy_loss", "check_reward_manager", "check_compute_score",
-              "check_rollout_backend", "check_role", "check_tracker", "check_tool", "check_agent_loop",
-              "check_rollout_correction"}
+    checks = {
+        "check_estimator",
+        "check_policy_loss",
+        "check_reward_manager",
+        "check_compute_score",
+        "check_rollout_backend",
+        "check_role",
+        "check_tracker",
+        "check_tool",
+        "check_agent_loop",
+        "check_rollout_correction",
+    }
     code = "\n".join(block for blocks in SECTIONS.values() for block in blocks)
     assert {c for c in checks if f"{c}(SPEC" in code} == checks
     assert all(blocks for blocks in SECTIONS.values()), "a worked section without code"
 
 
-
 @pytest.mark.parametrize("title", list(SECTIONS))
 def test_worked_example_runs(title, rlkit_tiny_model, tmp_path):  # noqa: F811 - the imported fixture
     model, tokenizer = rlkit_tiny_model  # the kit's own fixture, as the doc says
-    namespace = {"model": model, "tokenizer": tokenizer, "tmp_path": tmp_path, "__name__": "writing_plugins_doc"}
+    namespace = {
+        "model": model,
+        "tokenizer": tokenizer,
+        "tmp_path": tmp_path,
+        "__name__": "writing_plugins_doc",
+    }
     for block in SECTIONS[title]:
-        code = compile(block, f"docs/writing-plugins.md ({title})", "exec", dont_inherit=True)  # as a user runs it
+        code = compile(
+            block, f"docs/writing-plugins.md ({title})", "exec", dont_inherit=True
+        )  # as a user runs it
         exec(code, namespace)  # noqa: S102 - our own docs
     assert "SPEC" in namespace

@@ -20,9 +20,9 @@ def resolved_policy_loss(actor_config):
     """The actor config's policy loss as the driver resolves it (``rlkit.recipe.compose.resolve``): the
     function and its validated parameters, what ``FSDPActor`` receives."""
     from rlkit.errors import RecipeError
-    from rlkit.recipe.compose import resolve
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
+    from rlkit.recipe.compose import resolve
 
     registries = build_registries(make_plugin_manager(entry_points=False))
     loss, problems = resolve("actor.policy_loss", "policy_losses", actor_config.policy_loss, registries)
@@ -36,8 +36,14 @@ def global_batch(tokenizer, n_prompts: int = 4, n: int = 2, width_t: int = 8):
     from rlkit.batch import Batch
 
     g = torch.Generator().manual_seed(0)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?" * (i + 1)}],
-                                           tokenize=False, add_generation_prompt=True) for i in range(n_prompts)]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 1 + 2?" * (i + 1)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(n_prompts)
+    ]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     prompts = enc["input_ids"].repeat_interleave(n, 0)  # [B, P]
     pmask = enc["attention_mask"].repeat_interleave(n, 0)
@@ -46,15 +52,18 @@ def global_batch(tokenizer, n_prompts: int = 4, n: int = 2, width_t: int = 8):
     rmask = (torch.arange(width_t)[None, :] < lengths[:, None]).long()  # [B, T]
     responses = torch.randint(3, 300, (b, width_t), generator=g) * rmask
     ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
-    return Batch({
-        "input_ids": torch.cat([prompts, responses], 1),
-        "attention_mask": torch.cat([pmask, rmask], 1),
-        "position_ids": torch.cat([ppos, ppos[:, -1:] + torch.arange(1, width_t + 1)], 1),
-        "responses": responses,
-        "response_mask": rmask,
-        "advantages": torch.randn(b, 1, generator=g).expand(b, width_t).contiguous(),
-        "ref_log_prob": -3.0 - torch.rand(b, width_t, generator=g),
-    }, meta={"temperature": 0.9})
+    return Batch(
+        {
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.cat([pmask, rmask], 1),
+            "position_ids": torch.cat([ppos, ppos[:, -1:] + torch.arange(1, width_t + 1)], 1),
+            "responses": responses,
+            "response_mask": rmask,
+            "advantages": torch.randn(b, 1, generator=g).expand(b, width_t).contiguous(),
+            "ref_log_prob": -3.0 - torch.rand(b, width_t, generator=g),
+        },
+        meta={"temperature": 0.9},
+    )
 
 
 MODES = ("fixed", "dynamic", "clip_cov")
@@ -73,13 +82,28 @@ def update_once(model_dir: str, mode: str) -> dict:
     from rlkit.workers.actor import FSDPActor
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,
-                      kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=mode == "dynamic",
-                      ppo_max_token_len_per_rank=40, loss_agg_mode="token-mean",
-                      optim=OptimConfig(lr=1e-2, weight_decay=0.0),
-                      **({"policy_loss": CLIP_COV} if mode == "clip_cov" else {}))
-    actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
-                      log_prob_micro_batch_size=3, forward_plan=ForwardPlan(share_prefix=False, pack=False))
+    cfg = ActorConfig(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_rank=2,
+        ppo_epochs=2,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        entropy_coeff=0.01,
+        use_dynamic_bsz=mode == "dynamic",
+        ppo_max_token_len_per_rank=40,
+        loss_agg_mode="token-mean",
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        **({"policy_loss": CLIP_COV} if mode == "clip_cov" else {}),
+    )
+    actor = FSDPActor(
+        ModelConfig(path=model_dir),
+        cfg,
+        resolved_policy_loss(cfg),
+        rollout_n=2,
+        total_steps=4,
+        log_prob_micro_batch_size=3,
+        forward_plan=ForwardPlan(share_prefix=False, pack=False),
+    )
     batch = global_batch(actor.tokenizer)
     local = batch.chunk(world_size)[rank]
     old = actor.compute_log_prob(local)["old_log_prob"]
@@ -89,8 +113,12 @@ def update_once(model_dir: str, mode: str) -> dict:
     dist.all_gather(olds, old)
     from rlkit.model.lm_head import plain_head
 
-    return {"metrics": metrics, "state": actor.full_state_dict(), "old_log_prob": torch.cat(olds),
-            "fused_head": plain_head(actor.module) is not None}  # log-probs from hidden states, inside FSDP's forward
+    return {
+        "metrics": metrics,
+        "state": actor.full_state_dict(),
+        "old_log_prob": torch.cat(olds),
+        "fused_head": plain_head(actor.module) is not None,
+    }  # log-probs from hidden states, inside FSDP's forward
 
 
 def assert_same_update(one: dict, two: dict, model_dir) -> None:
@@ -103,12 +131,22 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
 
     assert one["fused_head"] and two["fused_head"]  # the chunked LM-head path ran, sharded (FSDP2) and plain
     torch.testing.assert_close(one["old_log_prob"], two["old_log_prob"], atol=1e-5, rtol=1e-5)
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl",
-                "actor/pg_clipfrac"):
+    for key in (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac",
+    ):
         assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
     assert one["metrics"]["actor/pg_clipfrac"] > 0  # the clipped branch was exercised
-    if "actor/ratio_clipfrac" in one["metrics"]:  # clip_cov (pg_clipfrac: the share cut): the same tokens were cut
-        assert one["metrics"]["actor/pg_clipfrac"] == pytest.approx(two["metrics"]["actor/pg_clipfrac"], abs=1e-9)
+    if (
+        "actor/ratio_clipfrac" in one["metrics"]
+    ):  # clip_cov (pg_clipfrac: the share cut): the same tokens were cut
+        assert one["metrics"]["actor/pg_clipfrac"] == pytest.approx(
+            two["metrics"]["actor/pg_clipfrac"], abs=1e-9
+        )
         assert one["metrics"]["actor/pg_clipfrac"] > 0
     assert one["state"].keys() == two["state"].keys()
     initial = load_file(Path(model_dir) / "model.safetensors")

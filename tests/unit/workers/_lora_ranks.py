@@ -23,16 +23,31 @@ def lora_update_once(model_dir: str) -> dict:
     the adapter's tensors after it, gathered on rank 0. Padded rows, one prompt pass per row, on every world size
     (as in _fsdp_ranks.update_once)."""
     from rlkit.model.forward import ForwardPlan
+    from rlkit.model.lora import LoraRef
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
     from rlkit.workers.actor import FSDPActor
-    from rlkit.model.lora import LoraRef
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, ppo_epochs=2, use_kl_loss=True,
-                      kl_loss_coef=0.1, entropy_coeff=0.01, loss_agg_mode="token-mean",
-                      lora=LoraConfig(rank=4, alpha=8), optim=OptimConfig(lr=1e-2, weight_decay=0.0))
-    actor = FSDPActor(ModelConfig(path=model_dir), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=4,
-                      log_prob_micro_batch_size=3, forward_plan=ForwardPlan(share_prefix=False, pack=False))
+    cfg = ActorConfig(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_rank=2,
+        ppo_epochs=2,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        entropy_coeff=0.01,
+        loss_agg_mode="token-mean",
+        lora=LoraConfig(rank=4, alpha=8),
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+    )
+    actor = FSDPActor(
+        ModelConfig(path=model_dir),
+        cfg,
+        resolved_policy_loss(cfg),
+        rollout_n=2,
+        total_steps=4,
+        log_prob_micro_batch_size=3,
+        forward_plan=ForwardPlan(share_prefix=False, pack=False),
+    )
     local = global_batch(actor.tokenizer).chunk(world_size)[rank]
     old = actor.compute_log_prob(local)["old_log_prob"]
     local["ref_log_prob"] = LoraRef(actor, RefConfig()).compute_ref_log_prob(local)["ref_log_prob"]

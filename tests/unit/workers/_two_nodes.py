@@ -45,10 +45,18 @@ class UpdateWorker(Worker):
 
     def where(self) -> dict:
         """This rank's Ray node, its node address, and the TCP addresses its process listens on."""
-        listen = [f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections(kind="inet")
-                  if c.status == "LISTEN"]
-        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
-                "node_ip": ray.util.get_node_ip_address(), "rendezvous": list(self.rendezvous), "listen": listen}
+        listen = [
+            f"{c.laddr.ip}:{c.laddr.port}"
+            for c in psutil.Process().net_connections(kind="inet")
+            if c.status == "LISTEN"
+        ]
+        return {
+            "rank": self.rank,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "rendezvous": list(self.rendezvous),
+            "listen": listen,
+        }
 
     def update(self) -> dict:
         return _fsdp_ranks.update_once(self.model_dir, "fixed")
@@ -71,16 +79,27 @@ def spread_pool_nodes(busy_node: str) -> dict:
 def main(model_dir: str, out: str) -> None:
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False, "object_store_memory": 96 * MB})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "node_ip_address": "127.0.0.1",
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": 96 * MB,
+        },
+    )
     try:
-        workers = [cluster.add_node(wait=False, node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB)
-                   for ip in NODE_IPS]  # both start at once
+        workers = [
+            cluster.add_node(wait=False, node_ip_address=ip, num_cpus=1, object_store_memory=96 * MB)
+            for ip in NODE_IPS
+        ]  # both start at once
         cluster.wait_for_nodes()
         seconds["nodes_up"] = time.perf_counter() - t0
         with RayCluster(ResourcesConfig(ray_address=cluster.address)):
             spread = spread_pool_nodes(workers[1].node_id)
-            pool = ResourcePool("global", PoolConfig(nodes=2, bundles_per_node=1), "cpu").create(roles=["actor"])
+            pool = ResourcePool("global", PoolConfig(nodes=2, bundles_per_node=1), "cpu").create(
+                roles=["actor"]
+            )
             group = WorkerGroup(UpdateWorker, pool, role="actor", role_kwargs={"model_dir": model_dir})
             seconds["group_up"] = time.perf_counter() - t0
             try:
@@ -91,13 +110,22 @@ def main(model_dir: str, out: str) -> None:
                 group.shutdown()
                 pool_nodes = pool.node_ids()
                 pool.remove()
-            torch.save({
-                "result": result, "where": where, "spread": spread, "seconds": seconds, "pool_nodes": pool_nodes,
-                "group_rendezvous": [group.master_addr, group.master_port],
-                "driver": {"node_id": ray.get_runtime_context().get_node_id(),
-                           "node_ip": ray.util.get_node_ip_address()},
-                "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
-            }, out)
+            torch.save(
+                {
+                    "result": result,
+                    "where": where,
+                    "spread": spread,
+                    "seconds": seconds,
+                    "pool_nodes": pool_nodes,
+                    "group_rendezvous": [group.master_addr, group.master_port],
+                    "driver": {
+                        "node_id": ray.get_runtime_context().get_node_id(),
+                        "node_ip": ray.util.get_node_ip_address(),
+                    },
+                    "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
+                },
+                out,
+            )
     finally:
         cluster.shutdown()
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from rlkit.errors import WorkerError
-from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
 from rlkit.model import fsdp
 from rlkit.model.forward import ForwardPlan
+from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,9 +25,17 @@ sys.path.pop(0)
 
 def make_actor(model_dir, forward_plan: ForwardPlan = ForwardPlan(), **overrides) -> FSDPActor:
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, **overrides.pop("optim", {}))
-    cfg = ActorConfig(**({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 8, "optim": optim} | overrides))
-    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10,
-                     forward_plan=forward_plan)
+    cfg = ActorConfig(
+        **({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 8, "optim": optim} | overrides)
+    )
+    return FSDPActor(
+        ModelConfig(path=str(model_dir)),
+        cfg,
+        resolved_policy_loss(cfg),
+        rollout_n=2,
+        total_steps=10,
+        forward_plan=forward_plan,
+    )
 
 
 def prepared(actor: FSDPActor):
@@ -46,8 +54,13 @@ def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world
     One prompt pass per row and padded rows in both splits (the other paths: test_fast_paths.py)."""
     results = []
     for micro in (8, 3):
-        actor = make_actor(tiny_model_dir, loss_agg_mode=mode, ppo_micro_batch_size_per_rank=micro,
-                           entropy_coeff=0.01, forward_plan=ForwardPlan(share_prefix=False, pack=False))
+        actor = make_actor(
+            tiny_model_dir,
+            loss_agg_mode=mode,
+            ppo_micro_batch_size_per_rank=micro,
+            entropy_coeff=0.01,
+            forward_plan=ForwardPlan(share_prefix=False, pack=False),
+        )
         grads: list[list[torch.Tensor]] = []
         step = actor.optimizer.step
 
@@ -61,7 +74,9 @@ def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world
     (m1, g1), (m2, g2) = results
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
-    assert len(g1) == len(g2) == 1 and any(bool(g.abs().sum() > 0) for g in g1[0])  # one mini-batch, real grads
+    assert len(g1) == len(g2) == 1 and any(
+        bool(g.abs().sum() > 0) for g in g1[0]
+    )  # one mini-batch, real grads
     for mini1, mini2 in zip(g1, g2, strict=True):
         for a, b in zip(mini1, mini2, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -71,21 +86,32 @@ def test_metrics_on_policy_and_lr_schedule(tiny_model_dir, gloo_world1):
     actor = make_actor(tiny_model_dir, optim={"warmup_steps": 2})
     batch = global_batch(actor.tokenizer)  # no old_log_prob: on-policy, ratio 1
     metrics = actor.update(batch)
-    assert {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-            "actor/grad_norm", "actor/lr", "actor/nonfinite_skips"} <= metrics.keys()
+    assert {
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/pg_clipfrac_lower",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "actor/nonfinite_skips",
+    } <= metrics.keys()
     assert metrics["actor/ppo_kl"] == 0 and metrics["actor/pg_clipfrac"] == 0
     # token-mean of -A over valid tokens when the ratio is 1
     adv, mask = batch["advantages"], batch["response_mask"]
     assert metrics["actor/pg_loss"] == pytest.approx(float(-(adv * mask).sum() / mask.sum()), rel=1e-5)
-    assert metrics["actor/lr"] == pytest.approx(1e-2 * 2 / 2)  # the lr used was 1/2 * lr; after step it is 2/2
+    assert metrics["actor/lr"] == pytest.approx(
+        1e-2 * 2 / 2
+    )  # the lr used was 1/2 * lr; after step it is 2/2
     assert actor.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
 
 
 def test_lr_scheduler_warmup_and_cosine():
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([param], lr=1.0)
-    sched = fsdp.build_lr_scheduler(opt, OptimConfig(lr=1.0, warmup_steps=2, lr_scheduler="cosine",
-                                                     min_lr_ratio=0.1), total_steps=6)
+    sched = fsdp.build_lr_scheduler(
+        opt, OptimConfig(lr=1.0, warmup_steps=2, lr_scheduler="cosine", min_lr_ratio=0.1), total_steps=6
+    )
     lrs = []
     for _ in range(7):
         lrs.append(opt.param_groups[0]["lr"])
@@ -116,8 +142,13 @@ def test_nonfinite_advantages_skip_the_step_then_stop(tiny_model_dir, gloo_world
 
 def test_kl_loss_bf16_and_gradient_checkpointing(tiny_model_dir, gloo_world1):
     ref = make_actor(tiny_model_dir, use_kl_loss=True, kl_loss_coef=0.5)
-    fast = make_actor(tiny_model_dir, use_kl_loss=True, kl_loss_coef=0.5, mixed_precision="bf16",
-                      gradient_checkpointing=True)
+    fast = make_actor(
+        tiny_model_dir,
+        use_kl_loss=True,
+        kl_loss_coef=0.5,
+        mixed_precision="bf16",
+        gradient_checkpointing=True,
+    )
     batch = prepared(ref)
     m_ref, m_fast = ref.update(batch), fast.update(batch)
     assert m_ref["actor/kl_loss"] > 0
@@ -142,7 +173,10 @@ def test_checkpoint_round_trip(tiny_model_dir, gloo_world1, tmp_path):
 
     other = make_actor(tiny_model_dir, optim={"warmup_steps": 3})
     other.load_checkpoint(tmp_path / "ckpt")
-    assert (torch.rand(3).tolist(), np.random.rand(), random.random()) == (expected_rng[0].tolist(), *expected_rng[1:])
+    assert (torch.rand(3).tolist(), np.random.rand(), random.random()) == (
+        expected_rng[0].tolist(),
+        *expected_rng[1:],
+    )
     restored = other.full_state_dict()
     assert all(torch.equal(saved[k], restored[k]) for k in saved)
     m_again = other.update(batch)  # same optimizer moments and lr: the same second step

@@ -12,8 +12,8 @@ import torch
 
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
-from rlkit.step.correction import correct_rollout
 from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
+from rlkit.step.correction import correct_rollout
 from rlkit.workers.actor import FSDPActor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -23,9 +23,19 @@ sys.path.pop(0)
 
 
 def make_actor(model_dir, **overrides) -> FSDPActor:
-    cfg = ActorConfig(**({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 3,
-                          "optim": OptimConfig(lr=1e-2, weight_decay=0.0)} | overrides))
-    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10)
+    cfg = ActorConfig(
+        **(
+            {
+                "ppo_mini_batch_size": 4,
+                "ppo_micro_batch_size_per_rank": 3,
+                "optim": OptimConfig(lr=1e-2, weight_decay=0.0),
+            }
+            | overrides
+        )
+    )
+    return FSDPActor(
+        ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10
+    )
 
 
 def test_correction_weights_scale_the_policy_loss(tiny_model_dir, gloo_world1):
@@ -49,10 +59,13 @@ def test_sum_pi_squared_from_the_log_prob_pass(tiny_model_dir, gloo_world1):
     out = actor.compute_log_prob(batch, with_sum_pi_squared=True)
     assert set(out.keys()) == {"old_log_prob", "sum_pi_squared"}
     with torch.no_grad():
-        logits = actor.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              position_ids=batch["position_ids"]).logits.float()
+        logits = actor.module(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits.float()
     t, width = batch["responses"].shape[1], batch["input_ids"].shape[1]
-    response_logits = logits[:, width - t - 1: width - 1] / 0.9  # position j predicts response token j
+    response_logits = logits[:, width - t - 1 : width - 1] / 0.9  # position j predicts response token j
     expected = sum_pi_squared_from_logits(response_logits) * batch["response_mask"]
     torch.testing.assert_close(out["sum_pi_squared"], expected, atol=1e-5, rtol=1e-4)
     mask = batch["response_mask"] > 0
@@ -65,7 +78,9 @@ def test_fast_path_mismatch_equals_a_recomputed_pass(tiny_model_dir, gloo_world1
     batch = global_batch(actor.tokenizer)
     old = actor.compute_log_prob(batch)["old_log_prob"]
     g = torch.Generator().manual_seed(1)
-    batch["rollout_log_probs"] = (old + 0.05 * torch.randn(old.shape, generator=g)).clamp(max=0) * batch["response_mask"]
+    batch["rollout_log_probs"] = (old + 0.05 * torch.randn(old.shape, generator=g)).clamp(max=0) * batch[
+        "response_mask"
+    ]
     recomputed = Batch({k: batch.tensors[k] for k in batch.tensors.keys()} | {"old_log_prob": old})
     _, expected = correct_rollout(recomputed, None)
     metrics = actor.update(batch)

@@ -20,9 +20,12 @@ sys.path.pop(0)
 
 
 def make_critic(model_dir, micro: int = 8) -> FSDPCritic:
-    cfg = CriticConfig(ppo_micro_batch_size_per_rank=micro, cliprange_value=0.2,
-                       optim=OptimConfig(lr=1e-2, weight_decay=0.0))
-    return FSDPCritic(ModelConfig(path=str(model_dir)), cfg, rollout_n=2, total_steps=4, ppo_mini_batch_size=4)
+    cfg = CriticConfig(
+        ppo_micro_batch_size_per_rank=micro, cliprange_value=0.2, optim=OptimConfig(lr=1e-2, weight_decay=0.0)
+    )
+    return FSDPCritic(
+        ModelConfig(path=str(model_dir)), cfg, rollout_n=2, total_steps=4, ppo_mini_batch_size=4
+    )
 
 
 def with_targets(critic: FSDPCritic):
@@ -50,7 +53,13 @@ def test_critic_update_is_split_invariant_and_clips(tiny_model_dir, gloo_world1)
         metrics = critic.update(batch)
         results.append((metrics, critic.compute_values(batch)["values"], batch))
     (m1, v1, batch), (m2, v2, _) = results
-    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= m1.keys()
+    assert {
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/vpred_mean",
+        "critic/grad_norm",
+        "critic/lr",
+    } <= m1.keys()
     # values == old values at the first forward: loss is 0.5 * token-mean of (returns - values)^2
     mask = batch["response_mask"]
     expected = 0.5 * float(((batch["returns"] - batch["values"]) ** 2 * mask).sum() / mask.sum())
@@ -80,8 +89,13 @@ def test_ref_log_probs_equal_the_initial_policy(tiny_model_dir, gloo_world1):
     from rlkit.workers.actor import FSDPActor
 
     ref = FSDPRef(ModelConfig(path=str(tiny_model_dir)), RefConfig(log_prob_micro_batch_size_per_rank=3))
-    actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), ActorConfig(), resolved_policy_loss(ActorConfig()),
-                      rollout_n=2, total_steps=1)
+    actor = FSDPActor(
+        ModelConfig(path=str(tiny_model_dir)),
+        ActorConfig(),
+        resolved_policy_loss(ActorConfig()),
+        rollout_n=2,
+        total_steps=1,
+    )
     batch = global_batch(ref.tokenizer)  # meta temperature 0.9
     ref_lp = ref.compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(ref_lp, actor.compute_log_prob(batch)["old_log_prob"], atol=1e-5, rtol=1e-5)

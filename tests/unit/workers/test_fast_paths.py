@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.algos.entropy import log_probs_from_logits
-from rlkit.model.load import load_model, load_tokenizer
-from rlkit.recipe.schema import ModelConfig
 from rlkit.model import fsdp
 from rlkit.model.forward import ForwardPlan, forward_response
+from rlkit.model.load import load_model, load_tokenizer
+from rlkit.recipe.schema import ModelConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_ranks import global_batch  # noqa: E402
@@ -24,7 +24,9 @@ def plain_log_prob(module, micro, temperature: float) -> torch.Tensor:
     """The reference: logits at every position, sliced to the response, then log-softmax [b, T]."""
     ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
     logits = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-    lp = log_probs_from_logits(logits[:, p_keep - 1 : p_keep - 1 + t].float() / temperature, micro["responses"][:, :t])
+    lp = log_probs_from_logits(
+        logits[:, p_keep - 1 : p_keep - 1 + t].float() / temperature, micro["responses"][:, :t]
+    )
     width = micro["responses"].shape[1]
     return torch.nn.functional.pad(lp, (0, width - t)) * micro["response_mask"]
 
@@ -36,7 +38,9 @@ def test_head_on_response_positions_only_matches_the_full_forward(tiny_model_dir
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     batch = global_batch(tok)  # 8 samples, left-padded prompts, response lengths 1..8
-    fast, _ = forward_response(module, batch, temperature=temperature, with_entropy=False, device=torch.device("cpu"))
+    fast, _ = forward_response(
+        module, batch, temperature=temperature, with_entropy=False, device=torch.device("cpu")
+    )
     fast.sum().backward()
     fast_grads = [p.grad.clone() for p in module.parameters()]
     module.zero_grad(set_to_none=True)
@@ -61,18 +65,33 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, mixed_preci
     tok = load_tokenizer(cfg)
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
-    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in ("What is 2 + 3?", "What is 12 + 30? Answer with the number.")
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)
     eos = int(tok.convert_tokens_to_ids("7"))  # a common token ends some responses early: lengths vary
-    batch = HFRollout(module=module, tokenizer=tok, rollout_config=RolloutConfig(n=3), max_response_length=10,
-                      eos_token_ids=[eos], seed=2).generate(Batch(dict(enc)))
+    batch = HFRollout(
+        module=module,
+        tokenizer=tok,
+        rollout_config=RolloutConfig(n=3),
+        max_response_length=10,
+        eos_token_ids=[eos],
+        seed=2,
+    ).generate(Batch(dict(enc)))
     results = {}
     for share in (True, False):
         module.zero_grad(set_to_none=True)
-        lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
-                                   mixed_precision=mixed_precision, device=torch.device("cpu"),
-                                   plan=ForwardPlan(share_prefix=share))
+        lp, ent = forward_response(
+            module,
+            batch,
+            temperature=0.9,
+            with_entropy=True,
+            entropy_grad=True,
+            mixed_precision=mixed_precision,
+            device=torch.device("cpu"),
+            plan=ForwardPlan(share_prefix=share),
+        )
         (lp.sum() + 0.1 * ent.sum()).backward()
         results[share] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
@@ -93,16 +112,29 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
     tok = load_tokenizer(cfg)
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
-    assert plain_head(module) is not None and plain_head(module).weight is module.get_input_embeddings().weight
+    assert (
+        plain_head(module) is not None and plain_head(module).weight is module.get_input_embeddings().weight
+    )
     batch = global_batch(tok)  # 4 prompts × 2, left-padded prompts, response lengths 1..8
     results = {}
     for fused in (True, False):
         module.zero_grad(set_to_none=True)
-        out = response_outputs(module, batch, temperature=0.8, with_entropy=True, entropy_grad=True,
-                               with_sum_pi_squared=True, mixed_precision=mixed_precision, device=torch.device("cpu"),
-                               plan=ForwardPlan(fused_head=fused, share_prefix=share))
+        out = response_outputs(
+            module,
+            batch,
+            temperature=0.8,
+            with_entropy=True,
+            entropy_grad=True,
+            with_sum_pi_squared=True,
+            mixed_precision=mixed_precision,
+            device=torch.device("cpu"),
+            plan=ForwardPlan(fused_head=fused, share_prefix=share),
+        )
         (out["log_prob"] * batch["advantages"]).sum().add(0.1 * out["entropy"].sum()).backward()
-        results[fused] = ({k: v.detach() for k, v in out.items()}, [p.grad.clone() for p in module.parameters()])
+        results[fused] = (
+            {k: v.detach() for k, v in out.items()},
+            [p.grad.clone() for p in module.parameters()],
+        )
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
     assert results[True][0].keys() == {"log_prob", "entropy", "sum_pi_squared"}
     for name, value in results[True][0].items():
@@ -117,22 +149,30 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
 def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     """One padding-free packed row per group (prompt once, responses after it, a 4-D mask) gives the padded
     rows' log-probs, entropies and gradients."""
-    from rlkit.model import forward
-    from rlkit.model import packing
+    from rlkit.model import forward, packing
 
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     module.set_attn_implementation(attn)
-    batch = global_batch(tok)  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
+    batch = global_batch(
+        tok
+    )  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
     chosen = []
     monkeypatch.setattr(forward, "packing_plan", lambda *a, **k: chosen.append(forced) or forced)
     results = {}
     for forced in ("packed", "padded"):
         module.zero_grad(set_to_none=True)
-        lp, ent = forward_response(module, batch, temperature=0.9, with_entropy=True, entropy_grad=True,
-                                   device=torch.device("cpu"), plan=ForwardPlan(share_prefix=False))
+        lp, ent = forward_response(
+            module,
+            batch,
+            temperature=0.9,
+            with_entropy=True,
+            entropy_grad=True,
+            device=torch.device("cpu"),
+            plan=ForwardPlan(share_prefix=False),
+        )
         (lp * batch["advantages"]).sum().add(0.1 * ent.sum()).backward()
         results[forced] = (lp.detach(), ent.detach(), [p.grad.clone() for p in module.parameters()])
     assert chosen == ["packed", "padded"]
@@ -158,7 +198,9 @@ def test_plan_packs_short_unequal_responses_and_shares_long_ones():
             for r in lengths:
                 rows.append([0] * (width_p - p) + [1] * p + [1] * r + [0] * (width_t - r))
         mask = torch.tensor(rows)
-        ids = mask * torch.tensor([[i // len(resp_lens[0]) + 5] for i in range(len(rows))])  # prompt id per group
+        ids = mask * torch.tensor(
+            [[i // len(resp_lens[0]) + 5] for i in range(len(rows))]
+        )  # prompt id per group
         return ids, mask, width_p, width_t
 
     smol = {"body_params": 106_000_000, "pair_flops": 4.0 * 576 * 30}
@@ -185,8 +227,14 @@ def test_packed_micro_batch_splits_give_the_same_gradient(tiny_model_dir, monkey
         module.zero_grad(set_to_none=True)
         for idx in pieces:
             micro = batch[idx]
-            lp, _ = forward_response(module, micro, temperature=0.9, with_entropy=False, device=torch.device("cpu"),
-                                     plan=ForwardPlan(share_prefix=False))
+            lp, _ = forward_response(
+                module,
+                micro,
+                temperature=0.9,
+                with_entropy=False,
+                device=torch.device("cpu"),
+                plan=ForwardPlan(share_prefix=False),
+            )
             (lp * micro["advantages"]).sum().backward()
         grads.append([p.grad.clone() for p in module.parameters()])
     for got, want in zip(*grads, strict=True):

@@ -25,8 +25,13 @@ def two_ranks(tiny_model_dir, tmp_path_factory) -> dict:
     """Both modes with 2 gloo ranks in a subprocess (rank 0's results)."""
     out = tmp_path_factory.mktemp("ws2") / "ws2.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_model_dir), "2", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tiny_model_dir), "2", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
 

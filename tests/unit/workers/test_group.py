@@ -177,7 +177,9 @@ def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_pat
 
     release = tmp_path / "release"
     results: list = []
-    waiter = threading.Thread(target=lambda: results.append(group.call("hold", dispatch="all", path=str(release))))
+    waiter = threading.Thread(
+        target=lambda: results.append(group.call("hold", dispatch="all", path=str(release)))
+    )
     waiter.start()
     try:
         deadline = time.monotonic() + 60
@@ -188,15 +190,19 @@ def test_a_slow_rank_is_named_probed_and_reported_by_the_watchdog(group, tmp_pat
         busy = group.probe([1], timeout_s=30)[1]
         assert busy["state"] == "alive" and busy["method"] == "hold" and "test_group.py" in busy["at"]
 
-        config = SimpleNamespace(slow_factor=5.0, slow_min_s=60.0, first_slow_s=0.05, ping_after_s=3600.0,
-                                 ping_timeout_s=2.0)
+        config = SimpleNamespace(
+            slow_factor=5.0, slow_min_s=60.0, first_slow_s=0.05, ping_after_s=3600.0, ping_timeout_s=2.0
+        )
         watch = PhaseWatch(lambda: [group], config)
         watch.enter("gen")
         time.sleep(0.1)
         with caplog.at_level(logging.WARNING, logger="rlkit.runtime.watchdog"):
             watch.check()
         assert "phase 'gen' of step 0 has run" in caplog.text and "first-run limit of 0.05 s" in caplog.text
-        assert "role 'actor', method 'hold'" in caplog.text and "rank(s) [1] still working, rank(s) [0] answered" in caplog.text
+        assert (
+            "role 'actor', method 'hold'" in caplog.text
+            and "rank(s) [1] still working, rank(s) [0] answered" in caplog.text
+        )
         assert "rank 1: answers a liveness ping (pid" in caplog.text and "running 'hold' at" in caplog.text
 
         worker_pid = busy["pid"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.model.lora import LoraRef, is_adapter_key
 from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig
 from rlkit.workers.actor import FSDPActor
-from rlkit.model.lora import LoraRef, is_adapter_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
@@ -22,9 +22,16 @@ LORA = LoraConfig(rank=4, alpha=8)
 
 
 def make_actor(model_dir, lora: LoraConfig | None = LORA, **overrides) -> FSDPActor:
-    cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_rank=4, lora=lora,
-                      optim=OptimConfig(lr=1e-2, weight_decay=0.0), **overrides)
-    return FSDPActor(ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10)
+    cfg = ActorConfig(
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_rank=4,
+        lora=lora,
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        **overrides,
+    )
+    return FSDPActor(
+        ModelConfig(path=str(model_dir)), cfg, resolved_policy_loss(cfg), rollout_n=2, total_steps=10
+    )
 
 
 def prepared(actor: FSDPActor):
@@ -47,11 +54,14 @@ def test_base_frozen_optimizer_holds_adapter_only_and_ref_is_the_base(tiny_model
     # lora_B starts at zero: before any update the adapter changes nothing
     torch.testing.assert_close(ref_lp, actor.compute_log_prob(batch)["old_log_prob"], atol=1e-6, rtol=0)
     metrics = actor.update(batch)
-    assert metrics["actor/lora_trainable_params"] == sum(p.numel() for n, p in actor.module.named_parameters()
-                                                          if n in trainable)
+    assert metrics["actor/lora_trainable_params"] == sum(
+        p.numel() for n, p in actor.module.named_parameters() if n in trainable
+    )
     after = actor.compute_log_prob(batch)["old_log_prob"]
     assert (after - ref_lp).abs().max() > 1e-3  # the adapter moved the policy ...
-    torch.testing.assert_close(ref.compute_ref_log_prob(batch)["ref_log_prob"], ref_lp, atol=1e-6, rtol=0)  # ... not the ref
+    torch.testing.assert_close(
+        ref.compute_ref_log_prob(batch)["ref_log_prob"], ref_lp, atol=1e-6, rtol=0
+    )  # ... not the ref
     for n, p in actor.module.named_parameters():
         if n in base_before:
             assert torch.equal(p, base_before[n]), n
@@ -95,13 +105,22 @@ def test_rollout_sync_sends_adapter_tensors_only(tiny_model_dir, gloo_world1):
     torch.manual_seed(123)  # another adapter init: the sync must overwrite it
     copy = make_actor(tiny_model_dir)
     cfg = RolloutConfig(n=1)
-    mine = HFRollout(module=actor.module, tokenizer=actor.tokenizer, rollout_config=cfg, max_response_length=6)
-    theirs = HFRollout(module=copy.module, tokenizer=copy.tokenizer, rollout_config=cfg, max_response_length=6)
+    mine = HFRollout(
+        module=actor.module, tokenizer=actor.tokenizer, rollout_config=cfg, max_response_length=6
+    )
+    theirs = HFRollout(
+        module=copy.module, tokenizer=copy.tokenizer, rollout_config=cfg, max_response_length=6
+    )
     theirs.update_weights(sent)
     batch = global_batch(actor.tokenizer)
     width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
     rows = torch.arange(0, len(batch), 2)  # one row per prompt
-    prompts = Batch({"input_ids": batch["input_ids"][rows, :width], "attention_mask": batch["attention_mask"][rows, :width]})
+    prompts = Batch(
+        {
+            "input_ids": batch["input_ids"][rows, :width],
+            "attention_mask": batch["attention_mask"][rows, :width],
+        }
+    )
     a = mine.generate(prompts, do_sample=False)
     b = theirs.generate(prompts, do_sample=False)
     assert torch.equal(a["responses"], b["responses"])
@@ -134,8 +153,13 @@ def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_wo
     script = Path(__file__).with_name("_lora_ranks.py")
     out = tmp_path / "ws2.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(script), str(tiny_model_dir), "2", str(out)], env=env,
-                          capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir), "2", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = torch.load(out, weights_only=False)
     sys.path.insert(0, str(script.parent))
@@ -171,19 +195,29 @@ def test_engine_helpers_adapter_folder_base_and_merged_weights(tiny_model_dir, g
     actor = make_actor(tiny_model_dir)
     actor.update(prepared(actor))
     config = lora_config_of(actor.module)
-    assert config is not None and config.r == 4 and lora_config_of(make_actor(tiny_model_dir, lora=None).module) is None
+    assert (
+        config is not None
+        and config.r == 4
+        and lora_config_of(make_actor(tiny_model_dir, lora=None).module) is None
+    )
     state = actor.full_state_dict()
     sent = actor.rollout_state_dict()
     nbytes = write_adapter_folder(tmp_path / "adapter", sent, config)
     assert nbytes == state_bytes(sent) < state_bytes(state) / 3
-    assert all(k.startswith("base_model.model.") and ".default." not in k
-               for k in load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert all(
+        k.startswith("base_model.model.") and ".default." not in k
+        for k in load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    )
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     plain = base.state_dict()
     assert {k: v for k, v in base_state_dict(state).items() if k in plain}.keys() == plain.keys()
-    torch.testing.assert_close(base_state_dict(state)["model.layers.0.self_attn.q_proj.weight"],
-                               plain["model.layers.0.self_attn.q_proj.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(
+        base_state_dict(state)["model.layers.0.self_attn.q_proj.weight"],
+        plain["model.layers.0.self_attn.q_proj.weight"],
+        atol=0,
+        rtol=0,
+    )
     loaded = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
     ids = torch.tensor([[1, 5, 9, 3, 7]])
     with torch.no_grad():
@@ -201,30 +235,42 @@ def test_critic_lora_trains_adapter_and_value_head_and_resumes(tiny_model_dir, g
     from rlkit.workers.critic import FSDPCritic
 
     def critic():
-        cfg = CriticConfig(ppo_micro_batch_size_per_rank=8, lora=LoraConfig(rank=4, alpha=8),
-                           optim=OptimConfig(lr=1e-2, weight_decay=0.0))
-        return FSDPCritic(ModelConfig(path=str(tiny_model_dir)), cfg, rollout_n=2, total_steps=4, ppo_mini_batch_size=4)
+        cfg = CriticConfig(
+            ppo_micro_batch_size_per_rank=8,
+            lora=LoraConfig(rank=4, alpha=8),
+            optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        )
+        return FSDPCritic(
+            ModelConfig(path=str(tiny_model_dir)), cfg, rollout_n=2, total_steps=4, ppo_mini_batch_size=4
+        )
 
     one = critic()
     trainable = {n for n, p in one.module.named_parameters() if p.requires_grad}
-    assert {n for n in trainable if not is_adapter_key(n)} == {"score.weight", "score.bias"}  # the value head, in full
+    assert {n for n in trainable if not is_adapter_key(n)} == {
+        "score.weight",
+        "score.bias",
+    }  # the value head, in full
     assert not any("score" in n and is_adapter_key(n) for n in trainable)  # no adapter on the head itself
     assert {id(p) for g in one.optimizer.param_groups for p in g["params"]} == {
-        id(p) for p in one.module.parameters() if p.requires_grad}
+        id(p) for p in one.module.parameters() if p.requires_grad
+    }
     base_before = {n: p.detach().clone() for n, p in one.module.named_parameters() if not p.requires_grad}
     batch = global_batch(one.tokenizer)
     batch["values"] = one.compute_values(batch)["values"]
     batch["returns"] = (batch["values"] + torch.linspace(-1, 1, 8)[:, None]) * batch["response_mask"]
     metrics = one.update(batch)
-    assert metrics["critic/lora_trainable_params"] == sum(p.numel() for n, p in one.module.named_parameters()
-                                                          if n in trainable)
+    assert metrics["critic/lora_trainable_params"] == sum(
+        p.numel() for n, p in one.module.named_parameters() if n in trainable
+    )
     assert not torch.allclose(one.compute_values(batch)["values"], batch["values"])  # the values moved
     assert all(torch.equal(p, base_before[n]) for n, p in one.module.named_parameters() if n in base_before)
 
     one.save_checkpoint(tmp_path / "critic")
     assert (tmp_path / "critic" / "adapter_config.json").is_file()
     dcp_to_torch_save(str(tmp_path / "critic" / "dcp"), str(tmp_path / "full.pt"))
-    assert set(torch.load(tmp_path / "full.pt", weights_only=False)["model"]) == trainable  # adapter + head only
+    assert (
+        set(torch.load(tmp_path / "full.pt", weights_only=False)["model"]) == trainable
+    )  # adapter + head only
     saved = one.compute_values(batch)["values"]
     two = critic()
     two.load_checkpoint(tmp_path / "critic")

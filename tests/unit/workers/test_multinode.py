@@ -25,8 +25,13 @@ def two_nodes(tiny_model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("two_nodes") / "two_nodes.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # not the session cluster's
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(HERE / "_two_nodes.py"), str(tiny_model_dir), str(out)],
-                          env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_two_nodes.py"), str(tiny_model_dir), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = torch.load(out, weights_only=False)
     print(f"\ntwo-node run (s since start): {result['seconds']}")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
+from rlkit.plugin.registry import build_registries, load_object
 from rlkit.recipe.compose import resolve
 from rlkit.recipe.schema import (
     ActorConfig,
@@ -20,20 +21,27 @@ from rlkit.recipe.schema import (
     ResourcesConfig,
     RolloutConfig,
 )
-from rlkit.plugin.registry import build_registries, load_object
 from rlkit.workers import ResourcePoolManager, WorkerGroup
 
 
 @pytest.fixture(scope="module")
 def pools(ray_cluster):
-    manager = ResourcePoolManager(ResourcesConfig(device="cpu", pools={"global": PoolConfig(bundles_per_node=2)}))
+    manager = ResourcePoolManager(
+        ResourcesConfig(device="cpu", pools={"global": PoolConfig(bundles_per_node=2)})
+    )
     yield manager
     manager.remove_all()
 
 
 def prompts(tok, k: int = 4) -> Batch:
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {i + 2}?"}], tokenize=False,
-                                     add_generation_prompt=True) for i in range(k)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {i + 2}?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(k)
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
@@ -45,16 +53,28 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
     n = 2
     registries = build_registries()
     rollout = RolloutConfig(n=n, temperature=0.8)
-    actor = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, use_kl_loss=True, optim=OptimConfig(lr=1e-2))
+    actor = ActorConfig(
+        ppo_mini_batch_size=4, ppo_micro_batch_size_per_rank=2, use_kl_loss=True, optim=OptimConfig(lr=1e-2)
+    )
     # the components the driver resolves once (rlkit.recipe.compose) and hands to the role, as Runtime does
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", actor.policy_loss, registries)
     backend, more = resolve("rollout.backend", "rollout_backends", rollout.backend, registries)
     assert not problems and not more, problems + more
-    kwargs = dict(model_config=model, rollout_config=rollout, actor_config=actor, ref_config=RefConfig(),
-                  max_response_length=16, total_steps=2, policy_loss=policy_loss, rollout_backend=backend)
+    kwargs = dict(
+        model_config=model,
+        rollout_config=rollout,
+        actor_config=actor,
+        ref_config=RefConfig(),
+        max_response_length=16,
+        total_steps=2,
+        policy_loss=policy_loss,
+        rollout_backend=backend,
+    )
     cls = load_object(registries.roles.get("actor_rollout_ref").cls)
     t0 = time.perf_counter()
-    group = WorkerGroup(cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref", role_kwargs=kwargs)
+    group = WorkerGroup(
+        cls, pools.pool_for("actor_rollout_ref"), role="actor_rollout_ref", role_kwargs=kwargs
+    )
     timings = {"start": time.perf_counter() - t0}
     try:
         batch = prompts(load_tokenizer(model)).repeat(n, interleave=True)  # 8 samples, 4 per rank
@@ -71,8 +91,15 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
         torch.testing.assert_close(old, gen["rollout_log_probs"], atol=1e-4, rtol=1e-4)
         ref = timed("ref_log_prob", "compute_ref_log_prob", gen, balance=True)["ref_log_prob"]
         torch.testing.assert_close(ref, old, atol=1e-5, rtol=1e-5)
-        train = gen.union(Batch({"old_log_prob": old, "ref_log_prob": ref,
-                                 "advantages": torch.linspace(-1, 1, 8)[:, None].expand(8, 16).contiguous()}))
+        train = gen.union(
+            Batch(
+                {
+                    "old_log_prob": old,
+                    "ref_log_prob": ref,
+                    "advantages": torch.linspace(-1, 1, 8)[:, None].expand(8, 16).contiguous(),
+                }
+            )
+        )
         metrics = timed("update", "update_actor", train, balance=True)
         assert metrics[0] == metrics[1]  # reduced over ranks: identical everywhere
         assert metrics[0]["actor/grad_norm"] > 0 and metrics[0]["actor/kl_loss"] == pytest.approx(0, abs=1e-6)
@@ -80,8 +107,12 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
         new = group.call("compute_log_prob", gen)["old_log_prob"]
         assert not torch.allclose(new, old, atol=1e-3)  # the update moved the policy
         again = group.call("generate_sequences", batch, n=1, do_sample=False)  # rollout sees the new weights
-        torch.testing.assert_close(group.call("compute_log_prob", again)["old_log_prob"] * again["response_mask"],
-                                   again["rollout_log_probs"], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            group.call("compute_log_prob", again)["old_log_prob"] * again["response_mask"],
+            again["rollout_log_probs"],
+            atol=1e-4,
+            rtol=1e-4,
+        )
         state = group.call("full_state_dict", dispatch="rank0")
         assert "model.embed_tokens.weight" in state
         group.call("save_checkpoint", str(tmp_path / "ckpt"), dispatch="all")
@@ -96,8 +127,12 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
 def test_critic_group(tiny_model_dir, pools):
     from rlkit.workers.roles import CriticWorker
 
-    kwargs = dict(model_config=ModelConfig(path=str(tiny_model_dir)), critic_config=CriticConfig(),
-                  rollout_n=2, ppo_mini_batch_size=4)
+    kwargs = dict(
+        model_config=ModelConfig(path=str(tiny_model_dir)),
+        critic_config=CriticConfig(),
+        rollout_n=2,
+        ppo_mini_batch_size=4,
+    )
     group = WorkerGroup(CriticWorker, pools.pool_for("critic"), role="critic", role_kwargs=kwargs)
     try:
         import sys

@@ -39,10 +39,14 @@ def group_median_advantage(x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tens
 
 class GroupQuantileParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    quantile: float = Field(0.5, ge=0, le=1, description="the group's baseline is this quantile of its scores (0.5 = median)")
+    quantile: float = Field(
+        0.5, ge=0, le=1, description="the group's baseline is this quantile of its scores (0.5 = median)"
+    )
 
 
-def group_quantile_advantage(x: EstimatorInputs, *, quantile: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+def group_quantile_advantage(
+    x: EstimatorInputs, *, quantile: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantage = sequence score minus the ``quantile`` of its group's scores (linear interpolation,
     as ``torch.quantile``). ``quantile=0`` makes every advantage >= 0, ``quantile=1`` every one <= 0.
     Shapes as ``group_median_advantage``."""

@@ -57,8 +57,6 @@ from torch import nn
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
-from rlkit.recipe.schema import RolloutConfig
-from rlkit.rollout.base import assemble_rollout
 from rlkit.model.lora import (
     adapter_state_dict,
     lora_config_of,
@@ -66,6 +64,8 @@ from rlkit.model.lora import (
     state_bytes,
     write_adapter_folder,
 )
+from rlkit.recipe.schema import RolloutConfig
+from rlkit.rollout.base import assemble_rollout
 from rlkit_sglang.client import GenerateOutput, SglangClient, SglangServerError
 from rlkit_sglang.params import CPU_MEMORY_RELEASE, MEMORY_RELEASE_FIX, SglangParams, memory_release_problem
 from rlkit_sglang.sync import RunFolder, buckets, flattened_bucket_payload
@@ -75,18 +75,31 @@ __all__ = ["SglangRollout"]
 log = logging.getLogger("rlkit.sglang")
 
 # Why a CPU server gets merged weights instead of adapters (log line, docs/sglang.md).
-CPU_LORA = ("SGLang 0.5.15's LoRA layers pin host memory (torch.tensor(..., pin_memory=True) in sglang/srt/lora/"
-            "layers.py), which needs a CUDA driver: a CPU server started with --enable-lora dies at start")
+CPU_LORA = (
+    "SGLang 0.5.15's LoRA layers pin host memory (torch.tensor(..., pin_memory=True) in sglang/srt/lora/"
+    "layers.py), which needs a CUDA driver: a CPU server started with --enable-lora dies at start"
+)
 
 
 class SglangRollout:
-    def __init__(self, *, module: nn.Module | None = None, tokenizer, rollout_config: RolloutConfig,
-                 max_response_length: int, device: torch.device | str = "cpu", seed: int = 0,
-                 eos_token_ids: list[int] | None = None, clients: list[SglangClient] | None = None,
-                 params: SglangParams | None = None):
+    def __init__(
+        self,
+        *,
+        module: nn.Module | None = None,
+        tokenizer,
+        rollout_config: RolloutConfig,
+        max_response_length: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        eos_token_ids: list[int] | None = None,
+        clients: list[SglangClient] | None = None,
+        params: SglangParams | None = None,
+    ):
         self.module = module
         self.lora = lora_config_of(module) if module is not None else None  # the actor's peft.LoraConfig
-        self.lora_mode: str | None = "merged" if self.lora is not None else None  # adapter | merged (decided at start)
+        self.lora_mode: str | None = (
+            "merged" if self.lora is not None else None
+        )  # adapter | merged (decided at start)
         self.lora_name: str | None = None  # the servers' current adapter (lora_mode adapter)
         self._no_lora_why = "the backend was given clients, not servers it could ask"
         self.lora_version = 0
@@ -100,8 +113,11 @@ class SglangRollout:
         self._finalizer = None
         self.weights_dir = params.weights_dir
         self.folder = RunFolder(params.weights_dir)  # the run's one weights folder (disk sync, adapters)
-        self.weight_sync = params.weight_sync if params.weight_sync != "auto" else (
-            "disk" if params.urls or clients is not None else "tensor")
+        self.weight_sync = (
+            params.weight_sync
+            if params.weight_sync != "auto"
+            else ("disk" if params.urls or clients is not None else "tensor")
+        )
         self.tp_size = 1 if params.urls or clients is not None else params.launch.tp_size
         if clients is None:
             clients = self._attach(params) if params.urls else self._launch(params, torch.device(device).type)
@@ -111,15 +127,28 @@ class SglangRollout:
         self._next = itertools.cycle(range(len(clients)))
         if self.lora_mode == "adapter":
             self._load_adapter(adapter_state_dict(module))
-            log.info("sglang: LoRA rank %d through SGLang's own LoRA loading (/load_lora_adapter): each sync "
-                     "moves the adapter alone (%d bytes)", self.lora.r, self.sync_bytes)
+            log.info(
+                "sglang: LoRA rank %d through SGLang's own LoRA loading (/load_lora_adapter): each sync "
+                "moves the adapter alone (%d bytes)",
+                self.lora.r,
+                self.sync_bytes,
+            )
         elif self.lora_mode == "merged":
-            self.update_weights(module)  # the servers loaded the base; the adapter may not be the identity (resume)
-            log.warning("sglang: LoRA rank %d with merged weights: these servers cannot load adapters (%s); each "
-                        "sync pushes W + scale * B A in full (%d bytes)", self.lora.r, self._no_lora_why, self.sync_bytes)
+            self.update_weights(
+                module
+            )  # the servers loaded the base; the adapter may not be the identity (resume)
+            log.warning(
+                "sglang: LoRA rank %d with merged weights: these servers cannot load adapters (%s); each "
+                "sync pushes W + scale * B A in full (%d bytes)",
+                self.lora.r,
+                self._no_lora_why,
+                self.sync_bytes,
+            )
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.stop_token_ids = sorted({i for i in ids if i is not None})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        )
 
     def _launch(self, params: SglangParams, worker_device: str) -> list[SglangClient]:
         """Start the servers on ``launch.device`` (auto: the worker's); decide memory release."""
@@ -127,16 +156,21 @@ class SglangRollout:
 
         model_path = params.model_path or getattr(getattr(self.module, "config", None), "name_or_path", None)
         if not model_path:
-            raise RlkitError("rollout.backend=sglang needs rollout.backend.urls (running servers) or "
-                             "rollout.backend.model_path (servers to launch, with rollout.backend.launch).")
+            raise RlkitError(
+                "rollout.backend=sglang needs rollout.backend.urls (running servers) or "
+                "rollout.backend.model_path (servers to launch, with rollout.backend.launch)."
+            )
         launch = params.launch
         device = launch.device if launch.device != "auto" else ("cuda" if worker_device == "cuda" else "cpu")
         saver = launch.enable_memory_saver if device == "cuda" else False
         if device == "cpu" and launch.enable_memory_saver:
-            raise RlkitError(f"rollout.backend.launch.enable_memory_saver=true, but the servers run on cpu (the "
-                             f"worker's device): {CPU_MEMORY_RELEASE}. Remove enable_memory_saver.")
-        self._decide_memory_release(params.memory_release, [(device, saver if saver is not None else True)],
-                                    "rollout.backend.launch")
+            raise RlkitError(
+                f"rollout.backend.launch.enable_memory_saver=true, but the servers run on cpu (the "
+                f"worker's device): {CPU_MEMORY_RELEASE}. Remove enable_memory_saver."
+            )
+        self._decide_memory_release(
+            params.memory_release, [(device, saver if saver is not None else True)], "rollout.backend.launch"
+        )
         lora = None
         if self.lora is not None and device == "cpu":
             self._no_lora_why = CPU_LORA
@@ -145,10 +179,18 @@ class SglangRollout:
         folders = (self.folder.create(),) if self.weight_sync == "disk" or lora is not None else ()
         self._servers = launch_servers(launch, model_path, device, lora, remove=folders)
         self._finalizer = weakref.finalize(self, _stop_all, list(self._servers))  # at GC or exit
-        log.info("sglang: %d server(s) of %s on %s: %s (logs: %s)", len(self._servers), model_path, device,
-                 [s.url for s in self._servers], [s.log_path for s in self._servers])
-        return [SglangClient(s.url, timeout_s=params.timeout_s, retries=params.retries, watch=s.problem)
-                for s in self._servers]
+        log.info(
+            "sglang: %d server(s) of %s on %s: %s (logs: %s)",
+            len(self._servers),
+            model_path,
+            device,
+            [s.url for s in self._servers],
+            [s.log_path for s in self._servers],
+        )
+        return [
+            SglangClient(s.url, timeout_s=params.timeout_s, retries=params.retries, watch=s.problem)
+            for s in self._servers
+        ]
 
     def _attach(self, params: SglangParams) -> list[SglangClient]:
         """Clients of running servers; what they report (``/get_server_info``) decides memory release."""
@@ -162,27 +204,47 @@ class SglangRollout:
                 self._no_lora_why = "a server at rollout.backend.urls does not report enable_lora (start it with --enable-lora)"
         return clients
 
-    def _decide_memory_release(self, asked: bool | None, reports: list[tuple[str | None, bool | None]],
-                               where: str) -> None:
+    def _decide_memory_release(
+        self, asked: bool | None, reports: list[tuple[str | None, bool | None]], where: str
+    ) -> None:
         """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets ``memory_release``."""
         problems = [p for device, saver, *_ in reports if (p := memory_release_problem(device or "", saver))]
         if asked and problems:
-            raise RlkitError(f"rollout.backend.memory_release=true, but a server cannot release its memory "
-                             f"({where}): {problems[0]}. {MEMORY_RELEASE_FIX}")
+            raise RlkitError(
+                f"rollout.backend.memory_release=true, but a server cannot release its memory "
+                f"({where}): {problems[0]}. {MEMORY_RELEASE_FIX}"
+            )
         known = all(device == "cuda" and saver for device, saver, *_ in reports)
         self.memory_release = bool(asked) or (asked is None and known)
         if self.memory_release:
-            log.info("sglang: memory release on (/release_memory_occupation after generation, "
-                     "/resume_memory_occupation before the weight sync)")
+            log.info(
+                "sglang: memory release on (/release_memory_occupation after generation, "
+                "/resume_memory_occupation before the weight sync)"
+            )
         else:
-            why = problems[0] if problems else ("turned off (rollout.backend.memory_release=false)" if asked is False
-                                                else "the servers do not report a CUDA device with the memory saver on")
+            why = (
+                problems[0]
+                if problems
+                else (
+                    "turned off (rollout.backend.memory_release=false)"
+                    if asked is False
+                    else "the servers do not report a CUDA device with the memory saver on"
+                )
+            )
             log.warning("sglang: memory release off, the servers keep their memory during training: %s", why)
 
     # ----- sampling parameters ------------------------------------------------------------------
-    def sampling_params(self, *, n: int = 1, temperature: float | None = None, top_p: float | None = None,
-                        top_k: int | None = None, max_new_tokens: int | None = None, do_sample: bool | None = None,
-                        stop: list[str] | None = None) -> dict:
+    def sampling_params(
+        self,
+        *,
+        n: int = 1,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> dict:
         """SGLang ``sampling_params`` from rlkit's arguments (None → the rollout config)."""
         cfg = self.config
         temperature = cfg.temperature if temperature is None else temperature
@@ -201,12 +263,28 @@ class SglangRollout:
         }
 
     # ----- batch generation ---------------------------------------------------------------------
-    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> Batch:
         n = self.config.n if n is None else n
-        params = self.sampling_params(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      max_new_tokens=max_new_tokens, do_sample=do_sample, stop=stop)
+        params = self.sampling_params(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            stop=stop,
+        )
         ids, mask = prompts["input_ids"], prompts["attention_mask"].long()  # [B, P]
         rows = [ids[i][mask[i].bool()].tolist() for i in range(ids.shape[0])]
         outputs = self._generate_rows(rows, params)  # B * n, input-major
@@ -222,18 +300,33 @@ class SglangRollout:
             if out.logprobs:
                 log_probs[r, :length] = torch.tensor(out.logprobs[:length], dtype=torch.float32)
         sampled = params["temperature"] > 0
-        meta = {"temperature": params["temperature"] if sampled else 1.0, "do_sample": sampled,
-                "metrics": {"rollout/weight_sync_bytes": float(self.sync_bytes)}}
-        return assemble_rollout(ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), responses,
-                                response_mask, log_probs, meta)
+        meta = {
+            "temperature": params["temperature"] if sampled else 1.0,
+            "do_sample": sampled,
+            "metrics": {"rollout/weight_sync_bytes": float(self.sync_bytes)},
+        }
+        return assemble_rollout(
+            ids.repeat_interleave(n, dim=0),
+            mask.repeat_interleave(n, dim=0),
+            responses,
+            response_mask,
+            log_probs,
+            meta,
+        )
 
     def _generate_rows(self, rows: list[list[int]], params: dict) -> list[GenerateOutput]:
         """Spread rows over the servers (contiguous chunks), one batched request each, in order."""
         k = len(self.clients)
-        chunks = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
+        chunks = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
         with ThreadPoolExecutor(max_workers=k) as pool:
-            parts = list(pool.map(lambda ci: self.clients[ci[0]].generate(ci[1], params, lora_name=self.lora_name)
-                                  if ci[1] else [], enumerate(chunks)))
+            parts = list(
+                pool.map(
+                    lambda ci: (
+                        self.clients[ci[0]].generate(ci[1], params, lora_name=self.lora_name) if ci[1] else []
+                    ),
+                    enumerate(chunks),
+                )
+            )
         return [o for part in parts for o in part]
 
     # ----- one turn, for the agent loop -----------------------------------------------------------
@@ -255,11 +348,15 @@ class SglangRollout:
             self._load_adapter(weights if isinstance(weights, dict) else adapter_state_dict(module))
             return
         if module is None or not hasattr(module, "save_pretrained"):
-            raise RlkitError("sglang backend: update_weights needs the actor's HF module (to write its config "
-                             "beside the weights); construct the backend with module=...")
+            raise RlkitError(
+                "sglang backend: update_weights needs the actor's HF module (to write its config "
+                "beside the weights); construct the backend with module=..."
+            )
         state = weights if isinstance(weights, dict) else _full_state_dict(module)
         if self.lora_mode == "merged":  # an adapter-only dict lands on the module's own base
-            state = merged_state_dict({**(_full_state_dict(module) if isinstance(weights, dict) else {}), **state}, self.lora)
+            state = merged_state_dict(
+                {**(_full_state_dict(module) if isinstance(weights, dict) else {}), **state}, self.lora
+            )
         self.sync_bytes = state_bytes(state)
         if self.weight_sync == "tensor":
             self._push_tensors(_tied_dropped(module, state))
@@ -277,8 +374,9 @@ class SglangRollout:
             payload, buffer = flattened_bucket_payload(group)
             try:
                 for client in self.clients:
-                    client.update_weights_from_tensor([payload] * self.tp_size,
-                                                      flush_cache=i == len(groups) - 1)
+                    client.update_weights_from_tensor(
+                        [payload] * self.tp_size, flush_cache=i == len(groups) - 1
+                    )
             finally:
                 del buffer
 

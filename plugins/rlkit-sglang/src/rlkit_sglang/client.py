@@ -81,8 +81,16 @@ def parse_output(item: dict) -> GenerateOutput:
 class SglangClient:
     """One SGLang server at ``url`` (``http://host:port``)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
-                 watch: Callable[[], str | None] | None = None, poll_s: float = 0.25):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 600.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        watch: Callable[[], str | None] | None = None,
+        poll_s: float = 0.25,
+    ):
         """``watch``: returns None while the server lives, else what happened to it (``LocalServer.problem``)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
@@ -95,8 +103,10 @@ class SglangClient:
         problem = self.watch() if self.watch is not None else None
         if problem is None:
             return None
-        return SglangServerError(f"{problem}; {method} {path} cannot be answered. The log shows why it died "
-                                 "(out of memory, a crash while loading weights, an endpoint the device does not support).")
+        return SglangServerError(
+            f"{problem}; {method} {path} cannot be answered. The log shows why it died "
+            "(out of memory, a crash while loading weights, an endpoint the device does not support)."
+        )
 
     def _open(self, req: urllib.request.Request, timeout_s: float) -> bytes:
         """The answer's body; with a ``watch``, the request runs in a thread while the server is watched."""
@@ -125,15 +135,23 @@ class SglangClient:
         return box["body"]
 
     # ----- transport --------------------------------------------------------------------------
-    def request(self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None,
-                retries: int | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
         """Send one request; the decoded JSON answer (or text when not JSON). Raises ``SglangServerError``."""
         data = None if payload is None else json.dumps(payload).encode()
         attempts = 1 + (self.retries if retries is None else retries)
         last: BaseException | None = None
         for attempt in range(attempts):
-            req = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            )
             try:
                 body = self._open(req, timeout_s or self.timeout_s)
             except urllib.error.HTTPError as exc:  # the server answered: do not retry
@@ -141,7 +159,13 @@ class SglangClient:
                 raise SglangServerError(
                     f"SGLang server {self.url} answered {path} with HTTP {exc.code}: {detail or exc.reason}"
                 ) from None
-            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
+            except (
+                urllib.error.URLError,
+                http.client.HTTPException,
+                ConnectionError,
+                TimeoutError,
+                OSError,
+            ) as exc:
                 last = exc
                 dead = self._dead(method, path)
                 if dead is not None:
@@ -176,45 +200,66 @@ class SglangClient:
             if self.health():
                 return
             time.sleep(poll_s)
-        raise SglangServerError(f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s; "
-                                "check its log for the reason it did not start.")
+        raise SglangServerError(
+            f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s; "
+            "check its log for the reason it did not start."
+        )
 
     def get_model_info(self) -> dict:
         return self.request("GET", "/get_model_info")
 
-    def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict], *,
-                 return_logprob: bool = True, lora_name: str | None = None) -> list[GenerateOutput]:
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict | list[dict],
+        *,
+        return_logprob: bool = True,
+        lora_name: str | None = None,
+    ) -> list[GenerateOutput]:
         """Continue each token-id sequence; ``n`` in ``sampling_params`` gives n outputs per input
         (input-major order: input ``i``'s outputs are ``i*n .. i*n+n-1``); ``lora_name``: a loaded adapter."""
         if not input_ids:
             return []
-        payload = {"input_ids": [list(map(int, ids)) for ids in input_ids], "sampling_params": sampling_params,
-                   "return_logprob": return_logprob}
+        payload = {
+            "input_ids": [list(map(int, ids)) for ids in input_ids],
+            "sampling_params": sampling_params,
+            "return_logprob": return_logprob,
+        }
         if lora_name is not None:
             payload["lora_path"] = lora_name  # SGLang's field takes a loaded adapter's name
         answer = self.request("POST", "/generate", payload)
         items = answer if isinstance(answer, list) else [answer]
         n = int((sampling_params[0] if isinstance(sampling_params, list) else sampling_params).get("n", 1))
         if len(items) != len(input_ids) * n:
-            raise SglangServerError(f"SGLang server {self.url}: /generate returned {len(items)} outputs for "
-                                    f"{len(input_ids)} inputs × n={n}.")
+            raise SglangServerError(
+                f"SGLang server {self.url}: /generate returned {len(items)} outputs for "
+                f"{len(input_ids)} inputs × n={n}."
+            )
         return [parse_output(item) for item in items]
 
-    def update_weights_from_disk(self, model_path: str, *, load_format: str | None = None,
-                                 flush_cache: bool = True) -> dict:
-        answer = self.request("POST", "/update_weights_from_disk",
-                              {"model_path": model_path, "load_format": load_format, "flush_cache": flush_cache})
+    def update_weights_from_disk(
+        self, model_path: str, *, load_format: str | None = None, flush_cache: bool = True
+    ) -> dict:
+        answer = self.request(
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model_path, "load_format": load_format, "flush_cache": flush_cache},
+        )
         if not isinstance(answer, dict) or not answer.get("success", False):
-            raise SglangServerError(f"SGLang server {self.url} refused /update_weights_from_disk "
-                                    f"({model_path}): {answer}")
+            raise SglangServerError(
+                f"SGLang server {self.url} refused /update_weights_from_disk ({model_path}): {answer}"
+            )
         return answer
 
-    def update_weights_from_tensor(self, payloads: list[str], *, load_format: str | None = "flattened_bucket",
-                                   flush_cache: bool = True) -> dict:
+    def update_weights_from_tensor(
+        self, payloads: list[str], *, load_format: str | None = "flattened_bucket", flush_cache: bool = True
+    ) -> dict:
         """Load weights from ``payloads`` (SGLang's serialized tensors, one per TP rank of the server)."""
-        answer = self.request("POST", "/update_weights_from_tensor",
-                              {"serialized_named_tensors": payloads, "load_format": load_format,
-                               "flush_cache": flush_cache})
+        answer = self.request(
+            "POST",
+            "/update_weights_from_tensor",
+            {"serialized_named_tensors": payloads, "load_format": load_format, "flush_cache": flush_cache},
+        )
         if not isinstance(answer, dict) or not answer.get("success", False):
             raise SglangServerError(f"SGLang server {self.url} refused /update_weights_from_tensor: {answer}")
         return answer
@@ -229,9 +274,11 @@ class SglangClient:
     def _lora_call(self, path: str, payload: dict) -> Any:
         answer = self.request("POST", path, payload)
         if isinstance(answer, dict) and answer.get("success") is False:
-            raise SglangServerError(f"SGLang server {self.url} refused {path} {payload}: {answer.get('error_message')}"
-                                    " (the server needs --enable-lora with a --max-lora-rank and "
-                                    "--lora-target-modules that hold the adapter)")
+            raise SglangServerError(
+                f"SGLang server {self.url} refused {path} {payload}: {answer.get('error_message')}"
+                " (the server needs --enable-lora with a --max-lora-rank and "
+                "--lora-target-modules that hold the adapter)"
+            )
         return answer
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> Any:

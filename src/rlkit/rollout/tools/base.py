@@ -66,12 +66,15 @@ async def call_tool(tool: Tool, arguments: Any, **tools_kwargs: Any) -> ToolResu
     """Run one call of ``tool``; never raises (every failure is a ``ToolResult`` with ``ok=False``)."""
     start = time.perf_counter()
     if not isinstance(arguments, dict):
-        return ToolResult(f"Error: arguments of tool '{tool.name}' must be a JSON object, got "
-                          f"{type(arguments).__name__}.", ok=False)
+        return ToolResult(
+            f"Error: arguments of tool '{tool.name}' must be a JSON object, got {type(arguments).__name__}.",
+            ok=False,
+        )
     missing = [k for k in tool.parameters.get("required", []) if k not in arguments]
     if missing:
-        return ToolResult(f"Error: tool '{tool.name}' is missing required argument(s): {', '.join(missing)}.",
-                          ok=False)
+        return ToolResult(
+            f"Error: tool '{tool.name}' is missing required argument(s): {', '.join(missing)}.", ok=False
+        )
     try:
         result = await tool.execute(arguments, **tools_kwargs)
     except Exception as exc:  # a tool bug must not end the rollout

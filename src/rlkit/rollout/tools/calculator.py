@@ -33,7 +33,9 @@ class CalculatorError(ValueError):
     """The expression is not plain arithmetic, or its value is out of bounds."""
 
 
-def evaluate(expression: str, *, max_exponent: int = 100, max_digits: int = 1000, max_length: int = 500) -> float | int:
+def evaluate(
+    expression: str, *, max_exponent: int = 100, max_digits: int = 1000, max_length: int = 500
+) -> float | int:
     """The value of an arithmetic ``expression``; raises ``CalculatorError`` for anything else."""
     if len(expression) > max_length:
         raise CalculatorError(f"expression longer than {max_length} characters")
@@ -60,8 +62,12 @@ def evaluate(expression: str, *, max_exponent: int = 100, max_digits: int = 1000
             left, right = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > max_exponent:
                 raise CalculatorError(f"exponent {right} is larger than {max_exponent}")
-            if isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int) \
-                    and left.bit_length() * right > max_digits * 3.33:
+            if (
+                isinstance(node.op, ast.Pow)
+                and isinstance(left, int)
+                and isinstance(right, int)
+                and left.bit_length() * right > max_digits * 3.33
+            ):
                 raise CalculatorError(f"result has more than {max_digits} digits")
             try:
                 return check(_BINARY[type(node.op)](left, right))

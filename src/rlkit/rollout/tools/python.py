@@ -34,8 +34,10 @@ _REASONS = {
 
 class PythonTool(Tool):
     name = "python"
-    description = ("Run Python 3 code in a sandbox (no network, a read-only filesystem except a private "
-                   "temporary directory, limited time and memory) and return what it prints.")
+    description = (
+        "Run Python 3 code in a sandbox (no network, a read-only filesystem except a private "
+        "temporary directory, limited time and memory) and return what it prints."
+    )
     parameters = {
         "type": "object",
         "properties": {"code": {"type": "string", "description": "the program; use print() to show results"}},

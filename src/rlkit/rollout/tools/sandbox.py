@@ -114,8 +114,13 @@ def _plan(user_ns: bool) -> _Plan | str:
 def _binds() -> list[tuple[str, str]]:
     """(host path, path in the sandbox): /usr and the interpreter's prefixes, under their real path and
     under the spelling the interpreter uses (a venv behind a symlinked directory); nested ones dropped."""
-    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    prefixes = (
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    )
     pairs = {"/usr": "/usr"}
     for p in prefixes:
         real = os.path.realpath(p)
