@@ -41,7 +41,7 @@ __all__ = [
 
 _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
 _HARDWARE_PY = _SRC / "hardware.py"
-_FLOPS_PY = _SRC / "workers" / "flops.py"
+_FLOPS_PY = _SRC / "model" / "flops.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
