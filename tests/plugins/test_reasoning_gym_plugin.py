@@ -60,6 +60,27 @@ def test_a_task_passes_the_conformance_check_and_scores_by_score_answer(registri
     assert partial["format"] == 0.0 and partial["correct"] == pytest.approx(len(truth) / len(f"x = {truth}"))
 
 
+def test_last_number_takes_an_untagged_sentences_last_number_as_the_answer(registries):
+    from rlkit.data.environment import build_environment, environment_rows
+
+    params = {"name": "reasoning_gym", "task": "basic_arithmetic", "config": EASY, "size": 4}
+    env, problems = resolve(
+        "data.environment", "environments", params | {"answer_tags": "last_number"}, registries
+    )
+    assert not problems
+    e = build_environment(env)
+    row = environment_rows(env, "train", e)[0]
+    truth, extra = row["reward_model"]["ground_truth"], row["extra_info"]
+    assert e.score(f"The sum is {truth}.", truth, extra)["correct"] == 1.0
+    assert e.score(f"{truth} + 1 is {int(truth) + 1}", truth, extra)["correct"] == 0.0  # the last number
+    assert e.score("no number at all", truth, extra)["correct"] == 0.0
+    assert e.score(f"<answer>{truth}</answer> or 99", truth, extra) == {
+        "score": 1.0,
+        "correct": 1.0,
+        "format": 1.0,
+    }
+
+
 def test_a_weighted_mix_and_an_unknown_task(registries):
     from rlkit.data.environment import build_environment
 
@@ -129,3 +150,22 @@ def test_rlkit_data_writes_the_rows_a_run_gets(tmp_path, registries):
         )["score"]
         == 0.0
     )
+
+
+def test_rlkit_data_takes_environment_params_and_names_a_wrong_one(tmp_path, registries):
+    def data(*params: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "rlkit", "data", "reasoning-gym", "--task", "basic_arithmetic"]
+        command += ["--size", "4", "--val-size", "0", "--output", str(tmp_path), *params]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    out = data("config.max_digits=1", "config.max_terms=2", "answer_tags=last_number")
+    assert out.returncode == 0, out.stderr
+    row = pq.read_table(tmp_path / "train.parquet").to_pylist()[0]
+    truth = row["reward_model"]["ground_truth"]
+    scored = compute_score(
+        "reasoning_gym", f"It is {truth}.", truth, row["extra_info"], registries=registries
+    )
+    assert scored["correct"] == 1.0  # answer_tags=last_number travelled with the row
+    bad = data("answer_tag=last_number")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "answer_tag: unknown parameter" in bad.stderr and "Did you mean 'answer_tags'" in bad.stderr

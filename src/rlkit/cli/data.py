@@ -65,6 +65,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--val-size", type=int, default=32, help="test rows, seed + 1 (default 32; 0 = none)")
     sub.add_argument("--seed", type=int, default=1, help="seed of the training rows (default 1)")
     sub.add_argument("--output", required=True, help="folder to write the parquet files to")
+    sub.add_argument(
+        "params",
+        nargs="*",
+        help="more environment params, key=value as in data.environment (e.g. config.max_digits=1 "
+        "answer_tags=last_number; docs/environments.md)",
+    )
     sub.set_defaults(func=_run_reasoning_gym)
 
 
@@ -127,6 +133,7 @@ def _run_reasoning_gym(args: argparse.Namespace) -> int:
     from rlkit.errors import RecipeError
     from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
+    from rlkit.recipe.load import apply_overrides
 
     component = {
         "name": "reasoning_gym",
@@ -135,7 +142,11 @@ def _run_reasoning_gym(args: argparse.Namespace) -> int:
         "val_size": args.val_size,
         "seed": args.seed,
     }
-    resolved, problems = resolve("rlkit data reasoning-gym", "environments", component, build_registries())
+    problems = apply_overrides(component, args.params)
+    if not problems:
+        resolved, problems = resolve(
+            "rlkit data reasoning-gym", "environments", component, build_registries()
+        )
     if problems:
         raise RecipeError(problems)
     out = Path(args.output)

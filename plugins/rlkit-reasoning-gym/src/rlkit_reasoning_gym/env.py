@@ -5,8 +5,9 @@ generated from ``seed`` for training and from ``seed + 1`` for validation, so th
 seed. A row keeps the entry's index in ``extra_info``; the score rebuilds the same dataset (in the
 reward manager's scoring child) and asks the task's own ``score_answer(answer, entry)``. The answer is
 the text inside the last ``<answer>...</answer>`` (reasoning-gym's format, asked for in the system
-prompt); without the tags the whole response is the answer (``answer_tags: optional``) or nothing
-(``required``). Each row also carries its parameters (``extra_info.params``, JSON), so rows written to parquet
+prompt); without the tags the whole response is the answer (``answer_tags: optional``), nothing
+(``required``), or the response's last number (``last_number``: veRL's gsm8k ``flexible`` extraction, for
+numeric tasks and small models that answer in a sentence). Each row also carries its parameters (``extra_info.params``, JSON), so rows written to parquet
 by
 ``rlkit data reasoning-gym`` are scored by the registered ``compute_score`` for ``reasoning_gym`` without
 ``data.environment``. The rubric: ``correct`` (score_answer, 0..1) and ``format`` (1 when the tags are
@@ -21,6 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from rlkit.errors import RlkitError
+from rlkit.rewards.scores import gsm8k
+from rlkit.rewards.scores.gsm8k import parse_number
 
 __all__ = ["ReasoningGymParams", "ReasoningGymEnv", "make_dataset", "rows_of", "compute_score"]
 
@@ -42,8 +45,10 @@ class ReasoningGymParams(BaseModel):
     val_size: int = Field(32, ge=0, description="validation rows (0 = no validation)")
     seed: int = Field(1, description="seed of the training rows; validation uses seed + 1")
     system_prompt: str = Field(SYSTEM_PROMPT, description="system message of every row ('' = none)")
-    answer_tags: Literal["optional", "required"] = Field(
-        "optional", description="without <answer> tags: the whole response is the answer, or no answer"
+    answer_tags: Literal["optional", "required", "last_number"] = Field(
+        "optional",
+        description="without <answer> tags: the whole response is the answer (optional), there is no answer "
+        "(required), or the response's last number is (last_number)",
     )
     correct_weight: float = Field(1.0, ge=0, description="weight of the task's score_answer in the score")
     format_weight: float = Field(0.0, ge=0, description="weight of the <answer> tags being there")
@@ -120,12 +125,17 @@ def rows_of(
     return rows
 
 
-def extract_answer(text: str, required: bool) -> tuple[str | None, bool]:
-    """The answer in ``text`` and whether it was inside <answer> tags."""
+def extract_answer(text: str, answer_tags: str) -> tuple[str | None, bool]:
+    """The answer in ``text`` and whether it was inside <answer> tags (``answer_tags``: see the params)."""
     found = _ANSWER.findall(text)
     if found:
         return found[-1].strip(), True
-    return (None if required else text.strip()), False
+    if answer_tags == "required":
+        return None, False
+    if answer_tags == "last_number":
+        number = parse_number(gsm8k.extract_answer(text, method="flexible") or "")
+        return (None if number is None else str(number)), False
+    return text.strip(), False
 
 
 class ReasoningGymEnv:
@@ -153,7 +163,7 @@ class ReasoningGymEnv:
                 "with this environment (data.environment or `rlkit data reasoning-gym`)."
             )
         entry = self._dataset(str(extra.get("split", "train")))[int(extra["index"])]
-        answer, tagged = extract_answer(solution_str, self.params.answer_tags == "required")
+        answer, tagged = extract_answer(solution_str, self.params.answer_tags)
         correct = float(self._score_answer(answer, entry, extra)) if answer is not None else 0.0
         fmt = 1.0 if tagged else 0.0
         p = self.params
