@@ -192,14 +192,12 @@ def main() -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
-            if (
-                args.phase == "log_prob" or small
-            ):  # a small update would not fill a mini-batch: warm up a forward
+            # a small update would not fill a mini-batch: warm up a forward
+            if args.phase == "log_prob" or small:
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
-                executed[on] = actor.update(b).get(
-                    "perf/flops/actor", 0.0
-                )  # rlkit.model.flops, as a run counts
+                # rlkit.model.flops, as a run counts
+                executed[on] = actor.update(b).get("perf/flops/actor", 0.0)
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start

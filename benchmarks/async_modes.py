@@ -266,9 +266,8 @@ def main() -> None:
     print(machine, f"\nload average before: {load_before}", flush=True)
     results = []
     for seed in args.seeds:
-        for mode, corr, bypass in configs(
-            args
-        ):  # interleaved by seed: slow drift in the load hits every mode
+        # interleaved by seed: slow drift in the load hits every mode
+        for mode, corr, bypass in configs(args):
             results.append(run_one(mode, corr, bypass, seed, args, args.workdir))
             r = results[-1]
             print(

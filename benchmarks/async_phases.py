@@ -127,9 +127,8 @@ def main() -> None:
     samples = args.prompts * args.n
     actor, registries = build(args.model, samples, args.micro)
     prompts = prompts_batch(actor.tokenizer, args.prompts)
-    warm = rollout_for(
-        actor, registries, 4
-    )  # first-call allocations and the optimizer state, outside the timings
+    # first-call allocations and the optimizer state, outside the timings
+    warm = rollout_for(actor, registries, 4)
     batch = warm.generate(prompts, n=args.n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
     actor.compute_log_prob(batch)

@@ -79,9 +79,8 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
-    if (
-        args.lora
-    ):  # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
+    # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
+    if args.lora:
         from rlkit.model.lora import apply_lora
         from rlkit.recipe.schema import LoraConfig
 
@@ -129,10 +128,8 @@ def main() -> None:
             params=HFRolloutParams(dtype="float16"),
         )
 
-        cpu: dict[bool, list[float]] = {
-            False: [],
-            True: [],
-        }  # process CPU seconds: less sensitive to other jobs
+        # process CPU seconds: less sensitive to other jobs
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
 
         def run(

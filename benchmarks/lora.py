@@ -77,10 +77,8 @@ def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
         f"trainer.experiment_name=lora-bench-{name}",
         "trainer.test_freq=2",
     ]
-    overrides += (
-        [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []
-    )  # else the recipes'
-    # (trainer.seed: the adapter's initial values and the sampling; data.seed: the prompt order)
+    overrides += [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []
+    # (without a seed, the recipes'; trainer.seed: the adapter's initial values and the sampling; data.seed: the prompt order)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start, load_start = time.time(), os.getloadavg()
     proc = subprocess.Popen(

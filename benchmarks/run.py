@@ -151,9 +151,8 @@ def summarise(runs: list[dict], model_dir: str) -> dict:
     """Medians over every measured step of every run of one framework × workload × dtype, with the rooflines."""
     steps = [s for r in runs for s in r["steps"]]
     for s in steps:
-        if (
-            "worker_gen" in s
-        ):  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+        # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+        if "worker_gen" in s:
             s["overhead"] = s["step"] - s["worker_gen"] - s["worker_update_actor"]
     w = runs[0]["workload"]
     med = {k: statistics.median(s[k] for s in steps if k in s) for k in sorted({k for s in steps for k in s})}

@@ -81,10 +81,8 @@ def main() -> None:
     startup = time.perf_counter() - start
     sg.stop_token_ids = []
     plain = sg.sampling_params
-    sg.sampling_params = lambda **kw: {
-        **plain(**kw),
-        "ignore_eos": True,
-    }  # SGLang also stops at the model's eos
+    # SGLang also stops at the model's eos
+    sg.sampling_params = lambda **kw: {**plain(**kw), "ignore_eos": True}
     try:
         for backend in (hf, sg):  # warm-up (first-call allocations, the server's first batch)
             backend.generate(prompts, max_new_tokens=4)

@@ -113,9 +113,8 @@ def _own_process(role: str):
 
 def _reward_model_scored(steps: list[dict], out: Path) -> None:
     _own_process("reward_model")(steps, out)
-    assert all(
-        s["reward/rm_scores/used_fraction"] > 0 for s in steps
-    )  # synthetic rows: the model scores them
+    # synthetic rows: the model scores them
+    assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)
 
 
 def _generated_ahead(steps: list[dict], out: Path) -> None:
@@ -129,14 +128,12 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     # model scores 0, so GRPO's update leaves the weights unchanged and step 2's stale sample cannot show a
     # mismatch here; tests/unit/test_offpolicy.py covers the phase.)
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = [
-        r for r in raw if "training/global_step" in r
-    ]  # records() drops timing_s/*: read the file itself
+    # records() drops timing_s/*: read the file itself
+    timed = [r for r in raw if "training/global_step" in r]
     assert all("timing_s/update_actor" in r and "timing_s/old_log_prob" not in r for r in timed), timed
     assert all(s["rollout_corr/bypass"] == 1.0 for s in steps)
-    assert all(
-        s["rollout/weight_sync_bytes"] > 0 for s in steps
-    )  # full weights pushed (the LoRA run: adapter only)
+    # full weights pushed (the LoRA run: adapter only)
+    assert all(s["rollout/weight_sync_bytes"] > 0 for s in steps)
     assert not any(k.startswith("rollout_corr/rollout_is") for k in steps[0]), sorted(steps[0])
     assert steps[0]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[0]["rollout_corr/kl"]) < 1e-3
@@ -167,9 +164,8 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
     q_base = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
     with_adapter = PeftModel.from_pretrained(base, adapter)
     full = AutoModelForCausalLM.from_pretrained(merged)
-    assert not torch.equal(
-        full.model.layers[0].self_attn.q_proj.weight, q_base
-    )  # the trained adapter is in it
+    # the trained adapter is in it
+    assert not torch.equal(full.model.layers[0].self_attn.q_proj.weight, q_base)
     tok = AutoTokenizer.from_pretrained(merged)
     ids = tok("1 + 2 =", return_tensors="pt")
     for model in (with_adapter, full):  # both generate
@@ -186,9 +182,8 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
 # refill check needs uniform groups), grpo_reward_model (the reward model is what it checks), grpo_async and
 # quickstart_lora (their checks read a run whose weights do not move).
 GRADED = {"quickstart", "grpo", "ppo", "grpo_separate_ref", "grpo_tool_agent"}
-SCORE_RANGE = {
-    "dapo": (-1.0, 1.0)
-}  # else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
+# else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
+SCORE_RANGE = {"dapo": (-1.0, 1.0)}
 SCORE_RANGE |= {"grpo_reward_model": None}
 
 
@@ -219,9 +214,8 @@ def _values(name: str, steps: list[dict]) -> None:
             assert s["actor/grad_norm"] > 0, f"{name} step {s['step']}: advantages non-zero, grad_norm 0"
         if "critic/vf_loss" in s:
             assert s["critic/vf_loss"] >= 0 and s["critic/grad_norm"] > 0, (name, s)
-    if (
-        "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0
-    ):  # the actor moved: KL to the reference
+    # the actor moved: KL to the reference
+    if "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0:
         assert steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
     if name in GRADED:  # the checks above were not vacuous: rewards varied and the update ran at every step
         assert all(
@@ -304,9 +298,8 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
         "test_textarena_multi_turn_smoke_run": "textarena_turns",
     }
     needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
-    wanted: list[
-        str
-    ] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
+    # in the order the tests ask for them, so no test waits behind runs queued after it
+    wanted: list[str] = []
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
         run = (
@@ -359,9 +352,8 @@ def test_every_recipe_has_an_entry():
     } <= set(RECIPES)
 
 
-@pytest.mark.timeout(
-    1200
-)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
+# its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_smoke_run(name, smoke_runs):
     from rlkit.plugin.registry import build_registries
@@ -477,11 +469,8 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
     )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stderr
-    assert [r["step"] for r in records(out) if "training/global_step" in r] == [
-        1,
-        2,
-        3,
-    ]  # step 3 only, appended
+    # step 3 only, appended
+    assert [r["step"] for r in records(out) if "training/global_step" in r] == [1, 2, 3]
     merged = tmp_path / "merged"
     result = run_rlkit("merge", str(out / "checkpoints" / "global_step_3"), "--out", str(merged))
     assert result.returncode == 0, result.stderr[-3000:]

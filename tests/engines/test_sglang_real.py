@@ -270,9 +270,8 @@ def test_dead_server_is_an_error_within_seconds(backend, hf):
     killer.start()
     start = time.monotonic()
     row = _prompts(tok)["input_ids"][0].tolist()
-    with pytest.raises(
-        SglangServerError, match="exited"
-    ) as err:  # the launched server is watched: ~900 tokens
+    # the launched server is watched: ~900 tokens
+    with pytest.raises(SglangServerError, match="exited") as err:
         backend.clients[0].generate([row], {"max_new_tokens": 900, "ignore_eos": True})  # take 20 s or more
     assert server.url in str(err.value) and time.monotonic() - start < 30
     start = time.monotonic()

@@ -90,9 +90,8 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
         full_bytes = state_bytes(module.state_dict())
         assert engine.lora_request is not None and engine.sync_bytes == adapter_bytes < full_bytes / 3
         first = engine.generate(prompts, n=1, do_sample=False)
-        assert_same_greedy(
-            first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4
-        )  # served with the adapter active
+        # served with the adapter active
+        assert_same_greedy(first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)
         row = prompts["input_ids"][0][prompts["attention_mask"][0].bool()].tolist()  # [P0], no padding
         with_base = engine.llm.generate(
             [{"prompt_token_ids": row}],  # no LoRARequest: the base model
@@ -117,9 +116,8 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
         assert not torch.equal(second["responses"], first["responses"])
         assert_same_greedy(second, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)
 
-        engine.update_weights(
-            {k: v.clone() for k, v in adapter_state_dict(module).items()}
-        )  # a state dict: same
+        # a state dict: same
+        engine.update_weights({k: v.clone() for k, v in adapter_state_dict(module).items()})
         assert_same_greedy(engine.generate(prompts, n=1, do_sample=False), second, atol=1e-4)
     finally:
         engine.close()

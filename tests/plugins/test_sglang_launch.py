@@ -140,9 +140,8 @@ def test_launched_server_killed_mid_request_raises_at_once_and_stops_by_group(tm
         startup_timeout_s=60,
     )
     try:
-        client = SglangClient(
-            server.url, retries=5, backoff_s=5.0, watch=server.problem
-        )  # no answer for 600 s
+        # no answer for 600 s
+        client = SglangClient(server.url, retries=5, backoff_s=5.0, watch=server.problem)
         assert client.health() and server.problem() is None
         killer = threading.Timer(0.5, os.killpg, (server.proc.pid, signal.SIGKILL))
         killer.start()

@@ -92,9 +92,8 @@ def test_the_reward_step_stops_on_a_real_manager(assets, score, message):
         },
     )
     with NaiveRewardManager(tokenizer, score) as manager:
-        assert (
-            RewardStep(manager).max_error_fraction == 1.0
-        )  # built by hand: never stops (a run passes the recipe's)
+        # built by hand: never stops (a run passes the recipe's)
+        assert RewardStep(manager).max_error_fraction == 1.0
         with pytest.raises(RewardFailureError) as error:
             RewardStep(manager, max_error_fraction=0.5)(batch)
     assert "2 of 2 scores" in str(error.value) and "data_source 'bad/src'" in str(error.value)

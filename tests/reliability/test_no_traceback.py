@@ -137,9 +137,8 @@ def test_debug_flag_shows_the_traceback_of_an_unexpected_error(capsys, monkeypat
     code, err = call(capsys, ["plugins"])
     assert code == 1 and "Traceback" not in err
     assert err.startswith("error: unexpected ValueError in `rlkit plugins`: a bug") and "--debug" in err
-    with pytest.raises(
-        ValueError, match="a bug"
-    ):  # --debug: the exception itself, so Python prints its traceback
+    # --debug: the exception itself, so Python prints its traceback
+    with pytest.raises(ValueError, match="a bug"):
         main(["--debug", "plugins"])
     monkeypatch.setenv("RLKIT_DEBUG", "1")
     with pytest.raises(ValueError, match="a bug"):

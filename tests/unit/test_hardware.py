@@ -134,12 +134,10 @@ def test_probe_cache_round_trip(tmp_path):
     cache = tmp_path / "sub" / "hardware.json"
     epyc, xeon = hw.cpu_info(write(tmp_path, EPYC)), hw.cpu_info(write(tmp_path, SAPPHIRE))
     assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
-    assert (
-        hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
-    )  # read back, not measured
-    hw.cached_probe(
-        xeon, cache, probe=lambda: FAST_BF16
-    )  # another machine sharing the home folder: its own entry
+    # read back, not measured
+    assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
+    # another machine sharing the home folder: its own entry
+    hw.cached_probe(xeon, cache, probe=lambda: FAST_BF16)
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == 2
     assert {e["cpu_model"] for e in entries.values()} == {"AMD EPYC 7B13", xeon.model}
@@ -174,10 +172,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     auto = hw.resolve_precision("auto", "auto", "cpu", decision=slow)
     assert (auto.mixed_precision, auto.decode_dtype, auto.warnings) == ("fp32", "float32", ())
     forced = hw.resolve_precision("bf16", "bfloat16", "cpu", decision=slow)
-    assert (forced.mixed_precision, forced.decode_dtype) == (
-        "bf16",
-        "bfloat16",
-    )  # kept: the user asked for it
+    # kept: the user asked for it
+    assert (forced.mixed_precision, forced.decode_dtype) == ("bf16", "bfloat16")
     assert len(forced.warnings) == 2 and all("78x slower" in w for w in forced.warnings)
     assert (
         "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
@@ -187,9 +183,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     modest = hw.decide_cpu(
         hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9)
     )
-    assert (
-        modest.mixed_precision == "fp32"
-    )  # inside the band, no AMX; an explicit bf16 is not slow: no warning
+    # inside the band, no AMX; an explicit bf16 is not slow: no warning
+    assert modest.mixed_precision == "fp32"
     assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
@@ -242,13 +237,10 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
             },
         }
     )
-    assert (
-        recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
-    )  # the defaults
-    colocated = {
-        "actor_rollout_ref": "global",
-        "critic": "global",
-    }  # slot -> pool, as Pipeline.roles places them
+    # the defaults
+    assert recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
+    # slot -> pool, as Pipeline.roles places them
+    colocated = {"actor_rollout_ref": "global", "critic": "global"}
     plan = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto")
     assert plan.threads == {"actor_rollout_ref": 2, "critic": 2}  # two roles on one pool: half of 4 each
     d = hw.precision_decision("cpu")

@@ -325,16 +325,14 @@ def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill
     assert wide["compute_bound_steps"] == wide["decode_steps"] == 31 and narrow["compute_bound_steps"] == 0
     half = common.decode_roofline(shape, 8, 44, 32, 2, bandwidth, peak, prompts=2)
     full = common.decode_roofline(shape, 8, 44, 32, 4, bandwidth, peak, prompts=2)
-    assert (
-        half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0
-    )  # ridge: 5 rows fp16, 10 fp32
+    # ridge: 5 rows fp16, 10 fp32
+    assert half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0
     bandwidth_only = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth)
     step_flops = 2 * (shape.linear + shape.head) * 16
     assert wide["gen_bound_s"] >= bandwidth_only["gen_bound_s"]
     assert wide["gen_bound_s"] >= wide["prefill_bound_s"] + 31 * step_flops / peak > 31 * step_flops / peak
-    assert (
-        wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
-    )  # each distinct prompt through the layers
+    # each distinct prompt through the layers
+    assert wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
 
 
 def test_update_bound_counts_executed_flops_per_layout():

@@ -54,7 +54,6 @@ def test_reaper_kills_what_it_watches_when_the_driver_goes_away_and_nothing_afte
 def test_exit_codes_follow_the_signal():
     assert RunInterrupted(signal.SIGINT).exit_code == 130
     assert RunInterrupted(signal.SIGTERM).exit_code == 143
-    assert isinstance(
-        RunInterrupted(signal.SIGINT), KeyboardInterrupt
-    )  # `except Exception` never swallows it
+    # `except Exception` never swallows it
+    assert isinstance(RunInterrupted(signal.SIGINT), KeyboardInterrupt)
     assert StopHandler().exit_code == 130  # a plain KeyboardInterrupt, no signal seen

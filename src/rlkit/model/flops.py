@@ -191,9 +191,8 @@ def update_flops(dims: ModelDims, rows: Rows) -> float:
     if not dims.is_lora:
         return 3.0 * forward  # every linear map trainable: input and weight gradients; attention 2x
     base_dx = 2.0 * (dims.body - dims.first_quiet) * rows.body  # frozen base: input gradients only
-    adapters = (
-        4.0 * dims.lora - 2.0 * dims.first_quiet_a
-    ) * rows.body  # adapters: input and weight gradients
+    # adapters: input and weight gradients
+    adapters = (4.0 * dims.lora - 2.0 * dims.first_quiet_a) * rows.body
     graded = dims.layers if dims.first_attention_grad else dims.layers - 1
     attention_bw = 2.0 * attention * graded / dims.layers
     head_dx = 2.0 * dims.head * rows.head

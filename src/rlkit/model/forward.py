@@ -283,9 +283,8 @@ def _can_share(module: nn.Module) -> bool:
     no gradient checkpointing (no KV cache)."""
     from torch.distributed.fsdp import FSDPModule
 
-    checkpointing = getattr(
-        module, "is_activation_checkpointing", None
-    )  # transformers 5 name, then the old one
+    # transformers 5 name, then the old one
+    checkpointing = getattr(module, "is_activation_checkpointing", None)
     if checkpointing is None:
         checkpointing = getattr(module, "is_gradient_checkpointing", False)
     return not (isinstance(module, FSDPModule) or checkpointing)
@@ -364,9 +363,8 @@ def compute_log_probs(
     module.eval()
     try:
         for i in range(n_all):
-            idx = (
-                pieces[i] if i < len(pieces) else torch.tensor([0])
-            )  # extra forwards keep FSDP ranks in step
+            # extra forwards keep FSDP ranks in step
+            idx = pieces[i] if i < len(pieces) else torch.tensor([0])
             got = response_outputs(
                 module,
                 batch[idx],

@@ -97,9 +97,8 @@ def apply_lora(
             f"({exc}). Name the model's linear layers (e.g. [q_proj, v_proj]) or use 'all-linear'."
         ) from exc
     model = peft_model.base_model.model
-    if (
-        trainable_head is not None
-    ):  # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
+    # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
+    if trainable_head is not None:
         getattr(model, trainable_head).requires_grad_(True)
     return model, peft_model
 

@@ -62,9 +62,8 @@ def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int)
     )["log_prob"]  # [b, T]
     old = mini["old_log_prob"] if "old_log_prob" in mini else log_prob
     mask = mini["response_mask"].to(log_prob.dtype)
-    whole = [
-        _gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)
-    ]  # [world * b, T] each
+    # [world * b, T] each
+    whole = [_gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)]
     generator = torch.Generator().manual_seed(seed)
     selected = load_object(select)(*whole, generator=generator, **actor.policy_loss.kwargs)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

@@ -30,9 +30,8 @@ class Packed:
     input_ids: torch.Tensor  # [G, L]
     position_ids: torch.Tensor  # [G, L]
     attention_mask: torch.Tensor  # [G, 1, L, L]: bool (True = attend) for sdpa, additive float for eager
-    source: (
-        torch.Tensor
-    )  # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
+    # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
+    source: torch.Tensor
 
     @property
     def tokens(self) -> int:

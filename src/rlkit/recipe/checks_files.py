@@ -86,9 +86,8 @@ def _data_sources(path: Path) -> set[str]:
         column = pq.read_table(path, columns=["data_source"]).column("data_source")
     except Exception:  # noqa: BLE001 - not parquet, or no such column: RLDataset reports it with file and row
         return set()
-    return {
-        str(v) for v in column.unique().to_pylist() if v not in (None, "")
-    }  # empty: RLDataset names the row
+    # empty: RLDataset names the row
+    return {str(v) for v in column.unique().to_pylist() if v not in (None, "")}
 
 
 def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:

@@ -482,9 +482,8 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
     spec, problems = registries.rollout_backends.get(name), []
     if not spec.truncated_sampling:
         checks = [("top_k", rollout.top_k, 0), ("top_p", rollout.top_p, 1.0)]
-        checks += (
-            [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []
-        )  # greedy ignores it
+        # greedy ignores it
+        checks += [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []
         for key, value, off in checks:
             if value != off:
                 problems.append(

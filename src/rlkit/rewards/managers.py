@@ -70,9 +70,8 @@ class RewardFailureError(RlkitError):
 class RewardResult:
     token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
     extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
-    metrics: dict[str, float] = field(
-        default_factory=dict
-    )  # reward/errors, reward/timeouts, reward/score/mean ...
+    # reward/errors, reward/timeouts, reward/score/mean ...
+    metrics: dict[str, float] = field(default_factory=dict)
     failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) each
 
 

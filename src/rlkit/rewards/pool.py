@@ -159,9 +159,8 @@ class ScorePool:
             idle = [w for w in self.workers if not w.tasks]
             for n, worker in enumerate(idle):
                 if pending:
-                    size = -(
-                        -len(pending) // (len(idle) - n)
-                    )  # ceil: spread what is left over the idle workers
+                    # ceil: spread what is left over the idle workers
+                    size = -(-len(pending) // (len(idle) - n))
                     chunk = [pending.popleft() for _ in range(size)]
                     try:
                         worker.send(chunk, tasks)

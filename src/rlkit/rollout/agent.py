@@ -333,9 +333,8 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
             out[f"{key}/mean"] = sum(values) / len(values)
             out[f"{key}/max"] = float(max(values))
             out[f"{key}/min"] = float(min(values))
-    episodes = [
-        t for t in trajectories if t.reward is not None
-    ]  # the environment loop's (rlkit.rollout.environment)
+    # the environment loop's (rlkit.rollout.environment)
+    episodes = [t for t in trajectories if t.reward is not None]
     if episodes:
         out |= {
             "env/errors": float(sum(t.env_errors for t in episodes)),

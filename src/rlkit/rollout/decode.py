@@ -238,9 +238,8 @@ def _decode_slab(
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
-    mask = torch.cat(
-        [prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1
-    )  # [B, P+T]
+    # [B, P+T]
+    mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]

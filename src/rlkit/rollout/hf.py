@@ -73,9 +73,8 @@ class HFRollout:
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
         )
-        dtype = concrete_decode_dtype(
-            getattr(params, "dtype", None), self.device
-        )  # "auto" → this device's choice
+        # "auto" → this device's choice
+        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
         self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
@@ -204,9 +203,8 @@ class HFRollout:
         prompt_ids = prompts["input_ids"].to(self.device).repeat_interleave(n, dim=0)  # [B, P]
         prompt_mask = prompts["attention_mask"].to(self.device).long().repeat_interleave(n, dim=0)  # [B, P]
         b = prompt_ids.shape[0]
-        responses = torch.full(
-            (b, max_new), self.pad_token_id, dtype=torch.long, device=self.device
-        )  # [B, T]
+        # [B, T]
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=self.device)
         response_mask = torch.zeros((b, max_new), dtype=torch.long, device=self.device)
         log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
 

@@ -134,13 +134,8 @@ class Runtime:
         self.cluster = RayCluster(recipe.resources).start()
         pools.check(roles_by_pool)
         groups = {}
-        for slot in (
-            "actor_rollout_ref",
-            "rollout",
-            "ref",
-            "critic",
-            "reward_model",
-        ):  # the actor first: its ranks set the pace
+        # the actor first: its ranks set the pace
+        for slot in ("actor_rollout_ref", "rollout", "ref", "critic", "reward_model"):
             role = placed.get(slot)
             if role is None:
                 continue

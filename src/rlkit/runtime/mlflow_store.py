@@ -57,9 +57,8 @@ def prepare_sqlite_store(path: Path) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         shutil.copyfile(template, partial)
-        with sqlite3.connect(
-            partial
-        ) as conn:  # the Default experiment's artifacts as MLflow would place them
+        # the Default experiment's artifacts as MLflow would place them
+        with sqlite3.connect(partial) as conn:
             conn.execute(
                 "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                 (str(Path.cwd() / "mlruns" / "0"),),

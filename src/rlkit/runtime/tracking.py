@@ -160,9 +160,8 @@ class MlflowTracker:
         if config.mlflow_uri is None:
             from rlkit.runtime.mlflow_store import prepare_sqlite_store
 
-            prepare_sqlite_store(
-                root / "mlflow.db"
-            )  # a migrated empty store, copied (MLflow would migrate anew)
+            # a migrated empty store, copied (MLflow would migrate anew)
+            prepare_sqlite_store(root / "mlflow.db")
         self.uri = config.mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.uri)
         experiment = self.client.get_experiment_by_name(config.project)

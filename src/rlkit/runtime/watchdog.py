@@ -80,9 +80,8 @@ class PhaseWatch:
         self.step = 0
         self._stack: list[_Running] = []
         self._history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self._pinged: dict[
-            tuple[int, int], float
-        ] = {}  # (id of the in-flight call, rank) -> when pinged last
+        # (id of the in-flight call, rank) -> when pinged last
+        self._pinged: dict[tuple[int, int], float] = {}
         self._reported_hung: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

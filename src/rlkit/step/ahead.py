@@ -167,9 +167,8 @@ class RolloutPipeline:
         if len(pending.refs) > 1:
             from rlkit.workers.group import PendingCall
 
-            PendingCall(
-                self.actor, "rollout_state_dict", "all", pending.refs[1:]
-            ).get()  # the other ranks: {}
+            # the other ranks: {}
+            PendingCall(self.actor, "rollout_state_dict", "all", pending.refs[1:]).get()
         self.pushes.append(
             self.rollout.submit("update_weights", pending.refs[0], dispatch="all", version=version)
         )

@@ -54,9 +54,8 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
     path = checkpoints.resolve_resume(recipe.trainer.resume)
     if path is None:
         return None
-    state = load_state_file(
-        path / "trainer_state.pt"
-    )  # weights_only: no pickled code runs (runtime.checkpoint)
+    # weights_only: no pickled code runs (runtime.checkpoint)
+    state = load_state_file(path / "trainer_state.pt")
     rt.load_workers(path)
     rt.train_loader.load_state_dict(state["dataloader"])
     if state["kl_ctrl"] is not None and rt.kl_ctrl is not None:

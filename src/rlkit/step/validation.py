@@ -39,9 +39,8 @@ def validate(ctx: StepContext) -> dict[str, float]:
             top_p=val.top_p,
         )
         gen.meta.pop("metrics", None)
-        own = {
-            k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors
-        }  # env_reward, num_turns
+        # env_reward, num_turns
+        own = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}
         batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, own, {}))
         result = reward_of(batch, ctx)
         samples.extend(samples_from(batch, result, eos))

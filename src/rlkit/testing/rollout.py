@@ -275,9 +275,8 @@ def _check_log_probs(name: str, out: Any, module: Any, temperature: float, atol:
     finally:
         module.train(was_training)
     t = out["responses"].shape[1]
-    logp = torch.log_softmax(
-        logits[:, width_p - 1 : width_p - 1 + t].float() / temperature, dim=-1
-    )  # [B*n, T, V]
+    # [B*n, T, V]
+    logp = torch.log_softmax(logits[:, width_p - 1 : width_p - 1 + t].float() / temperature, dim=-1)
     expected = logp.gather(-1, out["responses"][..., None]).squeeze(-1) * out["response_mask"]
     worst = float((expected - out["rollout_log_probs"]).abs().max())
     if worst > atol:

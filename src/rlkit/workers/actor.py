@@ -155,9 +155,8 @@ class FSDPActor:
                 else torch.arange(len(batch))
             )
             for start in range(0, len(batch), mini_size):
-                selection_seed = (
-                    self.seed * 1_000_003 + self.update_calls * 1009 + minis
-                )  # the same on every rank
+                # the same on every rank
+                selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis
                 out = self._update_mini(
                     batch[order[start : start + mini_size]],
                     temperature,
@@ -267,9 +266,8 @@ class FSDPActor:
         pg_mat, pg_metrics = self.policy_loss.fn(
             log_prob, old, micro["advantages"].to(self.device), mask, **self.policy_loss.kwargs, **extra
         )
-        if (
-            "rollout_is_weights" in micro
-        ):  # rollout correction (rlkit.step.correction): per-token weights, no gradient
+        # rollout correction (rlkit.step.correction): per-token weights, no gradient
+        if "rollout_is_weights" in micro:
             pg_mat = pg_mat * micro["rollout_is_weights"].to(self.device)
         if mismatch is not None:
             mismatch.add(log_prob, micro["rollout_log_probs"], mask)

@@ -231,9 +231,8 @@ class RayCluster:
             "session_dir": None,
             "pids": {},
         }
-        node = getattr(
-            getattr(ray, "_private", None) and ray._private.worker, "_global_node", None
-        )  # private API
+        # private API
+        node = getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)
         if node is not None:
             info["session_dir"] = node.get_session_dir_path()
             if self.started:

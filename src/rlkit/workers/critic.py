@@ -81,9 +81,8 @@ class FSDPCritic:
         if critic_config.lora is not None:
             from rlkit.model.lora import apply_lora, trainable_numel
 
-            head = (
-                "score" if hasattr(module, "score") else "classifier"
-            )  # the value head (token classification)
+            # the value head (token classification)
+            head = "score" if hasattr(module, "score") else "classifier"
             module, self.peft_model = apply_lora(
                 module, critic_config.lora, where="critic.lora", trainable_head=head
             )

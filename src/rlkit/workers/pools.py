@@ -79,9 +79,8 @@ class ResourcePool:
     device: str  # "cpu" | "cuda"
     placement_groups: list[Any] = field(default_factory=list, repr=False)  # ray PlacementGroup per node
     roles: list[str] = field(default_factory=list)  # roles placed here (named in errors)
-    claims: dict[int, tuple[str, float]] = field(
-        default_factory=dict, repr=False
-    )  # group id -> (role, share)
+    # group id -> (role, share)
+    claims: dict[int, tuple[str, float]] = field(default_factory=dict, repr=False)
 
     @property
     def world_size(self) -> int:

@@ -131,9 +131,8 @@ class ActorRolloutRefWorker(Worker):
         if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
             from rlkit.model.lora import LoraRef
 
-            self.ref = LoraRef(
-                self.actor, ref_config, temperature=temperature
-            )  # the base: adapter off, no copy
+            # the base: adapter off, no copy
+            self.ref = LoraRef(self.actor, ref_config, temperature=temperature)
         elif ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
@@ -243,9 +242,8 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(Path(directory) / "actor")
-            if (
-                self.rollout is not None
-            ):  # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+            # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+            if self.rollout is not None:
                 self.sync_weights()
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()

@@ -67,9 +67,8 @@ def test_seq_tis_hand_worked():
     )
     assert m["rollout_is_ratio_fraction_high"] == 0.5  # one of two sequences above C
     assert m["rollout_is_ratio_fraction_low"] == 1.0  # "low" is below 1/C = 2 (veRL's): both sequences
-    assert m["rollout_is_mean"] == pytest.approx(
-        (3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5
-    )  # token-weighted
+    # token-weighted
+    assert m["rollout_is_mean"] == pytest.approx((3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5)
 
 
 def test_token_mis_hand_worked():
@@ -286,9 +285,8 @@ def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs,
     adv = torch.randn(behav.shape, generator=g, **F64)
     weights, _ = R.decoupled(behav, behav.clone(), mask)
     assert torch.equal(weights, mask)
-    other = behav + torch.randn(
-        behav.shape, generator=g, **F64
-    )  # bypass ignores old_log_prob: weight 1 anyway
+    # bypass ignores old_log_prob: weight 1 anyway
+    other = behav + torch.randn(behav.shape, generator=g, **F64)
     assert torch.equal(R.decoupled(other, behav, mask, bypass=True)[0], mask)
     plain, _ = ppo_clip(log_prob, behav, adv, mask)
     decoupled, _ = R.decoupled_ppo_clip(log_prob, behav, behav.clone(), adv, mask)

@@ -203,9 +203,8 @@ def test_reward_model_scores_fallback(tokenizer, make_batch, registries):
         overlong=OverlongShaping(buffer_len=2, penalty_factor=1.0, max_response_length=4),
     )(batch)
     assert shaped.token_level_scores.sum(1).tolist() == [0.5, -1.0]  # -(3 - 2) / 2 each
-    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(
-        batch
-    )  # no reward model: rm_scores ignored
+    # no reward model: rm_scores ignored
+    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(batch)
     assert without.token_level_scores.sum(1).tolist() == [1.0, 0.0]
 
 

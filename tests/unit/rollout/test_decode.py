@@ -118,9 +118,8 @@ def test_fast_loop_matches_plain_loop_with_rows_ending_at_different_steps(tok_an
     lengths = plain["response_mask"].sum(1)
     assert lengths.min() < lengths.max()  # rows did end at different steps
     decode_rows = fast_rows[1:]  # after the prefill
-    assert (
-        min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])
-    )  # the fast loop dropped rows
+    # the fast loop dropped rows
+    assert min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])
     assert len(fast_rows) == len(plain_rows)  # the same number of forwards (FSDP ranks stay in step)
 
 
@@ -151,9 +150,8 @@ def test_a_rank_with_every_row_done_keeps_forwarding_one_row(tok_and_model):
     """FSDP: every rank runs the same number of forwards; the fast loop keeps one (finished) row to forward."""
     tok, model = tok_and_model
     free = generate(tok, model, fast=False, eos=[], n=2, temperature=1.0)[0]["responses"]
-    eos = sorted(
-        set(free[:, 1 : T - 2].flatten().tolist()) - set(free[:, 0].tolist())
-    )  # every row ends early
+    # every row ends early
+    eos = sorted(set(free[:, 1 : T - 2].flatten().tolist()) - set(free[:, 0].tolist()))
     kw = {"eos": eos, "n": 2, "temperature": 1.0, "cls": OtherRankStillRunning}
     (fast, fast_rows), (plain, plain_rows) = (generate(tok, model, fast=f, **kw) for f in (True, False))
     assert_same(fast, plain)

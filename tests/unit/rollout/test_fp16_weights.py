@@ -110,12 +110,10 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-4, rtol=1e-4)
         # trainable weights are repacked at every generate (the fused AdamW step does not bump their version)
         assert got.meta["metrics"] == {"rollout/fp16_repacked_linears": float(n)}
-        assert all(
-            torch.equal(t, before[name]) for name, t in model.state_dict().items()
-        )  # fp32 actor untouched
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=0.05, fused=True
-        )  # the actor's optimizer (fsdp.py)
+        # fp32 actor untouched
+        assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
+        # the actor's optimizer (fsdp.py)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
         model(**tok(["What is 2 + 3?"], return_tensors="pt")).logits.square().mean().backward()
         optimizer.step()  # the next generate must see it
         assert not all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
@@ -157,9 +155,8 @@ def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir)
     assert not torch.allclose(
         out, load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()(**ids).logits, atol=1e-3
     )  # the adapter's change reached the copy
-    assert {
-        name: p.requires_grad for name, p in model.named_parameters()
-    } == grads  # the actor's flags untouched
+    # the actor's flags untouched
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == grads
 
 
 def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypatch):
@@ -173,9 +170,8 @@ def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypa
     ):
         hardware.resolve_precision("auto", "float16", "cpu")
     assert hardware.resolve_precision("auto", "float32", "cpu").decode_dtype == "float32"
-    assert (
-        hardware.concrete_decode_dtype("float16", "cuda") == "float16"
-    )  # CUDA: a plain fp16 copy, no fbgemm
+    # CUDA: a plain fp16 copy, no fbgemm
+    assert hardware.concrete_decode_dtype("float16", "cuda") == "float16"
 
 
 def test_a_weight_beyond_fp16_range_is_an_error_naming_the_layer():

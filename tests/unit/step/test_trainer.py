@@ -140,9 +140,8 @@ def test_a_rollout_pool_hands_batches_generated_ahead(tmp_path):
     trainer.global_step = 2
     metrics = trainer.step(None, rt.prompt_stream())
     batch = updated(rt)
-    assert (
-        all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0
-    )  # one behind
+    # one behind
+    assert all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0
     assert trainer.pipe.pushed == [2] and metrics["async/weights_version"] == 1.0
 
 

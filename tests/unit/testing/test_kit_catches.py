@@ -52,9 +52,8 @@ def scores_of(rewards, mask):
 # ----- estimators -----------------------------------------------------------------------------------
 def leaky(x):
     token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
-    adv = (
-        scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()
-    )  # forgot the mask
+    # forgot the mask
+    adv = scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()
     return adv, adv
 
 

@@ -72,9 +72,8 @@ def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, m
 def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_world1, component):
     """The selection is made over the mini-batch (a pre-pass), not per micro-batch: 8 samples in one
     micro-batch and in micro-batches of 3 (3+3+2) give the same loss, metrics and weights."""
-    padded = ForwardPlan(
-        share_prefix=False, pack=False
-    )  # one prompt pass per row, padded rows, in both splits
+    # one prompt pass per row, padded rows, in both splits
+    padded = ForwardPlan(share_prefix=False, pack=False)
     registries = build_registries(make_plugin_manager(entry_points=False))
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
     assert not problems

@@ -156,9 +156,8 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     module.set_attn_implementation(attn)
-    batch = global_batch(
-        tok
-    )  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
+    # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
+    batch = global_batch(tok)
     chosen = []
     monkeypatch.setattr(forward, "packing_plan", lambda *a, **k: chosen.append(forced) or forced)
     results = {}
@@ -198,9 +197,8 @@ def test_plan_packs_short_unequal_responses_and_shares_long_ones():
             for r in lengths:
                 rows.append([0] * (width_p - p) + [1] * p + [1] * r + [0] * (width_t - r))
         mask = torch.tensor(rows)
-        ids = mask * torch.tensor(
-            [[i // len(resp_lens[0]) + 5] for i in range(len(rows))]
-        )  # prompt id per group
+        # prompt id per group
+        ids = mask * torch.tensor([[i // len(resp_lens[0]) + 5] for i in range(len(rows))])
         return ids, mask, width_p, width_t
 
     smol = {"body_params": 106_000_000, "pair_flops": 4.0 * 576 * 30}

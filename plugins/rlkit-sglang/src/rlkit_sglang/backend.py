@@ -97,9 +97,8 @@ class SglangRollout:
     ):
         self.module = module
         self.lora = lora_config_of(module) if module is not None else None  # the actor's peft.LoraConfig
-        self.lora_mode: str | None = (
-            "merged" if self.lora is not None else None
-        )  # adapter | merged (decided at start)
+        # adapter | merged (decided at start)
+        self.lora_mode: str | None = "merged" if self.lora is not None else None
         self.lora_name: str | None = None  # the servers' current adapter (lora_mode adapter)
         self._no_lora_why = "the backend was given clients, not servers it could ask"
         self.lora_version = 0
@@ -134,9 +133,8 @@ class SglangRollout:
                 self.sync_bytes,
             )
         elif self.lora_mode == "merged":
-            self.update_weights(
-                module
-            )  # the servers loaded the base; the adapter may not be the identity (resume)
+            # the servers loaded the base; the adapter may not be the identity (resume)
+            self.update_weights(module)
             log.warning(
                 "sglang: LoRA rank %d with merged weights: these servers cannot load adapters (%s); each "
                 "sync pushes W + scale * B A in full (%d bytes)",
