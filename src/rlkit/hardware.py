@@ -98,8 +98,8 @@ RELEVANT_FLAGS = (
 MIXED_PRECISION = ("fp32", "bf16")
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
 _CACHE_VERSION = 1
-# Entries of several probe rounds (``ratios``) get keys of their own: a file shared with an older rlkit (one home
-# folder, several checkouts) keeps both kinds instead of each version discarding the other's.
+# Entries of several probe rounds (``ratios``) get keys of their own: a file shared with an older rlkit (one
+# home folder, several checkouts) keeps both kinds instead of each version discarding the other's.
 _PROBE_FORMAT = "rounds"
 
 
@@ -183,8 +183,8 @@ def matmul_flops(
 
 
 def probe_matmul(size: int = 256, budget_s: float = 0.05, rounds: int = PROBE_ROUNDS) -> MatmulProbe:
-    """fp32 and bf16 matmul speed on one thread, ``rounds`` times (fp32 then bf16 in each round, ≈ 2 × ``budget_s``
-    a round): the best rate of each and each round's ratio."""
+    """fp32 and bf16 matmul speed on one thread, ``rounds`` times (fp32 then bf16 in each round, ≈ 2 ×
+    ``budget_s`` a round): the best rate of each and each round's ratio."""
     import torch
 
     fp32, bf16 = [], []
@@ -314,7 +314,8 @@ def decide_cuda(bf16_supported: bool, name: str) -> PrecisionDecision:
 
 @functools.cache
 def precision_decision(device: str = "cpu", cache_path: Path | None = None) -> PrecisionDecision:
-    """The decision for ``device`` ("cpu" or "cuda[:i]") on this machine (probe cached on disk and per process)."""
+    """The decision for ``device`` ("cpu" or "cuda[:i]") on this machine (probe cached on disk and per
+    process)."""
     import torch
 
     if device.startswith("cuda"):
@@ -359,7 +360,8 @@ def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
 
 
 def fp16_weights_unavailable() -> str | None:
-    """Why this torch build cannot decode with fp16 weights on the CPU (``rlkit.rollout.fp16_weights``), or None."""
+    """Why this torch build cannot decode with fp16 weights on the CPU (``rlkit.rollout.fp16_weights``), or
+    None."""
     import torch
 
     engines = torch.backends.quantized.supported_engines
@@ -411,7 +413,8 @@ def resolve_precision(
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
     dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype, d.device)
     warnings = []
-    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely < 2x
+    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is merely <
+    # 2x
     slow = (
         d.device == "cpu"
         and not d.bf16_fast
@@ -507,7 +510,8 @@ def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
 # ----- one run ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunHardware:
-    """What a run's ``auto`` settings became on this machine (``rlkit.runtime.build`` builds it once, on the driver)."""
+    """What a run's ``auto`` settings became on this machine (``rlkit.runtime.build`` builds it once, on the
+    driver)."""
 
     precision: ResolvedPrecision
     threads: dict[str, int]  # role -> torch threads per worker process
@@ -526,8 +530,8 @@ class RunHardware:
         decode = f", rollout decode {p.decode_dtype}{mark['decode_dtype']}" if p.decode_dtype else ""
         threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
         return (
-            f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per worker: "
-            f"{threads}. auto: {p.decision.reason}"
+            f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per "
+            f"worker: {threads}. auto: {p.decision.reason}"
         )
 
 
@@ -536,7 +540,8 @@ def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtyp
 
     ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
     share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's
-    requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such option."""
+    requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such
+    option."""
     res = recipe.resources
     per_pool: dict[str, int] = {}
     for pool in placed.values():

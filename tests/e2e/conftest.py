@@ -1,8 +1,9 @@
 """Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session.
 
-Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability). The recipe scores
-with the graded reward of tests/fixtures/graded_score.py: the tiny model's rewards vary within groups from step 1,
-so every step has a non-zero gradient and Adam's moments are non-zero (arithmetic would score 0 throughout).
+Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability). The recipe
+scores with the graded reward of tests/fixtures/graded_score.py: the tiny model's rewards vary within groups
+from step 1, so every step has a non-zero gradient and Adam's moments are non-zero (arithmetic would score 0
+throughout).
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def write_recipe(tiny_assets, tmp_path):
 
 @pytest.fixture(scope="session")
 def straight_run(tiny_assets, tmp_path_factory):
-    """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``. Shared by
-    the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test compares a
-    killed and resumed run with it."""
+    """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``.
+    Shared by the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test
+    compares a killed and resumed run with it."""
     from rlkit_harness import run
 
     model, data = tiny_assets

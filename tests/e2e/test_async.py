@@ -1,7 +1,9 @@
-"""trainer.mode async through `rlkit run`: resume from a checkpoint whose rollout pool had batches generated ahead.
+"""trainer.mode async through `rlkit run`: resume from a checkpoint whose rollout pool had batches generated
+ahead.
 
-(The default run covers one async run: the grpo_async entry of tests/e2e/test_smoke_matrix.py, decoupled in bypass
-mode. This one runs three, with decoupled PPO's weights (no bypass), and sits behind the e2e marker: `nox -s e2e`.)
+(The default run covers one async run: the grpo_async entry of tests/e2e/test_smoke_matrix.py, decoupled in
+bypass mode. This one runs three, with decoupled PPO's weights (no bypass), and sits behind the e2e marker:
+`nox -s e2e`.)
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ resources:
   object_store_memory_mb: 256
   pools: {{train: {{}}, gen: {{}}}}
   roles: {{actor_rollout_ref: train, rollout: gen}}
-trainer: {{mode: async, max_staleness: 2, total_steps: 3, save_freq: 1, max_ckpt_to_keep: 10, val_before_train: false,
-          output_dir: {out}, experiment_name: async}}
+trainer: {{mode: async, max_staleness: 2, total_steps: 3, save_freq: 1, max_ckpt_to_keep: 10,
+          val_before_train: false, output_dir: {out}, experiment_name: async}}
 tracking: {{backends: [jsonl]}}
 """
 
@@ -52,7 +54,8 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
     queued = torch.load(step1 / "trainer_state.pt", weights_only=False)["rollout_queue"]
     assert [(version, serial) for _, _, version, serial in queued["items"]] == [(0, 1), (0, 2)]
 
-    # resumed from step 1: the two batches generated ahead are trained on, so the run ends where the straight one did
+    # resumed from step 1: the two batches generated ahead are trained on, so the run ends where the straight
+    # one did
     resumed = tmp_path / "resumed"
     result = run_rlkit("run", str(recipe), f"trainer.output_dir={resumed}", f"trainer.resume={step1}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -64,7 +67,8 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
     b = load_actor_state_dict(resumed / "checkpoints" / "global_step_3")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    # resumed in one_step_off (bound 1): step 3's saved batch is 2 versions behind, so it is dropped and regenerated
+    # resumed in one_step_off (bound 1): step 3's saved batch is 2 versions behind, so it is dropped and
+    # regenerated
     strict = tmp_path / "strict"
     result = run_rlkit(
         "run",

@@ -1,11 +1,14 @@
-"""A LoRA actor (``actor.lora``) with the ``sglang`` rollout backend, against a REAL SGLang server (marker ``engines``).
+"""A LoRA actor (``actor.lora``) with the ``sglang`` rollout backend, against a REAL SGLang server (marker
+``engines``).
 
 On CPU SGLang 0.5.15 cannot serve adapters (its LoRA layers pin memory, which needs a CUDA driver: a server
-started with ``--enable-lora`` dies at start, docs/sglang.md), so the backend runs in ``lora_mode`` ``merged``:
+started with ``--enable-lora`` dies at start, docs/sglang.md), so the backend runs in ``lora_mode``
+``merged``:
 the actor's ``W + scale · B A`` is pushed in full (``/update_weights_from_tensor``) at start and after each
-update, and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA module,
-before and after a sync; then `rlkit run` with ``actor.lora`` and ``rollout.backend=sglang``. The adapter mode
-(``/load_lora_adapter``) is for CUDA servers and is not run here. Run with `nox -s engines_sglang`. Model:
+update, and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA
+module, before and after a sync; then `rlkit run` with ``actor.lora`` and ``rollout.backend=sglang``. The
+adapter mode (``/load_lora_adapter``) is for CUDA servers and is not run here. Run with `nox -s
+engines_sglang`. Model:
 SmolLM2-135M-Instruct in fp32 (the quickstart's). One server at a time (3.8 GB and a core each).
 """
 
@@ -130,7 +133,8 @@ rollout:
   n: 2
   backend: {{name: sglang, launch: {{python: {python}, log_dir: {logs}, startup_timeout_s: 900}}}}
 resources: {{pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-trainer: {{total_steps: 2, save_freq: 0, val_before_train: false, output_dir: {out}, experiment_name: sglang_lora}}
+trainer: {{total_steps: 2, save_freq: 0, val_before_train: false, output_dir: {out},
+          experiment_name: sglang_lora}}
 tracking: {{backends: [jsonl]}}
 """
 

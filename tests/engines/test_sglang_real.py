@@ -171,7 +171,8 @@ def test_finish_reasons_stop_ids_and_one_log_prob_per_token(backend, hf):
         and stopped.matched == third
         and stopped.token_ids == long.token_ids[:3]
     )
-    # n samples per input come input-major: [a0, a1, b0, b1]; greedy makes each pair equal to that input's answer.
+    # n samples per input come input-major: [a0, a1, b0, b1]; greedy makes each pair equal to that input's
+    # answer.
     short = row[:6]
     pairs = client.generate([row, short], {**base, "max_new_tokens": 5, "n": 2})
     alone = client.generate([short], {**base, "max_new_tokens": 5})[0]

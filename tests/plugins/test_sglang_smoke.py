@@ -1,6 +1,6 @@
-"""`--smoke --keep-backend`: the GPU recipes' own rollout backend (sglang) is kept, its sizes shrink, the table
-says so; without the plugin the recipe is refused, never swapped for hf. The runs themselves, against a real
-SGLang server: tests/engines/test_sglang_recipes.py."""
+"""`--smoke --keep-backend`: the GPU recipes' own rollout backend (sglang) is kept, its sizes shrink, the
+table says so; without the plugin the recipe is refused, never swapped for hf. The runs themselves, against a
+real SGLang server: tests/engines/test_sglang_recipes.py."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 What must hold after every kill: no checkpoint folder without COMPLETE, every checkpoint loads; no process
 of the killed run's Ray session survives; and the resumed run reports, for every step, exactly what an
-uninterrupted run with the same seed reported, and ends with bit-identical weights and optimizer state. The recipe
-scores with a graded reward (tests/fixtures/graded_score.py): every step has a gradient and Adam's moments are
-non-zero before any kill, so a resume that failed to restore them would show.
+uninterrupted run with the same seed reported, and ends with bit-identical weights and optimizer state. The
+recipe scores with a graded reward (tests/fixtures/graded_score.py): every step has a gradient and Adam's
+moments are non-zero before any kill, so a resume that failed to restore them would show.
 
 Kill points come from a fault plan ``<phase>:<step>`` given to the test-only entry
 ``python -m rlkit.testing.faults PLAN -- run ...`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
@@ -108,9 +108,12 @@ def kill_then_check(
     return info
 
 
-@pytest.mark.slow  # ~4-5 min; the default run keeps one SIGKILL + exact resume (tests/e2e/test_run.py) and the worker kill below
+# ~4-5 min; the default run keeps one SIGKILL + exact resume (tests/e2e/test_run.py) and the worker kill
+# below
+@pytest.mark.slow
 def test_kill_chain_resumes_exactly(recipe, tmp_path, reference):
-    """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a resume."""
+    """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a
+    resume."""
     out = tmp_path / "out"
     path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     for fault, checkpoints in (("update_actor:2", [1]), ("checkpoint_write:3", [1, 2]), ("gen:4", [1, 2, 3])):

@@ -1,5 +1,5 @@
-"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.lock.RunLock``) before it
-writes.
+"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.lock.RunLock``) before
+it writes.
 
 A second run into a busy folder refuses at once, naming the holder; a lock left by a killed run is taken over
 with a message; two real concurrent runs leave the first one's metrics and checkpoints intact.

@@ -108,7 +108,8 @@ def test_the_bf16_rule_at_and_near_the_band_edges(tmp_path, cpu, ratio, want, ru
 
 
 def test_repeated_decisions_on_this_machine_agree(tmp_path):
-    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run parameters."""
+    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run
+    parameters."""
     cpu = hw.cpu_info()
     decisions = [hw.decide_cpu(cpu, hw.probe_matmul(budget_s=0.02, rounds=3)) for _ in range(4)]
     assert len({d.mixed_precision for d in decisions}) == 1, [d.reason for d in decisions]
@@ -264,8 +265,8 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
 
 
 def test_a_cache_shared_with_an_older_rlkit_keeps_both_entries(tmp_path):
-    """An older rlkit (single-probe entries, same file version) and this one share ~/.cache/rlkit: neither discards
-    the other's entry, so each keeps reading its own probe (no re-probe, no flip between runs)."""
+    """An older rlkit (single-probe entries, same file version) and this one share ~/.cache/rlkit: neither
+    discards the other's entry, so each keeps reading its own probe (no re-probe, no flip between runs)."""
     cache = tmp_path / "hardware.json"
     old = {"fp32_flops": 1.0, "bf16_flops": 2.0, "size": 256, "threads": 1}
     cache.write_text(json.dumps({"version": 1, "entries": {"0123456789abcdef": old}}))

@@ -1,5 +1,6 @@
 """The rollout-correction door and phase: recipe key → registry → pipeline; the driver-side phase
-(``rlkit.step.correction``) and its mismatch metrics; validation refuses a correction a backend cannot feed."""
+(``rlkit.step.correction``) and its mismatch metrics; validation refuses a correction a backend cannot
+feed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The composition root and the parameter door: names and parameters resolved once, every error at validation."""
+"""The composition root and the parameter door: names and parameters resolved once, every error at
+validation."""
 
 from __future__ import annotations
 

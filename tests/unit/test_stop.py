@@ -14,7 +14,10 @@ from rlkit.runtime.stop import RunInterrupted, StopHandler
 from rlkit.workers.reaper import Reaper, kill_processes
 
 SLEEPER = "import time; time.sleep(120)"
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    "time.sleep(120)"
+)
 
 
 def spawn(code: str) -> subprocess.Popen:

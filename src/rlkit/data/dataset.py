@@ -103,7 +103,8 @@ def _problem(row: dict[str, Any], prompt_key: str) -> str | None:
 
 
 class RLDataset(torch.utils.data.Dataset):
-    """Tokenized prompts from parquet files; ``stats`` says how many rows were read, kept, filtered, truncated."""
+    """Tokenized prompts from parquet files; ``stats`` says how many rows were read, kept, filtered,
+    truncated."""
 
     def __init__(
         self,
@@ -168,7 +169,8 @@ class RLDataset(torch.utils.data.Dataset):
                     log.warning("skipping malformed row %s, row %d: %s", path, row_number, problem)
             else:
                 raise DataError(
-                    f"{path}, row {row_number}: {problem}. Fix the row, or set data.prompt_length_policy=filter to skip bad rows."
+                    f"{path}, row {row_number}: {problem}. Fix the row, or set "
+                    "data.prompt_length_policy=filter to skip bad rows."
                 )
         for start in range(0, len(valid), _TOKENIZE_CHUNK):
             chunk = valid[start : start + _TOKENIZE_CHUNK]

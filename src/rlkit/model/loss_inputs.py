@@ -32,7 +32,8 @@ __all__ = ["mini_batch_selection", "UpdateMismatch"]
 
 
 def _gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """[b, T] on each rank → [world * b, T] in rank order (this rank's tensor alone without a process group)."""
+    """[b, T] on each rank → [world * b, T] in rank order (this rank's tensor alone without a process
+    group)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]

@@ -263,7 +263,8 @@ class RewardManager:
         (data_source, *_), first = bad[0]
         timeouts = sum(o.timeout for _, o in bad)
         log.warning(
-            "%s: %d of %d samples got the default score %s (%d errors, %d timeouts); first, data_source '%s': %s",
+            "%s: %d of %d samples got the default score %s (%d errors, %d timeouts); first, data_source "
+                "'%s': %s",
             type(self).__name__, len(bad), len(outcomes), self.default_score,
             len(bad) - timeouts, timeouts, data_source, first.error,
         )  # fmt: skip
@@ -280,7 +281,8 @@ class RewardManager:
             shown[data_source] += 1
             note = f" ({outcome.error})" if outcome.error else ""
             print(
-                f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: {float(scores[i]):.4g}{note}"
+                f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: "
+                f"{float(scores[i]):.4g}{note}"
             )
 
 

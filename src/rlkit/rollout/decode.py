@@ -103,8 +103,9 @@ class SlabCache(Cache):
 
 
 def slab_layers(module: nn.Module) -> int | None:
-    """How many layers a :class:`SlabCache` for ``module`` needs, or None where it does not fit: the model's own
-    cache would not be plain full-attention ``DynamicLayer`` s (sliding windows, shared or linear layers)."""
+    """How many layers a :class:`SlabCache` for ``module`` needs, or None where it does not fit: the model's
+    own cache would not be plain full-attention ``DynamicLayer`` s (sliding windows, shared or linear
+    layers)."""
     config = getattr(module, "config", None)
     if config is None:
         return None
@@ -167,10 +168,10 @@ class Decoding:
     def prefill(
         self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None
     ):
-        """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share one
-        prefill whose KV cache is then copied to every row); the head runs on the last position only.
-        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``).
-        Returns the model output (its cache covers all B rows) and the next-token logits [B, V]."""
+        """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share
+        one prefill whose KV cache is then copied to every row); the head runs on the last position only.
+        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``). Returns the
+        model output (its cache covers all B rows) and the next-token logits [B, V]."""
         rows = torch.cat([ids, mask], dim=1)  # identical prompt = identical ids and mask
         unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
         share = self.plan.share_prefill and len(unique) < len(rows)

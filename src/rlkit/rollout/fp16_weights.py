@@ -6,7 +6,8 @@ MKL's fp32 sgemm at that shape reaches neither bound: 20–33 GFLOP/s of a 55–
 "fp16 decode weights").
 fbgemm (PyTorch's x86 quantized backend) has a GEMM made for this shape: the weights packed once in fp16
 (half the bytes to read), the activations and the accumulation in fp32 (the packed fp16 values are
-widened with F16C on the fly). The same linears then run 1.5–1.9× faster at 1–32 rows (``benchmarks/decode_kernels.py``).
+widened with F16C on the fly). The same linears then run 1.5–1.9× faster at 1–32 rows
+(``benchmarks/decode_kernels.py``).
 
 The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
 :class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,
@@ -49,7 +50,8 @@ class Fp16Linear(nn.Module):
         self.pack(linear, name)
 
     def pack(self, linear: nn.Linear, name: str = "") -> None:
-        """Pack ``linear`` 's current weight (and bias); ``name`` for the error where a weight exceeds fp16."""
+        """Pack ``linear`` 's current weight (and bias); ``name`` for the error where a weight exceeds
+        fp16."""
         with torch.no_grad():
             weight = linear.weight.detach().float().contiguous()
             largest = float(weight.abs().max())

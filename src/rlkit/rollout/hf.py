@@ -60,7 +60,8 @@ class HFRollout:
         decode_plan: DecodePlan = DecodePlan(),
     ):
         """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults.
-        ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast one)."""
+        ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast
+        one)."""
         self.decode_plan = decode_plan
         self.module = module
         self.tokenizer = tokenizer

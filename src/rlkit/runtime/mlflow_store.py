@@ -36,7 +36,8 @@ def template_path() -> Path:
 
 
 def _build_template(template: Path) -> None:
-    """Let MLflow create and migrate a store in a temporary folder, then move it to ``template`` atomically."""
+    """Let MLflow create and migrate a store in a temporary folder, then move it to ``template``
+    atomically."""
     from mlflow.tracking import MlflowClient
 
     template.parent.mkdir(parents=True, exist_ok=True)

@@ -249,7 +249,8 @@ class Tracking:
                 name = getattr(tracker, "name", type(tracker).__name__)
                 if name not in self.errors:
                     logger.warning(
-                        "tracker '%s' failed in %s(): %s: %s; training goes on, later errors are counted in tracking/errors",
+                        "tracker '%s' failed in %s(): %s: %s; training goes on, later errors are "
+                        "counted in tracking/errors",
                         name,
                         method,
                         type(exc).__name__,

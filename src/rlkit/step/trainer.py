@@ -1,6 +1,8 @@
-"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow as a list of phases.
+"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow as a list of
+phases.
 
-One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(batch, ctx)`` in its own module::
+One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(batch, ctx)`` in its own
+module::
 
     gen            generate (rlkit.step.generate), or the rollout pool's batch made ahead (rlkit.step.ahead)
                    + greedy_baseline (rlkit.step.baseline) when the estimator needs one (ReMax)
@@ -13,8 +15,8 @@ One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(
     adv            advantage (rlkit.step.advantage): KL-in-reward (optional), then the registered estimator
     update_critic, update_actor, sync_weights (rlkit.step.compute); push_weights to a rollout pool
 
-The only branches are "is this role present" and "is this feature on". Everything named by the recipe comes from
-the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: returned by each phase.
+The only branches are "is this role present" and "is this feature on". Everything named by the recipe comes
+from the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: returned by each phase.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class Trainer:
     """Owns the data flow; the worker groups in ``runtime`` do the compute."""
 
     def __init__(self, recipe: Recipe, runtime: Runtime, hooks: RunHooks | None = None):
-        """``hooks``: what a caller does at the phases and checkpoint points (``rlkit.step.hooks``; the reliability
-        tests' fault injection); None: nothing."""
+        """``hooks``: what a caller does at the phases and checkpoint points (``rlkit.step.hooks``; the
+        reliability tests' fault injection); None: nothing."""
         self.recipe = recipe
         self.rt = runtime
         self.hooks = hooks or RunHooks()
@@ -79,8 +81,9 @@ class Trainer:
         correction = runtime.pipeline.rollout_correction
         # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
         self.bypass = bypass_on(correction)
-        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update then
-        # logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
+        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update
+        # then logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the
+        # update.
         actor = recipe.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
@@ -110,8 +113,8 @@ class Trainer:
             self.watch.stop()
 
     def step(self, prompts: Batch | None, more_prompts: Any = None) -> dict[str, float]:
-        """One RL step on ``prompts`` (``more_prompts``: the prompt iterator that refills the batch for dynamic
-        sampling and feeds a rollout pool)."""
+        """One RL step on ``prompts`` (``more_prompts``: the prompt iterator that refills the batch for
+        dynamic sampling and feeds a rollout pool)."""
         ctx = self._context()
         timer = Timer(on_enter=self._on_phase, on_exit=self.watch.exit)
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}

@@ -1,4 +1,5 @@
-"""The validation phase: ``mean@n`` / ``best@n`` of the validation data per data_source, and a table of generations.
+"""The validation phase: ``mean@n`` / ``best@n`` of the validation data per data_source, and a table of
+generations.
 
     metrics = validate(ctx)   # val-core/<data_source>/<key>/mean@n ... (rlkit.eval.metrics.core_metrics)
 

@@ -239,7 +239,8 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per mini-batch)."""
+    """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per
+    mini-batch)."""
     from rlkit.plugin.registry import load_object
 
     select = loss.spec.mini_batch_selection

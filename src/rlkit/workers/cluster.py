@@ -13,8 +13,8 @@ start a new cluster even when another user's cluster runs on the machine.
 Joined cluster (``resources.ray_address`` set, e.g. ``"10.0.0.1:6379"`` from ``ray start --head``):
 rlkit connects and, on exit, only disconnects. Ray 2.60 turns token authentication on by default: the
 driver needs the cluster's token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_MODE=token``
-with the token file). A loopback address (``127.0.0.1:port``) makes this driver use loopback too. If Ray is already initialised in this process (a test
-session's cluster), it is used as is and left running.
+with the token file). A loopback address (``127.0.0.1:port``) makes this driver use loopback too. If Ray is
+already initialised in this process (a test session's cluster), it is used as is and left running.
 """
 
 from __future__ import annotations

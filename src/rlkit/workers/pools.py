@@ -172,9 +172,10 @@ class ResourcePool:
             holders = ", ".join(f"'{r}' {s:g}" for r, s in self.claims.values())
             raise WorkerError(
                 f"resource pool '{self.name}': role '{role}' asks for share {share:g} of each bundle "
-                f"{_fmt(self.bundle())}, but {holders} already hold {held:g} of it; the shares of the roles on "
-                f"one pool must add up to at most 1. Give each of the k roles on the pool share 1/k, or map "
-                f"'{role}' to a pool of its own (resources.pools.<name>: {{...}} and resources.roles.{role}=<name>)."
+                f"{_fmt(self.bundle())}, but {holders} already hold {held:g} of it; the shares of the roles "
+                "on one pool must add up to at most 1. Give each of the k roles on the pool share 1/k, or "
+                f"map '{role}' to a pool of its own (resources.pools.<name>: {{...}} and "
+                f"resources.roles.{role}=<name>)."
             )
         self.claims[id(owner)] = (role, share)
 

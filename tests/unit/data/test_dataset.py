@@ -1,4 +1,5 @@
-"""RLDataset over real parquet files: rows checked, chat template applied, length policy, left-padded batches."""
+"""RLDataset over real parquet files: rows checked, chat template applied, length policy, left-padded
+batches."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from rlkit_harness import RECIPE  # noqa: E402
 
 
 def build_hf_cache(cache: Path, model_dir: Path, repo: str = REPO) -> Path:
-    """``model_dir``'s files as huggingface_hub stores a download: blobs by hash, a snapshot of links, refs/main."""
+    """``model_dir``'s files as huggingface_hub stores a download: blobs by hash, a snapshot of links,
+    refs/main."""
     storage = cache / ("models--" + repo.replace("/", "--"))
     snapshot = storage / "snapshots" / REVISION
     (storage / "blobs").mkdir(parents=True)
@@ -175,7 +176,8 @@ def test_a_truncated_local_folder_points_at_rlkit_merge(tmp_path, tiny_model_dir
 
 
 def lora_checkpoint(tmp_path: Path, model_dir: Path, base: str) -> Path:
-    """A LoRA checkpoint as the actor writes it: hf_config/, actor/adapter_config.json naming ``base``, DCP shards."""
+    """A LoRA checkpoint as the actor writes it: hf_config/, actor/adapter_config.json naming ``base``, DCP
+    shards."""
     import peft
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM

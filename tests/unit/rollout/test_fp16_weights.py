@@ -1,6 +1,6 @@
-"""rollout.backend: {name: hf, dtype: float16} on the CPU (rlkit.rollout.fp16_weights): fbgemm's fp16-weight linears
-compute what fp32 linears compute on fp16-rounded weights; the decode copy follows the actor's updates, repacking only
-what changed (a LoRA run's frozen base never)."""
+"""rollout.backend: {name: hf, dtype: float16} on the CPU (rlkit.rollout.fp16_weights): fbgemm's fp16-weight
+linears compute what fp32 linears compute on fp16-rounded weights; the decode copy follows the actor's
+updates, repacking only what changed (a LoRA run's frozen base never)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,10 @@ def test_fp16_linear_is_the_plain_sum_over_fp16_rounded_weights():
 
 
 def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_update(tiny_model_dir):
-    """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over the
-    fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the actor's
-    weights (which writes them without bumping their version counter); the actor's fp32 weights stay untouched."""
+    """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over
+    the fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the
+    actor's weights (which writes them without bumping their version counter); the actor's fp32 weights stay
+    untouched."""
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
@@ -122,8 +123,9 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
 
 
 def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir):
-    """With a PEFT adapter the base linears are packed when the copy is made and never again; the adapter's own
-    layers stay fp32 and are copied at every refresh; the output is the rounded base plus the current adapter."""
+    """With a PEFT adapter the base linears are packed when the copy is made and never again; the adapter's
+    own layers stay fp32 and are copied at every refresh; the output is the rounded base plus the current
+    adapter."""
     from rlkit.model.lora import apply_lora
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
@@ -160,8 +162,8 @@ def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir)
 
 
 def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypatch):
-    """Where torch has no fbgemm (not x86 / no AVX2), rollout.backend.dtype=float16 is an error when the run is
-    planned, naming the key and the fix, never a crash inside the worker."""
+    """Where torch has no fbgemm (not x86 / no AVX2), rollout.backend.dtype=float16 is an error when the run
+    is planned, naming the key and the fix, never a crash inside the worker."""
     import rlkit.hardware as hardware
 
     monkeypatch.setattr(hardware, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm")

@@ -1,5 +1,5 @@
-"""``Trainer.step`` against in-process fakes of its slots (``rlkit.testing.fakes``): the data flow of each feature,
-with the real estimators, corrections and KL controller on top, in about a second per case."""
+"""``Trainer.step`` against in-process fakes of its slots (``rlkit.testing.fakes``): the data flow of each
+feature, with the real estimators, corrections and KL controller on top, in about a second per case."""
 
 from __future__ import annotations
 

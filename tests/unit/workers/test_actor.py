@@ -1,4 +1,5 @@
-"""The FSDP2 actor in one process (world size 1, real gloo): split invariance, schedule, safety, checkpoints."""
+"""The FSDP2 actor in one process (world size 1, real gloo): split invariance, schedule, safety,
+checkpoints."""
 
 from __future__ import annotations
 

@@ -103,8 +103,9 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, mixed_preci
 
 @pytest.mark.parametrize(("mixed_precision", "share"), [("fp32", True), ("fp32", False), ("bf16", False)])
 def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, share):
-    """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits) equal
-    the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its head)."""
+    """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits)
+    equal the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its
+    head)."""
     from rlkit.model.forward import response_outputs
     from rlkit.model.lm_head import plain_head
 
@@ -187,7 +188,8 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
 
 def test_plan_packs_short_unequal_responses_and_shares_long_ones():
     """The FLOP estimate: groups with short, unequal responses pack (no padding); 8 full 256-token responses
-    per prompt share the prompt through the KV cache (a packed row's dense attention grows with its square)."""
+    per prompt share the prompt through the KV cache (a packed row's dense attention grows with its
+    square)."""
     from rlkit.model.packing import plan
 
     def micro(prompt_lens, resp_lens, width_t):

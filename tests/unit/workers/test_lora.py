@@ -1,5 +1,6 @@
-"""actor.lora (PEFT) in one process, world size 1 (real gloo, tiny Qwen2): frozen base, adapter-only optimizer,
-reference = adapter off, adapter-only checkpoints with exact resume, adapter-only rollout sync, merge outputs."""
+"""actor.lora (PEFT) in one process, world size 1 (real gloo, tiny Qwen2): frozen base, adapter-only
+optimizer, reference = adapter off, adapter-only checkpoints with exact resume, adapter-only rollout sync,
+merge outputs."""
 
 from __future__ import annotations
 
@@ -144,8 +145,9 @@ def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir,
 
 
 def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_world1, tmp_path):
-    """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and the
-    same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight version)."""
+    """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and
+    the same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight
+    version)."""
     import os
     import subprocess
 
@@ -177,8 +179,9 @@ def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_wo
 
 
 def test_engine_helpers_adapter_folder_base_and_merged_weights(tiny_model_dir, gloo_world1, tmp_path):
-    """What the vLLM / SGLang backends send: a PEFT adapter folder that PeftModel loads to the actor's outputs, the
-    base under plain names (= the model on disk), and merged weights equal to PEFT's own merge."""
+    """What the vLLM / SGLang backends send: a PEFT adapter folder that PeftModel loads to the actor's
+    outputs, the base under plain names (= the model on disk), and merged weights equal to PEFT's own
+    merge."""
     import peft
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM

@@ -199,13 +199,17 @@ class SglangRollout:
             if all(report[2] for report in reports):
                 self.lora_mode = "adapter"
             else:
-                self._no_lora_why = "a server at rollout.backend.urls does not report enable_lora (start it with --enable-lora)"
+                self._no_lora_why = (
+                    "a server at rollout.backend.urls does not report enable_lora (start it with "
+                    "--enable-lora)"
+                )
         return clients
 
     def _decide_memory_release(
         self, asked: bool | None, reports: list[tuple[str | None, bool | None]], where: str
     ) -> None:
-        """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets ``memory_release``."""
+        """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets
+        ``memory_release``."""
         problems = [p for device, saver, *_ in reports if (p := memory_release_problem(device or "", saver))]
         if asked and problems:
             raise RlkitError(
@@ -398,7 +402,8 @@ class SglangRollout:
 
     def release_memory(self) -> None:
         """Before training (colocated hybrid engine): free the servers' GPU memory. A no-op when memory
-        release is off (``memory_release``, decided at start: never on CPU, where the call kills the server)."""
+        release is off (``memory_release``, decided at start: never on CPU, where the call kills the
+        server)."""
         if self.memory_release:
             for client in self.clients:
                 client.release_memory_occupation()

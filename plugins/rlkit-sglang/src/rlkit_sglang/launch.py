@@ -48,7 +48,8 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port(attempts: int = 200) -> int:
-    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as well."""
+    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as
+    well."""
     import random
 
     rng = random.Random()

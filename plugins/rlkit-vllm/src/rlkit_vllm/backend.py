@@ -337,7 +337,8 @@ class VllmRollout:
         self.weight_syncs += 1
 
     def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
-        """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new id)."""
+        """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new
+        id)."""
         from vllm.lora.request import LoRARequest
 
         previous = self.lora_request
