@@ -1,4 +1,5 @@
-"""Helpers for tests that run `rlkit run` in a subprocess (tests/e2e, tests/reliability): a tiny recipe, the run, checks on what it leaves.
+"""Helpers for tests that run `rlkit run` in a subprocess (tests/e2e, tests/reliability): a tiny recipe, the
+run, checks on what it leaves.
 
 Every run here is a real `python -m rlkit run` (real Ray cluster, real FSDP worker, real files). A run's
 own Ray processes are known from ``<output_dir>/ray_session.json`` (written by the product once the workers
@@ -13,8 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    import torch
 
 RECIPE = """\
 model: {{path: {model}}}
@@ -39,8 +44,9 @@ trainer:
 tracking: {{backends: [{backends}]}}
 """
 
-# A graded reward (tests/fixtures/graded_score.py): the tiny model's rewards vary within groups from step 1, so
-# the update moves the weights and Adam's moments are non-zero (the arithmetic score of the tiny model is 0).
+# A graded reward (tests/fixtures/graded_score.py): the tiny model's rewards vary within groups from step 1,
+# so the update moves the weights and Adam's moments are non-zero (the arithmetic score of the tiny model is
+# 0).
 GRADED_SCORE = Path(__file__).resolve().parent / "fixtures" / "graded_score.py"
 GRADED_REWARD = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}}}\n"
 

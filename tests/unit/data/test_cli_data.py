@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from rlkit.cli.data import add_parser
 
