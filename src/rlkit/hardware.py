@@ -7,16 +7,14 @@ run on the driver (``rlkit.runtime.build``), and the concrete value goes to the 
 * CPU (``decide_cpu``), the same choice on every run of one machine and on identical machines:
   1. no native bf16 flag (``amx_bf16``, ``avx512_bf16``; ``bf16`` on Arm) → fp32, from the flags alone;
   2. otherwise a timed probe: ``PROBE_ROUNDS`` rounds, each multiplying two 256² matrices on one thread in
-     fp32 then in bf16 (≈ 0.1 s a round); the ratio is the best bf16 rate over the best fp32 rate (other work
+     fp32 then in bf16; the ratio is the best bf16 rate over the best fp32 rate (other work
      on the machine only slows a round down, so the best rates are the steadiest). At or above the band's top
      (``BF16_BAND``: ``BF16_MIN_SPEEDUP`` / 1.5 … × 1.5 = 1.33 … 3.0) → bf16; below its bottom → fp32;
      inside the band → the flags decide: AMX → bf16, else fp32.
-  Measured: an AMD EPYC with AVX2 only runs bf16 ≈ 78× slower than fp32; a Xeon with AMX ≈ 7× faster; an
-  AMD EPYC with avx512_bf16 (no AMX) 1.88× and 2.00× in two runs, which the single-probe 2× threshold this
-  replaces turned into fp32 once and bf16 once (inside the band: fp32 now, on every run). Autocast adds
-  casts around every op, so a matmul merely as fast as fp32 makes a slower step (on the AMX machine a 7×
-  matmul gave a 1.2× faster update). The inputs (flags, ratios, rule) go into the run's ``resolved.*``
-  parameters and ``run_info.json``.
+  The band exists because one machine's ratio can sit near a single threshold and flip between runs, and
+  autocast adds casts around every op, so a matmul merely as fast as fp32 makes a slower step; the ratios
+  measured on real CPUs are in docs/concepts.md. The inputs (flags, ratios, rule) go into the run's
+  ``resolved.*`` parameters and ``run_info.json``.
 * The probe's numbers are cached per machine in ``$RLKIT_CACHE/hardware.json`` (default
   ``~/.cache/rlkit``), keyed by CPU model, flags and torch version; a corrupt file is ignored and rewritten.
 
@@ -491,7 +489,7 @@ def oversubscription(
 
 def hardware_summary(*, fresh: bool = True) -> dict[str, Any]:
     """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (benchmarks print it beside every
-    result): ``fresh`` measures now (≈ 0.2 s, under the current load), else the cached probe."""
+    result): ``fresh`` measures now (under the current load), else the cached probe."""
     import torch
 
     cpu = cpu_info()

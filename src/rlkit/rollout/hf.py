@@ -15,9 +15,10 @@ where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one d
 (validation refuses an explicit bfloat16/float16 for a hybrid actor on more than one rank).
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
 is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
-copy decodes tens of times slower. ``float16`` on the CPU decodes with fp16 weights packed for fbgemm and
-fp32 activations (``rlkit.rollout.fp16_weights``: 1.5–1.9× faster linears where bf16 is slow; on CUDA a
-plain fp16 copy). Not given at all (a backend built directly): the weights' own dtype.
+copy decodes much slower (docs/concepts.md). ``float16`` on the CPU decodes with fp16 weights packed for
+fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow, measured in
+docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy). Not given at all (a backend built
+directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.

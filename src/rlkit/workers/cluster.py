@@ -154,7 +154,7 @@ class RayCluster:
         """Disconnect; stop the cluster's processes if this object started them.
 
         ``ray.shutdown`` stops what ``ray.init`` started (gcs_server, raylet, ...); the agents the raylet
-        started (dashboard agent, runtime-env agent) and its workers can outlive it by 30 s or more, so
+        started (dashboard agent, runtime-env agent) and its workers can outlive it (docs/reliability.md), so
         whatever of ``owned_processes()`` is still running afterwards gets SIGTERM, then SIGKILL after
         ``grace_s``.
         """
