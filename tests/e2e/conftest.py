@@ -11,25 +11,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rlkit_harness import GRADED_SCORE
+from rlkit_harness import GRADED_SCORE, recipe_text
 
-RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  val_files: [{data}/test.parquet]
-  max_prompt_length: 64
-  max_response_length: 8
-  train_batch_size: 4
-algorithm: {{estimator: grpo}}
-actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
-rollout: {{n: 4}}
-resources:
-  pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
-trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e, merge_at_end: true}}
-tracking: {{backends: [console, mlflow, jsonl]}}
-reward: {{custom_score: {{path: {score}}}}}
-"""
+
+def e2e_overrides(data: Path, out: Path) -> dict:
+    """The e2e run on top of the tiny base (``rlkit_harness.tiny_recipe``): 4 prompts x 4 samples of at most 8
+    tokens, validation, a checkpoint at every one of 4 steps, a merge at the end, every tracker, the graded
+    reward."""
+    return {
+        "data.val_files": [f"{data}/test.parquet"],
+        "data.max_response_length": 8,
+        "data.train_batch_size": 4,
+        "actor.ppo_micro_batch_size_per_rank": 8,
+        "rollout.n": 4,
+        "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
+        "trainer": {
+            "total_steps": 4,
+            "save_freq": 1,
+            "output_dir": str(out),
+            "experiment_name": "e2e",
+            "merge_at_end": True,
+        },
+        "tracking.backends": ["console", "mlflow", "jsonl"],
+        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+    }
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +52,7 @@ def write_recipe(tiny_assets, tmp_path):
 
     def write(out: Path, name: str = "recipe.yaml") -> Path:
         path = tmp_path / name
-        path.write_text(RECIPE.format(model=model, data=data, out=out, score=GRADED_SCORE))
+        path.write_text(recipe_text(model, data, out, e2e_overrides(data, out)))
         return path
 
     return write
@@ -63,5 +68,5 @@ def straight_run(tiny_assets, tmp_path_factory):
     model, data = tiny_assets
     root = tmp_path_factory.mktemp("straight")
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(model=model, data=data, out=root / "out", score=GRADED_SCORE))
+    recipe.write_text(recipe_text(model, data, root / "out", e2e_overrides(data, root / "out")))
     return run("run", str(recipe)), root / "out"

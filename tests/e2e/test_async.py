@@ -8,29 +8,36 @@ bypass mode. This one runs three, with decoupled PPO's weights (no bypass), and 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from rlkit_harness import ray_session, records
+from rlkit_harness import ray_session, recipe_text, records
 from rlkit_harness import run as run_rlkit
 
-RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  max_prompt_length: 64
-  max_response_length: 8
-  train_batch_size: 4
-algorithm: {{estimator: grpo, rollout_correction: {{name: decoupled, cap: 5.0}}}}
-actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
-rollout: {{n: 4}}
-resources:
-  object_store_memory_mb: 256
-  pools: {{train: {{}}, gen: {{}}}}
-  roles: {{actor_rollout_ref: train, rollout: gen}}
-trainer: {{mode: async, max_staleness: 2, total_steps: 3, save_freq: 1, max_ckpt_to_keep: 10,
-          val_before_train: false, output_dir: {out}, experiment_name: async}}
-tracking: {{backends: [jsonl]}}
-"""
+
+def async_overrides(out: Path) -> dict:
+    """Async on top of the tiny base: 4 prompts x 4 samples of at most 8 tokens, decoupled PPO (no bypass),
+    an actor pool and a rollout pool, 3 steps with a checkpoint each, at most 2 versions stale."""
+    return {
+        "data.max_response_length": 8,
+        "data.train_batch_size": 4,
+        "algorithm.rollout_correction": {"name": "decoupled", "cap": 5.0},
+        "actor.ppo_micro_batch_size_per_rank": 8,
+        "rollout.n": 4,
+        "resources": {
+            "object_store_memory_mb": 256,
+            "pools": {"train": {}, "gen": {}},
+            "roles": {"actor_rollout_ref": "train", "rollout": "gen"},
+        },
+        "trainer.mode": "async",
+        "trainer.max_staleness": 2,
+        "trainer.total_steps": 3,
+        "trainer.save_freq": 1,
+        "trainer.max_ckpt_to_keep": 10,
+        "trainer.output_dir": str(out),
+        "trainer.experiment_name": "async",
+    }
 
 
 @pytest.mark.e2e
@@ -40,7 +47,7 @@ def test_async_resume_trains_on_the_saved_batches_and_drops_what_a_smaller_bound
     model, data = tiny_assets
     recipe = tmp_path / "async.yaml"
     straight = tmp_path / "straight"
-    recipe.write_text(RECIPE.format(model=model, data=data, out=straight))
+    recipe.write_text(recipe_text(model, data, straight, async_overrides(straight)))
     result = run_rlkit("run", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in records(straight) if "training/global_step" in r]

@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from rlkit_harness import (
-    RECIPE,
     check_checkpoints,
     last_record_per_step,
     ray_session,
+    recipe_text,
+    reliability_overrides,
     run,
     sessions_started_by,
     wait_until_reaped,
@@ -126,9 +127,7 @@ def write_rows(path, sources: list[str]) -> str:
 def base(assets, tmp_path):
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
-    )
+    path.write_text(recipe_text(model, data, tmp_path / "out", reliability_overrides(steps=2, keep=2)))
     return path
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlkit_harness import RECIPE, rlkit_env, run
+from rlkit_harness import recipe_text, reliability_overrides, rlkit_env, run
 
 from rlkit.cli import build_parser, main
 
@@ -23,9 +23,7 @@ def base(assets, tmp_path) -> Path:
     """A valid tiny recipe (its own output folder)."""
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
-    )
+    path.write_text(recipe_text(model, data, tmp_path / "out", reliability_overrides(steps=2, keep=2)))
     return path
 
 

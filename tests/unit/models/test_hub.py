@@ -21,7 +21,7 @@ REPO = "rlkit-test/tiny-qwen2"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from rlkit_harness import RECIPE  # noqa: E402
+from rlkit_harness import recipe_text, reliability_overrides  # noqa: E402
 
 
 def build_hf_cache(cache: Path, model_dir: Path, repo: str = REPO) -> Path:
@@ -97,9 +97,7 @@ def test_offline_a_cached_hub_id_trains_through_rlkit_run(tmp_path, tiny_model_d
     generate_arithmetic(tmp_path / "data", train_size=8, test_size=2, seed=0)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        RECIPE.format(
-            model=REPO, data=tmp_path / "data", out=tmp_path / "out", steps=1, keep=1, backends="jsonl"
-        )
+        recipe_text(REPO, tmp_path / "data", tmp_path / "out", reliability_overrides(steps=1, keep=1))
     )
     result = subprocess.run(
         [sys.executable, "-m", "rlkit", "run", str(recipe)],
