@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
-_HARDWARE_PY = _SRC / "hardware.py"
-_FLOPS_PY = _SRC / "workers" / "flops.py"
+_HARDWARE_PY = _SRC / "hardware" / "cpu.py"
+_FLOPS_PY = _SRC / "model" / "flops.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -69,7 +69,8 @@ def flops_module():
 def hardware() -> dict:
     """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (rlkit.hardware's cached probe).
 
-    ``rlkit/hardware.py`` is loaded by file path: it needs only torch, and TRL's environment has no rlkit."""
+    ``rlkit/hardware/cpu.py`` is loaded by file path: it needs only torch, and TRL's environment has no
+    rlkit."""
     import sys
 
     module = sys.modules.get("rlkit.hardware") or _by_path("_rlkit_hardware", _HARDWARE_PY)

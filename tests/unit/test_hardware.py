@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,3 +278,27 @@ def test_a_cache_shared_with_an_older_rlkit_keeps_both_entries(tmp_path):
     entries = json.loads(cache.read_text())["entries"]
     assert entries["0123456789abcdef"] == old and len(entries) == 2
     assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == FAST_BF16  # its own entry, read back
+
+
+@pytest.mark.heavy  # a subprocess
+def test_benchmarks_load_the_probe_and_the_flops_by_file_path_without_rlkit():
+    """benchmarks/common.py loads rlkit/hardware/cpu.py and rlkit/model/flops.py by file path in TRL's
+    environment, which has no rlkit: both must exist there and import nothing of rlkit."""
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "class NoRlkit:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'rlkit':\n"
+        "            raise ImportError(f'{name}: rlkit is not installed here')\n"
+        "sys.meta_path.insert(0, NoRlkit())\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import common\n"
+        "print('MACHINE', common.hardware_line(common.hardware()))\n"
+        "print('FLOPS', common.flops_module().__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MACHINE machine: " in result.stdout and "FLOPS _rlkit_flops" in result.stdout, result.stdout

@@ -165,8 +165,12 @@ def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypa
     """Where torch has no fbgemm (not x86 / no AVX2), rollout.backend.dtype=float16 is an error when the run
     is planned, naming the key and the fix, never a crash inside the worker."""
     import rlkit.hardware as hardware
+    import rlkit.hardware.precision
 
-    monkeypatch.setattr(hardware, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm")
+    # where concrete_decode_dtype looks it up
+    monkeypatch.setattr(
+        rlkit.hardware.precision, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm"
+    )
     with pytest.raises(
         RlkitError, match=r"rollout.backend.dtype=float16: this torch build has no fbgemm.*float32"
     ):
