@@ -191,8 +191,9 @@ def test_a_killed_eval_resumes_where_it_stopped(tiny_model_dir, tmp_path):
     after = {
         p.name: (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.parquet")
     }
-    # not generated again
-    assert len(after) == 40 and all(after[name] == kept for name, kept in before.items())
+    assert len(after) == 40 and all(
+        after[name] == kept for name, kept in before.items()
+    )  # not generated again
     table = pq.read_table(out / "generations.parquet").to_pydict()
     assert len(table["prompt_id"]) == 80 and len(set(zip(table["prompt_id"], table["sample"]))) == 80
 
