@@ -12,6 +12,8 @@ nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"
+RUFF = "ruff==0.17.6"  # the test extra's pin: another version may format differently
+LINTED = ("src", "tests", "plugins", "benchmarks", "noxfile.py")
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -41,8 +43,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def edit(session: nox.Session) -> None:
-    """The edit loop: pure-Python tests only (no model, process group, Ray or subprocess; marker ``heavy`` is the
-    rest), a few minutes on 2 cores. Not a substitute for ``tests``, which CI runs."""
+    """The edit loop: pure-Python tests only (no model, process group, Ray or subprocess; marker ``heavy`` is
+    the rest), a few minutes on 2 cores. Not a substitute for ``tests``, which CI runs."""
     _install(session)
     session.run(
         "python",
@@ -64,7 +66,8 @@ def e2e(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Heavy suites kept out of the default run: fault injection at many kill points, endurance (marker `slow`)."""
+    """Heavy suites kept out of the default run: fault injection at many kill points, endurance (marker
+    `slow`)."""
     _install(session)
     session.run("python", "-m", "pytest", "-q", "-m", "slow", *session.posargs)
 
@@ -126,8 +129,10 @@ def engines(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "plugins", "benchmarks", "noxfile.py")
+    """``ruff check`` (E501: 110 columns) and ``ruff format --check``, as tests/unit/test_style.py does."""
+    session.install(RUFF)
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", *LINTED)
 
 
 @nox.session

@@ -13,17 +13,19 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
-  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.model.packing) vs shared/padded
-  fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V] logits
-  micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
+  pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.model.packing) vs
+  shared/padded fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head)
+  vs [b, t, V] logits micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch
+  (same gradient)
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
 Prints the machine (CPU model, flags, torch, matmul GFLOP/s), then the median seconds of A and B and B/A;
-for the update phase also the FLOPs each variant executes (``perf/flops/actor``, ``rlkit.model.flops``) and its GFLOP/s against the
-best fp32 1024² matmul measured here (``matmul_peak_flops``). ``--only off|on`` builds and runs one variant
-and prints the process's peak RSS (run it twice, one process per variant, to compare peak memory).
-Everything printed after the warm-up also goes to ``benchmarks/results/<stamp>-ab-<change>.{json,md}``.
+for the update phase also the FLOPs each variant executes (``perf/flops/actor``, ``rlkit.model.flops``) and
+its GFLOP/s against the best fp32 1024² matmul measured here (``matmul_peak_flops``). ``--only off|on`` builds
+and runs one variant and prints the process's peak RSS (run it twice, one process per variant, to compare peak
+memory). Everything printed after the warm-up also goes to
+``benchmarks/results/<stamp>-ab-<change>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_threa
 
 
 def plans(change: str, on: bool):
-    """The ForwardPlan and DecodePlan of a variant: B (``on``) is the current default; A turns the change off."""
+    """The ForwardPlan and DecodePlan of a variant: B (``on``) is the current default; A turns the change
+    off."""
     from rlkit.model.forward import ForwardPlan
     from rlkit.rollout.decode import DecodePlan
 
@@ -141,7 +144,8 @@ def main() -> None:
                 ppo_mini_batch_size=1,
             )
             backend = {"name": "hf", "dtype": decode}
-            # components resolved as the driver resolves them (rlkit.recipe.compose), built as the worker builds them
+            # components resolved as the driver resolves them (rlkit.recipe.compose), built as the worker
+            # builds them
             (loss, p1), (engine, p2) = (
                 resolve("actor.policy_loss", "policy_losses", cfg.policy_loss, registries),
                 resolve("rollout.backend", "rollout_backends", backend, registries),
@@ -192,14 +196,12 @@ def main() -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
-            if (
-                args.phase == "log_prob" or small
-            ):  # a small update would not fill a mini-batch: warm up a forward
+            # a small update would not fill a mini-batch: warm up a forward
+            if args.phase == "log_prob" or small:
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
-                executed[on] = actor.update(b).get(
-                    "perf/flops/actor", 0.0
-                )  # rlkit.model.flops, as a run counts
+                # rlkit.model.flops, as a run counts
+                executed[on] = actor.update(b).get("perf/flops/actor", 0.0)
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
             return time.perf_counter() - start
@@ -230,8 +232,9 @@ def main() -> None:
 
         on = variants[0]
         emit(
-            f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} s "
-            f"{[round(x, 3) for x in times[on]]}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB"
+            f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} "
+            f"s {[round(x, 3) for x in times[on]]}; peak RSS "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB"
         )
         save()
         dist.destroy_process_group()
@@ -246,14 +249,15 @@ def main() -> None:
         for on, seconds in ((False, a), (True, b)):
             flops = executed[on]
             emit(
-                f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed (perf/flops/actor), {flops / seconds / 1e9:.1f} GFLOP/s "
-                f"= {100 * flops / seconds / peak:.0f}% of the fp32 1024² matmul probe {peak / 1e9:.1f} GFLOP/s"
+                f"  {'B(on)' if on else 'A(off)'}: {flops / 1e9:.1f} GFLOP executed (perf/flops/actor), "
+                f"{flops / seconds / 1e9:.1f} GFLOP/s = {100 * flops / seconds / peak:.0f}% of the fp32 "
+                f"1024² matmul probe {peak / 1e9:.1f} GFLOP/s"
             )
         emit(f"  memory read bandwidth (256 MiB sum, 1 thread): {memory_bandwidth() / 1e9:.1f} GB/s")
     ca, cb = statistics.median(cpu_s[False]), statistics.median(cpu_s[True])
     emit(
-        f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s / threads "
-        f"is the wall time on an idle machine)"
+        f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}  (with {args.threads} thread(s), CPU s "
+        "/ threads is the wall time on an idle machine)"
     )
     save()
     dist.destroy_process_group()

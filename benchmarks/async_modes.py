@@ -1,8 +1,11 @@
 """sync vs one_step_off vs async on the quickstart-sized SmolLM2 run (recipes/grpo_async.yaml), 2 cores.
 
-    python benchmarks/async_modes.py                          # 3 modes x seeds 1 2 x 12 steps, greedy val every 2 steps
-    python benchmarks/async_modes.py --modes sync async --response-length 128 --bypass on off   # a workload, 2 configs
-    python benchmarks/async_modes.py --seeds 1 --steps 2 --smoke   # a check of the harness (tiny model, minutes)
+    # 3 modes x seeds 1 2 x 12 steps, greedy validation every 2 steps
+    python benchmarks/async_modes.py
+    # a workload, 2 configs
+    python benchmarks/async_modes.py --modes sync async --response-length 128 --bypass on off
+    # a check of the harness (tiny model, minutes)
+    python benchmarks/async_modes.py --seeds 1 --steps 2 --smoke
 
 Each run is a real `python -m rlkit run recipes/grpo_async.yaml` in a subprocess, one after another (never
 side by side: they would share the 2 cores). What differs between the modes, and nothing else:
@@ -13,8 +16,8 @@ side by side: they would share the 2 cores). What differs between the modes, and
   rollout), so generation runs on one core while training runs on the other; async keeps
   trainer.max_staleness (2) batches generated ahead, one_step_off one. Their rollout correction is
   ``--correction`` (none, or decoupled) x ``--bypass`` (on: the rollout's log-probs are pi_old and the actor's
-  old-log-prob pass is skipped; off: decoupled PPO with cap 5, which forces that pass); every combination given
-  is run (bypass applies to decoupled only).
+  old-log-prob pass is skipped; off: decoupled PPO with cap 5, which forces that pass); every combination
+  given is run (bypass applies to decoupled only).
 
 Workload: ``--response-length`` (data.max_response_length, 16), ``--n`` (rollout.n, 8), ``--batch``
 (data.train_batch_size, prompts per step, 8); the same for every mode.
@@ -22,10 +25,11 @@ Workload: ``--response-length`` (data.max_response_length, 16), ``--n`` (rollout
 Reported per run: samples/s (train_batch_size x rollout.n over timing_s/step; validation is outside the
 step), mean s/step over the steps after the first (the first has nothing generated ahead), the phase times
 (gen wait, generation on the worker, old-log-prob pass, update), the run's wall time, and greedy validation
-(val-core/.../score/mean@1) at every validated step. Written to benchmarks/results/<time>-async-modes.{json,md}
-with the machine line (CPU model, flags, torch, matmul GFLOP/s) and the load average before and after; with
-matplotlib, a plot beside it: samples/s per configuration (mean over seeds, each seed a dot) and the
-validation curves. Run it on a quiet machine: other processes on the 2 cores change every number here.
+(val-core/.../score/mean@1) at every validated step. Written to
+benchmarks/results/<time>-async-modes.{json,md} with the machine line (CPU model, flags, torch, matmul
+GFLOP/s) and the load average before and after; with matplotlib, a plot beside it: samples/s per configuration
+(mean over seeds, each seed a dot) and the validation curves. Run it on a quiet machine: other processes on
+the 2 cores change every number here.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ VAL_KEY = "val-core/rlkit/arithmetic/score/mean@1"
 
 # overrides that make recipes/grpo_async.yaml (async, two 1-CPU pools) into each mode
 MODE_OVERRIDES = {
-    # sync is the quickstart as it is: on-policy, so no rollout correction (and no old-log-prob pass it forces)
+    # sync is the quickstart as it is: on-policy, so no rollout correction (and no old-log-prob pass it
+    # forces)
     "sync": [
         "trainer.mode=sync",
         "~trainer.max_staleness",
@@ -266,14 +271,13 @@ def main() -> None:
     print(machine, f"\nload average before: {load_before}", flush=True)
     results = []
     for seed in args.seeds:
-        for mode, corr, bypass in configs(
-            args
-        ):  # interleaved by seed: slow drift in the load hits every mode
+        # interleaved by seed: slow drift in the load hits every mode
+        for mode, corr, bypass in configs(args):
             results.append(run_one(mode, corr, bypass, seed, args, args.workdir))
             r = results[-1]
             print(
-                f"{r['label']} seed {seed}: {r['samples_per_s']:.2f} samples/s, {r['s_per_step_mean']:.2f} s/step, "
-                f"val {r['val']}",
+                f"{r['label']} seed {seed}: {r['samples_per_s']:.2f} samples/s, {r['s_per_step_mean']:.2f} "
+                f"s/step, val {r['val']}",
                 flush=True,
             )
     load_after = os.getloadavg()

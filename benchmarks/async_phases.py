@@ -4,10 +4,10 @@
     python benchmarks/async_phases.py                              # SmolLM2, 8 prompts x 8, 16 64 128 tokens
     python benchmarks/async_phases.py --model DIR --tokens 16 --threads 1 2 --reps 1
 
-sync's step is G2 + U2 (one worker, 2 threads, taking turns); async's is max(G1, U1 [+ L1]) (the rollout on one
-core, the actor on the other; L1 only when the correction needs the old-log-prob pass, i.e. without bypass).
-Each phase runs as the workers run it, in one process: ``FSDPActor`` (world size 1, gloo) and the recipe's HF
-rollout over the actor's module, fp32 (this machine has no fast bf16), micro-batches of 16 as in
+sync's step is G2 + U2 (one worker, 2 threads, taking turns); async's is max(G1, U1 [+ L1]) (the rollout on
+one core, the actor on the other; L1 only when the correction needs the old-log-prob pass, i.e. without
+bypass). Each phase runs as the workers run it, in one process: ``FSDPActor`` (world size 1, gloo) and the
+recipe's HF rollout over the actor's module, fp32 (this machine has no fast bf16), micro-batches of 16 as in
 recipes/grpo_async.yaml, one PPO epoch over one mini-batch of all samples. Every completion is exactly
 ``--tokens`` long (eos ignored): the full-length case of ``data.max_response_length``; the real runs stop some
 completions early (at 16 tokens the mean was 13.9), so these are upper bounds on G and U alike.
@@ -127,9 +127,8 @@ def main() -> None:
     samples = args.prompts * args.n
     actor, registries = build(args.model, samples, args.micro)
     prompts = prompts_batch(actor.tokenizer, args.prompts)
-    warm = rollout_for(
-        actor, registries, 4
-    )  # first-call allocations and the optimizer state, outside the timings
+    # first-call allocations and the optimizer state, outside the timings
+    warm = rollout_for(actor, registries, 4)
     batch = warm.generate(prompts, n=args.n)
     batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).contiguous()
     actor.compute_log_prob(batch)
@@ -162,8 +161,8 @@ def main() -> None:
     model = predict(phases)
     for tokens, m in model.items():
         print(
-            f"{tokens} tokens: sync G2+U2 {m['sync_s']:.1f} s; async max(G1,U1) {m['async_bypass_s']:.1f} s -> "
-            f"{m['ratio_bypass']:.2f}x (bypass); max(G1,U1+L1) {m['async_decoupled_s']:.1f} s -> "
+            f"{tokens} tokens: sync G2+U2 {m['sync_s']:.1f} s; async max(G1,U1) {m['async_bypass_s']:.1f} s "
+            f"-> {m['ratio_bypass']:.2f}x (bypass); max(G1,U1+L1) {m['async_decoupled_s']:.1f} s -> "
             f"{m['ratio_decoupled']:.2f}x (decoupled)"
         )
     if args.out:

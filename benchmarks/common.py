@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
-_HARDWARE_PY = _SRC / "hardware.py"
+_HARDWARE_PY = _SRC / "hardware" / "cpu.py"
 _FLOPS_PY = _SRC / "model" / "flops.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -69,7 +69,8 @@ def flops_module():
 def hardware() -> dict:
     """CPU model, relevant flags, torch version and fp32/bf16 matmul GFLOP/s (rlkit.hardware's cached probe).
 
-    ``rlkit/hardware.py`` is loaded by file path: it needs only torch, and TRL's environment has no rlkit."""
+    ``rlkit/hardware/cpu.py`` is loaded by file path: it needs only torch, and TRL's environment has no
+    rlkit."""
     import sys
 
     module = sys.modules.get("rlkit.hardware") or _by_path("_rlkit_hardware", _HARDWARE_PY)
@@ -176,8 +177,8 @@ def memory_bandwidth(mib: int = 256, reps: int = 5) -> float:
 
 
 def update_flops(n_params: int, tokens: int) -> float:
-    """*Model* FLOPs of the update: 6 · parameters · tokens (the literature's count, both toolkits scored alike;
-    not what either executes: ``executed_update_flops``). ``n_params`` counts tied embeddings once."""
+    """*Model* FLOPs of the update: 6 · parameters · tokens (the literature's count, both toolkits scored
+    alike; not what either executes: ``executed_update_flops``). ``n_params`` counts tied embeddings once."""
     return 6.0 * n_params * tokens
 
 
@@ -232,7 +233,8 @@ class ModelShape:
 
     @property
     def body(self) -> int:
-        """Parameters of the decoder layers and final norm: their FLOPs are paid on every token the layers run."""
+        """Parameters of the decoder layers and final norm: their FLOPs are paid on every token the layers
+        run."""
         tied = self.head == self.embed
         return self.params - self.embed - (0 if tied else self.head)
 
@@ -280,15 +282,16 @@ def decode_roofline(
     kv_bytes: int = 4,
 ) -> dict[str, float]:
     """Time bound of generating ``tokens`` tokens for ``rows`` rows (``prompts`` distinct prompts of
-    ``prompt_tokens`` tokens; default one per row): the prefill, then one step per further token, each bounded by
-    ``max(bytes / bandwidth, FLOPs / peak)`` (``peak`` 0: bandwidth only).
+    ``prompt_tokens`` tokens; default one per row): the prefill, then one step per further token, each bounded
+    by ``max(bytes / bandwidth, FLOPs / peak)`` (``peak`` 0: bandwidth only).
 
-    Bytes of a step: every weight once (``value_bytes`` each: 4 fp32, 2 bf16/fp16) plus each row's KV cache (K and V
-    of every layer at its context, ``kv_bytes`` a value); FLOPs: 2 · (layers' linear weights + head) per row plus
-    4 · attention width · layers per row and context position. The prefill: the weights once, each distinct prompt
-    through the layers (its causal attention pairs), the head on its last position, its KV cache written once per
-    row. Returns the bound (``gen_bound_s``), its prefill part, bytes per step and per generated token (means), and
-    how many steps the FLOPs term bounds (``compute_bound_steps``; the rest are bandwidth-bound)."""
+    Bytes of a step: every weight once (``value_bytes`` each: 4 fp32, 2 bf16/fp16) plus each row's KV cache (K
+    and V of every layer at its context, ``kv_bytes`` a value); FLOPs: 2 · (layers' linear weights + head) per
+    row plus 4 · attention width · layers per row and context position. The prefill: the weights once, each
+    distinct prompt through the layers (its causal attention pairs), the head on its last position, its KV
+    cache written once per row. Returns the bound (``gen_bound_s``), its prefill part, bytes per step and per
+    generated token (means), and how many steps the FLOPs term bounds (``compute_bound_steps``; the rest are
+    bandwidth-bound)."""
     u = prompts or rows
     weights = shape.params * value_bytes
     linear = shape.linear or shape.body
@@ -333,10 +336,12 @@ def executed_update_flops(
     head_rows: float | None = None,
 ) -> tuple[float, str]:
     """Forward + backward FLOPs of one update micro-batch of ``completions`` rows (``prompts`` groups, prompts
-    padded to ``prompt_width``, ``tokens`` response tokens each, all real) as ``rlkit.model.flops`` counts them,
-    in ``layout``: "padded" (every row at full width; TRL), "shared" (each prompt once), "packed" (one row per
-    group), or "best" (the cheapest of the three: what the actor's layout estimate picks). ``head_rows``: positions
-    whose logits are computed (default: the response tokens, rlkit's fused head). Returns (FLOPs, layout)."""
+    padded to ``prompt_width``, ``tokens`` response tokens each, all real) as ``rlkit.model.flops`` counts
+    them, in ``layout``: "padded" (every row at full width; TRL), "shared" (each prompt once), "packed" (one
+    row per group), or "best" (the cheapest of the three: what the actor's layout estimate picks).
+    ``head_rows``:
+    positions whose logits are computed (default: the response tokens, rlkit's fused head). Returns (FLOPs,
+    layout)."""
     fl = flops_module()
     head = completions * tokens if head_rows is None else head_rows
     width = prompt_width + tokens
@@ -353,8 +358,8 @@ def executed_update_flops(
 
 
 def machine_record(threads: int | None = None) -> dict:
-    """The machine a result was measured on: ``hardware()`` (CPU model, flags, torch, matmul probe, cores) plus
-    torch threads and the 1/5/15-minute load averages at the time of the call."""
+    """The machine a result was measured on: ``hardware()`` (CPU model, flags, torch, matmul probe, cores)
+    plus torch threads and the 1/5/15-minute load averages at the time of the call."""
     return hardware() | {
         "threads": threads or torch.get_num_threads(),
         "load": [round(x, 2) for x in os.getloadavg()],
@@ -364,9 +369,9 @@ def machine_record(threads: int | None = None) -> dict:
 def save_results(
     name: str, record: dict, markdown: str, *, machine: dict | None = None, out_dir: Path = RESULTS
 ) -> Path:
-    """Write ``benchmarks/results/<stamp>-<name>.json`` (``record`` plus ``command`` and ``machine``) and ``.md``
-    (the command, the machine line and ``markdown``) — the files a docs table names
-    (``<!-- results: ...; command: ... -->``, tests/unit/test_docs.py). Returns the JSON path."""
+    """Write ``benchmarks/results/<stamp>-<name>.json`` (``record`` plus ``command`` and ``machine``) and
+    ``.md`` (the command, the machine line and ``markdown``) — the files a docs table names (``<!-- results:
+    ...; command: ... -->``, tests/unit/test_docs.py). Returns the JSON path."""
     import shlex
     import sys
 
@@ -385,8 +390,8 @@ def save_results(
 
 
 class Report:
-    """The lines a benchmark prints, kept and written at its end with ``save_results`` (``report(...)`` prints like
-    ``print``; ``report.save(record)`` writes ``<stamp>-<name>.{json,md}``)."""
+    """The lines a benchmark prints, kept and written at its end with ``save_results`` (``report(...)`` prints
+    like ``print``; ``report.save(record)`` writes ``<stamp>-<name>.{json,md}``)."""
 
     def __init__(self, name: str):
         self.name, self.lines = name, []

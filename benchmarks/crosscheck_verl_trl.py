@@ -6,7 +6,8 @@ veRL and a TRL checkout with ``ast`` (decorators dropped, ``verl_F`` masked redu
 both on 200 random batches (float64) and prints the largest absolute difference per quantity::
 
     python benchmarks/crosscheck_verl_trl.py --core-algos VERL/verl/trainer/ppo/core_algos.py \
-        --rollout-corr VERL/verl/trainer/ppo/rollout_corr_helper.py --grpo-trainer TRL/trl/trainer/grpo_trainer.py
+        --rollout-corr VERL/verl/trainer/ppo/rollout_corr_helper.py --grpo-trainer
+        TRL/trl/trainer/grpo_trainer.py
 
 Recorded results: docs/algorithms.md ("Checked against veRL and TRL").
 """

@@ -13,10 +13,10 @@ frozen base; the roofline stays the fp32 one). Each shape is
 ``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
 row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
 Gen tok/s = generated tokens / seconds (prefill included). Roofline: ``common.decode_roofline`` — the prefill,
-then per decode step max((weight + KV-cache bytes) / memory bandwidth, (linear + head + attention FLOPs) / fp32
-matmul probe peak), both measured here on the current thread count; roofline tok/s = generated tokens / that
-bound; "bound by" says which term bounds the steps. Prints the machine (CPU model, flags, matmul peaks), the
-load average and the medians, and writes them to ``benchmarks/results/<stamp>-decode.{json,md}``.
+then per decode step max((weight + KV-cache bytes) / memory bandwidth, (linear + head + attention FLOPs) /
+fp32 matmul probe peak), both measured here on the current thread count; roofline tok/s = generated tokens /
+that bound; "bound by" says which term bounds the steps. Prints the machine (CPU model, flags, matmul peaks),
+the load average and the medians, and writes them to ``benchmarks/results/<stamp>-decode.{json,md}``.
 """
 
 from __future__ import annotations
@@ -79,9 +79,8 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
-    if (
-        args.lora
-    ):  # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
+    # the actor's adapter (rlkit.model.lora): its base is frozen, so the fp16 copy packs it once
+    if args.lora:
         from rlkit.model.lora import apply_lora
         from rlkit.recipe.schema import LoraConfig
 
@@ -97,9 +96,10 @@ def main() -> None:
         )
         for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
     ]
-    head = (
-        machine + f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² "
-        f"matmul probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} MB"
+    head = machine + (
+        f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² matmul "
+        f"probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} "
+        "MB"
     )
     print(head)
     geometry = shape_from_config(model.config.to_dict(), params)
@@ -129,10 +129,8 @@ def main() -> None:
             params=HFRolloutParams(dtype="float16"),
         )
 
-        cpu: dict[bool, list[float]] = {
-            False: [],
-            True: [],
-        }  # process CPU seconds: less sensitive to other jobs
+        # process CPU seconds: less sensitive to other jobs
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
 
         def run(
@@ -147,8 +145,8 @@ def main() -> None:
             cpu=cpu,
             generated=generated,
         ) -> float:
-            # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy (the weights require grad, so every
-            # generate repacks them all), A the fast loop on fp32 weights
+            # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy (the weights require grad,
+            # so every generate repacks them all), A the fast loop on fp32 weights
             backend = (ro16 if fast else ro) if args.ab == "fp16" else (ro if fast else ro_plain)
             backend.generator.manual_seed(1)
             start, cpu_start = time.perf_counter(), time.process_time()
@@ -178,12 +176,13 @@ def main() -> None:
         )
         na, nb = ("plain", "fast") if args.ab == "loop" else ("fp32", "fp16")
         line = (
-            f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} {b:.2f} s "
-            f"{n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} ({n_tok / ca * args.threads:.0f} tok/s) "
-            f"{nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s "
-            f"(mean step {step * 1e3:.1f} ms, bound by {kind}): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} "
-            f"(best of wall, CPU) | load {os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, "
-            f"B {[round(x, 2) for x in times[True]]})"
+            f"{rows}x{tokens} ({n_tok} tokens generated): wall {na} {a:.2f} s {n_tok / a:.0f} tok/s | {nb} "
+            f"{b:.2f} s {n_tok / b:.0f} tok/s | B/A {b / a:.3f} || CPU s {na} {ca:.2f} "
+            f"({n_tok / ca * args.threads:.0f} tok/s) {nb} {cb:.2f} ({n_tok / cb * args.threads:.0f} tok/s) "
+            f"B/A {cb / ca:.3f} || roofline {roof:.0f} tok/s (mean step {step * 1e3:.1f} ms, bound by "
+            f"{kind}): {nb} at {n_tok / min(b, cb / args.threads) / roof:.0%} (best of wall, CPU) | load "
+            f"{os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B "
+            f"{[round(x, 2) for x in times[True]]})"
         )
         print(line, flush=True)
         lines.append(line)

@@ -93,9 +93,10 @@ def main() -> None:
     second = statistics.median(generate(compiled, True))
     saving = eager_slab - second
     report(
-        f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} ms/step, "
-        f"compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; break-even "
-        f"{'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load {os.getloadavg()[0]:.2f}"
+        f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} "
+        f"ms/step, compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; "
+        f"break-even {'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load "
+        f"{os.getloadavg()[0]:.2f}"
     )
     report.save({"args": vars(args)})
 

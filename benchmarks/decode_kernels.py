@@ -35,7 +35,8 @@ SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 57
 
 
 def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list) -> dict:
-    """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m, in]}``)."""
+    """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m,
+    in]}``)."""
     import torch
     import torch.nn.functional as F
 
@@ -77,8 +78,8 @@ def main() -> None:
     onednn = [w.to_mkldnn() for w in flat]
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
     head = (
-        f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth {machine['bandwidth'] / 1e9:.1f} "
-        f"GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32"
+        f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth "
+        f"{machine['bandwidth'] / 1e9:.1f} GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32"
     )
     print(head, flush=True)
     lines, medians = [head], {}

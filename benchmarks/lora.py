@@ -1,18 +1,19 @@
-"""LoRA vs full fine-tuning on the quickstart workload (docs/lora.md): s/step, peak RSS, greedy validation curve.
+"""LoRA vs full fine-tuning on the quickstart workload (docs/lora.md): s/step, peak RSS, validation curve.
 
-    python benchmarks/lora.py                                  # full (+KL, its reference copy) then LoRA r8, r16, r32
-    python benchmarks/lora.py --runs r16 full --steps 6        # fewer runs / steps
+    python benchmarks/lora.py                                       # full (+KL), then LoRA r8, r16, r32
+    python benchmarks/lora.py --runs r16 full --steps 6             # fewer runs / steps
     python benchmarks/lora.py --steps 10 --seed 2 --no-sync-bytes   # another seed (trainer.seed, data.seed)
 
-Each run is ``rlkit run`` in a subprocess (``recipes/quickstart.yaml`` with ``actor.use_kl_loss=true`` for full
-fine-tuning, so both sides have a KL reference; ``recipes/quickstart_lora.yaml`` with ``actor.lora.rank=R`` and
-``alpha=2R`` for LoRA) in ``benchmarks/.work/lora`` (the arithmetic data is made there on first use). While it
-runs, the RSS of every process under it is sampled every 0.5 s; the peak of the actor worker
-(``ray::ActorRolloutRefWorker``) is reported. s/step is the median ``perf/time_per_step`` past step 1. Also: the
-bytes a weight sync would send (adapter tensors vs the full state dict), computed from the model with the adapter.
-Writes ``benchmarks/results/<time>-lora.json`` and prints a Markdown table.
+Each run is ``rlkit run`` in a subprocess (``recipes/quickstart.yaml`` with ``actor.use_kl_loss=true`` for
+full fine-tuning, so both sides have a KL reference; ``recipes/quickstart_lora.yaml`` with
+``actor.lora.rank=R`` and ``alpha=2R`` for LoRA) in ``benchmarks/.work/lora`` (the arithmetic data is made
+there on first use). While it runs, the RSS of every process under it is sampled every 0.5 s; the peak of the
+actor worker (``ray::ActorRolloutRefWorker``) is reported. s/step is the median ``perf/time_per_step`` past
+step 1. Also: the bytes a weight sync would send (adapter tensors vs the full state dict), computed from
+the model with the adapter. Writes ``benchmarks/results/<time>-lora.json`` and prints a Markdown table.
 
-    python benchmarks/lora.py --memory-probe full              # peak RSS of actor + reference + one update, in-process
+    # peak RSS of actor + reference + one update, in-process
+    python benchmarks/lora.py --memory-probe full
 """
 
 from __future__ import annotations
@@ -77,10 +78,9 @@ def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
         f"trainer.experiment_name=lora-bench-{name}",
         "trainer.test_freq=2",
     ]
-    overrides += (
-        [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []
-    )  # else the recipes'
-    # (trainer.seed: the adapter's initial values and the sampling; data.seed: the prompt order)
+    overrides += [f"trainer.seed={seed}", f"data.seed={seed}"] if seed is not None else []
+    # (without a seed, the recipes'; trainer.seed: the adapter's initial values and the sampling; data.seed:
+    # the prompt order)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start, load_start = time.time(), os.getloadavg()
     proc = subprocess.Popen(
@@ -123,7 +123,8 @@ def one_run(name: str, steps: int, lr: float, seed: int | None = None) -> dict:
 
 
 def sync_bytes() -> dict:
-    """Bytes of the full state dict vs the adapter's tensors, SmolLM2-135M (all-linear adapters) and tiny Qwen2."""
+    """Bytes of the full state dict vs the adapter's tensors, SmolLM2-135M (all-linear adapters) and tiny
+    Qwen2."""
     import torch
 
     from rlkit.model.load import load_model
@@ -151,8 +152,8 @@ def sync_bytes() -> dict:
 
 def memory_probe(name: str) -> dict:
     """In this process (world size 1): the actor and its reference for SmolLM2 as a run builds them (full: a
-    second frozen copy; LoRA: the adapter switched off), one log-prob pass each and one update on 16 samples of
-    48 tokens; peak RSS (``ru_maxrss``) after each stage. Run each name in a fresh process."""
+    second frozen copy; LoRA: the adapter switched off), one log-prob pass each and one update on 16 samples
+    of 48 tokens; peak RSS (``ru_maxrss``) after each stage. Run each name in a fresh process."""
     import resource
 
     import torch

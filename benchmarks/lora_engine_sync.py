@@ -1,16 +1,17 @@
-"""Weight sync of a LoRA actor into vLLM / SGLang vs full weights: bytes moved and seconds, on SmolLM2-135M (fp32).
+"""Weight sync of a LoRA actor into vLLM / SGLang vs full weights: bytes moved and seconds, on SmolLM2-135M
+(fp32).
 
 One engine per call (each lives in its own environment)::
 
     OMP_NUM_THREADS=1 /work/engines/vllm/bin/python benchmarks/lora_engine_sync.py vllm [--rank 16] [--reps 3]
     OMP_NUM_THREADS=1 python benchmarks/lora_engine_sync.py sglang --python /work/engines/sglang/bin/python
 
-For each of ``full`` (the plain model: the backend's full-weight reload) and ``lora`` (the model with a rank-``r``
-PEFT adapter on every linear layer: the adapter alone, through the engine's own LoRA loading), the backend is
-started from the module, then ``update_weights(module)`` runs ``--reps`` times after a change of the trainable
-weights (every weight for ``full``, ``lora_B`` for ``lora``), each checked to change greedy output. Prints
-``rollout/weight_sync_bytes`` and the median seconds of ``update_weights`` per mode, the machine line and the
-1-minute load before and after. Shapes: none (whole state dicts).
+For each of ``full`` (the plain model: the backend's full-weight reload) and ``lora`` (the model with a
+rank-``r`` PEFT adapter on every linear layer: the adapter alone, through the engine's own LoRA loading), the
+backend is started from the module, then ``update_weights(module)`` runs ``--reps`` times after a change of
+the trainable weights (every weight for ``full``, ``lora_B`` for ``lora``), each checked to change greedy
+output. Prints ``rollout/weight_sync_bytes`` and the median seconds of ``update_weights`` per mode, the
+machine line and the 1-minute load before and after. Shapes: none (whole state dicts).
 """
 
 from __future__ import annotations

@@ -3,17 +3,17 @@
     python benchmarks/recompute_bounds.py            # every run.py results file below, one table each
 
 For each framework × workload × dtype of a results file: the update's executed FLOPs (``rlkit.model.flops``
-in the layout that toolkit ran then, below) over the recorded update time and the recorded best-of 1024² matmul
-probe ("% of probe peak", next to the superseded model-FLOPs figure), and where the file recorded the memory
-bandwidth and prompt width (2026-11-23 on), the generation's bound: prefill plus, per decode step,
+in the layout that toolkit ran then, below) over the recorded update time and the recorded best-of 1024²
+matmul probe ("% of probe peak", next to the superseded model-FLOPs figure), and where the file recorded the
+memory bandwidth and prompt width (2026-11-23 on), the generation's bound: prefill plus, per decode step,
 max(bytes / bandwidth, FLOPs / probe peak) (``common.decode_roofline``), and which term bounds the steps.
 
 Layouts (what each toolkit's code executed when the file was written; ``docs/benchmarks.md`` History):
-TRL padded rows, logits on the completion positions; rlkit before change 1a (rlkit@base of before-after) padded
-rows, logits at every position; after changes 1-6 padded rows, logits on t + 1 positions; after change 7 one
-prompt pass per group, logits on t + 1 positions; from issue 19 (fused head, packing) the cheapest layout,
-head on response tokens. Prompt width: the recorded longest prompt, else the mean prompt (a lower bound of
-the padded width, so the executed FLOPs stay a lower bound).
+TRL padded rows, logits on the completion positions; rlkit before change 1a (rlkit@base of before-after)
+padded rows, logits at every position; after changes 1-6 padded rows, logits on t + 1 positions; after change
+7 one prompt pass per group, logits on t + 1 positions; from issue 19 (fused head, packing) the cheapest
+layout, head on response tokens. Prompt width: the recorded longest prompt, else the mean prompt (a lower
+bound of the padded width, so the executed FLOPs stay a lower bound).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ FILES = {
 
 
 def shapes() -> dict[str, dict]:
-    """config.json of the two models: SmolLM2-135M-Instruct's (fixed), the tiny Qwen2 built as run.py builds it."""
+    """config.json of the two models: SmolLM2-135M-Instruct's (fixed), the tiny Qwen2 built as run.py builds
+    it."""
     from rlkit.model.tiny import build_tiny_model
 
     smollm2 = {
@@ -139,9 +140,9 @@ def one(name: str, key: str, fw: str, s: dict, layout: tuple[str, str], shape: M
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| results file | workload | dtype | toolkit | update s | executed GFLOP (layout) | update % of probe peak: "
-        "executed (model FLOPs, superseded) | gen s | gen bound s (prefill; steps bound by) | gen % of bound "
-        "(bandwidth-only, superseded) |",
+        "| results file | workload | dtype | toolkit | update s | executed GFLOP (layout) | update % of "
+        "probe peak: executed (model FLOPs, superseded) | gen s | gen bound s (prefill; steps bound by) | "
+        "gen % of bound (bandwidth-only, superseded) |",
         "|" + "---|" * 10,
     ]
     for r in rows:
@@ -175,9 +176,10 @@ def main() -> None:
                 rows.append(one(name, key, fw, s, layouts[fw], shape))
     worst = max(r["executed_frac"] for r in rows)
     md = (
-        "Recomputed from the recorded inputs of the results files named in the first column (no timing was run; "
-        "the machine line is where the arithmetic ran). Peak = each run's recorded best-of 1024² matmul probe, "
-        f"an achieved rate. Largest executed fraction: {100 * worst:.0f}%.\n\n" + table(rows)
+        "Recomputed from the recorded inputs of the results files named in the first column "
+        "(no timing was run; the machine line is where the arithmetic ran). Peak = each run's "
+        "recorded best-of 1024² matmul probe, an achieved rate. Largest executed fraction: "
+        f"{100 * worst:.0f}%.\n\n" + table(rows)
     )
     print(md)
     print(

@@ -3,13 +3,14 @@
     python benchmarks/run.py                        # tiny Qwen2 + SmolLM2-135M, fp32 + bf16, 2 rounds
     python benchmarks/run.py --workloads tiny --dtypes fp32 --rounds 1
     python benchmarks/run.py --workloads smollm2,smollm2-64,smollm2-256 --dtypes fp32   # the cost curve
-    python benchmarks/run.py --workloads smollm2-256 --dtypes fp16w   # rlkit's fp16 decode weights vs TRL fp32
+    python benchmarks/run.py --workloads smollm2-256 --dtypes fp16w   # rlkit's fp16 decode weights, TRL fp32
 
 Makes TRL's virtual environment on first use (``benchmarks/.venv-trl``: torch 2.13 CPU + trl 1.16 from
 the package index), builds the tiny model and the prompts under ``benchmarks/.work``, then for every
 model × dtype runs alternating rounds (ABBA: rlkit, TRL, TRL, rlkit, ...), one process per run, one torch
-thread per process (``--base-src``: a third, older rlkit in the rotation). Each process measures its own matmul peak, skips ``--warmup`` steps and times
-``--steps``. Prints a Markdown table and writes the raw numbers to ``benchmarks/results/``.
+thread per process (``--base-src``: a third, older rlkit in the rotation). Each process measures its own
+matmul peak, skips ``--warmup`` steps and times ``--steps``. Prints a Markdown table and writes the raw
+numbers to ``benchmarks/results/``.
 
 Beside each measurement: the machine (CPU model, flags, matmul peaks, memory read bandwidth), the rooflines
 (decode: bytes read per generated token and the generation's time bound at the measured bandwidth; update:
@@ -148,12 +149,12 @@ def run_one(
 
 
 def summarise(runs: list[dict], model_dir: str) -> dict:
-    """Medians over every measured step of every run of one framework × workload × dtype, with the rooflines."""
+    """Medians over every measured step of every run of one framework × workload × dtype, with the
+    rooflines."""
     steps = [s for r in runs for s in r["steps"]]
     for s in steps:
-        if (
-            "worker_gen" in s
-        ):  # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+        # rlkit: step time outside the worker's gen and update (dispatch, Ray, reward, adv, logging)
+        if "worker_gen" in s:
             s["overhead"] = s["step"] - s["worker_gen"] - s["worker_update_actor"]
     w = runs[0]["workload"]
     med = {k: statistics.median(s[k] for s in steps if k in s) for k in sorted({k for s in steps for k in s})}
@@ -194,11 +195,11 @@ def bounds(
     w: dict, framework: str, shape, med: dict, peak: float, bandwidth: float, model_flops: float
 ) -> dict:
     """Decode: the generation's bound, per step max(bytes / bandwidth, FLOPs / peak), prefill included
-    (``common.decode_roofline``; fp32 weights, or the bf16 / fp16 decode copy); update: model FLOPs (6 · params ·
-    all tokens, both toolkits) and executed FLOPs (``rlkit.model.flops``: rlkit in the cheapest of its layouts,
-    TRL padded rows with logits on the completion positions), with their bounds at the peak. ``peak``: the
-    best-of 1024² matmul probe the run recorded (an achieved rate, so "% of peak" may pass 100 % on model FLOPs;
-    on executed FLOPs it cannot pass the matmul's own rate)."""
+    (``common.decode_roofline``; fp32 weights, or the bf16 / fp16 decode copy); update: model FLOPs (6 ·
+    params · all tokens, both toolkits) and executed FLOPs (``rlkit.model.flops``: rlkit in the cheapest of
+    its layouts, TRL padded rows with logits on the completion positions), with their bounds at the peak.
+    ``peak``: the best-of 1024² matmul probe the run recorded (an achieved rate, so "% of peak" may pass 100 %
+    on model FLOPs; on executed FLOPs it cannot pass the matmul's own rate)."""
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
     rlkit = framework.startswith("rlkit")
@@ -252,8 +253,8 @@ def bounds(
 
 def table(summary: dict) -> str:
     lines = [
-        "| workload | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s rlkit / TRL "
-        "(% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |",
+        "| workload | dtype | rlkit step s | TRL step s | rlkit/TRL | gen tok/s rlkit / TRL | update GFLOP/s "
+        "rlkit / TRL (% of peak) | peak GFLOP/s | rlkit overhead | start-up s rlkit / TRL |",
         "|" + "---|" * 10,
     ]
     for key, s in summary.items():
@@ -261,17 +262,17 @@ def table(summary: dict) -> str:
         if "rlkit@base" in s:
             b = s["rlkit@base"]
             lines.append(
-                f"| {key[0]} | {key[1]} (rlkit@base) | {b['step']:.2f} | {t['step']:.2f} | {b['step'] / t['step']:.2f} | "
-                f"{b['gen_tok_s']:.0f} / - | {b['update_flops_s'] / 1e9:.1f} ({100 * b['update_peak_frac']:.0f}%) / - | "
-                f"{b['peak_flops'] / 1e9:.0f} | {b['overhead_s']:.2f} s ({100 * b['overhead_frac']:.1f}%) | "
-                f"{b['startup_s']:.0f} / - |"
+                f"| {key[0]} | {key[1]} (rlkit@base) | {b['step']:.2f} | {t['step']:.2f} | "
+                f"{b['step'] / t['step']:.2f} | {b['gen_tok_s']:.0f} / - | {b['update_flops_s'] / 1e9:.1f} "
+                f"({100 * b['update_peak_frac']:.0f}%) / - | {b['peak_flops'] / 1e9:.0f} | "
+                f"{b['overhead_s']:.2f} s ({100 * b['overhead_frac']:.1f}%) | {b['startup_s']:.0f} / - |"
             )
         lines.append(
             f"| {key[0]} | {key[1]} | {r['step']:.2f} | {t['step']:.2f} | **{r['step'] / t['step']:.2f}** | "
             f"{r['gen_tok_s']:.0f} / {t['gen_tok_s']:.0f} | {r['update_flops_s'] / 1e9:.1f} "
-            f"({100 * r['update_peak_frac']:.0f}%) / {t['update_flops_s'] / 1e9:.1f} ({100 * t['update_peak_frac']:.0f}%) | "
-            f"{r['peak_flops'] / 1e9:.0f} | {r['overhead_s']:.2f} s ({100 * r['overhead_frac']:.1f}%) | "
-            f"{r['startup_s']:.0f} / {t['startup_s']:.0f} |"
+            f"({100 * r['update_peak_frac']:.0f}%) / {t['update_flops_s'] / 1e9:.1f} "
+            f"({100 * t['update_peak_frac']:.0f}%) | {r['peak_flops'] / 1e9:.0f} | {r['overhead_s']:.2f} s "
+            f"({100 * r['overhead_frac']:.1f}%) | {r['startup_s']:.0f} / {t['startup_s']:.0f} |"
         )
     lines += [
         "",
@@ -292,13 +293,13 @@ def table(summary: dict) -> str:
 def roofline_table(summary: dict) -> str:
     """The cost curve (workloads by completion length) and each measurement beside its roofline."""
     lines = [
-        "Cost curve and rooflines (per generated token; gen bound = prefill + per step max(bytes / bandwidth, "
-        "FLOPs / peak); update bound = FLOPs / peak; peak = the run's best-of 1024² matmul probe; executed FLOPs: "
-        "rlkit.model.flops, rlkit in its cheapest layout, TRL padded):",
+        "Cost curve and rooflines (per generated token; gen bound = prefill + per step max(bytes / "
+        "bandwidth, FLOPs / peak); update bound = FLOPs / peak; peak = the run's best-of 1024² matmul probe; "
+        "executed FLOPs: rlkit.model.flops, rlkit in its cheapest layout, TRL padded):",
         "",
-        "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound ms/token "
-        "(KiB/token; bound by) | gen % of bound | update s | update bound s (model FLOPs) | update bound s "
-        "(executed; layout) | update % of probe peak (executed) |",
+        "| workload | dtype | tokens | completions | toolkit | step ms/token | gen ms/token | decode bound "
+        "ms/token (KiB/token; bound by) | gen % of bound | update s | update bound s (model FLOPs) | update "
+        "bound s (executed; layout) | update % of probe peak (executed) |",
         "|" + "---|" * 13,
     ]
     order = sorted(summary, key=lambda k: (WORKLOADS[k[0]][0], k[1], WORKLOADS[k[0]][3]))
@@ -311,10 +312,10 @@ def roofline_table(summary: dict) -> str:
             )
             bound_ms = 1e3 * s["gen_bound_s"] / (prompts * group * tokens)
             lines.append(
-                f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} | "
-                f"{s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}; "
-                f"{s['gen_bound_kind']}) | "
-                f"{100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | {s['update_bound_s']:.2f} | {executed} |"
+                f"| {key[0]} | {key[1]} | {tokens} | {prompts * group} | {fw} | {s['step_ms_per_token']:.1f} "
+                f"| {s['gen_ms_per_token']:.2f} | {bound_ms:.2f} ({s['decode_bytes_per_token'] / 2**10:.0f}; "
+                f"{s['gen_bound_kind']}) | {100 * s['gen_roofline_frac']:.0f}% | {s['update']:.2f} | "
+                f"{s['update_bound_s']:.2f} | {executed} |"
             )
     return "\n".join(lines)
 

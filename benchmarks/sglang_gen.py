@@ -1,12 +1,13 @@
-"""Generation throughput: rlkit's HF backend vs the sglang backend (a real SGLang server) on SmolLM2-135M fp32.
+"""Generation throughput: rlkit's HF backend vs the sglang backend (a real SGLang server) on SmolLM2-135M
+fp32.
 
     python benchmarks/sglang_gen.py --sglang-python /work/engines/sglang/bin/python [--threads 1] [--rounds 3]
 
 The same ``B`` chat prompts × ``n`` samples × ``T`` new tokens (sampling at temperature 1 with eos
-disabled for both — HF: no stop id; SGLang: ``ignore_eos`` — so every row decodes exactly ``T`` tokens) through each backend's
-``generate``; one torch thread for HF and ``OMP_NUM_THREADS`` = ``--threads`` for the server. The server
-is launched once (its start-up is reported apart); rounds alternate HF, SGLang, SGLang, HF, ... and
-tok/s = B·n·T / wall seconds of one ``generate``. Prints a Markdown table and the machine line; the
+disabled for both — HF: no stop id; SGLang: ``ignore_eos`` — so every row decodes exactly ``T`` tokens)
+through each backend's ``generate``; one torch thread for HF and ``OMP_NUM_THREADS`` = ``--threads`` for the
+server. The server is launched once (its start-up is reported apart); rounds alternate HF, SGLang, SGLang, HF,
+... and tok/s = B·n·T / wall seconds of one ``generate``. Prints a Markdown table and the machine line; the
 numbers go into docs/sglang.md with the load (``uptime``) at the time.
 """
 
@@ -81,10 +82,8 @@ def main() -> None:
     startup = time.perf_counter() - start
     sg.stop_token_ids = []
     plain = sg.sampling_params
-    sg.sampling_params = lambda **kw: {
-        **plain(**kw),
-        "ignore_eos": True,
-    }  # SGLang also stops at the model's eos
+    # SGLang also stops at the model's eos
+    sg.sampling_params = lambda **kw: {**plain(**kw), "ignore_eos": True}
     try:
         for backend in (hf, sg):  # warm-up (first-call allocations, the server's first batch)
             backend.generate(prompts, max_new_tokens=4)

@@ -82,9 +82,8 @@ def main() -> None:
             mask = result["completion_mask"]
             assert int(mask.sum(-1).min()) == w.tokens, "every completion must have the full length"
             tokens_seen.append(int(result["prompt_mask"].sum() + mask.sum()))
-            prompt_width.append(
-                int(result["prompt_mask"].shape[1])
-            )  # left-padded prompts: every row runs this many
+            # left-padded prompts: every row runs this many
+            prompt_width.append(int(result["prompt_mask"].shape[1]))
             return result
 
     class StepTimer(TrainerCallback):

@@ -80,8 +80,8 @@ def main() -> None:
         model.load_state_dict(original)
         engine.update_weights(model)
         report(
-            f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all {', '.join(f'{t:.2f}' for t in times)}),"
-            f" output changed: {changed}",
+            f"weight sync {route:10s}: median {statistics.median(times):.2f} s  (all "
+            f"{', '.join(f'{t:.2f}' for t in times)}), output changed: {changed}",
             flush=True,
         )
 

@@ -7,8 +7,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """THE tiny test model of the suite: a Qwen2 causal LM (hidden 64, 2 layers) and its local BPE tokenizer, built
-    once per session (``rlkit.model.tiny.build_tiny_model`` defaults). Read it; copy it before changing it."""
+    """THE tiny test model of the suite: a Qwen2 causal LM (hidden 64, 2 layers) and its local BPE tokenizer,
+    built once per session (``rlkit.model.tiny.build_tiny_model`` defaults). Read it; copy it before changing
+    it."""
     from rlkit.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2", seed=0)
@@ -31,10 +32,12 @@ def ray_cluster():
         cluster.stop()
 
 
-# The edit loop (``nox -s edit``, docs/concepts.md): the tests that need no model, no process group, no Ray and no
-# subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures it uses.
+# The edit loop (``nox -s edit``, docs/concepts.md): the tests that need no model, no process group, no Ray
+# and no subprocess run. Everything else gets the ``heavy`` marker here, by where it lives and which fixtures
+# it uses.
 HEAVY_DIRS = ("e2e", "reliability", "engines", "plugins")
-HEAVY_FILES = {  # subprocess runs of the CLI, MLflow's migrations, a Ray cluster of their own (measured: > 10 s each)
+# subprocess runs of the CLI, MLflow's migrations, a Ray cluster of their own (measured: > 10 s each)
+HEAVY_FILES = {
     "test_cli.py",
     "test_mlflow_store.py",
     "test_cluster.py",

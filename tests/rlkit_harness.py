@@ -1,4 +1,5 @@
-"""Helpers for tests that run `rlkit run` in a subprocess (tests/e2e, tests/reliability): a tiny recipe, the run, checks on what it leaves.
+"""Helpers for tests that run `rlkit run` in a subprocess (tests/e2e, tests/reliability): a tiny recipe, the
+run, checks on what it leaves.
 
 Every run here is a real `python -m rlkit run` (real Ray cluster, real FSDP worker, real files). A run's
 own Ray processes are known from ``<output_dir>/ray_session.json`` (written by the product once the workers
@@ -12,35 +13,77 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
+import yaml
 
-RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  max_prompt_length: 64
-  max_response_length: 6
-  train_batch_size: 2
-algorithm: {{estimator: grpo}}
-actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 4}}
-rollout: {{n: 2}}
-resources:
-  object_store_memory_mb: 128
-  pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
-trainer:
-  total_steps: {steps}
-  save_freq: 1
-  max_ckpt_to_keep: {keep}
-  val_before_train: false
-  output_dir: {out}
-  experiment_name: reliability
-tracking: {{backends: [{backends}]}}
-"""
+if TYPE_CHECKING:
+    import torch
 
-# A graded reward (tests/fixtures/graded_score.py): the tiny model's rewards vary within groups from step 1, so
-# the update moves the weights and Adam's moments are non-zero (the arithmetic score of the tiny model is 0).
+
+def tiny_recipe(model: Path | str, data: Path, out: Path, overrides: Mapping[str, Any] | None = None) -> dict:
+    """The one base recipe of the tests that run ``rlkit``, with ``overrides`` on top: the tiny model, 2
+    prompts x 2 samples of at most 6 tokens, one step, one colocated worker, jsonl only, no validation.
+
+    ``overrides`` maps a dotted key path to its value, which replaces what the base has there (a dict value
+    replaces the whole section: ``{"resources": {...}}`` drops the base's ``object_store_memory_mb``), e.g.
+    ``{"trainer.total_steps": 3, "actor.lora": {"rank": 8, "alpha": 16}}``.
+    """
+    recipe: dict[str, Any] = {
+        "model": {"path": str(model)},
+        "data": {
+            "train_files": [f"{data}/train.parquet"],
+            "max_prompt_length": 64,
+            "max_response_length": 6,
+            "train_batch_size": 2,
+        },
+        "algorithm": {"estimator": "grpo"},
+        "actor": {"optim": {"lr": 1.0e-3}, "ppo_micro_batch_size_per_rank": 4},
+        "rollout": {"n": 2},
+        "resources": {
+            "object_store_memory_mb": 128,
+            "pools": {"global": {"nodes": 1, "bundles_per_node": 1}},
+        },
+        "trainer": {
+            "total_steps": 1,
+            "val_before_train": False,
+            "output_dir": str(out),
+            "experiment_name": "tiny",
+        },
+        "tracking": {"backends": ["jsonl"]},
+    }
+    for dotted, value in (overrides or {}).items():
+        *parents, key = dotted.split(".")
+        section = recipe
+        for name in parents:
+            section = section.setdefault(name, {})
+        section[key] = value
+    return recipe
+
+
+def recipe_text(model: Path | str, data: Path, out: Path, overrides: Mapping[str, Any] | None = None) -> str:
+    """``tiny_recipe`` as block-style YAML (what ``rlkit run`` reads)."""
+    return yaml.safe_dump(tiny_recipe(model, data, out, overrides), sort_keys=False)
+
+
+def reliability_overrides(steps: int = 4, keep: int = 10, backends: str = "jsonl") -> dict[str, Any]:
+    """What the reliability runs change in the base: ``steps`` steps, a checkpoint each (``keep`` kept),
+    ``backends`` a comma-separated list of trackers."""
+    return {
+        "trainer.total_steps": steps,
+        "trainer.save_freq": 1,
+        "trainer.max_ckpt_to_keep": keep,
+        "trainer.experiment_name": "reliability",
+        "tracking.backends": [b.strip() for b in backends.split(",")],
+    }
+
+
+# A graded reward (tests/fixtures/graded_score.py): the tiny model's rewards vary within groups from step 1,
+# so the update moves the weights and Adam's moments are non-zero (the arithmetic score of the tiny model is
+# 0).
 GRADED_SCORE = Path(__file__).resolve().parent / "fixtures" / "graded_score.py"
 GRADED_REWARD = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}}}\n"
 
@@ -59,9 +102,8 @@ def write_recipe(
     backends: str = "jsonl",
     extra: str = "",
 ) -> Path:
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=out, steps=steps, keep=keep, backends=backends) + extra
-    )
+    """The reliability recipe (``reliability_overrides``) at ``path``; ``extra``: YAML sections appended."""
+    path.write_text(recipe_text(model, data, out, reliability_overrides(steps, keep, backends)) + extra)
     return path
 
 

@@ -63,7 +63,8 @@ class Batch:
                 )
             if value.dim() == 0:
                 raise BatchError(
-                    f"tensor field '{key}' is a scalar; batch fields need a leading batch dimension (put scalars in meta)."
+                    f"tensor field '{key}' is a scalar; batch fields need a leading batch dimension "
+                    "(put scalars in meta)."
                 )
         sizes = {k: v.shape[0] for k, v in tensors.items()}
         if len(set(sizes.values())) > 1:
@@ -78,7 +79,8 @@ class Batch:
     def _check(self) -> None:
         if self.tensors.batch_dims != 1:
             raise BatchError(
-                f"tensors must have exactly one batch dimension, got batch_size={list(self.tensors.batch_size)}."
+                "tensors must have exactly one batch dimension, got "
+                f"batch_size={list(self.tensors.batch_size)}."
             )
         n = len(self)
         bad = {k: len(v) for k, v in self.non_tensors.items() if len(v) != n or v.ndim != 1}
@@ -126,7 +128,10 @@ class Batch:
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
-        return f"Batch(n={len(self)}, tensors={shapes}, non_tensors={sorted(self.non_tensors)}, meta={sorted(self.meta)})"
+        return (
+            f"Batch(n={len(self)}, tensors={shapes}, non_tensors={sorted(self.non_tensors)}, "
+            f"meta={sorted(self.meta)})"
+        )
 
     # ----- selection --------------------------------------------------------------------------
     def _index(self, item: Index) -> Batch:
@@ -215,9 +220,9 @@ class Batch:
             shapes = [tuple(b.tensors[key].shape[1:]) for b in batches]
             if len(set(shapes)) > 1:
                 raise BatchError(
-                    f"concat: field '{key}' has per-sample shapes {shapes} in batches 0..{len(batches) - 1}; pad them "
-                    "to one width first (rollout batches: rlkit.rollout.base.concat_rollouts pads prompts on the "
-                    "left and responses on the right)."
+                    f"concat: field '{key}' has per-sample shapes {shapes} in batches 0..{len(batches) - 1}; "
+                    "pad them to one width first (rollout batches: rlkit.rollout.base.concat_rollouts pads "
+                    "prompts on the left and responses on the right)."
                 )
         tensors = torch.cat([b.tensors for b in batches]) if batches[0].tensors.keys() else None
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in batches[0].non_tensors}

@@ -1,8 +1,9 @@
 """Fixtures for end-to-end runs: a tiny model and arithmetic data, built once per session.
 
-Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability). The recipe scores
-with the graded reward of tests/fixtures/graded_score.py: the tiny model's rewards vary within groups from step 1,
-so every step has a non-zero gradient and Adam's moments are non-zero (arithmetic would score 0 throughout).
+Running `rlkit` and reading its metrics: tests/rlkit_harness.py (shared with tests/reliability). The recipe
+scores with the graded reward of tests/fixtures/graded_score.py: the tiny model's rewards vary within groups
+from step 1, so every step has a non-zero gradient and Adam's moments are non-zero (arithmetic would score 0
+throughout).
 """
 
 from __future__ import annotations
@@ -10,25 +11,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rlkit_harness import GRADED_SCORE
+from rlkit_harness import GRADED_SCORE, recipe_text
 
-RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  val_files: [{data}/test.parquet]
-  max_prompt_length: 64
-  max_response_length: 8
-  train_batch_size: 4
-algorithm: {{estimator: grpo}}
-actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 8}}
-rollout: {{n: 4}}
-resources:
-  pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}
-trainer: {{total_steps: 4, save_freq: 1, output_dir: {out}, experiment_name: e2e, merge_at_end: true}}
-tracking: {{backends: [console, mlflow, jsonl]}}
-reward: {{custom_score: {{path: {score}}}}}
-"""
+
+def e2e_overrides(data: Path, out: Path) -> dict:
+    """The e2e run on top of the tiny base (``rlkit_harness.tiny_recipe``): 4 prompts x 4 samples of at most 8
+    tokens, validation, a checkpoint at every one of 4 steps, a merge at the end, every tracker, the graded
+    reward."""
+    return {
+        "data.val_files": [f"{data}/test.parquet"],
+        "data.max_response_length": 8,
+        "data.train_batch_size": 4,
+        "actor.ppo_micro_batch_size_per_rank": 8,
+        "rollout.n": 4,
+        "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
+        "trainer": {
+            "total_steps": 4,
+            "save_freq": 1,
+            "output_dir": str(out),
+            "experiment_name": "e2e",
+            "merge_at_end": True,
+        },
+        "tracking.backends": ["console", "mlflow", "jsonl"],
+        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+    }
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +52,7 @@ def write_recipe(tiny_assets, tmp_path):
 
     def write(out: Path, name: str = "recipe.yaml") -> Path:
         path = tmp_path / name
-        path.write_text(RECIPE.format(model=model, data=data, out=out, score=GRADED_SCORE))
+        path.write_text(recipe_text(model, data, out, e2e_overrides(data, out)))
         return path
 
     return write
@@ -54,13 +60,13 @@ def write_recipe(tiny_assets, tmp_path):
 
 @pytest.fixture(scope="session")
 def straight_run(tiny_assets, tmp_path_factory):
-    """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``. Shared by
-    the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test compares a
-    killed and resumed run with it."""
+    """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``.
+    Shared by the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test
+    compares a killed and resumed run with it."""
     from rlkit_harness import run
 
     model, data = tiny_assets
     root = tmp_path_factory.mktemp("straight")
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(model=model, data=data, out=root / "out", score=GRADED_SCORE))
+    recipe.write_text(recipe_text(model, data, root / "out", e2e_overrides(data, root / "out")))
     return run("run", str(recipe)), root / "out"

@@ -22,38 +22,21 @@ import math
 
 import pytest
 import torch
-from rlkit_harness import GRADED_SCORE, records
+from rlkit_harness import GRADED_SCORE, recipe_text, records
 from rlkit_harness import run as run_rlkit
 
 from rlkit.plugin.registry import build_registries
 
-BASE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  max_prompt_length: 64
-  max_response_length: 6
-  train_batch_size: 2
-actor: {{optim: {{lr: 1.0e-3}}, ppo_micro_batch_size_per_rank: 4}}
-rollout: {{n: 2}}
-resources: {{object_store_memory_mb: 128, pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-trainer:
-  total_steps: 1
-  val_before_train: false
-  output_dir: {out}
-  experiment_name: doors
-tracking: {{backends: [jsonl]}}
-"""
-
 # what a component needs beside its name to run on the tiny recipe (nothing else is tuned): recipe sections,
 # and the component's own parameters
-NEEDS: dict[tuple[str, str], str] = {
-    ("estimator", "ppo"): "critic: {optim: {lr: 1.0e-3}, ppo_micro_batch_size_per_rank: 4}\n",
-    ("policy_loss", "clip_cov"): ", clip_cov_ratio: 0.2, clip_cov_lb: -10.0, clip_cov_ub: 10.0",  # cuts
-    ("policy_loss", "kl_cov"): ", kl_cov_ratio: 0.2",
+NEEDS: dict[tuple[str, str], dict] = {
+    ("estimator", "ppo"): {"critic": {"optim": {"lr": 1.0e-3}, "ppo_micro_batch_size_per_rank": 4}},
+    # cuts
+    ("policy_loss", "clip_cov"): {"clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
+    ("policy_loss", "kl_cov"): {"kl_cov_ratio": 0.2},
 }
 # DAPO's overlong shaping starts 64 tokens before the maximum by default: more than the 6 tokens here
-REWARD = {("estimator", "dapo"): ", overlong_buffer: {len: 2}"}
+REWARD = {("estimator", "dapo"): {"overlong_buffer": {"len": 2}}}
 # the graded score is in [0, 1]; DAPO's overlong shaping subtracts up to its penalty_factor (1) from it
 SCORE_LOW = {("estimator", "dapo"): -1.0}
 DEFAULT = {("estimator", "remax"), ("policy_loss", "kl_cov"), ("rollout_correction", "seq_mis")}
@@ -74,15 +57,18 @@ def _components() -> list:
     return params
 
 
-def _recipe_tail(kind: str, name: str) -> str:
-    """The YAML that names the component (and what it needs) and the graded reward; the rest is BASE's."""
-    need = NEEDS.get((kind, name), "")
-    reward = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}{REWARD.get((kind, name), '')}}}\n"
+def _overrides(kind: str, name: str) -> dict:
+    """What names the component (and what it needs) and the graded reward, on top of the tiny base recipe
+    (``rlkit_harness.tiny_recipe``: one step, no validation, jsonl only)."""
+    need = NEEDS.get((kind, name), {})
+    reward = {"custom_score": {"path": str(GRADED_SCORE)}, **REWARD.get((kind, name), {})}
+    overrides = {"trainer.experiment_name": "doors", "reward": reward}
     if kind == "estimator":
-        return f"algorithm: {{estimator: {name}}}\n{need}{reward}"
+        return {**overrides, "algorithm.estimator": name, **need}
     if kind == "policy_loss":
-        return f"algorithm: {{estimator: grpo}}\nactor: {{policy_loss: {{name: {name}{need}}}}}\n{reward}"
-    return f"algorithm: {{estimator: grpo, rollout_correction: {{name: {name}}}}}\n{reward}"
+        # the whole actor section, as it was before the shared builder: default optimizer and micro-batch
+        return {**overrides, "actor": {"policy_loss": {"name": name, **need}}}
+    return {**overrides, "algorithm.rollout_correction": {"name": name}}
 
 
 def _own_metrics(fn, with_advantages: bool) -> set[str]:
@@ -134,7 +120,7 @@ def test_component_runs_through_rlkit_run(kind, name, tiny_assets, tmp_path):
     model, data = tiny_assets
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(BASE.format(model=model, data=data, out=out) + _recipe_tail(kind, name))
+    recipe.write_text(recipe_text(model, data, out, _overrides(kind, name)))
     result = run_rlkit("run", str(recipe), timeout=800)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in records(out) if "training/global_step" in r]

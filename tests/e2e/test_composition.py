@@ -55,13 +55,11 @@ resources: {object_store_memory_mb: 128, pools: {global: {nodes: 1, bundles_per_
     )
     for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
         assert key in steps[-1], key
-    assert all(
-        s["critic/lora_trainable_params"] > 0 for s in steps
-    )  # critic.lora: the adapter (+ value head)
+    # critic.lora: the adapter (+ value head)
+    assert all(s["critic/lora_trainable_params"] > 0 for s in steps)
     assert (tmp_path / "out" / "checkpoints" / "global_step_2" / "critic" / "adapter_config.json").is_file()
-    for (
-        step
-    ) in steps:  # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
+    # fast path (one epoch, one mini-batch: no old_log_prob): the update's log-probs give it
+    for step in steps:
         assert step["training/rollout_probs_diff_valid"] == 1.0
         assert (
             0.0 <= step["training/rollout_probs_diff_mean"] <= step["training/rollout_probs_diff_max"] < 1e-2

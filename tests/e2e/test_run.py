@@ -54,8 +54,8 @@ def _weights_digest(checkpoint: Path) -> str:
 
 
 # The tolerance comparison with the recording, on any machine: float results of another CPU or library version
-# differ in the last bits, and sampling can turn them into a different token; rtol 1e-3 (atol 1e-6 for values near
-# 0, e.g. a GRPO pg_loss) passes for such noise and fails for a changed update, loss or reward.
+# differ in the last bits, and sampling can turn them into a different token; rtol 1e-3 (atol 1e-6 for values
+# near 0, e.g. a GRPO pg_loss) passes for such noise and fails for a changed update, loss or reward.
 RTOL, ATOL = 1e-3, 1e-6
 
 
@@ -69,7 +69,8 @@ def _weights_norm(checkpoint: Path) -> float:
 
 def _resolved_precision(out: Path) -> dict:
     """What ``auto`` precision became in this run (params.json ``resolved``): float results under another
-    precision are not comparable, and ``auto`` can choose differently between runs on one machine (issue 26.6)."""
+    precision are not comparable, and ``auto`` can choose differently between runs on one machine (issue
+    26.6)."""
     resolved = json.loads((out / "params.json").read_text())["resolved"]
     return {k: resolved[k] for k in ("mixed_precision", "decode_dtype")}
 
@@ -152,8 +153,9 @@ def test_sync_run_matches_the_sync_reference(straight_run):
 
 
 def test_sync_reference_checks_can_fail_and_skip_visibly(monkeypatch, tmp_path):
-    """No run: the recording's own rows pass the tolerance check with float noise (rtol 1e-5) and fail it with a
-    1% change of one metric or of the weights' norm; off the fingerprint the exact check skips naming both."""
+    """No run: the recording's own rows pass the tolerance check with float noise (rtol 1e-5) and fail it with
+    a 1% change of one metric or of the weights' norm; off the fingerprint the exact check skips naming
+    both."""
     import copy
 
     reference = json.loads(SYNC_REFERENCE.read_text())
@@ -285,8 +287,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(straight_run, write_recip
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     run_id_before = json.loads((killed / "run_info.json").read_text())["run_ids"]["mlflow"]
-    # before the kill the update did something: graded rewards, a gradient at every step, Adam's moments non-zero
-    # in the newest checkpoint (so the resume has non-trivial optimizer state to restore)
+    # before the kill the update did something: graded rewards, a gradient at every step, Adam's moments
+    # non-zero in the newest checkpoint (so the resume has non-trivial optimizer state to restore)
     before = [r for r in records(killed) if "training/global_step" in r]
     assert before and all(r["critic/score/max"] > r["critic/score/min"] for r in before), before
     assert all(r["actor/grad_norm"] > 0 for r in before), [r["actor/grad_norm"] for r in before]
@@ -342,8 +344,8 @@ def test_tool_agent_recipe_runs_on_cpu(write_recipe, tmp_path):
 
 @pytest.mark.e2e
 def test_lora_sigkill_then_resume_matches_uninterrupted_run(write_recipe, tmp_path):
-    """actor.lora + KL loss: a run killed after step 2 and resumed from its adapter-only checkpoint ends with the
-    same metrics and the same adapter as an uninterrupted run."""
+    """actor.lora + KL loss: a run killed after step 2 and resumed from its adapter-only checkpoint ends with
+    the same metrics and the same adapter as an uninterrupted run."""
     lora = ["actor.lora={rank: 4, alpha: 8, dropout: 0.1}", "actor.use_kl_loss=true", "actor.optim.lr=1.0e-2"]
     straight = tmp_path / "straight"
     result = run_rlkit("run", str(write_recipe(straight, "a.yaml")), *lora)

@@ -1,14 +1,16 @@
-"""Every shipped recipe runs end to end with `rlkit run RECIPE --smoke` (default test run, not behind a marker).
+"""Every shipped recipe runs end to end with `rlkit run RECIPE --smoke` (default test run, not behind a
+marker).
 
 Each recipe in recipes/ runs in its own subprocess and working folder, sharing one tiny smoke model built once
 per session (``RLKIT_CACHE``). ``EXPECTED`` names, per recipe, the metrics that prove its parts ran; a recipe
-without an entry fails ``test_every_recipe_has_an_entry`` (add one when you add a recipe). On top of the table,
-what a recipe declares is checked generically: a KL loss must log ``actor/kl_loss``, a critic
-``critic/vf_loss``; and ``_values`` checks what every run's metrics say (finite, shares in [0, 1], scores in the
-scorer's range, a gradient where advantages are non-zero, KL > 0 once the actor moved), with the graded reward
-in the runs of ``GRADED`` so those checks have something to see. One recipe (quickstart, which merges at the end) is also resumed from its checkpoint.
-``EXTRA_RUNS`` run a recipe with overrides: DAPO's refill budget error, and the off-policy doors (a rollout
-correction, Clip-Cov, the optimal token baseline) in one quickstart run.
+without an entry fails ``test_every_recipe_has_an_entry`` (add one when you add a recipe). On top of the
+table, what a recipe declares is checked generically: a KL loss must log ``actor/kl_loss``, a critic
+``critic/vf_loss``; and ``_values`` checks what every run's metrics say (finite, shares in [0, 1], scores in
+the scorer's range, a gradient where advantages are non-zero, KL > 0 once the actor moved), with the graded
+reward in the runs of ``GRADED`` so those checks have something to see. One recipe (quickstart, which merges
+at the end) is also resumed from its checkpoint. ``EXTRA_RUNS`` run a recipe with overrides: DAPO's refill
+budget error, and the off-policy doors (a rollout correction, Clip-Cov, the optimal token baseline) in one
+quickstart run.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def _tool_turns(steps: list[dict], out: Path) -> None:
 
 
 def _environment_scored(steps: list[dict], out: Path) -> None:
-    """The reasoning-gym environment gave the rows and scored them: its task's score_answer (0..1, partial credit
-    for a response containing the answer) spread over the batch, and the update had a gradient."""
+    """The reasoning-gym environment gave the rows and scored them: its task's score_answer (0..1, partial
+    credit for a response containing the answer) spread over the batch, and the update had a gradient."""
     assert (out / "environment" / "train.parquet").is_file()
     for s in steps:
         assert s["reward/errors"] == 0.0 and 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.0
@@ -113,9 +115,8 @@ def _own_process(role: str):
 
 def _reward_model_scored(steps: list[dict], out: Path) -> None:
     _own_process("reward_model")(steps, out)
-    assert all(
-        s["reward/rm_scores/used_fraction"] > 0 for s in steps
-    )  # synthetic rows: the model scores them
+    # synthetic rows: the model scores them
+    assert all(s["reward/rm_scores/used_fraction"] > 0 for s in steps)
 
 
 def _generated_ahead(steps: list[dict], out: Path) -> None:
@@ -123,29 +124,27 @@ def _generated_ahead(steps: list[dict], out: Path) -> None:
     _own_process("rollout")(steps, out)
     assert [s["async/staleness_mean"] for s in steps] == [0.0, 1.0]
     assert all(s["async/dropped_stale"] == 0 for s in steps)
-    # the recipe's correction is decoupled in bypass mode: the rollout's log-probs were pi_old, so no old-log-prob
-    # pass ran (the correction would force it otherwise) and no weights were made; the mismatch metrics come from
-    # the actor's first log-probs. Step 1 sampled from the actor's own weights: equal up to numerics. (The tiny
-    # model scores 0, so GRPO's update leaves the weights unchanged and step 2's stale sample cannot show a
-    # mismatch here; tests/unit/test_offpolicy.py covers the phase.)
+    # the recipe's correction is decoupled in bypass mode: the rollout's log-probs were pi_old, so no
+    # old-log-prob pass ran (the correction would force it otherwise) and no weights were made; the mismatch
+    # metrics come from the actor's first log-probs. Step 1 sampled from the actor's own weights: equal up to
+    # numerics. (The tiny model scores 0, so GRPO's update leaves the weights unchanged and step 2's stale
+    # sample cannot show a mismatch here; tests/unit/test_offpolicy.py covers the phase.)
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = [
-        r for r in raw if "training/global_step" in r
-    ]  # records() drops timing_s/*: read the file itself
+    # records() drops timing_s/*: read the file itself
+    timed = [r for r in raw if "training/global_step" in r]
     assert all("timing_s/update_actor" in r and "timing_s/old_log_prob" not in r for r in timed), timed
     assert all(s["rollout_corr/bypass"] == 1.0 for s in steps)
-    assert all(
-        s["rollout/weight_sync_bytes"] > 0 for s in steps
-    )  # full weights pushed (the LoRA run: adapter only)
+    # full weights pushed (the LoRA run: adapter only)
+    assert all(s["rollout/weight_sync_bytes"] > 0 for s in steps)
     assert not any(k.startswith("rollout_corr/rollout_is") for k in steps[0]), sorted(steps[0])
     assert steps[0]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[0]["rollout_corr/kl"]) < 1e-3
 
 
 def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
-    """LoRA ran: the reference (adapter off) equals the actor before the first update (KL exactly 0), not after;
-    checkpoints hold the adapter; the final merge is a PEFT adapter folder and --merge-lora a full model, and both
-    load and generate, with the same logits."""
+    """LoRA ran: the reference (adapter off) equals the actor before the first update (KL exactly 0), not
+    after; checkpoints hold the adapter; the final merge is a PEFT adapter folder and --merge-lora a full
+    model, and both load and generate, with the same logits."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,9 +166,8 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
     q_base = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
     with_adapter = PeftModel.from_pretrained(base, adapter)
     full = AutoModelForCausalLM.from_pretrained(merged)
-    assert not torch.equal(
-        full.model.layers[0].self_attn.q_proj.weight, q_base
-    )  # the trained adapter is in it
+    # the trained adapter is in it
+    assert not torch.equal(full.model.layers[0].self_attn.q_proj.weight, q_base)
     tok = AutoTokenizer.from_pretrained(merged)
     ids = tok("1 + 2 =", return_tensors="pt")
     for model in (with_adapter, full):  # both generate
@@ -181,27 +179,26 @@ def _lora_trained_and_merges(steps: list[dict], out: Path) -> None:
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
 
 
-# Recipes whose smoke run scores with the graded reward (tests/fixtures/graded_score.py) instead of arithmetic, which
-# the tiny model never answers (score 0, zero advantages, zero gradient: nothing to check). Left out: dapo (its
-# refill check needs uniform groups), grpo_reward_model (the reward model is what it checks), grpo_async and
-# quickstart_lora (their checks read a run whose weights do not move).
+# Recipes whose smoke run scores with the graded reward (tests/fixtures/graded_score.py) instead of
+# arithmetic, which the tiny model never answers (score 0, zero advantages, zero gradient: nothing to check).
+# Left out: dapo (its refill check needs uniform groups), grpo_reward_model (the reward model is what it
+# checks), grpo_async and quickstart_lora (their checks read a run whose weights do not move).
 GRADED = {"quickstart", "grpo", "ppo", "grpo_separate_ref", "grpo_tool_agent"}
-# the random tiny model's sentences rarely end in the sum (answer_tags: last_number scores 0); scoring the whole
-# response gives partial credit for containing the answer, so its scores spread
+# the random tiny model's sentences rarely end in the sum (answer_tags: last_number scores 0); scoring the
+# whole response gives partial credit for containing the answer, so its scores spread
 SPREAD = {"reasoning_gym": ["data.environment.answer_tags=optional"]}
-SCORE_RANGE = {
-    "dapo": (-1.0, 1.0)
-}  # else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
+# else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
+SCORE_RANGE = {"dapo": (-1.0, 1.0)}
 SCORE_RANGE |= {"grpo_reward_model": None}
 
 
 def _values(name: str, steps: list[dict]) -> None:
-    """What the metrics say, beyond their presence: the update ran where it had something to learn, KL grew once
-    the actor moved away from its reference, shares are shares, scores lie in the scorer's range.
+    """What the metrics say, beyond their presence: the update ran where it had something to learn, KL grew
+    once the actor moved away from its reference, shares are shares, scores lie in the scorer's range.
 
-    A non-zero advantage gives a non-zero gradient: grad_norm > 0 where any advantage is non-zero. pg_loss is not
-    asserted non-zero: on-policy with group-centred advantages it is ``-sum_i A_i n_i / N``, 0 up to float noise
-    whenever the responses have one length (the tiny model fills the length), whatever the update does.
+    A non-zero advantage gives a non-zero gradient: grad_norm > 0 where any advantage is non-zero. pg_loss is
+    not asserted non-zero: on-policy with group-centred advantages it is ``-sum_i A_i n_i / N``, 0 up to float
+    noise whenever the responses have one length (the tiny model fills the length), whatever the update does.
     """
     for s in steps:
         for key, value in s.items():
@@ -222,9 +219,8 @@ def _values(name: str, steps: list[dict]) -> None:
             assert s["actor/grad_norm"] > 0, f"{name} step {s['step']}: advantages non-zero, grad_norm 0"
         if "critic/vf_loss" in s:
             assert s["critic/vf_loss"] >= 0 and s["critic/grad_norm"] > 0, (name, s)
-    if (
-        "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0
-    ):  # the actor moved: KL to the reference
+    # the actor moved: KL to the reference
+    if "actor/kl_loss" in steps[0] and steps[0]["actor/grad_norm"] > 0:
         assert steps[1]["actor/kl_loss"] > 0, [s["actor/kl_loss"] for s in steps]
     if name in GRADED:  # the checks above were not vacuous: rewards varied and the update ran at every step
         assert all(
@@ -246,8 +242,9 @@ CHECKS = {
 # extra smoke runs beyond one per recipe: name -> (recipe, overrides)
 EXTRA_RUNS = {
     "dapo_budget": ("dapo", ["algorithm.filter_groups.max_num_gen_batches=1"]),
-    # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's sum_pi_squared,
-    # sampling from fp16 weights (rlkit.rollout.fp16_weights) the correction has to correct for
+    # the off-policy doors in one run: a rollout correction, Clip-Cov's mini-batch selection, OTB's
+    # sum_pi_squared, sampling from fp16 weights (rlkit.rollout.fp16_weights) the correction has to correct
+    # for
     "offpolicy": (
         "quickstart",
         [
@@ -297,8 +294,9 @@ PARALLEL = 2  # smoke runs at once: a run is mostly start-up (Ray, worker import
 
 @pytest.fixture(scope="session")
 def smoke_runs(smoke_cache, tmp_path_factory, request):
-    """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own folder,
-    started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess, output dir)``."""
+    """`rlkit run recipes/<name>.yaml --smoke` of every recipe the selected tests need, each in its own
+    folder, started together (``PARALLEL`` at a time) on first use; name -> future of ``(CompletedProcess,
+    output dir)``."""
     needs = {
         "test_resume_and_merge_after_a_smoke_run": "quickstart",
         "test_dapo_budget_error": "dapo_budget",
@@ -307,9 +305,8 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
         "test_textarena_multi_turn_smoke_run": "textarena_turns",
     }
     needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
-    wanted: list[
-        str
-    ] = []  # in the order the tests ask for them, so no test waits behind runs queued after it
+    # in the order the tests ask for them, so no test waits behind runs queued after it
+    wanted: list[str] = []
     for item in request.session.items:
         name, spec = getattr(item, "originalname", ""), getattr(item, "callspec", None)
         run = (
@@ -363,9 +360,8 @@ def test_every_recipe_has_an_entry():
     } <= set(RECIPES)
 
 
-@pytest.mark.timeout(
-    1200
-)  # its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
+# its own run, plus at most the run queued beside it (a loaded machine: ~5 min each)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_smoke_run(name, smoke_runs):
     from rlkit.plugin.registry import build_registries
@@ -396,8 +392,8 @@ def test_recipe_smoke_run(name, smoke_runs):
 
 @pytest.mark.timeout(1200)
 def test_dapo_budget_error(smoke_runs):
-    """max_num_gen_batches=1 and a step that needs a refill: the run stops with an error that names the metric,
-    shows every group's scores and says what to change."""
+    """max_num_gen_batches=1 and a step that needs a refill: the run stops with an error that names the
+    metric, shows every group's scores and says what to change."""
     result, _ = smoke_runs["dapo_budget"].result()
     assert result.returncode == 1
     err = result.stderr
@@ -419,13 +415,15 @@ def test_offpolicy_smoke_run(smoke_runs):
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    # the old_log_prob pass ran: forced by the correction and OTB (one epoch over one mini-batch would skip it)
+    # the old_log_prob pass ran: forced by the correction and OTB (one epoch over one mini-batch would skip
+    # it)
     assert all("timing_s/old_log_prob" in r for r in raw if "training/global_step" in r)
     # the rollout decoded with fbgemm fp16 weights, every linear of the tiny model (2 layers x 7 + the head)
     # repacked at every step (they are trainable)
     assert [s["rollout/fp16_repacked_linears"] for s in steps] == [15.0, 15.0]
     for step in steps:
-        # the HF backend samples from the actor's weights rounded to fp16: pi_old / pi_rollout = 1 up to that rounding
+        # the HF backend samples from the actor's weights rounded to fp16: pi_old / pi_rollout = 1 up to that
+        # rounding
         assert 0.99 < step["rollout_corr/rollout_is_mean"] < 1.01
         assert step["training/rollout_probs_diff_max"] > 5e-5  # measured ~3e-4 (fp32 decode: float noise)
         assert (
@@ -443,14 +441,16 @@ def test_offpolicy_smoke_run(smoke_runs):
         # Clip-Cov cut floor(0.2 N) tokens (fewer where the ratio clip binds): the selection reached the loss
         assert 0.0 < step["actor/pg_clipfrac"] <= 0.2 + 1e-6
         assert step["critic/advantages/max"] >= step["critic/advantages/min"]
-    # the run's recipe names OTB (its function raises without old_log_prob and sum_pi_squared: they were passed)
+    # the run's recipe names OTB (its function raises without old_log_prob and sum_pi_squared: they were
+    # passed)
     saved = (out / "checkpoints" / "global_step_2" / "recipe.yaml").read_text()
     assert "optimal_token_baseline" in saved and "token_tis" in saved and "clip_cov" in saved
 
 
 def test_async_lora_smoke_run(smoke_runs):
-    """actor.lora with trainer.mode=async (grpo_async's smoke profile): the rollout pool's module carries the adapter
-    and every weight push sends the adapter's tensors alone (fp32: 4 bytes per trainable parameter)."""
+    """actor.lora with trainer.mode=async (grpo_async's smoke profile): the rollout pool's module carries the
+    adapter and every weight push sends the adapter's tensors alone (fp32: 4 bytes per trainable
+    parameter)."""
     result, out = smoke_runs["async_lora"].result()
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]
@@ -464,7 +464,8 @@ def test_async_lora_smoke_run(smoke_runs):
 
 @pytest.mark.timeout(1800)
 def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
-    """Quickstart's smoke run merged its final actor (merge_at_end); resume it for one more step, merge again."""
+    """Quickstart's smoke run merged its final actor (merge_at_end); resume it for one more step, merge
+    again."""
     result, out = smoke_runs["quickstart"].result()
     assert result.returncode == 0, result.stderr[-4000:]
     assert (out / "hf_model" / "config.json").is_file()
@@ -481,11 +482,8 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
     )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stderr
-    assert [r["step"] for r in records(out) if "training/global_step" in r] == [
-        1,
-        2,
-        3,
-    ]  # step 3 only, appended
+    # step 3 only, appended
+    assert [r["step"] for r in records(out) if "training/global_step" in r] == [1, 2, 3]
     merged = tmp_path / "merged"
     result = run_rlkit("merge", str(out / "checkpoints" / "global_step_3"), "--out", str(merged))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -496,7 +494,8 @@ def test_resume_and_merge_after_a_smoke_run(smoke_cache, smoke_runs, tmp_path):
 
 @pytest.mark.e2e
 def test_smoke_with_smollm2(tmp_path):
-    """`--smoke-model smollm2`: the same laptop profile on SmolLM2-135M (converted once into the user's cache)."""
+    """`--smoke-model smollm2`: the same laptop profile on SmolLM2-135M (converted once into the user's
+    cache)."""
     result = run_rlkit(
         "run", str(RECIPES["grpo"]), "--smoke", "--smoke-model", "smollm2", cwd=tmp_path, timeout=600
     )
@@ -509,12 +508,12 @@ def test_smoke_with_smollm2(tmp_path):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", ["textarena_turns", "textarena_async"])
 def test_textarena_multi_turn_smoke_run(name, smoke_runs):
-    """A TextArena game (GuessTheNumber-v0) through the environment agent loop: every episode had more than one
-    assistant turn (the game's replies in between, as masked user turns: tests/unit/rollout/test_environment.py),
-    the game's reward reached the reward manager without errors, and the actor's recomputed log-probs on the
-    multi-turn sequences agree with the rollout's (fp32 decode: float noise only) — in sync mode and with the
-    episodes generated ahead in a rollout pool (async; the tiny model's games score 0, so its weights do not move
-    and a stale sample's log-probs still agree)."""
+    """A TextArena game (GuessTheNumber-v0) through the environment agent loop: every episode had more than
+    one assistant turn (the game's replies in between, as masked user turns:
+    tests/unit/rollout/test_environment.py), the game's reward reached the reward manager without errors, and
+    the actor's recomputed log-probs on the multi-turn sequences agree with the rollout's (fp32 decode: float
+    noise only) — in sync mode and with the episodes generated ahead in a rollout pool (async; the tiny
+    model's games score 0, so its weights do not move and a stale sample's log-probs still agree)."""
     result, out = smoke_runs[name].result()
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [r for r in records(out) if "training/global_step" in r]

@@ -1,11 +1,14 @@
-"""A LoRA actor (``actor.lora``) with the ``sglang`` rollout backend, against a REAL SGLang server (marker ``engines``).
+"""A LoRA actor (``actor.lora``) with the ``sglang`` rollout backend, against a REAL SGLang server (marker
+``engines``).
 
 On CPU SGLang 0.5.15 cannot serve adapters (its LoRA layers pin memory, which needs a CUDA driver: a server
-started with ``--enable-lora`` dies at start, docs/sglang.md), so the backend runs in ``lora_mode`` ``merged``:
+started with ``--enable-lora`` dies at start, docs/sglang.md), so the backend runs in ``lora_mode``
+``merged``:
 the actor's ``W + scale · B A`` is pushed in full (``/update_weights_from_tensor``) at start and after each
-update, and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA module,
-before and after a sync; then `rlkit run` with ``actor.lora`` and ``rollout.backend=sglang``. The adapter mode
-(``/load_lora_adapter``) is for CUDA servers and is not run here. Run with `nox -s engines_sglang`. Model:
+update, and said in the log. Checked: greedy generation equals rlkit's HF backend sampling from the same LoRA
+module, before and after a sync; then `rlkit run` with ``actor.lora`` and ``rollout.backend=sglang``. The
+adapter mode (``/load_lora_adapter``) is for CUDA servers and is not run here. Run with `nox -s
+engines_sglang`. Model:
 SmolLM2-135M-Instruct in fp32 (the quickstart's). One server at a time (3.8 GB and a core each).
 """
 
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkit_harness import rlkit_env
+from rlkit_harness import recipe_text, rlkit_env
 
 from rlkit.testing.rollout import assert_same_greedy, hf_greedy
 
@@ -117,22 +120,25 @@ def test_cpu_server_gets_merged_weights_and_generation_follows_each_sync(
     assert len(re.findall(synced, text)) == 2  # at start, after the update
 
 
-RUN_RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  max_prompt_length: 64
-  max_response_length: 8
-  train_batch_size: 2
-algorithm: {{estimator: grpo}}
-actor: {{optim: {{lr: 2.0e-4}}, ppo_micro_batch_size_per_rank: 4, lora: {{rank: 8, alpha: 16}}}}
-rollout:
-  n: 2
-  backend: {{name: sglang, launch: {{python: {python}, log_dir: {logs}, startup_timeout_s: 900}}}}
-resources: {{pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-trainer: {{total_steps: 2, save_freq: 0, val_before_train: false, output_dir: {out}, experiment_name: sglang_lora}}
-tracking: {{backends: [jsonl]}}
-"""
+def run_overrides(python: str, logs: Path, out: Path) -> dict:
+    """On top of the tiny base (``rlkit_harness.tiny_recipe``): the ``sglang`` backend launched by the run,
+    at most 8 tokens, 2 steps without checkpoints."""
+    return {
+        "data.max_response_length": 8,
+        "actor": {
+            "optim": {"lr": 2.0e-4},
+            "ppo_micro_batch_size_per_rank": 4,
+            "lora": {"rank": 8, "alpha": 16},
+        },
+        "rollout.backend": {
+            "name": "sglang",
+            "launch": {"python": str(python), "log_dir": str(logs), "startup_timeout_s": 900},
+        },
+        "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
+        "trainer.total_steps": 2,
+        "trainer.save_freq": 0,
+        "trainer.experiment_name": "sglang_lora",
+    }
 
 
 def test_rlkit_run_lora_through_a_real_sglang_server(sglang_python, model_dir, tmp_path):
@@ -141,9 +147,7 @@ def test_rlkit_run_lora_through_a_real_sglang_server(sglang_python, model_dir, t
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out, logs = tmp_path / "out", tmp_path / "sglang-logs"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out)
-    )
+    recipe.write_text(recipe_text(model_dir, tmp_path / "data", out, run_overrides(sglang_python, logs, out)))
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit", "run", str(recipe)],
         env=rlkit_env(),

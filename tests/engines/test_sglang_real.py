@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkit_harness import rlkit_env
+from rlkit_harness import recipe_text, rlkit_env
 
 from rlkit.testing.rollout import hf_greedy
 
@@ -171,7 +171,8 @@ def test_finish_reasons_stop_ids_and_one_log_prob_per_token(backend, hf):
         and stopped.matched == third
         and stopped.token_ids == long.token_ids[:3]
     )
-    # n samples per input come input-major: [a0, a1, b0, b1]; greedy makes each pair equal to that input's answer.
+    # n samples per input come input-major: [a0, a1, b0, b1]; greedy makes each pair equal to that input's
+    # answer.
     short = row[:6]
     pairs = client.generate([row, short], {**base, "max_new_tokens": 5, "n": 2})
     alone = client.generate([short], {**base, "max_new_tokens": 5})[0]
@@ -270,9 +271,8 @@ def test_dead_server_is_an_error_within_seconds(backend, hf):
     killer.start()
     start = time.monotonic()
     row = _prompts(tok)["input_ids"][0].tolist()
-    with pytest.raises(
-        SglangServerError, match="exited"
-    ) as err:  # the launched server is watched: ~900 tokens
+    # the launched server is watched: ~900 tokens
+    with pytest.raises(SglangServerError, match="exited") as err:
         backend.clients[0].generate([row], {"max_new_tokens": 900, "ignore_eos": True})  # take 20 s or more
     assert server.url in str(err.value) and time.monotonic() - start < 30
     start = time.monotonic()
@@ -282,22 +282,21 @@ def test_dead_server_is_an_error_within_seconds(backend, hf):
 
 
 # ----- a training run ------------------------------------------------------------------------------
-RUN_RECIPE = """\
-model: {{path: {model}}}
-data:
-  train_files: [{data}/train.parquet]
-  max_prompt_length: 64
-  max_response_length: 8
-  train_batch_size: 2
-algorithm: {{estimator: grpo}}
-actor: {{optim: {{lr: 1.0e-5}}, ppo_micro_batch_size_per_rank: 4}}
-rollout:
-  n: 2
-  backend: {{name: sglang, launch: {{python: {python}, log_dir: {logs}, startup_timeout_s: 900}}}}
-resources: {{pools: {{global: {{nodes: 1, bundles_per_node: 1}}}}}}
-trainer: {{total_steps: 2, save_freq: 0, val_before_train: false, output_dir: {out}, experiment_name: sglang}}
-tracking: {{backends: [jsonl]}}
-"""
+def run_overrides(python: str, logs: Path, out: Path) -> dict:
+    """On top of the tiny base (``rlkit_harness.tiny_recipe``): the ``sglang`` backend launched by the run,
+    at most 8 tokens, 2 steps without checkpoints."""
+    return {
+        "data.max_response_length": 8,
+        "actor": {"optim": {"lr": 1.0e-5}, "ppo_micro_batch_size_per_rank": 4},
+        "rollout.backend": {
+            "name": "sglang",
+            "launch": {"python": str(python), "log_dir": str(logs), "startup_timeout_s": 900},
+        },
+        "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
+        "trainer.total_steps": 2,
+        "trainer.save_freq": 0,
+        "trainer.experiment_name": "sglang",
+    }
 
 
 def _server_pids(port: str) -> list[int]:
@@ -313,9 +312,7 @@ def test_rlkit_run_trains_through_a_real_sglang_server(sglang_python, model_dir,
     generate_arithmetic(tmp_path / "data", train_size=16, test_size=4, seed=0)
     out, logs = tmp_path / "out", tmp_path / "sglang-logs"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        RUN_RECIPE.format(model=model_dir, data=tmp_path / "data", python=sglang_python, logs=logs, out=out)
-    )
+    recipe.write_text(recipe_text(model_dir, tmp_path / "data", out, run_overrides(sglang_python, logs, out)))
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit", "run", str(recipe)],
         env=rlkit_env(),

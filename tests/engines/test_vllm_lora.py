@@ -1,4 +1,5 @@
-"""A LoRA actor (``actor.lora``) with the ``vllm`` rollout backend, against the real engine (marker ``engines``).
+"""A LoRA actor (``actor.lora``) with the ``vllm`` rollout backend, against the real engine (marker
+``engines``).
 
 The engine serves the frozen base and takes the adapter through vLLM's own LoRA loading (``enable_lora``, a
 ``LoRARequest`` per sync): after a sync only the adapter's tensors have moved, and greedy generation equals
@@ -38,8 +39,8 @@ def model_dir(tmp_path_factory):
 
 
 def lora_module(model_dir, seed: int):
-    """The tiny model with a rank-8 PEFT adapter on every linear layer, ``lora_B`` drawn at random (seeded) so the
-    adapter changes the outputs (a fresh adapter is the identity)."""
+    """The tiny model with a rank-8 PEFT adapter on every linear layer, ``lora_B`` drawn at random (seeded) so
+    the adapter changes the outputs (a fresh adapter is the identity)."""
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.model.lora import apply_lora
     from rlkit.recipe.schema import LoraConfig, ModelConfig
@@ -90,9 +91,8 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
         full_bytes = state_bytes(module.state_dict())
         assert engine.lora_request is not None and engine.sync_bytes == adapter_bytes < full_bytes / 3
         first = engine.generate(prompts, n=1, do_sample=False)
-        assert_same_greedy(
-            first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4
-        )  # served with the adapter active
+        # served with the adapter active
+        assert_same_greedy(first, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)
         row = prompts["input_ids"][0][prompts["attention_mask"][0].bool()].tolist()  # [P0], no padding
         with_base = engine.llm.generate(
             [{"prompt_token_ids": row}],  # no LoRARequest: the base model
@@ -117,17 +117,17 @@ def test_adapter_sync_moves_the_adapter_alone_and_generation_follows_it(model_di
         assert not torch.equal(second["responses"], first["responses"])
         assert_same_greedy(second, hf_greedy(module, tokenizer, prompts, 12), atol=1e-4)
 
-        engine.update_weights(
-            {k: v.clone() for k, v in adapter_state_dict(module).items()}
-        )  # a state dict: same
+        # a state dict: same
+        engine.update_weights({k: v.clone() for k, v in adapter_state_dict(module).items()})
         assert_same_greedy(engine.generate(prompts, n=1, do_sample=False), second, atol=1e-4)
     finally:
         engine.close()
 
 
 def test_rlkit_run_lora_with_rollout_backend_vllm(model_dir, tmp_path):
-    """`rlkit run` with actor.lora and rollout.backend=vllm: two GRPO steps (KL to the base, the adapter switched
-    off); the engine took the adapter alone at start and after step 1 (``rollout/weight_sync_bytes``)."""
+    """`rlkit run` with actor.lora and rollout.backend=vllm: two GRPO steps (KL to the base, the adapter
+    switched off); the engine took the adapter alone at start and after step 1
+    (``rollout/weight_sync_bytes``)."""
     from rlkit_harness import records, write_recipe
     from rlkit_harness import run as run_rlkit
 

@@ -28,7 +28,8 @@ def test_vllm_is_registered_with_its_params_and_no_undeclared_capabilities(regis
     spec = registries.rollout_backends.get("vllm")
     assert spec.params in (VllmParams, "rlkit_vllm.params:VllmParams")
     assert spec.generate_ids is False and spec.memory_release is False  # sleep/wake free nothing on CPU
-    # limits refused at validation (tests/reliability/test_bad_input.py), LoRA taken through vLLM's own loading
+    # limits refused at validation (tests/reliability/test_bad_input.py), LoRA taken through vLLM's own
+    # loading
     assert spec.truncated_sampling is False and spec.max_ranks == 1 and spec.lora is True
 
 

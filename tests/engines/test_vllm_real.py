@@ -105,9 +105,8 @@ def test_vllm_backend_passes_the_rollout_kit(tiny):
 
     registries = build_registries(make_plugin_manager())
     spec = registries.rollout_backends.get("vllm")
-    assert (
-        not spec.memory_release and not spec.generate_ids
-    )  # declared unsupported: the kit must not call them
+    # declared unsupported: the kit must not call them
+    assert not spec.memory_release and not spec.generate_ids
     model, tokenizer = tiny
     engine = check_rollout_backend(
         "vllm",
@@ -136,9 +135,8 @@ def test_generate_layout_eos_and_log_probs(backend, tiny):
     assert ended, "no response ended at eos: the eos row of the tiny model should make some stop early"
     eos = tokenizer.eos_token_id
     assert all(int(out["responses"][r, lengths[r] - 1]) == eos for r in ended)
-    assert (
-        (out["responses"][:, :-1] == eos) & (out["response_mask"][:, 1:] == 1)
-    ).sum() == 0  # nothing after eos
+    # nothing after eos
+    assert ((out["responses"][:, :-1] == eos) & (out["response_mask"][:, 1:] == 1)).sum() == 0
     # one log-prob per response token, <= 0, 0 where masked; the actor's recomputation agrees
     mask = out["response_mask"].bool()
     assert (out["rollout_log_probs"][mask] < 0).all() and (out["rollout_log_probs"][~mask] == 0).all()
@@ -209,9 +207,8 @@ def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_di
     from rlkit.testing.rollout import chat_prompts
 
     _, tokenizer = tiny
-    model = load_model(
-        ModelConfig(path=str(model_dir)), tokenizer=tokenizer
-    ).eval()  # our own copy to perturb
+    # our own copy to perturb
+    model = load_model(ModelConfig(path=str(model_dir)), tokenizer=tokenizer).eval()
     engine = make_backend(model, tokenizer, weight_sync=route)
     try:
         prompts = chat_prompts(tokenizer)
@@ -226,9 +223,8 @@ def test_weight_sync_changes_outputs_and_restoring_restores_them(route, model_di
         assert not torch.equal(after["responses"], before["responses"])
         assert (recomputed_log_probs(model, after) - after["rollout_log_probs"]).abs().max() < 1e-4
         model.load_state_dict(original)
-        engine.update_weights(
-            {k: v.clone() for k, v in original.items()}
-        )  # a rollout-only worker: a state dict
+        # a rollout-only worker: a state dict
+        engine.update_weights({k: v.clone() for k, v in original.items()})
         restored = engine.generate(prompts, n=1, do_sample=False)
         assert torch.equal(restored["responses"], before["responses"])
         assert (restored["rollout_log_probs"] - before["rollout_log_probs"]).abs().max() < 1e-5
@@ -261,14 +257,12 @@ def test_rlkit_run_with_rollout_backend_vllm_then_resume(model_dir, tmp_path):
     # the engine's own metrics: it generated, and before step 2 it had reloaded the weights of step 1's update
     assert [r["rollout/vllm/weight_syncs"] for r in steps] == [0.0, 1.0]
     for r in steps:
-        assert r["rollout/vllm/generated_tokens"] == pytest.approx(
-            r["response_length/mean"] * 4
-        )  # 2 prompts × n 2
+        # 2 prompts × n 2
+        assert r["rollout/vllm/generated_tokens"] == pytest.approx(r["response_length/mean"] * 4)
         assert r["response_length/mean"] > 0 and "actor/pg_loss" in r and "critic/score/mean" in r
 
     result = run_rlkit("run", str(recipe), *engine, "trainer.total_steps=3", timeout=900)  # resume: auto
     assert result.returncode == 0, result.stderr[-4000:]
     step3 = [r for r in records(out) if r.get("training/global_step") == 3.0]
-    assert (
-        len(step3) == 1 and step3[0]["rollout/vllm/weight_syncs"] == 1.0
-    )  # the checkpoint's weights, before step 3
+    # the checkpoint's weights, before step 3
+    assert len(step3) == 1 and step3[0]["rollout/vllm/weight_syncs"] == 1.0

@@ -117,7 +117,8 @@ def test_a_server_that_exits_at_start_is_an_error_with_its_log(tmp_path):
     assert time.monotonic() - start < 30  # not the startup timeout
 
 
-# A server that is healthy and never answers /generate (a hung engine): only the liveness watch can end the wait.
+# A server that is healthy and never answers /generate (a hung engine): only the liveness watch can end the
+# wait.
 HUNG_SERVER = """
 import http.server, sys, time
 class H(http.server.BaseHTTPRequestHandler):
@@ -140,9 +141,8 @@ def test_launched_server_killed_mid_request_raises_at_once_and_stops_by_group(tm
         startup_timeout_s=60,
     )
     try:
-        client = SglangClient(
-            server.url, retries=5, backoff_s=5.0, watch=server.problem
-        )  # no answer for 600 s
+        # no answer for 600 s
+        client = SglangClient(server.url, retries=5, backoff_s=5.0, watch=server.problem)
         assert client.health() and server.problem() is None
         killer = threading.Timer(0.5, os.killpg, (server.proc.pid, signal.SIGKILL))
         killer.start()
@@ -185,7 +185,8 @@ def test_guard_ends_the_server_when_its_launcher_dies():
 
 
 def test_server_dies_with_a_killed_guard():
-    """Ray SIGKILLs what a stopped worker leaves behind, the guard included: the server must not survive it."""
+    """Ray SIGKILLs what a stopped worker leaves behind, the guard included: the server must not survive
+    it."""
     guard = subprocess.Popen(
         [sys.executable, GUARD, str(os.getpid()), sys.executable, "-c", "import time; time.sleep(300)"],
         start_new_session=True,
@@ -210,6 +211,7 @@ def test_server_dies_with_a_killed_guard():
 
 
 def test_launch_ports_leave_room_for_sglangs_derived_grpc_port():
-    """SGLang refuses to start when --port + 10000 (its gRPC port) is above 65535: seen with an OS-chosen 58691."""
+    """SGLang refuses to start when --port + 10000 (its gRPC port) is above 65535: seen with an OS-chosen
+    58691."""
     ports = [_free_port() for _ in range(50)]
     assert all(20000 <= p <= 55535 for p in ports), ports

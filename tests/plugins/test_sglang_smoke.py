@@ -1,6 +1,6 @@
-"""`--smoke --keep-backend`: the GPU recipes' own rollout backend (sglang) is kept, its sizes shrink, the table
-says so; without the plugin the recipe is refused, never swapped for hf. The runs themselves, against a real
-SGLang server: tests/engines/test_sglang_recipes.py."""
+"""`--smoke --keep-backend`: the GPU recipes' own rollout backend (sglang) is kept, its sizes shrink, the
+table says so; without the plugin the recipe is refused, never swapped for hf. The runs themselves, against a
+real SGLang server: tests/engines/test_sglang_recipes.py."""
 
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ def test_keep_backend_keeps_sglang_and_shrinks_its_launch(name, cache):
     )
     backend = recipe.rollout.backend
     assert backend.name == "sglang" and recipe.resources.device == "cpu"
-    assert (
-        backend.launch["num_replicas"] == 1 and backend.launch["tp_size"] == 1
-    )  # 4-8 replicas, tp 1-4 in the file
+    # 4-8 replicas, tp 1-4 in the file
+    assert backend.launch["num_replicas"] == 1 and backend.launch["tp_size"] == 1
     lines = table.splitlines()
     assert any("rollout.backend.launch.mem_fraction_static" in line and "(default)" in line for line in lines)
     assert lines[-1].split() == ["rollout.backend", "kept:", "sglang", "(--keep-backend)"]
@@ -48,9 +47,8 @@ def test_keep_backend_without_the_plugin_is_refused_not_swapped(cache):
     builtins_only = build_registries(make_plugin_manager(entry_points=False))
     with pytest.raises(RecipeError, match="sglang"):
         load_smoke_recipe(REPO / "recipes" / "dapo.yaml", registries=builtins_only, keep_backend=True)
-    recipe, _ = load_smoke_recipe(
-        REPO / "recipes" / "dapo.yaml", registries=builtins_only
-    )  # plain --smoke: hf
+    # plain --smoke: hf
+    recipe, _ = load_smoke_recipe(REPO / "recipes" / "dapo.yaml", registries=builtins_only)
     assert recipe.rollout.backend.name == "hf"
 
 

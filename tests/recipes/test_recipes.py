@@ -39,9 +39,8 @@ def test_what_each_recipe_implies(registries):
     assert uses_ref(by_name["grpo"]) and uses_ref(by_name["ppo"]) and not uses_ref(by_name["dapo"])
     dapo = by_name["dapo"]
     assert dapo.actor.policy_loss.params["clip_ratio_high"] == 0.28 and dapo.algorithm.filter_groups.enable
-    assert (
-        dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable
-    )  # shaping is a reward step
+    # shaping is a reward step
+    assert dapo.reward.manager.name == "naive" and dapo.reward.overlong_buffer.enable
     assert by_name["ppo"].algorithm.estimator.params == {"gamma": 1.0, "lam": 1.0}
     assert (
         by_name["quickstart"].resources.device == "auto"

@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rlkit_harness import (
-    RECIPE,
     check_checkpoints,
     last_record_per_step,
     ray_session,
+    recipe_text,
+    reliability_overrides,
     rlkit_env,
     run,
     wait_until_reaped,
@@ -44,9 +45,7 @@ def base(assets, tmp_path) -> Path:
     """A valid tiny recipe (its own output folder)."""
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
-    )
+    path.write_text(recipe_text(model, data, tmp_path / "out", reliability_overrides(steps=2, keep=2)))
     return path
 
 

@@ -74,7 +74,8 @@ def test_nan_and_inf_updates_are_skipped_counted_then_stop_the_run(recipe, tmp_p
     wait_until_reaped(ray_session(out))
 
 
-@pytest.mark.slow  # 53 s quiet (two checkpoints, a gated worker); `nox -s slow`: the default run keeps its 20-min budget
+# 53 s quiet (two checkpoints, a gated worker); `nox -s slow`: the default run keeps its 20-min budget
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_says_so(recipe, tmp_path):
     """RLIMIT_FSIZE = 1 MiB on the driver and the worker (prlimit, after Ray started: Ray's object store
     file must stay unlimited) makes the 2.2 MB model shard of checkpoint 2 fail as a full disk would."""

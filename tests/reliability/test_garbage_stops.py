@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from rlkit_harness import (
-    RECIPE,
     check_checkpoints,
     last_record_per_step,
     ray_session,
+    recipe_text,
+    reliability_overrides,
     run,
     sessions_started_by,
     wait_until_reaped,
@@ -92,9 +93,8 @@ def test_the_reward_step_stops_on_a_real_manager(assets, score, message):
         },
     )
     with NaiveRewardManager(tokenizer, score) as manager:
-        assert (
-            RewardStep(manager).max_error_fraction == 1.0
-        )  # built by hand: never stops (a run passes the recipe's)
+        # built by hand: never stops (a run passes the recipe's)
+        assert RewardStep(manager).max_error_fraction == 1.0
         with pytest.raises(RewardFailureError) as error:
             RewardStep(manager, max_error_fraction=0.5)(batch)
     assert "2 of 2 scores" in str(error.value) and "data_source 'bad/src'" in str(error.value)
@@ -127,9 +127,7 @@ def write_rows(path, sources: list[str]) -> str:
 def base(assets, tmp_path):
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
-    )
+    path.write_text(recipe_text(model, data, tmp_path / "out", reliability_overrides(steps=2, keep=2)))
     return path
 
 

@@ -1,8 +1,8 @@
 """No silent hang in scoring: a score function that never returns, in a real `rlkit run`, under the default
 ``naive`` manager (a per-sample timeout) and under ``batch`` (one timeout for the batch's call).
 
-The hung worker and the slow-phase report are shown in test_stop_signals.py (a SIGSTOPped worker is reported by role
-and rank while the run waits on it).
+The hung worker and the slow-phase report are shown in test_stop_signals.py (a SIGSTOPped worker is reported
+by role and rank while the run waits on it).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
 """
 
 
-# the batch half (same scoring pool, a whole call timed out) runs in the slow suite to keep the default run short
+# the batch half (same scoring pool, a whole call timed out) runs in the slow suite to keep the default run
+# short
 @pytest.mark.parametrize(
     ("manager", "timeouts"), [("naive", 1.0), pytest.param("batch", 4.0, marks=pytest.mark.slow)]
 )
 def test_a_hanging_scorer_costs_one_timeout_and_is_counted(recipe, tmp_path, manager, timeouts):
-    """Step 1's first call hangs: ``naive`` gives that one sample the default score, ``batch`` all 4 samples of
-    the call (2 prompts × 2 responses); both finish the step, count it in reward/timeouts and run on."""
+    """Step 1's first call hangs: ``naive`` gives that one sample the default score, ``batch`` all 4 samples
+    of the call (2 prompts × 2 responses); both finish the step, count it in reward/timeouts and run on."""
     out = tmp_path / "out"
     score = tmp_path / "hang_once.py"
     score.write_text(HANG_ONCE.format(marker=str(tmp_path / "hung")))

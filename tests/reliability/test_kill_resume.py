@@ -2,9 +2,9 @@
 
 What must hold after every kill: no checkpoint folder without COMPLETE, every checkpoint loads; no process
 of the killed run's Ray session survives; and the resumed run reports, for every step, exactly what an
-uninterrupted run with the same seed reported, and ends with bit-identical weights and optimizer state. The recipe
-scores with a graded reward (tests/fixtures/graded_score.py): every step has a gradient and Adam's moments are
-non-zero before any kill, so a resume that failed to restore them would show.
+uninterrupted run with the same seed reported, and ends with bit-identical weights and optimizer state. The
+recipe scores with a graded reward (tests/fixtures/graded_score.py): every step has a gradient and Adam's
+moments are non-zero before any kill, so a resume that failed to restore them would show.
 
 Kill points come from a fault plan ``<phase>:<step>`` given to the test-only entry
 ``python -m rlkit.testing.faults PLAN -- run ...`` (src/rlkit/testing/faults.py; the driver SIGKILLs itself
@@ -54,9 +54,8 @@ def reference(assets, tmp_path_factory) -> Path:
     result = run("run", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert check_checkpoints(out) == list(range(1, STEPS + 1))
-    steps = last_record_per_step(
-        out
-    )  # the update did something from step 1: a gradient, non-zero Adam moments
+    # the update did something from step 1: a gradient, non-zero Adam moments
+    steps = last_record_per_step(out)
     assert all(steps[s]["actor/grad_norm"] > 0 for s in steps), steps
     norms = moment_norms(optimizer_state(out / "checkpoints" / "global_step_1"))
     assert norms["exp_avg"] > 0 and norms["exp_avg_sq"] > 0, norms
@@ -74,17 +73,15 @@ def assert_matches_reference(out: Path, reference: Path) -> None:
             if got[step].get(k) != want[step].get(k)
         }
         assert not diff, f"step {step} differs from the uninterrupted run: {diff}"
-    for step in check_checkpoints(
-        out
-    ):  # every checkpoint left equals the reference's, bit for bit: weights and
+    # every checkpoint left equals the reference's, bit for bit: weights and
+    for step in check_checkpoints(out):
         ours, theirs = (
             out / "checkpoints" / f"global_step_{step}",
             reference / "checkpoints" / f"global_step_{step}",
         )
         assert same_weights(ours, theirs)
-        differ = differing_tensors(
-            optimizer_state(ours), optimizer_state(theirs)
-        )  # Adam's exp_avg, exp_avg_sq, step
+        # Adam's exp_avg, exp_avg_sq, step
+        differ = differing_tensors(optimizer_state(ours), optimizer_state(theirs))
         assert not differ, f"step {step}: optimizer state differs from the uninterrupted run: {differ[:10]}"
 
 
@@ -111,18 +108,20 @@ def kill_then_check(
     return info
 
 
-@pytest.mark.slow  # ~4-5 min; the default run keeps one SIGKILL + exact resume (tests/e2e/test_run.py) and the worker kill below
+# ~4-5 min; the default run keeps one SIGKILL + exact resume (tests/e2e/test_run.py) and the worker kill
+# below
+@pytest.mark.slow
 def test_kill_chain_resumes_exactly(recipe, tmp_path, reference):
-    """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a resume."""
+    """Three SIGKILLs in one run's life — mid-update, inside the checkpoint writer, mid-rollout — then a
+    resume."""
     out = tmp_path / "out"
     path = recipe(out, steps=STEPS, extra=GRADED_REWARD)
     for fault, checkpoints in (("update_actor:2", [1]), ("checkpoint_write:3", [1, 2]), ("gen:4", [1, 2, 3])):
         info = kill_then_check(path, out, fault=fault)
         assert info["rc"] == -signal.SIGKILL, info
         assert info["checkpoints"] == checkpoints, info
-        if fault.startswith(
-            "checkpoint_write"
-        ):  # the half-written step 3 is a .tmp- folder, never global_step_3
+        # the half-written step 3 is a .tmp- folder, never global_step_3
+        if fault.startswith("checkpoint_write"):
             assert any(p.name.startswith(".tmp-global_step_3") for p in (out / "checkpoints").iterdir())
     result = run("run", str(path))
     assert result.returncode == 0, result.stderr[-3000:]

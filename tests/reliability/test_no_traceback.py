@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlkit_harness import RECIPE, rlkit_env, run
+from rlkit_harness import recipe_text, reliability_overrides, rlkit_env, run
 
 from rlkit.cli import build_parser, main
 
@@ -23,9 +23,7 @@ def base(assets, tmp_path) -> Path:
     """A valid tiny recipe (its own output folder)."""
     model, data = assets
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        RECIPE.format(model=model, data=data, out=tmp_path / "out", steps=2, keep=2, backends="jsonl")
-    )
+    path.write_text(recipe_text(model, data, tmp_path / "out", reliability_overrides(steps=2, keep=2)))
     return path
 
 
@@ -137,9 +135,8 @@ def test_debug_flag_shows_the_traceback_of_an_unexpected_error(capsys, monkeypat
     code, err = call(capsys, ["plugins"])
     assert code == 1 and "Traceback" not in err
     assert err.startswith("error: unexpected ValueError in `rlkit plugins`: a bug") and "--debug" in err
-    with pytest.raises(
-        ValueError, match="a bug"
-    ):  # --debug: the exception itself, so Python prints its traceback
+    # --debug: the exception itself, so Python prints its traceback
+    with pytest.raises(ValueError, match="a bug"):
         main(["--debug", "plugins"])
     monkeypatch.setenv("RLKIT_DEBUG", "1")
     with pytest.raises(ValueError, match="a bug"):

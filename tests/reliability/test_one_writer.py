@@ -1,5 +1,5 @@
-"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.lock.RunLock``) before it
-writes.
+"""One writer per output folder: `rlkit run` locks its output folder (``rlkit.runtime.lock.RunLock``) before
+it writes.
 
 A second run into a busy folder refuses at once, naming the holder; a lock left by a killed run is taken over
 with a message; two real concurrent runs leave the first one's metrics and checkpoints intact.
@@ -44,9 +44,8 @@ def test_a_held_lock_refuses_a_second_holder_naming_the_first(tmp_path):
             "Set trainer.output_dir (or trainer.experiment_name) to another folder, or stop the other run"
             in message
         )
-        assert (
-            json.loads(path.read_text())["pid"] == os.getpid()
-        )  # the refusal left the holder's record alone
+        # the refusal left the holder's record alone
+        assert json.loads(path.read_text())["pid"] == os.getpid()
     finally:
         first.release()
     assert path.read_text() == ""  # a clean release leaves nothing to take over

@@ -132,8 +132,8 @@ def check_stopped(run: Run, rc: int, seconds: float, signum: int, session: dict,
     reap_s = wait_until_reaped(session, REAP_GUARD_S)
     assert mlflow_status(run.out) == ["KILLED"]
     print(
-        f"\n{label}: exit {seconds:.2f} s after the signal; Ray session empty {seconds + reap_s:.2f} s after it "
-        f"(measured {time.monotonic() - t0:.2f} s after the exit)"
+        f"\n{label}: exit {seconds:.2f} s after the signal; Ray session empty {seconds + reap_s:.2f} s after "
+        f"it (measured {time.monotonic() - t0:.2f} s after the exit)"
     )
     return reap_s
 
@@ -156,8 +156,8 @@ def test_sigint_during_generation_with_a_hung_worker(recipe, assets, tmp_path):
     )
     assert "SIGINT received during phase 'gen' of step 1" in err
     assert (
-        f"no checkpoint exists under {out / 'checkpoints'}: running the same command starts from the beginning"
-        in err
+        f"no checkpoint exists under {out / 'checkpoints'}: running the same command starts from the "
+        "beginning" in err
     )
     check_stopped(run, rc, seconds, signal.SIGINT, session, "SIGINT in gen (hung worker)")
     assert check_checkpoints(out) == []

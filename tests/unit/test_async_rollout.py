@@ -188,12 +188,12 @@ def test_impossible_async_settings_name_their_keys(recipe, registries, overrides
 
 
 def test_lora_with_a_rollout_pool_is_accepted_on_hf_and_refused_on_an_engine(recipe, registries):
-    """actor.lora with trainer.mode=async: the hf rollout pool takes the adapter (tests/e2e/test_smoke_matrix.py
-    runs it); an engine's rollout pool (its adapter loading from a push is not verified) is refused, naming the fix."""
+    """actor.lora with trainer.mode=async: the hf rollout pool takes the adapter
+    (tests/e2e/test_smoke_matrix.py runs it); an engine's rollout pool (its adapter loading from a push is not
+    verified) is refused, naming the fix."""
     assert load_recipe(recipe, ["actor.lora={rank: 4}"], registries=registries).actor.lora.rank == 4
-    with_plugins = build_registries(
-        make_plugin_manager()
-    )  # the vllm plugin's spec (tests need no vllm itself)
+    # the vllm plugin's spec (tests need no vllm itself)
+    with_plugins = build_registries(make_plugin_manager())
     with pytest.raises(RecipeError) as err:
         load_recipe(recipe, ["actor.lora={rank: 4}", "rollout.backend=vllm"], registries=with_plugins)
     messages = [msg for where, msg in err.value.problems if where == "actor.lora"]

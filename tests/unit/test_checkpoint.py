@@ -48,8 +48,8 @@ def test_failed_write_leaves_previous_intact_and_no_partial(tmp_path):
 
 
 def test_a_stop_signal_during_the_write_publishes_nothing_and_passes_through(tmp_path):
-    """Ctrl-C / SIGTERM while the workers write (rlkit.runtime.stop raises RunInterrupted there): no global_step_2,
-    no temporary folder, and the interrupt is not turned into a CheckpointError."""
+    """Ctrl-C / SIGTERM while the workers write (rlkit.runtime.stop raises RunInterrupted there): no
+    global_step_2, no temporary folder, and the interrupt is not turned into a CheckpointError."""
     import signal
 
     from rlkit.runtime.stop import RunInterrupted

@@ -17,7 +17,8 @@ def write_recipe(tmp_path, extra: str = "") -> str:
     train.write_bytes(b"")
     path = tmp_path / "r.yaml"
     path.write_text(
-        f"model: {{path: m}}\ndata: {{train_files: [{train}], train_batch_size: 4}}\nrollout: {{n: 2}}\n{extra}"
+        f"model: {{path: m}}\ndata: {{train_files: [{train}], train_batch_size: 4}}\nrollout: {{n: "
+        f"2}}\n{extra}"
     )
     return str(path)
 

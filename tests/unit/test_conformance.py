@@ -97,7 +97,8 @@ def test_rollout_backend(name, tiny):
 
 
 def test_hf_backend_with_a_parameter(tiny):
-    """``rollout.backend: {name: hf, dtype: bfloat16}``: a bf16 decode copy; its log-probs are the bf16 model's."""
+    """``rollout.backend: {name: hf, dtype: bfloat16}``: a bf16 decode copy; its log-probs are the bf16
+    model's."""
     model, tokenizer = tiny
     backend = check_rollout_backend("hf", model, tokenizer, registries=BUILTINS, dtype="bfloat16", atol=0.1)
     assert backend.decode_dtype == torch.bfloat16
@@ -131,8 +132,8 @@ def test_tool(name):
     check_tool(name, arguments, contains=answer, registries=BUILTINS)
 
 
-# MLflow's first SQLite store takes seconds to create (its schema migrations); tests/unit/test_tracking.py runs the
-# MLflow tracker in the default run, this check of it runs with the slow tests (`nox -s slow`).
+# MLflow's first SQLite store takes seconds to create (its schema migrations); tests/unit/test_tracking.py
+# runs the MLflow tracker in the default run, this check of it runs with the slow tests (`nox -s slow`).
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n == "mlflow" else n for n in names("trackers")]
 )

@@ -86,7 +86,8 @@ def test_on_cuda_one_fsdp2_step_over_nccl(tiny_model_dir):
         plan = device_plan("auto")
         device = plan.torch_device(0)
         torch.cuda.set_device(device)
-        dist.init_process_group(plan.backend, init_method=f"tcp://127.0.0.1:{{find_free_port()}}", rank=0, world_size=1)
+        address = f"tcp://127.0.0.1:{{find_free_port()}}"
+        dist.init_process_group(plan.backend, init_method=address, rank=0, world_size=1)
         module = fsdp.fsdp_wrap(load_model(ModelConfig(path={str(tiny_model_dir)!r})), device)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
         before = [p.detach().full_tensor().clone() for p in module.parameters()]
@@ -94,8 +95,10 @@ def test_on_cuda_one_fsdp2_step_over_nccl(tiny_model_dir):
         loss = module(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
-        moved = any(not torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, module.parameters()))
-        print("RESULT", dist.get_backend(), bool(torch.isfinite(loss)), moved, sorted(gpu_memory_metrics(device)))
+        after = [p.detach().full_tensor() for p in module.parameters()]
+        moved = any(not torch.equal(b, a) for b, a in zip(before, after))
+        memory = sorted(gpu_memory_metrics(device))
+        print("RESULT", dist.get_backend(), bool(torch.isfinite(loss)), moved, memory)
         dist.destroy_process_group()
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -16,12 +16,11 @@ def test_every_hook_is_documented():
 
 
 # ----- every table of measured numbers names where its numbers come from ------------------------------------
-# Convention (docs/benchmarks.md, "Where each number comes from"): a Markdown table whose cells hold a measured
-# quantity (a number with a unit of time, rate, size or a percentage) has, on one of the 3 lines above its header,
-# an HTML comment naming its source:
-#   <!-- results: benchmarks/results/X.json[, ...]; command: python benchmarks/... -->   (each file must exist)
-#   <!-- not reproducible: no results file (measured <date>[, superseded]) -->
-#   <!-- not measured: <why the units are not measurements (settings, limits)> -->
+# Convention (docs/benchmarks.md, "Where each number comes from"): a Markdown table whose cells hold a
+# measured quantity (a number with a unit of time, rate, size or a percentage) has, on one of the 3 lines
+# above its header, an HTML comment naming its source: <!-- results: benchmarks/results/X.json[, ...];
+# command: python benchmarks/... -->   (each file must exist) <!-- not reproducible: no results file (measured
+# <date>[, superseded]) --> <!-- not measured: <why the units are not measurements (settings, limits)> -->
 ROOT = DOCS.parent
 _MEASURED = re.compile(r"\d(?:[\d.,]*\d)?\s?(?:ms|s|tok/s|[GT]FLOP/s|GB/s|MiB|GiB|MB|%)(?![A-Za-z])")
 _SOURCE = re.compile(r"<!--\s*(results|not reproducible|not measured):(.*?)-->")

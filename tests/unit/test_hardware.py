@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,7 +111,8 @@ def test_the_bf16_rule_at_and_near_the_band_edges(tmp_path, cpu, ratio, want, ru
 
 
 def test_repeated_decisions_on_this_machine_agree(tmp_path):
-    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run parameters."""
+    """Several fresh probes of this machine (no cache) give one choice; its inputs are in the run
+    parameters."""
     cpu = hw.cpu_info()
     decisions = [hw.decide_cpu(cpu, hw.probe_matmul(budget_s=0.02, rounds=3)) for _ in range(4)]
     assert len({d.mixed_precision for d in decisions}) == 1, [d.reason for d in decisions]
@@ -134,12 +138,10 @@ def test_probe_cache_round_trip(tmp_path):
     cache = tmp_path / "sub" / "hardware.json"
     epyc, xeon = hw.cpu_info(write(tmp_path, EPYC)), hw.cpu_info(write(tmp_path, SAPPHIRE))
     assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
-    assert (
-        hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
-    )  # read back, not measured
-    hw.cached_probe(
-        xeon, cache, probe=lambda: FAST_BF16
-    )  # another machine sharing the home folder: its own entry
+    # read back, not measured
+    assert hw.cached_probe(epyc, cache, probe=probe) == SLOW_BF16 and len(calls) == 1
+    # another machine sharing the home folder: its own entry
+    hw.cached_probe(xeon, cache, probe=lambda: FAST_BF16)
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == 2
     assert {e["cpu_model"] for e in entries.values()} == {"AMD EPYC 7B13", xeon.model}
@@ -174,10 +176,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     auto = hw.resolve_precision("auto", "auto", "cpu", decision=slow)
     assert (auto.mixed_precision, auto.decode_dtype, auto.warnings) == ("fp32", "float32", ())
     forced = hw.resolve_precision("bf16", "bfloat16", "cpu", decision=slow)
-    assert (forced.mixed_precision, forced.decode_dtype) == (
-        "bf16",
-        "bfloat16",
-    )  # kept: the user asked for it
+    # kept: the user asked for it
+    assert (forced.mixed_precision, forced.decode_dtype) == ("bf16", "bfloat16")
     assert len(forced.warnings) == 2 and all("78x slower" in w for w in forced.warnings)
     assert (
         "actor.mixed_precision=bf16" in forced.warnings[0] and "rollout.backend.dtype" in forced.warnings[1]
@@ -187,9 +187,8 @@ def test_explicit_bf16_on_a_slow_cpu_warns_with_the_ratio(tmp_path):
     modest = hw.decide_cpu(
         hw.cpu_info(write(tmp_path, ZEN4)), hw.MatmulProbe(fp32_flops=100e9, bf16_flops=150e9)
     )
-    assert (
-        modest.mixed_precision == "fp32"
-    )  # inside the band, no AMX; an explicit bf16 is not slow: no warning
+    # inside the band, no AMX; an explicit bf16 is not slow: no warning
+    assert modest.mixed_precision == "fp32"
     assert hw.resolve_precision("bf16", "bfloat16", "cpu", decision=modest).warnings == ()
     assert hw.resolve_precision("fp32", "auto", "cpu", decision=fast).decode_dtype == "bfloat16"
     params = auto.params()
@@ -242,13 +241,10 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
             },
         }
     )
-    assert (
-        recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
-    )  # the defaults
-    colocated = {
-        "actor_rollout_ref": "global",
-        "critic": "global",
-    }  # slot -> pool, as Pipeline.roles places them
+    # the defaults
+    assert recipe.actor.mixed_precision == "auto" and recipe.resources.threads_per_worker == "auto"
+    # slot -> pool, as Pipeline.roles places them
+    colocated = {"actor_rollout_ref": "global", "critic": "global"}
     plan = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto")
     assert plan.threads == {"actor_rollout_ref": 2, "critic": 2}  # two roles on one pool: half of 4 each
     d = hw.precision_decision("cpu")
@@ -272,8 +268,8 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
 
 
 def test_a_cache_shared_with_an_older_rlkit_keeps_both_entries(tmp_path):
-    """An older rlkit (single-probe entries, same file version) and this one share ~/.cache/rlkit: neither discards
-    the other's entry, so each keeps reading its own probe (no re-probe, no flip between runs)."""
+    """An older rlkit (single-probe entries, same file version) and this one share ~/.cache/rlkit: neither
+    discards the other's entry, so each keeps reading its own probe (no re-probe, no flip between runs)."""
     cache = tmp_path / "hardware.json"
     old = {"fp32_flops": 1.0, "bf16_flops": 2.0, "size": 256, "threads": 1}
     cache.write_text(json.dumps({"version": 1, "entries": {"0123456789abcdef": old}}))
@@ -282,3 +278,27 @@ def test_a_cache_shared_with_an_older_rlkit_keeps_both_entries(tmp_path):
     entries = json.loads(cache.read_text())["entries"]
     assert entries["0123456789abcdef"] == old and len(entries) == 2
     assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == FAST_BF16  # its own entry, read back
+
+
+@pytest.mark.heavy  # a subprocess
+def test_benchmarks_load_the_probe_and_the_flops_by_file_path_without_rlkit():
+    """benchmarks/common.py loads rlkit/hardware/cpu.py and rlkit/model/flops.py by file path in TRL's
+    environment, which has no rlkit: both must exist there and import nothing of rlkit."""
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "class NoRlkit:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'rlkit':\n"
+        "            raise ImportError(f'{name}: rlkit is not installed here')\n"
+        "sys.meta_path.insert(0, NoRlkit())\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import common\n"
+        "print('MACHINE', common.hardware_line(common.hardware()))\n"
+        "print('FLOPS', common.flops_module().__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MACHINE machine: " in result.stdout and "FLOPS _rlkit_flops" in result.stdout, result.stdout

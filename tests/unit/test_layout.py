@@ -1,6 +1,6 @@
-"""The layout by where code runs (docs/concepts.md, "Layout"): rooms import only rooms below them, and no module
-imports itself back through others. Every import counts, module-level and function-local; only those under
-``if TYPE_CHECKING:`` (never executed) are left out."""
+"""The layout by where code runs (docs/concepts.md, "Layout"): rooms import only rooms below them, and no
+module imports itself back through others. Every import counts, module-level and function-local; only those
+under ``if TYPE_CHECKING:`` (never executed) are left out."""
 
 from __future__ import annotations
 

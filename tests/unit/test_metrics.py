@@ -142,9 +142,10 @@ _QV, _MLP = ["q_proj", "v_proj"], ["gate_proj", "up_proj"]
     ],
 )
 def test_counted_flops_match_the_ops_that_ran(tiny_model_dir, monkeypatch, layout, fused, lora):
-    """perf/flops/actor's count of one micro-batch's update, per layout, against FlopCounterMode on the tiny model
-    (eager attention): the linear maps within 3% and never above what ran; attention never above what ran and at
-    least half of it (the count takes the causal pairs; eager attention computes the masked ones too)."""
+    """perf/flops/actor's count of one micro-batch's update, per layout, against FlopCounterMode on the tiny
+    model (eager attention): the linear maps within 3% and never above what ran; attention never above what
+    ran and at least half of it (the count takes the causal pairs; eager attention computes the masked ones
+    too)."""
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import LoraConfig, ModelConfig
 
@@ -166,8 +167,9 @@ def test_counted_flops_match_the_ops_that_ran(tiny_model_dir, monkeypatch, layou
 
 
 def test_mfu_of_a_plain_update_stays_below_one(tiny_model_dir, monkeypatch):
-    """The counted FLOPs of a timed forward + backward over this machine's peak for one thread (as the run states
-    it: the table, or the best-of probe where the table's reported clock is below what the cores reach) <= 1."""
+    """The counted FLOPs of a timed forward + backward over this machine's peak for one thread (as the run
+    states it: the table, or the best-of probe where the table's reported clock is below what the cores reach)
+    <= 1."""
     import time
 
     from rlkit.hardware import matmul_flops
@@ -196,7 +198,8 @@ def test_mfu_of_a_plain_update_stays_below_one(tiny_model_dir, monkeypatch):
 
 
 def test_stated_peaks():
-    """GPU peaks from the table by device name; CPU peaks from flags x clock; the probe only where it is larger."""
+    """GPU peaks from the table by device name; CPU peaks from flags x clock; the probe only where it is
+    larger."""
     from rlkit.model.flops import cpu_clock_hz, cpu_flops_per_cycle, gpu_peak
 
     assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops == 989.4e12
@@ -235,9 +238,9 @@ def _stated_cpu_peak_or_probe(tmp=None):
 def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_stated_peak(
     tiny_model_dir, gloo_world1, monkeypatch
 ):
-    """FSDPActor.update's perf/flops/actor (ppo_epochs x mini-batches x micro-batches, every layout) is at most what
-    FlopCounterMode sees the update run (eager attention) and within 10% of it; perf/mfu/actor divides it by the
-    update time and the peak of all ranks."""
+    """FSDPActor.update's perf/flops/actor (ppo_epochs x mini-batches x micro-batches, every layout) is at
+    most what FlopCounterMode sees the update run (eager attention) and within 10% of it; perf/mfu/actor
+    divides it by the update time and the peak of all ranks."""
     import sys
     from pathlib import Path
     from types import SimpleNamespace
@@ -271,7 +274,8 @@ def test_actor_update_reports_its_executed_flops_and_the_driver_divides_by_the_s
 
 
 def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
-    """stated_peak on CUDA reads torch.cuda.get_device_name and the TF32 switch (no GPU here: both patched)."""
+    """stated_peak on CUDA reads torch.cuda.get_device_name and the TF32 switch (no GPU here: both
+    patched)."""
     from rlkit.model.flops import stated_peak
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
@@ -288,7 +292,8 @@ def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
     assert stated_peak("cuda", "bf16", 1) is None  # unlisted: no perf/mfu/actor
 
 
-# ----- the harness's bounds (benchmarks/common.py) -----------------------------------------------------------------
+# ----- the harness's bounds (benchmarks/common.py)
+# -----------------------------------------------------------------
 def _bench_common():
     import importlib.util
     import sys
@@ -314,9 +319,9 @@ SMOLLM2 = {
 
 
 def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill():
-    """One AVX2 core (80 GFLOP/s, 16 GB/s), SmolLM2 fp32: 16 rows are compute-bound (the issue's ridge ≈ 10 rows),
-    1 row bandwidth-bound; fp16 weights halve the bytes and move the ridge down; the bound is never below either
-    term alone, and the prefill is part of it."""
+    """One AVX2 core (80 GFLOP/s, 16 GB/s), SmolLM2 fp32: 16 rows are compute-bound (the issue's ridge ≈ 10
+    rows), 1 row bandwidth-bound; fp16 weights halve the bytes and move the ridge down; the bound is never
+    below either term alone, and the prefill is part of it."""
     common = _bench_common()
     shape = common.shape_from_config(SMOLLM2, 134_515_008)
     peak, bandwidth = 80e9, 16e9
@@ -325,21 +330,20 @@ def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill
     assert wide["compute_bound_steps"] == wide["decode_steps"] == 31 and narrow["compute_bound_steps"] == 0
     half = common.decode_roofline(shape, 8, 44, 32, 2, bandwidth, peak, prompts=2)
     full = common.decode_roofline(shape, 8, 44, 32, 4, bandwidth, peak, prompts=2)
-    assert (
-        half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0
-    )  # ridge: 5 rows fp16, 10 fp32
+    # ridge: 5 rows fp16, 10 fp32
+    assert half["compute_bound_steps"] == 31 and full["compute_bound_steps"] == 0
     bandwidth_only = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth)
     step_flops = 2 * (shape.linear + shape.head) * 16
     assert wide["gen_bound_s"] >= bandwidth_only["gen_bound_s"]
     assert wide["gen_bound_s"] >= wide["prefill_bound_s"] + 31 * step_flops / peak > 31 * step_flops / peak
-    assert (
-        wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
-    )  # each distinct prompt through the layers
+    # each distinct prompt through the layers
+    assert wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
 
 
 def test_update_bound_counts_executed_flops_per_layout():
-    """The harness's executed FLOPs are rlkit.model.flops' count: a shared prompt pass runs fewer body positions
-    than padded rows, 'best' picks the cheapest, and model FLOPs (6 · N · tokens) are a different number."""
+    """The harness's executed FLOPs are rlkit.model.flops' count: a shared prompt pass runs fewer body
+    positions than padded rows, 'best' picks the cheapest, and model FLOPs (6 · N · tokens) are a different
+    number."""
     common = _bench_common()
     shape = common.shape_from_config(SMOLLM2, 134_515_008)
     kw = {"prompts": 4, "completions": 16, "prompt_width": 44, "tokens": 32}

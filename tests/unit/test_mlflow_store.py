@@ -1,4 +1,5 @@
-"""The copied MLflow store template (rlkit.runtime.mlflow_store): the same schema MLflow makes, never over an existing store."""
+"""The copied MLflow store template (rlkit.runtime.mlflow_store): the same schema MLflow makes, never over an
+existing store."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The rollout-correction door and phase: recipe key → registry → pipeline; the driver-side phase
-(``rlkit.step.correction``) and its mismatch metrics; validation refuses a correction a backend cannot feed."""
+(``rlkit.step.correction``) and its mismatch metrics; validation refuses a correction a backend cannot
+feed."""
 
 from __future__ import annotations
 
@@ -153,10 +154,8 @@ def test_a_weights_correction_adds_weights_and_a_mask_correction_a_loss_mask(reg
     assert batch["rollout_rs_mask"].tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 5)
     assert loss_batch(batch)["response_mask"].tolist() == [[1, 1, 0], [0, 0, 1]]
-    assert batch["response_mask"].tolist() == [
-        [1, 1, 0],
-        [1, 1, 1],
-    ]  # the rest of the step keeps the rollout's
+    # the rest of the step keeps the rollout's
+    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
 
 
 def test_no_rollout_log_probs_no_metrics():
@@ -211,13 +210,11 @@ def test_bypass_uses_the_rollout_log_probs_as_old_and_adds_no_weights(registries
     del batch.tensors["old_log_prob"]  # the trainer ran no old-log-prob pass
     out, metrics = correct_rollout(batch, corr)
     assert torch.equal(out["old_log_prob"], rollout)  # the actor's PPO ratio is pi_theta / pi_rollout
-    assert (
-        out.meta["old_log_prob_is_rollout"] is True
-    )  # the actor logs the mismatch from its own first log-probs
+    # the actor logs the mismatch from its own first log-probs
+    assert out.meta["old_log_prob_is_rollout"] is True
     assert "rollout_is_weights" not in out and "rollout_rs_mask" not in out and loss_batch(out) is out
-    assert metrics == {
-        "rollout_corr/bypass": 1.0
-    }  # no mismatch of old_log_prob against itself (it would read 0)
+    # no mismatch of old_log_prob against itself (it would read 0)
+    assert metrics == {"rollout_corr/bypass": 1.0}
     _, metrics = correct_rollout(
         _batch(),
         off := compose(

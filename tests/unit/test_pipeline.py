@@ -1,4 +1,5 @@
-"""The composition root and the parameter door: names and parameters resolved once, every error at validation."""
+"""The composition root and the parameter door: names and parameters resolved once, every error at
+validation."""
 
 from __future__ import annotations
 
@@ -37,10 +38,8 @@ def problems(registries, *overrides, raw=None) -> dict[str, str]:
 def test_short_and_long_forms_are_one_component_with_defaults_filled_in(registries):
     recipe = validate(registries)
     assert recipe.algorithm.estimator.name == "grpo"
-    assert recipe.algorithm.estimator.params == {
-        "norm_adv_by_std": True,
-        "epsilon": 1e-6,
-    }  # from the params model
+    # from the params model
+    assert recipe.algorithm.estimator.params == {"norm_adv_by_std": True, "epsilon": 1e-6}
     shown = recipe_to_dict(recipe)
     assert shown["algorithm"]["estimator"] == {"name": "grpo", "norm_adv_by_std": True, "epsilon": 1e-6}
     assert shown["rollout"]["tools"] == []

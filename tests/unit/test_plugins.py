@@ -128,7 +128,9 @@ def test_entry_points_are_loaded_with_their_package(tmp_path, monkeypatch):
                 def rlkit_register_estimators():
                     return [EstimatorSpec(name="fake_est", fn=print)]
             """,
-            "fake_scores": "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
+            "fake_scores": (
+                "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+            ),
         },
     )
     monkeypatch.syspath_prepend(str(tmp_path))

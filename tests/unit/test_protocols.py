@@ -1,5 +1,6 @@
-"""rlkit.plugin.protocols: every built-in class satisfies the contract of its registry kind, declared capabilities
-match the protocols, and the role keywords the runtime passes are the ones the protocols document."""
+"""rlkit.plugin.protocols: every built-in class satisfies the contract of its registry kind, declared
+capabilities match the protocols, and the role keywords the runtime passes are the ones the protocols
+document."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def test_reward_managers(registries):
 
 
 def test_rollout_backends_and_their_declared_capabilities(registries):
-    # every method capability has its protocol; rollout_log_probs is a data one (check_rollout_backend checks it),
-    # lora and truncated_sampling are limits recipe validation reads (tests/reliability/test_bad_input.py)
+    # every method capability has its protocol; rollout_log_probs is a data one (check_rollout_backend checks
+    # it), lora and truncated_sampling are limits recipe validation reads
+    # (tests/reliability/test_bad_input.py)
     flags = {f.name for f in fields(RolloutBackendSpec) if f.type in (bool, "bool")}
     assert set(P.CAPABILITIES) == flags - {"rollout_log_probs", "lora", "truncated_sampling"}
     found = classes(registries, "rollout_backends")

@@ -1,4 +1,5 @@
-"""Checkpoint state files are read with ``weights_only=True``: plain values round-trip, pickled objects are refused."""
+"""Checkpoint state files are read with ``weights_only=True``: plain values round-trip, pickled objects are
+refused."""
 
 from __future__ import annotations
 

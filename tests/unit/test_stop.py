@@ -14,7 +14,10 @@ from rlkit.runtime.stop import RunInterrupted, StopHandler
 from rlkit.workers.reaper import Reaper, kill_processes
 
 SLEEPER = "import time; time.sleep(120)"
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    "time.sleep(120)"
+)
 
 
 def spawn(code: str) -> subprocess.Popen:
@@ -54,7 +57,6 @@ def test_reaper_kills_what_it_watches_when_the_driver_goes_away_and_nothing_afte
 def test_exit_codes_follow_the_signal():
     assert RunInterrupted(signal.SIGINT).exit_code == 130
     assert RunInterrupted(signal.SIGTERM).exit_code == 143
-    assert isinstance(
-        RunInterrupted(signal.SIGINT), KeyboardInterrupt
-    )  # `except Exception` never swallows it
+    # `except Exception` never swallows it
+    assert isinstance(RunInterrupted(signal.SIGINT), KeyboardInterrupt)
     assert StopHandler().exit_code == 130  # a plain KeyboardInterrupt, no signal seen

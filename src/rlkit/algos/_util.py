@@ -25,7 +25,8 @@ class AlgoError(RlkitError, ValueError):
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is 1. Masked positions are zeroed first, so NaN/inf there never leak."""
+    """Sum of ``values`` where ``mask`` is 1. Masked positions are zeroed first, so NaN/inf there never
+    leak."""
     mask = mask.to(values.dtype)
     picked = torch.where(mask.bool(), values, torch.zeros_like(values)) * mask
     return picked.sum() if dim is None else picked.sum(dim=dim)

@@ -42,7 +42,8 @@ def overlong_penalty(
     """
     if buffer_len <= 0 or buffer_len > max_response_length:
         raise AlgoError(
-            f"reward.overlong_buffer.len must be in (0, max response length={max_response_length}], got {buffer_len}."
+            f"reward.overlong_buffer.len must be in (0, max response length={max_response_length}], got "
+            f"{buffer_len}."
         )
     expected = max_response_length - buffer_len
     exceed = response_length.to(torch.float32) - expected
@@ -148,15 +149,16 @@ class DynamicSamplingAccumulator:
 
     def _exhausted_message(self) -> str:
         return (
-            f"dynamic sampling (algorithm.filter_groups) used its budget of "
-            f"algorithm.filter_groups.max_num_gen_batches={self.max_num_gen_batches} generation batches and kept "
-            f"only {self.num_groups} of the {self.target_groups} prompt groups the training batch needs "
+            "dynamic sampling (algorithm.filter_groups) used its budget of "
+            f"algorithm.filter_groups.max_num_gen_batches={self.max_num_gen_batches} generation batches and "
+            f"kept only {self.num_groups} of the {self.target_groups} prompt groups the training batch needs "
             f"({self.num_groups_seen} groups seen). A group is kept when its responses differ in "
-            f"algorithm.filter_groups.metric='{self.metric}'; what every group scored (sorted values per group, "
-            f"x how many groups): {self.summary()}. Groups whose values are all equal carry no learning signal: "
-            "the data is too easy or too hard for the model, or the metric is too coarse. Fix: raise "
-            "algorithm.filter_groups.max_num_gen_batches (0 = no limit), raise rollout.n, use prompts nearer the "
-            "model's level, pick another algorithm.filter_groups.metric, or set algorithm.filter_groups.enable=false."
+            f"algorithm.filter_groups.metric='{self.metric}'; what every group scored (sorted values per "
+            f"group, x how many groups): {self.summary()}. Groups whose values are all equal carry no "
+            "learning signal: the data is too easy or too hard for the model, or the metric is too coarse. "
+            "Fix: raise algorithm.filter_groups.max_num_gen_batches (0 = no limit), raise rollout.n, use "
+            "prompts nearer the model's level, pick another algorithm.filter_groups.metric, or set "
+            "algorithm.filter_groups.enable=false."
         )
 
     def metrics(self) -> dict[str, float]:

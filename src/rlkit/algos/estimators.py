@@ -1,13 +1,13 @@
 """The estimators behind ``algorithm.estimator``, all with the one registry signature.
 
 ``fn(inputs: EstimatorInputs, **params) -> (advantages [B, T], returns [B, T])``. The advantage phase
-(``rlkit.step.advantage``) fills ``inputs`` with exactly what the estimator's spec declares it needs (``values``
-with ``needs_critic``, ``reward_baselines`` with ``needs_greedy_baseline``, ``old_log_prob``/``sum_pi_squared``/
-``rollout_is_weights`` with ``needs_sum_pi_squared``); ``params`` are the estimator's validated parameters (its
-spec's params model: ``gamma``, ``lam``, ``norm_adv_by_std``, ``epsilon``, ...). Each function below maps the inputs
-onto the pure function of ``rlkit.algos.advantages`` / ``token_baseline`` that computes it, and takes exactly the
-keywords it uses, so a wrong key fails loudly instead of being ignored. The specs are declared in
-``rlkit.builtin.algorithms``.
+(``rlkit.step.advantage``) fills ``inputs`` with exactly what the estimator's spec declares it needs
+(``values`` with ``needs_critic``, ``reward_baselines`` with ``needs_greedy_baseline``,
+``old_log_prob``/``sum_pi_squared``/ ``rollout_is_weights`` with ``needs_sum_pi_squared``); ``params`` are the
+estimator's validated parameters (its spec's params model: ``gamma``, ``lam``, ``norm_adv_by_std``,
+``epsilon``, ...). Each function below maps the inputs onto the pure function of ``rlkit.algos.advantages`` /
+``token_baseline`` that computes it, and takes exactly the keywords it uses, so a wrong key fails loudly
+instead of being ignored. The specs are declared in ``rlkit.builtin.algorithms``.
 
 Shapes: ``B`` = prompts x group size, ``T`` = response tokens; ``group_id`` [B] LongTensor of group ids.
 """
@@ -54,7 +54,8 @@ class EstimatorInputs:
     rollout_is_weights: Tensor | None = None  # [B, T] a weighting rollout correction's, else None
 
     def need(self, estimator: str, *names: str, why: str) -> tuple[Tensor, ...]:
-        """The named inputs, or an ``AlgoError`` naming the estimator, the missing input and where it comes from."""
+        """The named inputs, or an ``AlgoError`` naming the estimator, the missing input and where it comes
+        from."""
         missing = [name for name in names if getattr(self, name) is None]
         if missing:
             raise AlgoError(
@@ -120,8 +121,8 @@ def remax(x: EstimatorInputs) -> tuple[Tensor, Tensor]:
 
 
 _OTB_WHY = (
-    "sum over the vocabulary of squared probabilities, rlkit.algos.token_baseline.sum_pi_squared_from_logits, "
-    "from the actor's log-prob pass"
+    "sum over the vocabulary of squared probabilities, "
+    "rlkit.algos.token_baseline.sum_pi_squared_from_logits, from the actor's log-prob pass"
 )
 
 

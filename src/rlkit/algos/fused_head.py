@@ -1,11 +1,11 @@
 """Log-prob, entropy and Σπ² of chosen tokens straight from hidden states and the LM head weight.
 
 ``head_outputs(hidden, weight, labels)`` is what ``log_probs_from_logits(hidden @ weight.T / T, labels)`` and
-``entropy_from_logits`` give, without ever holding the [N, V] logits (or their gradient) whole: the vocabulary is
-walked in slices of ``chunk`` columns, each slice's logits [N, v] made by one matmul over all N rows (so every
-weight is read once per pass) and folded into running row statistics (online log-sum-exp):
-  m   = running max,  s = Σ exp(z − m),  a = Σ exp(z − m) z,  q = Σ exp(2 (z − m)),  z_label picked in its slice
-  lse = m + log s,  log_prob = z_label − lse,  entropy = lse − a / s,  Σπ² = q / s²
+``entropy_from_logits`` give, without ever holding the [N, V] logits (or their gradient) whole: the vocabulary
+is walked in slices of ``chunk`` columns, each slice's logits [N, v] made by one matmul over all N rows (so
+every weight is read once per pass) and folded into running row statistics (online log-sum-exp):
+  m   = running max,  s = Σ exp(z − m),  a = Σ exp(z − m) z,  q = Σ exp(2 (z − m)),  z_label picked in its
+  slice lse = m + log s,  log_prob = z_label − lse,  entropy = lse − a / s,  Σπ² = q / s²
 Backward walks the slices again: it recomputes a slice's logits, turns them in place into the gradient of the
 logits with the saved log-sum-exp and entropy, and adds that slice's share to the hidden states' gradient and
 writes the slice's rows of the weight's gradient (each written once). Saved for backward: the hidden rows, the
@@ -32,7 +32,8 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 def default_chunk(rows: int) -> int:
-    """Vocabulary columns per slice: ``CHUNK_ELEMENTS / N``, at least 256 (a narrower matmul runs below peak)."""
+    """Vocabulary columns per slice: ``CHUNK_ELEMENTS / N``, at least 256 (a narrower matmul runs below
+    peak)."""
     return max(256, CHUNK_ELEMENTS // max(rows, 1))
 
 
@@ -138,8 +139,8 @@ def _logit_grad(
     g_lp: torch.Tensor | None,
     ent: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
-    """∂loss/∂z [N, v] of one vocabulary slice from its log p [N, v] (overwritten); ``rows``/``cols``: the labels
-    that fall in the slice.
+    """∂loss/∂z [N, v] of one vocabulary slice from its log p [N, v] (overwritten); ``rows``/``cols``: the
+    labels that fall in the slice.
 
     ∂/∂z_v = g_lp (1[v = label] − p_v) − g_ent p_v (log p_v + H)
            = −p_v (g_lp + g_ent (log p_v + H)) + g_lp 1[v = label]
@@ -169,8 +170,9 @@ def head_outputs(
     with_sum_pi_squared: bool = False,
     chunk: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``log_prob`` [N] (and ``entropy``, ``sum_pi_squared`` [N]) of ``labels`` under ``softmax(hidden @ weight.T /
-    temperature)``, float32, in vocabulary slices of ``chunk`` columns (default ``default_chunk``; module docstring).
+    """``log_prob`` [N] (and ``entropy``, ``sum_pi_squared`` [N]) of ``labels`` under ``softmax(hidden @
+    weight.T / temperature)``, float32, in vocabulary slices of ``chunk`` columns (default ``default_chunk``;
+    module docstring).
 
     hidden [N, H] (any float dtype; gradients flow to it), weight [V, H] (the LM head, e.g. a tied embedding;
     gradients flow to it when it requires grad), labels [N] (long). ``entropy_grad``: the entropy carries a

@@ -495,9 +495,8 @@ def vespo(
         )
     log_ratio = _log_ratio(log_prob, old_log_prob, advantages, response_mask)
     mask = response_mask.to(log_prob.dtype)
-    log_w = (
-        ((log_ratio * mask).sum(dim=-1).clamp(min=math.log(1e-8), max=20.0)).detach().unsqueeze(-1)
-    )  # [B, 1]
+    # [B, 1]
+    log_w = ((log_ratio * mask).sum(dim=-1).clamp(min=math.log(1e-8), max=20.0)).detach().unsqueeze(-1)
     nonneg = advantages >= 0
     k = torch.where(nonneg, torch.full_like(log_prob, k_pos), torch.full_like(log_prob, k_neg))
     lam = torch.where(nonneg, torch.full_like(log_prob, lambda_pos), torch.full_like(log_prob, lambda_neg))

@@ -312,7 +312,8 @@ def decoupled(
     ``bypass`` (veRL's bypass mode): the proximal policy is the behaviour policy, ``old_log_prob`` is not
     used, and every valid token's weight is exactly 1 (the policy loss's ratio is then pi_theta / pi_behav:
     plain PPO on the behaviour policy). The trainer knows this result, so in bypass mode it neither runs
-    the old-log-prob pass nor calls this function (``rlkit.step.correction``). A cap has nothing to act on there.
+    the old-log-prob pass nor calls this function (``rlkit.step.correction``). A cap has nothing to act on
+    there.
 
     Returns (weights [B, T], metrics).
     """
@@ -321,7 +322,8 @@ def decoupled(
     if bypass:
         if cap is not None:
             raise AlgoError(
-                f"decoupled: cap ({cap}) has no effect with bypass (every weight is 1); give one or the other."
+                f"decoupled: cap ({cap}) has no effect with bypass (every weight is 1); give one or the "
+                "other."
             )
         old_log_prob = rollout_log_probs  # pi_prox := pi_behav
     log_ratio = _log_ratio(old_log_prob, rollout_log_probs, response_mask)

@@ -117,8 +117,9 @@ class SeqTISParams(Params):
 class _Bounds(Params):
     @model_validator(mode="after")
     def _ordered(self) -> _Bounds:
-        if self.lower >= self.upper:  # type: ignore[attr-defined]
-            raise ValueError(f"lower ({self.lower}) must be below upper ({self.upper})")  # type: ignore[attr-defined]
+        lower, upper = self.lower, self.upper  # type: ignore[attr-defined]
+        if lower >= upper:
+            raise ValueError(f"lower ({lower}) must be below upper ({upper})")
         return self
 
 
@@ -145,11 +146,14 @@ class DecoupledParams(Params):
         None,
         description="a token whose behaviour weight pi_prox / pi_behav exceeds this gets 0; None = no cap",
     )
-    # the trainer reads it (rlkit.step.correction.bypass_on): set, it skips the pass and this function, whose result is known
+    # the trainer reads it (rlkit.step.correction.bypass_on): set, it skips the pass and this function, whose
+    # result is known
     bypass: bool = Field(
         False,
-        description="veRL's bypass mode: pi_prox := pi_rollout, so the actor's old-log-prob pass is skipped, the weight "
-        "is 1 on every token and the update is plain PPO clipped against the rollout policy",
+        description=(
+            "veRL's bypass mode: pi_prox := pi_rollout, so the actor's old-log-prob pass is skipped, the "
+            "weight is 1 on every token and the update is plain PPO clipped against the rollout policy"
+        ),
     )
 
     @model_validator(mode="after")
@@ -157,6 +161,7 @@ class DecoupledParams(Params):
         if self.bypass and self.cap is not None:
             raise ValueError(
                 f"cap ({self.cap}) has no effect with bypass: true (pi_prox = pi_rollout makes every "
-                "behaviour weight exactly 1); remove cap, or set bypass: false to weigh by pi_old / pi_rollout"
+                "behaviour weight exactly 1); remove cap, or set bypass: false to weigh by pi_old / "
+                "pi_rollout"
             )
         return self

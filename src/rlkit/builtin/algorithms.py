@@ -169,7 +169,9 @@ def _other_group_baselines() -> list[EstimatorSpec]:
             params=TirOptimalTokenBaselineParams,
             needs_groups=True,
             needs_sum_pi_squared=True,
-            description="TIR-OTB: OTB aligned by valid-token index (multi-turn responses with masked tool spans)",
+            description=(
+                "TIR-OTB: OTB aligned by valid-token index (multi-turn responses with masked tool spans)"
+            ),
             paper="Li et al. 2025, Optimal Token Baseline (https://richardli.xyz/optimal-token-baseline)",
         ),
     ]
@@ -337,7 +339,10 @@ def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
             fn=_corr("seq_mis"),
             params=SeqMISParams,
             output="mask",
-            description="sequence-level masked IS: drop sequences whose ratio (product or geometric) is outside bounds",
+            description=(
+                "sequence-level masked IS: drop sequences whose ratio (product or geometric) is outside "
+                "bounds"
+            ),
             paper="Liu, Li et al. 2025, When Speed Kills Stability (https://richardli.xyz/rl-collapse)",
         ),
         RolloutCorrectionSpec(
@@ -354,7 +359,9 @@ def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
             params=DecoupledParams,
             output="weights",
             bypass=True,
-            description="decoupled PPO: behaviour weight pi_prox / pi_behav, the clip anchored at pi_prox (= old)",
+            description=(
+                "decoupled PPO: behaviour weight pi_prox / pi_behav, the clip anchored at pi_prox (= old)"
+            ),
             paper="Hilton et al. 2021 (arXiv:2110.00641); AReaL, Fu et al. 2025 (arXiv:2505.24298)",
         ),
     ]

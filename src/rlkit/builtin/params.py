@@ -84,9 +84,12 @@ class ParallelManagerParams(Params):
 class HFRolloutParams(Params):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged "
-        "as resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights; float16 with fp16 "
-        "weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs x86 AVX2)",
+        description=(
+            "decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged as "
+            "resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights; float16 with "
+            "fp16 weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs "
+            "x86 AVX2)"
+        ),
     )
 
 
@@ -110,8 +113,10 @@ class PythonToolParams(Params):
     max_open_files: PositiveInt = Field(64, description="open file descriptors (RLIMIT_NOFILE)")
     isolation: Literal["strict", "weak"] = Field(
         "strict",
-        description="strict: an OS boundary (own uid, namespaces, read-only root; see "
-        "docs/agents-and-tools.md) or the tool refuses to start; weak: an audit hook and rlimits only, with a warning",
+        description=(
+            "strict: an OS boundary (own uid, namespaces, read-only root; see docs/agents-and-tools.md) or "
+            "the tool refuses to start; weak: an audit hook and rlimits only, with a warning"
+        ),
     )
 
 
@@ -140,7 +145,8 @@ class EnvironmentAgentParams(Params):
     _environment: Any = PrivateAttr(None)
 
     def with_environment(self, environment: Any) -> EnvironmentAgentParams:
-        """A copy carrying ``environment`` (a ``rlkit.recipe.compose.Resolved`` of registry `environments`)."""
+        """A copy carrying ``environment`` (a ``rlkit.recipe.compose.Resolved`` of registry
+        `environments`)."""
         out = self.model_copy()
         out._environment = environment
         return out

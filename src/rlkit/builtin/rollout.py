@@ -26,7 +26,9 @@ def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
         AgentLoopSpec(
             name="single_turn",
             cls="rlkit.rollout.agent:SingleTurnAgentLoop",
-            description="one assistant turn, no tools (what a plain rollout does, through the agent machinery)",
+            description=(
+                "one assistant turn, no tools (what a plain rollout does, through the agent machinery)"
+            ),
         ),
         AgentLoopSpec(
             name="tool",
@@ -40,6 +42,8 @@ def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
             cls="rlkit.rollout.environment:EnvironmentAgentLoop",
             params=EnvironmentAgentParams,
             uses_environment=True,
-            description="multi-turn episodes of data.environment: its replies are user turns, masked out of the loss",
+            description=(
+                "multi-turn episodes of data.environment: its replies are user turns, masked out of the loss"
+            ),
         ),
     ]

@@ -39,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = kinds.add_parser(
         "arithmetic",
         help="seeded synthetic arithmetic task (train.parquet + test.parquet)",
-        description="Seeded sums/differences a small model can learn on a CPU (data_source rlkit/arithmetic).",
+        description=(
+            "Seeded sums/differences a small model can learn on a CPU (data_source rlkit/arithmetic)."
+        ),
     )
     sub.add_argument("--output", required=True, help="folder to write the parquet files to")
     sub.add_argument("--train-size", type=int, default=2000, help="training problems (default 2000)")

@@ -59,7 +59,8 @@ def read_history(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     if (run_dir / "metrics.jsonl").is_file():
         return _from_jsonl(run_dir / "metrics.jsonl")
     raise RlkitError(
-        f"{run_dir}: no run_info.json with an MLflow run and no metrics.jsonl; give a run's trainer.output_dir"
+        f"{run_dir}: no run_info.json with an MLflow run and no metrics.jsonl; give a run's "
+        "trainer.output_dir"
     )
 
 

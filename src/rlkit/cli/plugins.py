@@ -51,7 +51,8 @@ def collect() -> dict:
 
 
 def _params(spec) -> dict[str, dict]:
-    """``{field: {default, description}}`` of the entry's params model (what a recipe may set beside its name)."""
+    """``{field: {default, description}}`` of the entry's params model (what a recipe may set beside its
+    name)."""
     from rlkit.recipe.compose import params_model
 
     try:

@@ -33,7 +33,8 @@ def add_smoke_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_from_args(args: argparse.Namespace, registries: Registries, check_files: bool = True) -> Recipe:
-    """The recipe the command line names: the file, ``--smoke`` applied (its table printed to stderr), overrides."""
+    """The recipe the command line names: the file, ``--smoke`` applied (its table printed to stderr),
+    overrides."""
     if args.smoke_model and not args.smoke:
         raise RecipeError(
             [("--smoke-model", "only means something with --smoke; add --smoke or drop it")], args.recipe
@@ -87,8 +88,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if uses_ref(recipe) and "ref" not in placed:
         roles.append("ref=colocated")
     print(
-        f"{args.recipe}{' --smoke' if args.smoke else ''}: valid. estimator={recipe.algorithm.estimator} policy_loss={recipe.actor.policy_loss} "
-        f"rollout={recipe.rollout.backend} n={recipe.rollout.n} roles={','.join(roles)}"
+        f"{args.recipe}{' --smoke' if args.smoke else ''}: valid. estimator={recipe.algorithm.estimator} "
+        f"policy_loss={recipe.actor.policy_loss} rollout={recipe.rollout.backend} n={recipe.rollout.n} "
+        f"roles={','.join(roles)}"
     )
     return 0
 

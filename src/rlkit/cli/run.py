@@ -76,7 +76,10 @@ def resume_hint(checkpoints: CheckpointManager) -> str:
     """Which checkpoint ``trainer.resume=auto`` (the default) would load now."""
     latest = checkpoints.latest()
     if latest is None:
-        return f"no checkpoint exists under {checkpoints.root}: running the same command starts from the beginning."
+        return (
+            f"no checkpoint exists under {checkpoints.root}: running the same command starts from the "
+            "beginning."
+        )
     return f"running the same command resumes from {latest} (trainer.resume=auto)."
 
 
@@ -85,9 +88,9 @@ def train(
 ) -> dict[str, float]:
     """Run to the end; with ``trainer.max_restarts > 0`` restart from the last checkpoint after a worker dies.
 
-    The output folder is locked first (``rlkit.runtime.build.lock_run_outputs``): a second run into it refuses at
-    once.
-    ``hooks``: ``rlkit.step.hooks.RunHooks`` (the reliability tests' fault injection), None for a plain run."""
+    The output folder is locked first (``rlkit.runtime.build.lock_run_outputs``): a second run into it refuses
+    at once. ``hooks``: ``rlkit.step.hooks.RunHooks`` (the reliability tests' fault injection), None for a
+    plain run."""
     from rlkit.runtime.lock import lock_run_outputs
 
     locks = lock_run_outputs(recipe)

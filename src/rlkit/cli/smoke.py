@@ -145,7 +145,8 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("reward.overlong_buffer.len", RESPONSE_LENGTH // 4, always=True),  # the default (64) > 16 tokens
     Rule("reward.manager.num_workers", lambda old, raw, plan: min(old, 2)),
     # hardware
-    Rule("actor.mixed_precision", "fp32"),  # bf16 autocast is ~50x slower on CPUs without bf16 units
+    # bf16 autocast is much slower on CPUs without bf16 units (docs/concepts.md)
+    Rule("actor.mixed_precision", "fp32"),
     Rule("rollout.backend", "hf"),  # and the GPU engine's own parameters (launch, tp_size ...) with it
     Rule("resources.device", "cpu", always=True),
     Rule("resources.ray_address", DELETE),

@@ -27,13 +27,17 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict[str,
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path}, line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start}).") from exc
+                raise DataError(
+                    f"{path}, line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start})."
+                ) from exc
             if not text.strip():
                 continue
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{path}, line {line_no}: not valid JSON ({exc.msg}, column {exc.colno}).") from exc
+                raise DataError(
+                    f"{path}, line {line_no}: not valid JSON ({exc.msg}, column {exc.colno})."
+                ) from exc
             if not isinstance(row, dict):
                 raise DataError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}.")
             missing = [k for k in required if not isinstance(row.get(k), str) or not row[k].strip()]

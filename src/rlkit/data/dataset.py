@@ -103,7 +103,8 @@ def _problem(row: dict[str, Any], prompt_key: str) -> str | None:
 
 
 class RLDataset(torch.utils.data.Dataset):
-    """Tokenized prompts from parquet files; ``stats`` says how many rows were read, kept, filtered, truncated."""
+    """Tokenized prompts from parquet files; ``stats`` says how many rows were read, kept, filtered,
+    truncated."""
 
     def __init__(
         self,
@@ -131,7 +132,13 @@ class RLDataset(torch.utils.data.Dataset):
         self.policy = prompt_length_policy
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.pad_token_id = self._pad_token_id(tokenizer)
-        self.stats = {"rows_read": 0, "rows_kept": 0, "filtered_too_long": 0, "filtered_malformed": 0, "truncated": 0}
+        self.stats = {
+            "rows_read": 0,
+            "rows_kept": 0,
+            "filtered_too_long": 0,
+            "filtered_malformed": 0,
+            "truncated": 0,
+        }
         self.samples: list[dict[str, Any]] = []
         for file_number, path in enumerate(self.files):
             self._load(file_number, path)
@@ -161,7 +168,10 @@ class RLDataset(torch.utils.data.Dataset):
                 if self.stats["filtered_malformed"] == 1:
                     log.warning("skipping malformed row %s, row %d: %s", path, row_number, problem)
             else:
-                raise DataError(f"{path}, row {row_number}: {problem}. Fix the row, or set data.prompt_length_policy=filter to skip bad rows.")
+                raise DataError(
+                    f"{path}, row {row_number}: {problem}. Fix the row, or set "
+                    "data.prompt_length_policy=filter to skip bad rows."
+                )
         for start in range(0, len(valid), _TOKENIZE_CHUNK):
             chunk = valid[start : start + _TOKENIZE_CHUNK]
             for (row_number, row), ids in zip(chunk, self._tokenize(path, chunk)):
@@ -173,7 +183,10 @@ class RLDataset(torch.utils.data.Dataset):
             try:
                 texts.append(
                     self.tokenizer.apply_chat_template(
-                        row[self.prompt_key], add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+                        row[self.prompt_key],
+                        add_generation_prompt=True,
+                        tokenize=False,
+                        **self.chat_template_kwargs,
                     )
                 )
             except Exception as exc:
@@ -183,7 +196,9 @@ class RLDataset(torch.utils.data.Dataset):
                 ) from exc
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-    def _add(self, file_number: int, path: Path, row_number: int, row: dict[str, Any], ids: list[int]) -> None:
+    def _add(
+        self, file_number: int, path: Path, row_number: int, row: dict[str, Any], ids: list[int]
+    ) -> None:
         limit = self.max_prompt_length
         if len(ids) > limit:
             if self.policy == "error":
@@ -225,7 +240,15 @@ class RLDataset(torch.utils.data.Dataset):
         return max(len(s["input_ids"]) for s in self.samples)
 
 
-NON_TENSOR_FIELDS = ("data_source", "reward_model", "extra_info", "ability", "raw_prompt", "row", "agent_name")
+NON_TENSOR_FIELDS = (
+    "data_source",
+    "reward_model",
+    "extra_info",
+    "ability",
+    "raw_prompt",
+    "row",
+    "agent_name",
+)
 
 
 def collate_prompts(samples: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
@@ -241,7 +264,9 @@ def collate_prompts(samples: Sequence[dict[str, Any]], pad_token_id: int) -> Bat
             input_ids[i, width - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[i, width - len(ids) :] = 1
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    non_tensors = {key: [s.get(key) for s in samples] for key in NON_TENSOR_FIELDS if any(key in s for s in samples)}
+    non_tensors = {
+        key: [s.get(key) for s in samples] for key in NON_TENSOR_FIELDS if any(key in s for s in samples)
+    }
     return Batch(
         {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         non_tensors,

@@ -15,7 +15,7 @@ from rlkit.errors import DataError
 __all__ = ["DATA_SOURCE", "DEFAULT_INSTRUCTION", "preprocess_gsm8k", "final_answer"]
 
 DATA_SOURCE = "openai/gsm8k"
-DEFAULT_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+DEFAULT_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test")
 _FINAL = re.compile(r"####\s*(.+?)\s*$")
 

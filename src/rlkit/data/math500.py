@@ -35,5 +35,7 @@ def preprocess_math500(
             "level": int(raw.get("level", 0) or 0),
             "unique_id": str(raw.get("unique_id", "")),
         }
-        rows.append(make_row(DATA_SOURCE, join_instruction(raw["problem"], instruction), raw["answer"], extra))
+        rows.append(
+            make_row(DATA_SOURCE, join_instruction(raw["problem"], instruction), raw["answer"], extra)
+        )
     return {"test": write_rows(rows, Path(output_dir) / "test.parquet")}

@@ -94,7 +94,11 @@ class StatefulDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` left off; refuses a state from different data or settings."""
         mine = self.state_dict()
-        changed = {k: (state.get(k), mine[k]) for k in ("seed", "shuffle", "num_samples", "batch_size") if state.get(k) != mine[k]}
+        changed = {
+            k: (state.get(k), mine[k])
+            for k in ("seed", "shuffle", "num_samples", "batch_size")
+            if state.get(k) != mine[k]
+        }
         if changed:
             raise DataError(
                 "cannot restore the dataloader: the checkpoint was made with different data settings "

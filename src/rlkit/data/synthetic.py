@@ -3,9 +3,7 @@
 Problems are sums (and, if asked, differences) of ``num_terms`` integers in
 ``[min_operand, max_operand]``, asked in plain words: "What is 3 + 5?". The defaults (two one-digit
 terms, addition only, "Answer with only the number.") are the regime where SmolLM2-135M-Instruct
-starts partly right, so GRPO has signal from the first step. Measured on the 64 test problems of
-seed 0 (64 new tokens, bf16): greedy 62.5% correct, sampling at temperature 1.0 25%; without the
-instruction 59% / 14%.
+starts partly right, so GRPO has signal from the first step (how often it is right: docs/data-and-rewards.md).
 Raise ``max_operand`` / ``num_terms`` or add ``-`` to make it harder. Differences are written so
 that no intermediate result is negative.
 

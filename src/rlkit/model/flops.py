@@ -24,9 +24,9 @@ The *model* FLOPs of the literature (``6 · N · tokens``) are a different numbe
 The peak (``stated_peak``) is a hardware figure, never a timing: on CUDA a per-device table (``GPU_PEAKS``,
 dense, no sparsity); on a CPU ``cores × FLOPs per cycle per core × clock`` (``cpu_flops_per_cycle``: from the
 vector-width flags and a small table by vendor; the clock: the largest of the maximum frequency the kernel
-reports, the ``@ x.xxGHz`` of the model name and the ``cpu MHz`` lines). Virtual machines often report only the
-base clock while the cores run faster: where a best-of matmul probe exceeds the stated figure, the probe is
-used instead and named as the source (``peak_source``), so the ratio cannot pass 1 on a matmul.
+reports, the ``@ x.xxGHz`` of the model name and the ``cpu MHz`` lines). Virtual machines often report only
+the base clock while the cores run faster: where a best-of matmul probe exceeds the stated figure, the probe
+is used instead and named as the source (``peak_source``), so the ratio cannot pass 1 on a matmul.
 
 Imports only the standard library and torch (``benchmarks/common.py`` loads it by file path).
 """
@@ -87,7 +87,8 @@ class ModelDims:
 
 @dataclass(frozen=True)
 class Rows:
-    """Positions one forward runs: through the decoder layers, through the head, and causal attention pairs."""
+    """Positions one forward runs: through the decoder layers, through the head, and causal attention
+    pairs."""
 
     body: float
     head: float
@@ -103,12 +104,13 @@ def _linears(module: Any):
 
 
 def model_dims(module: Any) -> ModelDims:
-    """``ModelDims`` of an HF causal LM (plain, LoRA-injected or FSDP2-sharded: shapes come from the linear maps'
-    ``in_features`` / ``out_features``, which sharding leaves alone).
+    """``ModelDims`` of an HF causal LM (plain, LoRA-injected or FSDP2-sharded: shapes come from the linear
+    maps' ``in_features`` / ``out_features``, which sharding leaves alone).
 
-    LoRA's first decoder layer reads the frozen embeddings: its maps (base and adapter A) get an input gradient
-    only when an adapter sits at an earlier stage of the layer (q/k/v → o → gate/up → down; ``_STAGES``), its
-    attention a backward only with an adapter on q/k/v. A map of unknown name there counts as the last stage."""
+    LoRA's first decoder layer reads the frozen embeddings: its maps (base and adapter A) get an input
+    gradient only when an adapter sits at an earlier stage of the layer (q/k/v → o → gate/up → down;
+    ``_STAGES``), its attention a backward only with an adapter on q/k/v. A map of unknown name there counts
+    as the last stage."""
     cfg = module.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -153,7 +155,8 @@ def _is_head(name: str, size: int, cfg: Any) -> bool:
 
 
 def _stage(name: str) -> int:
-    """The map's stage in its layer (``_STAGES``); unknown names: past the last (never upstream of anything)."""
+    """The map's stage in its layer (``_STAGES``); unknown names: past the last (never upstream of
+    anything)."""
     parts = name.split(".")
     return next((i for i, names in enumerate(_STAGES) if any(n in parts for n in names)), len(_STAGES))
 
@@ -191,9 +194,8 @@ def update_flops(dims: ModelDims, rows: Rows) -> float:
     if not dims.is_lora:
         return 3.0 * forward  # every linear map trainable: input and weight gradients; attention 2x
     base_dx = 2.0 * (dims.body - dims.first_quiet) * rows.body  # frozen base: input gradients only
-    adapters = (
-        4.0 * dims.lora - 2.0 * dims.first_quiet_a
-    ) * rows.body  # adapters: input and weight gradients
+    # adapters: input and weight gradients
+    adapters = (4.0 * dims.lora - 2.0 * dims.first_quiet_a) * rows.body
     graded = dims.layers if dims.first_attention_grad else dims.layers - 1
     attention_bw = 2.0 * attention * graded / dims.layers
     head_dx = 2.0 * dims.head * rows.head
@@ -201,7 +203,8 @@ def update_flops(dims: ModelDims, rows: Rows) -> float:
 
 
 class FlopTally:
-    """Executed update FLOPs summed over the micro-batches the actor runs (``add`` per forward, with its rows)."""
+    """Executed update FLOPs summed over the micro-batches the actor runs (``add`` per forward, with its
+    rows)."""
 
     def __init__(self, dims: ModelDims):
         self.dims = dims
@@ -259,11 +262,11 @@ def _cpuinfo_fields(text: str) -> dict[str, str]:
 def cpu_flops_per_cycle(vendor: str, flags: set[str], precision: str) -> tuple[int, str]:
     """Peak FLOPs per cycle of one core (multiply-add = 2) and the table row used.
 
-    fp32: AVX-512 with two 512-bit FMA pipes 64 (Intel; AMD from Zen 5, told apart from Zen 4 by ``avx_vnni``);
-    Zen 4's AVX-512 on 256-bit pipes 32; AVX2 + FMA (two 256-bit FMA pipes) 32; AVX 16; else SSE 8; Arm NEON
-    (asimd, two 128-bit pipes) 16, SVE counted as NEON unless wider (upper bound 32).
-    bf16: AMX 1024 (Intel Sapphire Rapids and later); AVX-512 BF16 dot products twice the fp32 row; without
-    native bf16, the fp32 row (bf16 then runs on the fp32 units)."""
+    fp32: AVX-512 with two 512-bit FMA pipes 64 (Intel; AMD from Zen 5, told apart from Zen 4 by
+    ``avx_vnni``); Zen 4's AVX-512 on 256-bit pipes 32; AVX2 + FMA (two 256-bit FMA pipes) 32; AVX 16; else
+    SSE 8; Arm NEON (asimd, two 128-bit pipes) 16, SVE counted as NEON unless wider (upper bound 32). bf16:
+    AMX 1024 (Intel Sapphire Rapids and later); AVX-512 BF16 dot products twice the fp32 row; without native
+    bf16, the fp32 row (bf16 then runs on the fp32 units)."""
     amd = vendor == "AuthenticAMD"
     if "avx512f" in flags:
         fp32, row = (
@@ -289,8 +292,8 @@ def cpu_flops_per_cycle(vendor: str, flags: set[str], precision: str) -> tuple[i
 
 
 def cpu_clock_hz(cpuinfo_text: str, sys_max_khz: str | None = None) -> float:
-    """The largest clock the system states: cpufreq's ``cpuinfo_max_freq`` (kHz), the ``@ x.xxGHz`` of the model
-    name, the ``cpu MHz`` lines; 0 when none is stated."""
+    """The largest clock the system states: cpufreq's ``cpuinfo_max_freq`` (kHz), the ``@ x.xxGHz`` of the
+    model name, the ``cpu MHz`` lines; 0 when none is stated."""
     candidates = [float(m) * 1e6 for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo_text, re.M)]
     model = re.search(r"@\s*([\d.]+)\s*GHz", cpuinfo_text)
     if model:
@@ -307,9 +310,9 @@ def cpu_peak(
     cpuinfo: str | Path = "/proc/cpuinfo",
     cpufreq: str | Path = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",
 ) -> Peak | None:
-    """``threads × FLOPs per cycle × clock`` for a worker running ``threads`` torch threads (one core each; SMT
-    siblings share a core's pipes, so the figure only gets larger than the real one). None when no clock is
-    stated."""
+    """``threads × FLOPs per cycle × clock`` for a worker running ``threads`` torch threads (one core each;
+    SMT siblings share a core's pipes, so the figure only gets larger than the real one). None when no clock
+    is stated."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
@@ -332,7 +335,8 @@ def cpu_peak(
 def stated_peak(
     device: str, precision: str, threads: int, *, probe: float = 0.0, cpuinfo: str | Path = "/proc/cpuinfo"
 ) -> Peak | None:
-    """The peak of one rank (module docstring). ``probe``: a best-of matmul rate measured on the same threads (CPU):
+    """The peak of one rank (module docstring). ``probe``: a best-of matmul rate measured on the same threads
+    (CPU):
     used, and named, where it exceeds the stated figure. None where nothing is known (an unlisted GPU)."""
     if device.startswith("cuda"):
         import torch

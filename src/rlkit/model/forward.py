@@ -1,12 +1,14 @@
-"""The actor's forward: per-token outputs of the response tokens (log-prob, entropy, Σπ²), by the cheapest path.
+"""The actor's forward: per-token outputs of the response tokens (log-prob, entropy, Σπ²), by the cheapest
+path.
 
 ``compute_log_probs`` (no gradient, whole local batch) and ``forward_response`` / ``response_outputs`` (one
-micro-batch, with gradient) are what the actor, the reference, the critic's and LoRA's paths call. Which path a
-micro-batch runs is a :class:`ForwardPlan` (a constructor argument of ``FSDPActor``; tests and benchmarks pass
-the alternatives): every path gives the same numbers within float rounding (``tests/unit/workers/test_fast_paths.py``).
+micro-batch, with gradient) are what the actor, the reference, the critic's and LoRA's paths call. Which path
+a micro-batch runs is a :class:`ForwardPlan` (a constructor argument of ``FSDPActor``; tests and benchmarks
+pass the alternatives): every path gives the same numbers within float rounding
+(``tests/unit/workers/test_fast_paths.py``).
 
-Shapes: ``b`` rows of a micro-batch, ``B`` rows of a local batch, ``t``/``T`` response width, ``H`` hidden size,
-``V`` vocabulary, ``k`` outputs stacked.
+Shapes: ``b`` rows of a micro-batch, ``B`` rows of a local batch, ``t``/``T`` response width, ``H`` hidden
+size, ``V`` vocabulary, ``k`` outputs stacked.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    """Which forward computes the response outputs. Each choice gives the same numbers within float rounding."""
+    """Which forward computes the response outputs. Each choice gives the same numbers within float
+    rounding."""
 
     fused_head: bool = (
         True  # outputs from hidden states in vocabulary slices, no [b, t, V] logits (plain heads)
@@ -56,7 +59,8 @@ class ForwardPlan:
 
 
 def autocast(device: torch.device, mixed_precision: str):
-    """bf16 autocast for ``bf16``; ``auto`` is this device's decision (``rlkit.hardware``; a run passes it resolved)."""
+    """bf16 autocast for ``bf16``; ``auto`` is this device's decision (``rlkit.hardware``; a run passes it
+    resolved)."""
     if concrete_mixed_precision(mixed_precision, device) == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -77,8 +81,8 @@ def forward_response(
     """Log-prob of each response token [b, T] (float32) and its entropy [b, T] (or None), 0 where masked.
 
     Logits are divided by ``temperature`` first (as the rollout did). Columns that are padding in every
-    row are cut before the forward and the outputs padded back to ``T`` with zeros. ``tally``: gets the forward's
-    rows in the layout run (``rlkit.model.flops``).
+    row are cut before the forward and the outputs padded back to ``T`` with zeros. ``tally``: gets the
+    forward's rows in the layout run (``rlkit.model.flops``).
     """
     out = response_outputs(
         module,
@@ -114,8 +118,8 @@ def response_outputs(
     A model whose head is a plain linear map (``rlkit.model.lm_head.plain_head``) never materialises logits:
     the outputs come from the final hidden states of the response tokens (``response_mask``) alone, in
     vocabulary slices (``rlkit.algos.fused_head``), and the micro-batch runs in its cheapest layout (shared
-    prompt pass, packed rows or padded rows; ``_layout``), as far as ``plan`` allows. Other models: logits, then the chunked functions of
-    ``rlkit.algos.entropy``.
+    prompt pass, packed rows or padded rows; ``_layout``), as far as ``plan`` allows. Other models: logits,
+    then the chunked functions of ``rlkit.algos.entropy``.
     """
     device = device or next(module.parameters()).device
     ids, mask, pos, p_keep, t = fsdp.trim_padding(micro)
@@ -157,11 +161,11 @@ def _fused_outputs(
     plan: ForwardPlan,
     tally: flops.FlopTally | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and the
-    head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the hidden
-    states come out of the model, a plain module), packed (one padding-free row per group) or padded; in the
-    latter two the swapped head computes the outputs inside the model's forward (FSDP: gathered weight, hooked
-    output) and returns them stacked as the ``logits`` [b, t, k]."""
+    """Per-token outputs [b, t] by name, from the final hidden states of the ``rows`` [b, t] (bool) tokens and
+    the head weight; 0 elsewhere. The micro-batch runs in the layout ``_layout`` picks: shared prefix (the
+    hidden states come out of the model, a plain module), packed (one padding-free row per group) or padded;
+    in the latter two the swapped head computes the outputs inside the model's forward (FSDP: gathered weight,
+    hooked output) and returns them stacked as the ``logits`` [b, t, k]."""
     names = (
         ["log_prob"]
         + (["entropy"] if want["with_entropy"] else [])
@@ -250,7 +254,8 @@ def _logits_outputs(
     plan: ForwardPlan,
     tally: flops.FlopTally | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear map)."""
+    """Per-token outputs [b, t] by name through the [b, t, V] logits (models whose head is not a plain linear
+    map)."""
     logits = _shared_prefix_logits(module, ids, mask, pos, p_keep, t) if keeps and plan.share_prefix else None
     if logits is not None:
         u = len(torch.unique(torch.cat([ids[:, :p_keep], mask[:, :p_keep]], dim=1), dim=0))
@@ -283,9 +288,8 @@ def _can_share(module: nn.Module) -> bool:
     no gradient checkpointing (no KV cache)."""
     from torch.distributed.fsdp import FSDPModule
 
-    checkpointing = getattr(
-        module, "is_activation_checkpointing", None
-    )  # transformers 5 name, then the old one
+    # transformers 5 name, then the old one
+    checkpointing = getattr(module, "is_activation_checkpointing", None)
     if checkpointing is None:
         checkpointing = getattr(module, "is_gradient_checkpointing", False)
     return not (isinstance(module, FSDPModule) or checkpointing)
@@ -350,8 +354,8 @@ def compute_log_probs(
     with_sum_pi_squared: bool = False,
     plan: ForwardPlan = ForwardPlan(),
 ) -> dict[str, torch.Tensor]:
-    """``response_outputs`` of a whole local batch [B, T] by name (``log_prob``, ``entropy``, ``sum_pi_squared``),
-    micro-batch by micro-batch, in the input order."""
+    """``response_outputs`` of a whole local batch [B, T] by name (``log_prob``, ``entropy``,
+    ``sum_pi_squared``), micro-batch by micro-batch, in the input order."""
     pieces = fsdp.micro_batch_indices(batch, size=micro_batch_size, max_tokens=max_token_len)
     n_all = fsdp.num_chunks_everywhere(len(pieces))
     names = (
@@ -364,9 +368,8 @@ def compute_log_probs(
     module.eval()
     try:
         for i in range(n_all):
-            idx = (
-                pieces[i] if i < len(pieces) else torch.tensor([0])
-            )  # extra forwards keep FSDP ranks in step
+            # extra forwards keep FSDP ranks in step
+            idx = pieces[i] if i < len(pieces) else torch.tensor([0])
             got = response_outputs(
                 module,
                 batch[idx],

@@ -73,10 +73,10 @@ def fsdp_wrap(
     plain_at_world_size_1: bool = True,
 ) -> nn.Module:
     """Shard ``module`` in place with FSDP2 over all ranks of the default group; returns it (unwrapped at
-    world size 1 without ``param_dtype`` when ``plain_at_world_size_1``: one rank holds the whole model anyway,
-    so the plain module gives the same numbers, state-dict keys and DCP checkpoints (resumable at any world size)
-    without FSDP2's per-forward parameter copies, gradient copies and DTensor dispatch in the optimizer; measured
-    in docs/benchmarks.md, where benchmarks/ab.py compares both).
+    world size 1 without ``param_dtype`` when ``plain_at_world_size_1``: one rank holds the whole model
+    anyway, so the plain module gives the same numbers, state-dict keys and DCP checkpoints (resumable at any
+    world size) without FSDP2's per-forward parameter copies, gradient copies and DTensor dispatch in the
+    optimizer; measured in docs/benchmarks.md, where benchmarks/ab.py compares both).
 
     ``param_dtype``: FSDP2 ``MixedPrecisionPolicy`` compute dtype (e.g. bf16; reductions stay fp32);
     None keeps the parameters' dtype (use autocast for bf16 compute instead).

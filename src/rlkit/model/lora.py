@@ -19,7 +19,8 @@ the same; the ``PeftModel`` wrapper is kept only to switch the adapter off.
   SGLang plugins) reads them as a PEFT adapter folder (``write_adapter_folder``: ``peft_adapter_tensors``
   renamed, PEFT's ``adapter_config.json``) and starts from the base weights (``base_state_dict``);
   ``merged_state_dict`` is ``W + scale · B A`` under the base names, for an engine that cannot.
-- The critic (``critic.lora``) gets its own adapter the same way (``apply_lora(..., trainable_head="score")``):
+- The critic (``critic.lora``) gets its own adapter the same way (``apply_lora(...,
+  trainable_head="score")``):
   the adapter on its backbone, its freshly initialised value head (``score``) trained in full beside it.
 """
 
@@ -56,7 +57,8 @@ ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file name; written into the che
 
 
 def peft_config(cfg: LoraConfig, base_path: str | None = None, head: str | None = None):
-    """The ``peft.LoraConfig`` of a recipe's ``actor.lora`` (task type causal LM) or ``critic.lora`` (``head``:
+    """The ``peft.LoraConfig`` of a recipe's ``actor.lora`` (task type causal LM) or ``critic.lora``
+    (``head``:
     the value head's name, left out of the adapter; no task type, so PEFT makes no copy of the head)."""
     try:
         import peft
@@ -97,9 +99,8 @@ def apply_lora(
             f"({exc}). Name the model's linear layers (e.g. [q_proj, v_proj]) or use 'all-linear'."
         ) from exc
     model = peft_model.base_model.model
-    if (
-        trainable_head is not None
-    ):  # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
+    # the head itself, not PEFT's modules_to_save copy: one name in checkpoints
+    if trainable_head is not None:
         getattr(model, trainable_head).requires_grad_(True)
     return model, peft_model
 
@@ -190,7 +191,8 @@ def state_bytes(state: dict[str, torch.Tensor]) -> int:
 
 def write_adapter_folder(directory: Path, state: dict[str, torch.Tensor], config: Any) -> int:
     """A PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) from the adapter
-    tensors of ``state`` (transformers-model names, e.g. ``adapter_state_dict``); returns its tensors' bytes."""
+    tensors of ``state`` (transformers-model names, e.g. ``adapter_state_dict``); returns its tensors'
+    bytes."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in peft_adapter_tensors(state).items()}

@@ -32,7 +32,8 @@ __all__ = ["mini_batch_selection", "UpdateMismatch"]
 
 
 def _gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """[b, T] on each rank → [world * b, T] in rank order (this rank's tensor alone without a process group)."""
+    """[b, T] on each rank → [world * b, T] in rank order (this rank's tensor alone without a process
+    group)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
@@ -62,9 +63,8 @@ def mini_batch_selection(actor: Any, mini: Batch, temperature: float, seed: int)
     )["log_prob"]  # [b, T]
     old = mini["old_log_prob"] if "old_log_prob" in mini else log_prob
     mask = mini["response_mask"].to(log_prob.dtype)
-    whole = [
-        _gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)
-    ]  # [world * b, T] each
+    # [world * b, T] each
+    whole = [_gather_rows(x.float()) for x in (log_prob, old, mini["advantages"], mask)]
     generator = torch.Generator().manual_seed(seed)
     selected = load_object(select)(*whole, generator=generator, **actor.policy_loss.kwargs)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

@@ -3,9 +3,9 @@
 A micro-batch ``[prompt P (left-padded) | response T (right-padded)]`` runs padding in both parts; the
 shared-prefix path (``actor._shared_prefix_logits``) runs each prompt once but still pads every response to
 the longest. Packed, each group of rows with the same prompt becomes one sequence
-``[prompt | response 1 | response 2 | ...]`` of real tokens only, with position ids restarting after the prompt
-for every response and a 4-D attention mask in which a response token sees the prompt and the earlier tokens
-of its own response (``seg`` below): the same attention as the padded rows, so the same log-probs and
+``[prompt | response 1 | response 2 | ...]`` of real tokens only, with position ids restarting after the
+prompt for every response and a 4-D attention mask in which a response token sees the prompt and the earlier
+tokens of its own response (``seg`` below): the same attention as the padded rows, so the same log-probs and
 gradients. Rows are right-padded to the longest group (pad tokens see themselves only).
 
 Attention over a dense mask costs every query × key pair of a row (no block skipping on CPU), so packing
@@ -30,9 +30,8 @@ class Packed:
     input_ids: torch.Tensor  # [G, L]
     position_ids: torch.Tensor  # [G, L]
     attention_mask: torch.Tensor  # [G, 1, L, L]: bool (True = attend) for sdpa, additive float for eager
-    source: (
-        torch.Tensor
-    )  # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
+    # [b, t] long: flat index into [G * L] of the hidden state predicting token (r, j); -1 if none
+    source: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -66,9 +65,9 @@ def pack_groups(
     *,
     additive: torch.dtype | None = None,
 ) -> Packed | None:
-    """The packed layout of a trimmed micro-batch (ids, mask, pos [b, W]; ``trim_padding``'s p_keep, t), or None
-    where it does not apply (a response with holes in its attention mask). ``additive``: a float dtype for an
-    additive mask (eager attention); None gives a bool mask (sdpa)."""
+    """The packed layout of a trimmed micro-batch (ids, mask, pos [b, W]; ``trim_padding``'s p_keep, t), or
+    None where it does not apply (a response with holes in its attention mask). ``additive``: a float dtype
+    for an additive mask (eager attention); None gives a bool mask (sdpa)."""
     lengths = _response_lengths(mask, p_keep)
     if lengths is None:
         return None
@@ -119,8 +118,8 @@ def pack_groups(
 
 
 def _mask(seg: torch.Tensor) -> torch.Tensor:
-    """[G, 1, L, L] bool from segment ids [G, L] (0 prompt, k response k, -1 pad): query q sees key k when k ≤ q and
-    k is in the prompt or in q's own response; a pad query sees itself (no empty softmax row)."""
+    """[G, 1, L, L] bool from segment ids [G, L] (0 prompt, k response k, -1 pad): query q sees key k when k ≤
+    q and k is in the prompt or in q's own response; a pad query sees itself (no empty softmax row)."""
     width = seg.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     sq, sk = seg[:, :, None], seg[:, None, :]

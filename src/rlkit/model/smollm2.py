@@ -45,7 +45,8 @@ def _gguf_path() -> Path:
 
 
 def smollm2_dir() -> Path:
-    """The converted HF folder, converting on first use (≈ 35 s; later calls are instant)."""
+    """The converted HF folder, converting on first use (its cost: docs/benchmarks.md, "Numbers moved out of
+    the code"); later calls only check that it exists."""
     out = _cache_root() / "models" / "SmolLM2-135M-Instruct"
     if not (out / "config.json").is_file():
         convert_smollm2(out)

@@ -52,7 +52,8 @@ def rlkit_register_compute_scores() -> list[ComputeScoreSpec]:
 
 @hookspec
 def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
-    """Rollout engines (``rollout.backend``): hf, sglang (plugin package); capabilities declared on the spec."""
+    """Rollout engines (``rollout.backend``): hf, sglang (plugin package); capabilities declared on the
+    spec."""
 
 
 @hookspec
@@ -77,7 +78,8 @@ def rlkit_register_agent_loops() -> list[AgentLoopSpec]:
 
 @hookspec
 def rlkit_register_rollout_corrections() -> list[RolloutCorrectionSpec]:
-    """Rollout corrections (``algorithm.rollout_correction``): token_tis, seq_tis, token_mis, seq_mis, icepop, decoupled."""
+    """Rollout corrections (``algorithm.rollout_correction``): token_tis, seq_tis, token_mis, seq_mis, icepop,
+    decoupled."""
 
 
 @hookspec

@@ -303,8 +303,8 @@ class RolloutRole(Role, Protocol):
     the driver pushes by version (``rlkit.step.ahead``)."""
 
     def generate_sequences(self, prompts: Batch, **sampling: Any) -> Batch:
-        """As ``ActorRolloutRefRole.generate_sequences``, plus ``rollout_version [B]`` (long): the version of the
-        weights each row was generated with."""
+        """As ``ActorRolloutRefRole.generate_sequences``, plus ``rollout_version [B]`` (long): the version of
+        the weights each row was generated with."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
@@ -474,7 +474,8 @@ class Tool(Protocol):
 class Episode(Protocol):
     """One multi-turn episode of an environment (``Environment.episode``), driven by the ``environment``
     agent loop (``rlkit.rollout.environment``): after each assistant turn the loop calls ``step`` with the
-    turn's text; the returned reply becomes a user turn (masked out of the loss) unless the episode is done."""
+    turn's text; the returned reply becomes a user turn (masked out of the loss) unless the episode is
+    done."""
 
     def step(self, assistant_text: str) -> tuple[str | None, bool]:
         """``(reply, done)``: the environment's next user message (None or "" when done) and whether the

@@ -183,7 +183,8 @@ def build_registries(plugins: PluginSet | None = None, *, allow_broken: bool = F
                 raise PluginError(f"{source}: hook {hook_name}() raised {type(exc).__name__}: {exc}") from exc
             if not isinstance(specs, (list, tuple)):
                 raise PluginError(
-                    f"{source}: hook {hook_name}() must return a list of {spec_type.__name__}, got {type(specs).__name__}."
+                    f"{source}: hook {hook_name}() must return a list of {spec_type.__name__}, got "
+                    f"{type(specs).__name__}."
                 )
             for spec in specs:
                 if not isinstance(spec, spec_type):

@@ -31,7 +31,8 @@ functions receive the validated fields as keyword arguments, classes receive the
   -> float | dict`` (veRL's contract; a dict has a ``score`` key plus extra metrics).
 - ``RewardManagerSpec.cls``, ``RolloutBackendSpec.cls``, ``RoleSpec.cls``, ``TrackerSpec.cls``,
   ``ToolSpec.cls``: classes; their constructor contracts live beside their base classes
-  (``rlkit.rewards``, ``rlkit.rollout``, ``rlkit.workers``, ``rlkit.runtime.tracking``, ``rlkit.rollout.tools``).
+  (``rlkit.rewards``, ``rlkit.rollout``, ``rlkit.workers``, ``rlkit.runtime.tracking``,
+  ``rlkit.rollout.tools``).
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ class ToolSpec(Spec):
 class AgentLoopSpec(Spec):
     """A multi-turn agent loop (``rollout.agent``, or a data row's ``agent_name``):
     ``cls(generator, tokenizer, tools, *, max_response_length, sampling[, params])`` with an async
-    ``run(messages, tools_kwargs, prompt_ids) -> Trajectory`` (contract: ``rlkit.plugin.protocols.AgentLoop``)."""
+    ``run(messages, tools_kwargs, prompt_ids) -> Trajectory`` (contract:
+    ``rlkit.plugin.protocols.AgentLoop``)."""
 
     cls: type | str | None = None
     uses_tools: bool = False  # True: the loop offers the recipe's rollout.tools to the model
@@ -180,8 +182,9 @@ class RolloutCorrectionSpec(Spec):
     fn: Callable[..., Any] | None = None
     output: str = "weights"  # "weights" | "mask"
     paper: str = ""
-    # True: its params model has a bool ``bypass`` (and its function a ``bypass`` keyword: pi_old := pi_rollout); set,
-    # the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and the call (rlkit.step.correction)
+    # True: its params model has a bool ``bypass`` (and its function a ``bypass`` keyword: pi_old :=
+    # pi_rollout); set, the trainer uses rollout_log_probs as old_log_prob, skips the old-log-prob pass and
+    # the call (rlkit.step.correction)
     bypass: bool = False
 
 
@@ -189,7 +192,8 @@ class RolloutCorrectionSpec(Spec):
 class EnvironmentSpec(Spec):
     """An environment (``data.environment``): ``cls(params=...)`` (``params`` only with a params model) giving
     its rows, their score and, with ``multi_turn``, an episode per row (contract:
-    ``rlkit.plugin.protocols.Environment``; docs/environments.md). Its rows carry ``data_source`` = ``name``."""
+    ``rlkit.plugin.protocols.Environment``; docs/environments.md). Its rows carry ``data_source`` =
+    ``name``."""
 
     cls: type | str | None = None
     multi_turn: bool = (

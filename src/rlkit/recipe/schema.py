@@ -149,8 +149,11 @@ class AlgorithmConfig(Section):
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     rollout_correction: Component | None = Field(
         None,
-        description="rollout correction (registry `rollout_corrections`), e.g. {name: token_tis, threshold: 2.0}: "
-        "importance weights / masks from pi_old / pi_rollout; None = off (old_log_prob is recomputed when on)",
+        description=(
+            "rollout correction (registry `rollout_corrections`), e.g. {name: token_tis, threshold: 2.0}: "
+            "importance weights / masks from pi_old / pi_rollout; None = off (old_log_prob is recomputed "
+            "when on)"
+        ),
     )
 
 
@@ -204,9 +207,11 @@ class ActorConfig(Section):
     gradient_checkpointing: bool = Field(False)
     mixed_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
-        description="bf16 autocast for forward/backward (critic and reference follow); auto = bf16 only where "
-        "this device's bf16 is fast (CUDA with bf16; a CPU whose bf16 matmul measures >= 2x fp32, e.g. AMX), else "
-        "fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)",
+        description=(
+            "bf16 autocast for forward/backward (critic and reference follow); auto = bf16 only where this "
+            "device's bf16 is fast (CUDA with bf16; a CPU whose bf16 matmul measures >= 2x fp32, e.g. AMX), "
+            "else fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)"
+        ),
     )
     max_nonfinite_in_row: PositiveInt = Field(
         3, description="stop after this many skipped non-finite updates in a row"
@@ -337,8 +342,11 @@ class ResourcesConfig(Section):
     )
     threads_per_worker: PositiveInt | Literal["auto"] = Field(
         "auto",
-        description="torch threads in each worker process; auto = the CPUs Ray gives the worker "
-        "(floor(cpus_per_bundle x its share of the bundle), at least 1; logged as resolved.threads_per_worker.<role>)",
+        description=(
+            "torch threads in each worker process; auto = the CPUs Ray gives the worker "
+            "(floor(cpus_per_bundle x its share of the bundle), at least 1; logged as "
+            "resolved.threads_per_worker.<role>)"
+        ),
     )
     object_store_memory_mb: PositiveInt = Field(512)
 
@@ -352,7 +360,8 @@ class ResourcesConfig(Section):
 
 
 class WatchdogConfig(Section):
-    """When a slow phase or a silent worker is reported (``rlkit.runtime.watchdog``; it reports, never stops)."""
+    """When a slow phase or a silent worker is reported (``rlkit.runtime.watchdog``; it reports, never
+    stops)."""
 
     slow_factor: PositiveFloat = Field(
         5.0, description="a phase is slow past this many times its recent median ..."
@@ -393,15 +402,19 @@ class TrainerConfig(Section):
     )
     mode: Literal["sync", "one_step_off", "async"] = Field(
         "sync",
-        description="sync: generate then train, one process (hybrid engine); one_step_off: a rollout pool "
-        "generates batch k+1 while the actor trains on batch k; async: the rollout pool keeps up to max_staleness "
-        "batches generated ahead (docs/async.md). The two last need role `rollout` on a pool of its own",
+        description=(
+            "sync: generate then train, one process (hybrid engine); one_step_off: a rollout pool generates "
+            "batch k+1 while the actor trains on batch k; async: the rollout pool keeps up to max_staleness "
+            "batches generated ahead (docs/async.md). The two last need role `rollout` on a pool of its own"
+        ),
     )
     max_staleness: PositiveInt | None = Field(
         None,
-        description="async: how many weight versions behind the actor a sample may be (older ones are dropped, "
-        "counted in async/dropped_stale); also how many batches are generated ahead. None = 1 for one_step_off, "
-        "2 for async; sync takes none",
+        description=(
+            "async: how many weight versions behind the actor a sample may be (older ones are dropped, "
+            "counted in async/dropped_stale); also how many batches are generated ahead. None = 1 for "
+            "one_step_off, 2 for async; sync takes none"
+        ),
     )
 
 

@@ -3,8 +3,8 @@
 Order: load YAML → component short forms become ``{name: ...}`` → apply overrides → apply the
 estimator's recipe defaults (only to keys the user did not set) → every component's name and
 parameters through ``rlkit.recipe.compose.resolve`` (the resolver composition uses, so what validates is
-what runs) → schema validation → cross-field rules (including the role plan) → files and this machine (``rlkit.recipe.checks_files``). Every
-problem found is collected; ``RecipeError`` lists them all at once.
+what runs) → schema validation → cross-field rules (including the role plan) → files and this machine
+(``rlkit.recipe.checks_files``). Every problem found is collected; ``RecipeError`` lists them all at once.
 Relative paths in a recipe are relative to the working directory, as in veRL.
 """
 
@@ -238,28 +238,32 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
         problems.append(
             (
                 "critic.enable",
-                f"estimator '{est_name}' needs a critic; remove critic.enable=false or pick a critic-free estimator such as grpo",
+                f"estimator '{est_name}' needs a critic; remove critic.enable=false or pick a "
+                "critic-free estimator such as grpo",
             )
         )
     if not est.needs_critic and recipe.critic.enable:
         problems.append(
             (
                 "critic.enable",
-                f"estimator '{est_name}' uses no critic; set algorithm.estimator=ppo to train one, or remove critic.enable",
+                f"estimator '{est_name}' uses no critic; set algorithm.estimator=ppo to train one, or "
+                "remove critic.enable",
             )
         )
     elif not est.needs_critic and critic_keys:
         problems.append(
             (
                 f"critic.{critic_keys[0]}",
-                f"critic options ({', '.join(critic_keys)}) are set but estimator '{est_name}' uses no critic; remove them or set algorithm.estimator=ppo",
+                f"critic options ({', '.join(critic_keys)}) are set but estimator '{est_name}' uses no "
+                "critic; remove them or set algorithm.estimator=ppo",
             )
         )
     if est.needs_groups and recipe.rollout.n < 2:
         problems.append(
             (
                 "rollout.n",
-                f"estimator '{est_name}' compares responses within a group; set rollout.n to 2 or more (got {recipe.rollout.n})",
+                f"estimator '{est_name}' compares responses within a group; set rollout.n to 2 or more "
+                f"(got {recipe.rollout.n})",
             )
         )
     if recipe.algorithm.filter_groups.enable and recipe.rollout.n < 2:
@@ -273,7 +277,8 @@ def _check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list
         problems.append(
             (
                 "ref.enable",
-                "a KL term (actor.use_kl_loss or algorithm.use_kl_in_reward) needs the reference model; remove ref.enable=false or turn the KL term off",
+                "a KL term (actor.use_kl_loss or algorithm.use_kl_in_reward) needs the reference model; "
+                "remove ref.enable=false or turn the KL term off",
             )
         )
     for role, pool in recipe.resources.roles.items():
@@ -384,14 +389,16 @@ def _check_agent(recipe: Recipe, registries: Registries) -> list[tuple[str, str]
         return [
             (
                 "rollout.tools",
-                f"rollout.agent={agent.name} offers tools but none are listed, e.g. rollout.tools=[calculator]",
+                f"rollout.agent={agent.name} offers tools but none are listed, e.g. "
+                "rollout.tools=[calculator]",
             )
         ]
     if recipe.rollout.tools and agent is None:
         return [
             (
                 "rollout.tools",
-                "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the tools)",
+                "tools are listed but no agent loop offers them; set rollout.agent=tool (or remove the "
+                "tools)",
             )
         ]
     return []
@@ -410,17 +417,17 @@ def _check_rollout_correction(recipe: Recipe, registries: Registries) -> list[tu
         return [
             (
                 "algorithm.rollout_correction",
-                f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' does not return "
-                "rollout_log_probs (its spec declares rollout_log_probs=False); use a backend that does (hf, sglang, vllm) "
-                "or remove algorithm.rollout_correction",
+                f"'{correction.name}' weighs tokens by pi_old / pi_rollout, but rollout backend '{backend}' "
+                "does not return rollout_log_probs (its spec declares rollout_log_probs=False); use a "
+                "backend that does (hf, sglang, vllm) or remove algorithm.rollout_correction",
             )
         ] + problems
     return problems
 
 
 def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
-    """``bypass`` on a correction without it (its ratio would be 1 everywhere), or with an estimator that needs
-    the old-log-prob pass bypass skips (OTB's sum_pi_squared)."""
+    """``bypass`` on a correction without it (its ratio would be 1 everywhere), or with an estimator that
+    needs the old-log-prob pass bypass skips (OTB's sum_pi_squared)."""
     correction = recipe.algorithm.rollout_correction
     if correction.name not in registries.rollout_corrections or not correction.params.get("bypass", False):
         return []
@@ -431,9 +438,10 @@ def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str
             (
                 key,
                 f"'{correction.name}' has no bypass mode: bypass makes pi_old = pi_rollout, so its ratio "
-                f"pi_old / pi_rollout would be 1 on every token and it would do nothing. Corrections with bypass: "
-                f"{with_bypass} ({{name: decoupled, bypass: true}} is PPO clipped against the rollout policy); or "
-                "remove bypass to correct pi_old / pi_rollout with the old-log-prob pass",
+                "pi_old / pi_rollout would be 1 on every token and it would do nothing. Corrections with "
+                f"bypass: {with_bypass} ({{name: decoupled, bypass: true}} is PPO clipped against the "
+                "rollout policy); or remove bypass to correct pi_old / pi_rollout with the old-log-prob "
+                "pass",
             )
         ]
     est = recipe.algorithm.estimator.name
@@ -441,8 +449,8 @@ def _check_bypass(recipe: Recipe, registries: Registries) -> list[tuple[str, str
         return [
             (
                 key,
-                f"estimator '{est}' needs sum_pi_squared from the actor's old-log-prob pass, which bypass skips; "
-                "use bypass: false, or an estimator without it (e.g. grpo)",
+                f"estimator '{est}' needs sum_pi_squared from the actor's old-log-prob pass, which bypass "
+                "skips; use bypass: false, or an estimator without it (e.g. grpo)",
             )
         ]
     return []
@@ -475,24 +483,24 @@ def _check_lora(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]
 
 
 def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[str, str]]:
-    """What the rollout backend's spec declares it cannot do: truncated sampling, more than ``max_ranks`` ranks."""
+    """What the rollout backend's spec declares it cannot do: truncated sampling, more than ``max_ranks``
+    ranks."""
     name, rollout = recipe.rollout.backend.name, recipe.rollout
     if name not in registries.rollout_backends:
         return []
     spec, problems = registries.rollout_backends.get(name), []
     if not spec.truncated_sampling:
         checks = [("top_k", rollout.top_k, 0), ("top_p", rollout.top_p, 1.0)]
-        checks += (
-            [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []
-        )  # greedy ignores it
+        # greedy ignores it
+        checks += [("val.top_p", rollout.val.top_p, 1.0)] if rollout.val.do_sample else []
         for key, value, off in checks:
             if value != off:
                 problems.append(
                     (
                         f"rollout.{key}",
-                        f"rollout backend '{name}' reports log-probs after its top-k / top-p "
-                        "truncation, not the untruncated distribution the trainer recomputes (rlkit.rollout.base); "
-                        f"set rollout.{key}={off}, or use rollout.backend=hf",
+                        f"rollout backend '{name}' reports log-probs after its top-k / top-p truncation, not "
+                        "the untruncated distribution the trainer recomputes (rlkit.rollout.base); set "
+                        f"rollout.{key}={off}, or use rollout.backend=hf",
                     )
                 )
     slot = "actor_rollout_ref" if recipe.trainer.mode == "sync" else "rollout"
@@ -554,8 +562,8 @@ def _check_environment(recipe: Recipe, registries: Registries) -> list[tuple[str
         problems.append(
             (
                 "rollout.agent",
-                f"environment '{env.name}' is multi-turn: its episodes run in the "
-                f"`environment` agent loop, not '{agent.name}'; remove rollout.agent or set it to environment",
+                f"environment '{env.name}' is multi-turn: its episodes run in the `environment` agent loop, "
+                f"not '{agent.name}'; remove rollout.agent or set it to environment",
             )
         )
     return problems
@@ -568,7 +576,8 @@ def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str
         problems.append(
             (
                 "actor.ppo_mini_batch_size",
-                f"{actor.ppo_mini_batch_size} does not divide data.train_batch_size={data.train_batch_size}; both count prompts",
+                f"{actor.ppo_mini_batch_size} does not divide "
+                f"data.train_batch_size={data.train_batch_size}; both count prompts",
             )
         )
     ranks = role_world_size(recipe, "actor_rollout_ref", registries)
@@ -577,7 +586,8 @@ def _check_batch_sizes(recipe: Recipe, registries: Registries) -> list[tuple[str
         problems.append(
             (
                 "actor.ppo_mini_batch_size",
-                f"a mini-batch of {samples} samples (ppo_mini_batch_size × rollout.n) does not split evenly over {ranks} actor ranks",
+                f"a mini-batch of {samples} samples (ppo_mini_batch_size × rollout.n) does not split "
+                f"evenly over {ranks} actor ranks",
             )
         )
     return problems

@@ -74,7 +74,8 @@ def compute_score(
     *,
     registries: Registries | None = None,
 ) -> Any:
-    """Score one response with the function registered for ``data_source``: a float or a dict with ``score``."""
+    """Score one response with the function registered for ``data_source``: a float or a dict with
+    ``score``."""
     fn = get_score_fn(data_source, registries)
     return fn(data_source, solution_str, ground_truth, extra_info)
 

@@ -70,9 +70,8 @@ class RewardFailureError(RlkitError):
 class RewardResult:
     token_level_scores: torch.Tensor  # [B, T] float32, the score on each response's last valid token
     extra: dict[str, list[Any]] = field(default_factory=dict)  # per-sample extras from dict scores, length B
-    metrics: dict[str, float] = field(
-        default_factory=dict
-    )  # reward/errors, reward/timeouts, reward/score/mean ...
+    # reward/errors, reward/timeouts, reward/score/mean ...
+    metrics: dict[str, float] = field(default_factory=dict)
     failures: list[tuple[int, str, str]] = field(default_factory=list)  # (row, data_source, message) each
 
 
@@ -264,7 +263,8 @@ class RewardManager:
         (data_source, *_), first = bad[0]
         timeouts = sum(o.timeout for _, o in bad)
         log.warning(
-            "%s: %d of %d samples got the default score %s (%d errors, %d timeouts); first, data_source '%s': %s",
+            "%s: %d of %d samples got the default score %s (%d errors, %d timeouts); first, data_source "
+                "'%s': %s",
             type(self).__name__, len(bad), len(outcomes), self.default_score,
             len(bad) - timeouts, timeouts, data_source, first.error,
         )  # fmt: skip
@@ -281,7 +281,8 @@ class RewardManager:
             shown[data_source] += 1
             note = f" ({outcome.error})" if outcome.error else ""
             print(
-                f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: {float(scores[i]):.4g}{note}"
+                f"[{data_source}] response: {text!r}\n[{data_source}] ground_truth: {truth!r} score: "
+                f"{float(scores[i]):.4g}{note}"
             )
 
 

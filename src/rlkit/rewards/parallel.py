@@ -8,7 +8,8 @@ child whose sample runs past ``reward.timeout_s`` is killed and replaced and the
 case (every sample hangs) after ``ceil(B / num_workers) * timeout_s``.
 
 Params (``ParallelManagerParams``, beside the name): ``num_workers`` (default 2). ``mp_context`` (a
-constructor argument for tests): ``fork`` on Linux, else ``spawn``, where the score function must be picklable.
+constructor argument for tests): ``fork`` on Linux, else ``spawn``, where the score function must be
+picklable.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``ScorePool``: score functions run in child processes, each call with a timeout; a hung child is killed.
 
     pool = ScorePool(fn, num_workers=1)
-    results = pool.run([args_0, args_1, ...], timeout_s=10.0)   # [(status, value)], status ok | error | timeout
+    results = pool.run([args_0, args_1, ...], timeout_s=10.0)  # [(status, value)]; ok | error | timeout
     pool.close()
 
 Each task is one call ``fn(*args)`` in a worker process. A worker gets its tasks in one chunk and
@@ -147,7 +147,8 @@ class ScorePool:
     def run(self, tasks: list[tuple], timeout_s: float) -> list[tuple[str, Any]]:
         """Each idle worker gets a chunk of the tasks in one message and answers in one message; each task
         has ``timeout_s`` from its own start. A task that runs longer gets ``timeout``: its worker is
-        killed and replaced, and the rest of its chunk (done or not; the answers died with it) is sent again."""
+        killed and replaced, and the rest of its chunk (done or not; the answers died with it) is sent
+        again."""
         while len(self.workers) < self.num_workers:
             self.workers.append(_Worker(self.ctx, self.fn))
         for worker in list(self.workers):
@@ -159,9 +160,8 @@ class ScorePool:
             idle = [w for w in self.workers if not w.tasks]
             for n, worker in enumerate(idle):
                 if pending:
-                    size = -(
-                        -len(pending) // (len(idle) - n)
-                    )  # ceil: spread what is left over the idle workers
+                    # ceil: spread what is left over the idle workers
+                    size = -(-len(pending) // (len(idle) - n))
                     chunk = [pending.popleft() for _ in range(size)]
                     try:
                         worker.send(chunk, tasks)

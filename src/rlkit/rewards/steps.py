@@ -42,7 +42,8 @@ class OverlongShaping:
             raise RlkitError(
                 f"reward.overlong_buffer.len must be in (0, max response length={self.max_response_length}], "
                 f"got {self.buffer_len}: the penalty ramps over the last `len` tokens before "
-                "data.max_response_length. Lower reward.overlong_buffer.len or raise data.max_response_length."
+                "data.max_response_length. Lower reward.overlong_buffer.len or raise "
+                "data.max_response_length."
             )
 
     def __call__(self, response_mask: torch.Tensor) -> torch.Tensor:

@@ -333,9 +333,8 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
             out[f"{key}/mean"] = sum(values) / len(values)
             out[f"{key}/max"] = float(max(values))
             out[f"{key}/min"] = float(min(values))
-    episodes = [
-        t for t in trajectories if t.reward is not None
-    ]  # the environment loop's (rlkit.rollout.environment)
+    # the environment loop's (rlkit.rollout.environment)
+    episodes = [t for t in trajectories if t.reward is not None]
     if episodes:
         out |= {
             "env/errors": float(sum(t.env_errors for t in episodes)),
@@ -383,8 +382,8 @@ class AgentLoopRollout:
         tools: tuple[Any, ...] | dict[str, Tool] = (),
         generate_ids: bool = False,
     ):
-        """``loops``: agent-loop name → resolved component (``rlkit.recipe.compose.Resolved``); ``tools``: resolved
-        tool components (or built ``Tool`` objects by name); ``generate_ids``: the backend's declared
+        """``loops``: agent-loop name → resolved component (``rlkit.recipe.compose.Resolved``); ``tools``:
+        resolved tool components (or built ``Tool`` objects by name); ``generate_ids``: the backend's declared
         capability (``RolloutBackendSpec.generate_ids``), else turns go through ``HFTurnGenerator``."""
         self.backend = backend
         self.generator: TurnGenerator = backend if generate_ids else HFTurnGenerator(backend)
@@ -466,7 +465,8 @@ class AgentLoopRollout:
             loop = self._loop(agent, sampling, max_len)
             raw = list(nt["raw_prompt"][i]) if "raw_prompt" in nt else None
             row_ids = ids[i][mask[i].bool()].tolist()
-            # A loop with tools re-renders the messages with the tool schemas; otherwise the given ids are the prompt.
+            # A loop with tools re-renders the messages with the tool schemas; otherwise the given ids are the
+            # prompt.
             prompt_ids = loop.prompt_ids(raw) if (raw and loop.schemas) else row_ids
             messages = raw if raw else [{"role": "user", "content": self.tokenizer.decode(row_ids)}]
             row = {"extra_info": extra} if self.loops[agent].spec.uses_environment else {}

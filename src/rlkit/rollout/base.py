@@ -1,8 +1,8 @@
 """The rollout backend contract and the batch layout every backend returns (veRL's).
 
 A backend is registered in ``rollout_backends`` (``RolloutBackendSpec.cls``); its contract is
-``rlkit.plugin.protocols.RolloutBackend`` (optional capabilities: ``rlkit.plugin.protocols.CAPABILITIES``, declared on
-the spec). It is constructed as::
+``rlkit.plugin.protocols.RolloutBackend`` (optional capabilities: ``rlkit.plugin.protocols.CAPABILITIES``,
+declared on the spec). It is constructed as::
 
     cls(module=..., tokenizer=..., rollout_config=RolloutConfig, max_response_length=int,
         device=torch.device, seed=int)
@@ -109,8 +109,9 @@ def _side(key: str, width: int, p: int, t: int) -> tuple[str, float | str]:
     sides = [side for side, w in (("prompt", p), ("response", t), ("joint", p + t)) if w == width]
     if len(sides) != 1:
         raise BatchError(
-            f"cannot pad rollout field '{key}' of width {width}: it matches {sides or 'none'} of prompt width {p}, "
-            f"response width {t}, prompt+response {p + t}. Add it to rlkit.rollout.base.ROLLOUT_PADDING."
+            f"cannot pad rollout field '{key}' of width {width}: it matches {sides or 'none'} of prompt "
+            f"width {p}, response width {t}, prompt+response {p + t}. Add it to "
+            "rlkit.rollout.base.ROLLOUT_PADDING."
         )
     return sides[0], 0
 
@@ -129,7 +130,8 @@ def pad_rollout(batch: Batch, prompt_width: int, response_width: int, pad_token_
     dp, dt = prompt_width - p, response_width - t
     if dp < 0 or dt < 0:
         raise BatchError(
-            f"pad_rollout: cannot shrink a rollout of widths P={p}, T={t} to P={prompt_width}, T={response_width}."
+            f"pad_rollout: cannot shrink a rollout of widths P={p}, T={t} to P={prompt_width}, "
+            f"T={response_width}."
         )
     if dp == 0 and dt == 0:
         return batch

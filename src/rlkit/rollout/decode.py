@@ -103,8 +103,9 @@ class SlabCache(Cache):
 
 
 def slab_layers(module: nn.Module) -> int | None:
-    """How many layers a :class:`SlabCache` for ``module`` needs, or None where it does not fit: the model's own
-    cache would not be plain full-attention ``DynamicLayer`` s (sliding windows, shared or linear layers)."""
+    """How many layers a :class:`SlabCache` for ``module`` needs, or None where it does not fit: the model's
+    own cache would not be plain full-attention ``DynamicLayer`` s (sliding windows, shared or linear
+    layers)."""
     config = getattr(module, "config", None)
     if config is None:
         return None
@@ -167,10 +168,10 @@ class Decoding:
     def prefill(
         self, module: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache=None
     ):
-        """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share one
-        prefill whose KV cache is then copied to every row); the head runs on the last position only.
-        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``).
-        Returns the model output (its cache covers all B rows) and the next-token logits [B, V]."""
+        """Forward the prompts ``[B, P]`` once each (``plan.share_prefill``: a group's identical rows share
+        one prefill whose KV cache is then copied to every row); the head runs on the last position only.
+        ``cache``: the ``transformers`` Cache to fill (None: the model's own ``DynamicCache``). Returns the
+        model output (its cache covers all B rows) and the next-token logits [B, V]."""
         rows = torch.cat([ids, mask], dim=1)  # identical prompt = identical ids and mask
         unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
         share = self.plan.share_prefill and len(unique) < len(rows)
@@ -238,9 +239,8 @@ def _decode_slab(
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
-    mask = torch.cat(
-        [prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1
-    )  # [B, P+T]
+    # [B, P+T]
+    mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]

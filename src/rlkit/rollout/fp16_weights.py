@@ -1,17 +1,16 @@
 """Decoding with fp16 weights on an x86 CPU: ``rollout.backend: {name: hf, dtype: float16}``.
 
 On a CPU without fast bf16 (AVX2 only), a decode step multiplies 8–64 rows by every weight matrix, and
-MKL's fp32 sgemm at that shape reaches neither bound: 20–33 GFLOP/s of a 55–79 GFLOP/s peak, 4–5 GB/s of a
-15–17 GB/s read bandwidth (AMD EPYC Zen 3, one thread, weights streamed from memory; docs/benchmarks.md,
-"fp16 decode weights").
-fbgemm (PyTorch's x86 quantized backend) has a GEMM made for this shape: the weights packed once in fp16
-(half the bytes to read), the activations and the accumulation in fp32 (the packed fp16 values are
-widened with F16C on the fly). The same linears then run 1.5–1.9× faster at 1–32 rows (``benchmarks/decode_kernels.py``).
+MKL's fp32 sgemm at that shape reaches neither the matmul peak nor the read bandwidth. fbgemm (PyTorch's x86
+quantized backend) has a GEMM made for this shape: the weights packed once in fp16 (half the bytes to read),
+the activations and the accumulation in fp32 (the packed fp16 values are widened with F16C on the fly). The
+measurements (``benchmarks/decode_kernels.py``, ``benchmarks/decode.py --ab fp16``) are in
+docs/benchmarks.md, "fp16 decode weights".
 
 The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
 :class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,
-LoRA adapters) stay fp32 and are copied at every refresh. Packing costs about 1–1.6 s per 135M parameters
-on one thread, so a frozen weight (``requires_grad`` off: a LoRA run's base) is repacked only when it was
+LoRA adapters) stay fp32 and are copied at every refresh. Packing is not free (docs/benchmarks.md), so a
+frozen weight (``requires_grad`` off: a LoRA run's base) is repacked only when it was
 written since its last packing — ``load_state_dict`` and ``copy_`` bump the tensor's version counter — and a
 trainable one at every refresh: the fused AdamW step writes parameters without bumping their version, so
 the counter cannot tell whether the optimizer moved them. A LoRA run's base is packed once; a full
@@ -49,7 +48,8 @@ class Fp16Linear(nn.Module):
         self.pack(linear, name)
 
     def pack(self, linear: nn.Linear, name: str = "") -> None:
-        """Pack ``linear`` 's current weight (and bias); ``name`` for the error where a weight exceeds fp16."""
+        """Pack ``linear`` 's current weight (and bias); ``name`` for the error where a weight exceeds
+        fp16."""
         with torch.no_grad():
             weight = linear.weight.detach().float().contiguous()
             largest = float(weight.abs().max())

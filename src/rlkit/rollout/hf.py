@@ -15,9 +15,10 @@ where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one d
 (validation refuses an explicit bfloat16/float16 for a hybrid actor on more than one rank).
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
 is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
-copy decodes tens of times slower. ``float16`` on the CPU decodes with fp16 weights packed for fbgemm and
-fp32 activations (``rlkit.rollout.fp16_weights``: 1.5–1.9× faster linears where bf16 is slow; on CUDA a
-plain fp16 copy). Not given at all (a backend built directly): the weights' own dtype.
+copy decodes much slower (docs/concepts.md). ``float16`` on the CPU decodes with fp16 weights packed for
+fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow, measured in
+docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy). Not given at all (a backend built
+directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -60,7 +61,8 @@ class HFRollout:
         decode_plan: DecodePlan = DecodePlan(),
     ):
         """``params``: ``HFRolloutParams`` (``rollout.backend: {name: hf, dtype: ...}``); None = defaults.
-        ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast one)."""
+        ``decode_plan``: the decode path (``rlkit.rollout.decode.DecodePlan``; the default is the fast
+        one)."""
         self.decode_plan = decode_plan
         self.module = module
         self.tokenizer = tokenizer
@@ -73,9 +75,8 @@ class HFRollout:
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
         )
-        dtype = concrete_decode_dtype(
-            getattr(params, "dtype", None), self.device
-        )  # "auto" → this device's choice
+        # "auto" → this device's choice
+        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
         self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
@@ -204,9 +205,8 @@ class HFRollout:
         prompt_ids = prompts["input_ids"].to(self.device).repeat_interleave(n, dim=0)  # [B, P]
         prompt_mask = prompts["attention_mask"].to(self.device).long().repeat_interleave(n, dim=0)  # [B, P]
         b = prompt_ids.shape[0]
-        responses = torch.full(
-            (b, max_new), self.pad_token_id, dtype=torch.long, device=self.device
-        )  # [B, T]
+        # [B, T]
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=self.device)
         response_mask = torch.zeros((b, max_new), dtype=torch.long, device=self.device)
         log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
 

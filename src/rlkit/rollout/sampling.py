@@ -85,8 +85,8 @@ def _inverse_cdf_sample(
 ) -> torch.Tensor:
     """One draw per row of ``probs [B, V]`` → ``[B]``: the first token whose cumulative probability exceeds
     a uniform draw (``uniform [B, 1]`` float64, or drawn here). One random number per row, where
-    ``torch.multinomial`` draws one per vocabulary entry (measured 16 ms vs 1 ms for 16 × 49k on one
-    thread); float64 keeps the tail's mass exact enough."""
+    ``torch.multinomial`` draws one per vocabulary entry (the timing: docs/benchmarks.md, History, change
+    6); float64 keeps the tail's mass exact enough."""
     cdf = torch.cumsum(probs, -1, dtype=torch.float64)  # [B, V]
     u = (
         uniform

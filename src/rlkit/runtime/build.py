@@ -5,8 +5,8 @@ every name resolved once, here on the driver) → output folder → what ``auto`
 mean on this machine (``rlkit.hardware``; printed, logged as ``resolved.*``, passed to the workers as
 concrete values) → tokenizer → datasets and loaders →
 reward step → trackers → Ray cluster → one worker group per placed role (the hybrid actor-rollout-ref,
-and a rollout pool, a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share its
-bundles equally. ``close()`` undoes it, and stops only the Ray cluster it started.
+and a rollout pool, a separate ref, a critic, a reward model when the recipe asks). Roles on one pool share
+its bundles equally. ``close()`` undoes it, and stops only the Ray cluster it started.
 """
 
 from __future__ import annotations
@@ -134,13 +134,8 @@ class Runtime:
         self.cluster = RayCluster(recipe.resources).start()
         pools.check(roles_by_pool)
         groups = {}
-        for slot in (
-            "actor_rollout_ref",
-            "rollout",
-            "ref",
-            "critic",
-            "reward_model",
-        ):  # the actor first: its ranks set the pace
+        # the actor first: its ranks set the pace
+        for slot in ("actor_rollout_ref", "rollout", "ref", "critic", "reward_model"):
             role = placed.get(slot)
             if role is None:
                 continue
@@ -165,7 +160,8 @@ class Runtime:
         torch.set_num_threads(1)
         # Which processes this run owns (docs/reliability.md: nothing survives a killed driver).
         info = self.cluster.describe() | {"worker_pids": {g.role: g.pids() for g in self.groups}}
-        self.cluster.watch_owned()  # the agents and workers, now that they run (a killed driver's reaper kills them)
+        # the agents and workers, now that they run (a killed driver's reaper kills them)
+        self.cluster.watch_owned()
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
     def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
@@ -237,8 +233,8 @@ class Runtime:
             yield from self.train_loader
 
     def save_workers(self, directory: Path) -> None:
-        """Each role writes its own sub-folders (actor/, rollout/, rollout_worker/, critic/); hf_config/ lets merge
-        rebuild the model."""
+        """Each role writes its own sub-folders (actor/, rollout/, rollout_worker/, critic/); hf_config/ lets
+        merge rebuild the model."""
         self.actor.call("save_checkpoint", dispatch="all", directory=str(directory))
         if self.rollout is not None:
             self.rollout.call("save_checkpoint", dispatch="all", directory=str(directory))
@@ -256,9 +252,10 @@ class Runtime:
     def perf_metrics(
         self, batch: Batch, times: dict[str, float], update: dict[str, float]
     ) -> dict[str, float]:
-        """perf/mfu/actor: the update's executed FLOPs (``perf/flops/actor``, counted by the actor ranks in the
-        layouts they ran: ``rlkit.model.flops``) over the driver's ``update_actor`` time and the stated peak
-        of all actor ranks (``Runtime.peak`` × ranks). Absent where the peak is unknown (an unlisted GPU)."""
+        """perf/mfu/actor: the update's executed FLOPs (``perf/flops/actor``, counted by the actor ranks in
+        the layouts they ran: ``rlkit.model.flops``) over the driver's ``update_actor`` time and the stated
+        peak of all actor ranks (``Runtime.peak`` × ranks). Absent where the peak is unknown (an unlisted
+        GPU)."""
         seconds = times.get("update_actor", 0.0)
         executed = update.get("perf/flops/actor", 0.0)
         if not seconds or not executed or self.peak is None:
@@ -389,7 +386,8 @@ def _ray_running() -> bool:
 
 def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
     """The stated peak of one actor rank (``rlkit.model.flops.stated_peak``) in the run's resolved precision;
-    on a CPU a best-of-3 1024² matmul probe on the worker's threads stands in where it beats the stated figure."""
+    on a CPU a best-of-3 1024² matmul probe on the worker's threads stands in where it beats the stated
+    figure."""
     from rlkit.model.flops import stated_peak
     from rlkit.workers.pools import resolve_device
 
@@ -409,7 +407,8 @@ def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
 
 
 def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
-    """Resolve ``auto`` precision and threads once, print the choice, warn (once) about slow or crowded set-ups."""
+    """Resolve ``auto`` precision and threads once, print the choice, warn (once) about slow or crowded
+    set-ups."""
     from rlkit.workers.pools import resolve_device
 
     backend = pipeline.rollout_backend
@@ -428,7 +427,8 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
 
 
 def _concrete_backend(backend: Resolved, hw: RunHardware) -> Resolved:
-    """The rollout backend with ``dtype: auto`` replaced by what ``hw`` resolved (workers never see ``auto``)."""
+    """The rollout backend with ``dtype: auto`` replaced by what ``hw`` resolved (workers never see
+    ``auto``)."""
     if hw.precision.decode_dtype is None or getattr(backend.params, "dtype", None) is None:
         return backend
     return replace(backend, params=backend.params.model_copy(update={"dtype": hw.precision.decode_dtype}))

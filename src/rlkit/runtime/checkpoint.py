@@ -9,13 +9,13 @@ Layout of ``<output_dir>/checkpoints/global_step_<N>/``::
 
 A kill at any moment leaves either the previous checkpoints untouched plus a ``.tmp-*`` folder
 (removed at the next start, or published then if it already holds COMPLETE) or the new checkpoint
-complete. A write that fails (full disk) raises ``CheckpointError`` naming the intact previous checkpoint. Multi-node runs need
-``trainer.output_dir`` on a file system every node sees.
+complete. A write that fails (full disk) raises ``CheckpointError`` naming the intact previous checkpoint.
+Multi-node runs need ``trainer.output_dir`` on a file system every node sees.
 
-Every ``.pt`` file is read with ``torch.load(weights_only=True)`` (``rlkit.model.state_file.load_state_file``): tensors and plain
-Python values only, so a checkpoint from someone else cannot run code on resume. ``to_plain`` writes numpy
-arrays and scalars, ``Batch`` objects (generations queued ahead) and tuples of them as tagged plain values;
-``from_plain`` restores them.
+Every ``.pt`` file is read with ``torch.load(weights_only=True)``
+(``rlkit.model.state_file.load_state_file``): tensors and plain Python values only, so a checkpoint from
+someone else cannot run code on resume. ``to_plain`` writes numpy arrays and scalars, ``Batch`` objects
+(generations queued ahead) and tuples of them as tagged plain values; ``from_plain`` restores them.
 """
 
 from __future__ import annotations
@@ -153,9 +153,9 @@ class CheckpointManager:
         except OSError:
             free = ""
         return (
-            f"could not write the checkpoint of step {step} under {self.root}: {type(exc).__name__}: {cause}; "
-            f"{kept}. Free disk space{free} or set trainer.output_dir to another disk, then resume "
-            f"(trainer.resume=auto)."
+            f"could not write the checkpoint of step {step} under {self.root}: {type(exc).__name__}: "
+            f"{cause}; {kept}. Free disk space{free} or set trainer.output_dir to another disk, then resume "
+            "(trainer.resume=auto)."
         )
 
     def _prune(self) -> None:

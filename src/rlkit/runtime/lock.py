@@ -1,6 +1,7 @@
-"""One writer per output folder: ``rlkit run`` holds an exclusive ``fcntl.flock`` on ``<output_dir>/.rlkit-run.lock``
-(and on a metrics file kept elsewhere) from validation to exit, with a JSON record of the holder (pid, host, start,
-command) for the message a second run gets; docs/reliability.md, "One writer per output folder".
+"""One writer per output folder: ``rlkit run`` holds an exclusive ``fcntl.flock`` on
+``<output_dir>/.rlkit-run.lock`` (and on a metrics file kept elsewhere) from validation to exit, with a JSON
+record of the holder (pid, host, start, command) for the message a second run gets; docs/reliability.md, "One
+writer per output folder".
 
     locks = lock_run_outputs(recipe)   # OutputBusyError naming the holder if a live run has the folder
     ...

@@ -49,8 +49,8 @@ def save_hf_config(model_config: Any, tokenizer: Any, directory: Path) -> None:
 def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
     """The actor's model weights from the DCP shards of ``checkpoint/actor/dcp`` (CPU tensors).
 
-    Only the ``model.*`` entries are read (the optimizer state beside them is twice the model's size), straight
-    into tensors of the saved shapes and dtypes: no intermediate single-file copy.
+    Only the ``model.*`` entries are read (the optimizer state beside them is twice the model's size),
+    straight into tensors of the saved shapes and dtypes: no intermediate single-file copy.
     """
     import torch
     import torch.distributed.checkpoint as dcp
@@ -59,7 +59,8 @@ def load_actor_state_dict(checkpoint: Path) -> dict[str, Any]:
     dcp_dir = checkpoint / "actor" / "dcp"
     if not dcp_dir.is_dir():
         raise MergeError(
-            f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as .../checkpoints/global_step_10"
+            f"{checkpoint}: no actor/dcp folder; give a checkpoint folder such as "
+            ".../checkpoints/global_step_10"
         )
     reader = dcp.FileSystemReader(str(dcp_dir))
     entries = reader.read_metadata().state_dict_metadata
@@ -153,7 +154,8 @@ def _lora_model(checkpoint: Path, dtype: str | None, merge_lora: bool):
 
 
 def _write(model, hf_config: Path, out: Path) -> Path:
-    """``save_pretrained`` of ``model`` (a model, or a PeftModel: its adapter) + tokenizer into ``out``, atomically."""
+    """``save_pretrained`` of ``model`` (a model, or a PeftModel: its adapter) + tokenizer into ``out``,
+    atomically."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(hf_config)

@@ -1,7 +1,8 @@
 """A new embedded MLflow store (SQLite) in a fraction of a second: copied from a migrated, empty template.
 
-MLflow builds a new SQLite store by running every one of its schema migrations (Alembic), which takes 4–8 s
-on a 2-core CPU, and a run pays it again in every new output folder (each test, each quickstart run).
+MLflow builds a new SQLite store by running every one of its schema migrations (Alembic), which takes
+seconds (docs/benchmarks.md, "Numbers moved out of the code"), and a run pays it again in every new output
+folder (each test, each quickstart run).
 ``prepare_sqlite_store(path)`` copies an empty store that was migrated once per MLflow version and kept in
 ``$RLKIT_CACHE/mlflow-template/`` instead; the copy is byte for byte what MLflow would have made, except that
 its ``Default`` experiment (id 0, which rlkit never logs to) gets the artifact location MLflow would give it
@@ -36,7 +37,8 @@ def template_path() -> Path:
 
 
 def _build_template(template: Path) -> None:
-    """Let MLflow create and migrate a store in a temporary folder, then move it to ``template`` atomically."""
+    """Let MLflow create and migrate a store in a temporary folder, then move it to ``template``
+    atomically."""
     from mlflow.tracking import MlflowClient
 
     template.parent.mkdir(parents=True, exist_ok=True)
@@ -57,9 +59,8 @@ def prepare_sqlite_store(path: Path) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         shutil.copyfile(template, partial)
-        with sqlite3.connect(
-            partial
-        ) as conn:  # the Default experiment's artifacts as MLflow would place them
+        # the Default experiment's artifacts as MLflow would place them
+        with sqlite3.connect(partial) as conn:
             conn.execute(
                 "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                 (str(Path.cwd() / "mlruns" / "0"),),

@@ -114,7 +114,8 @@ class StopHandler:
         self._resume_hint = hint
 
     def set_where(self, where: Callable[[], str]) -> None:
-        """``where()`` names the running phase in the stop message (e.g. ``" during phase 'gen' of step 3"``)."""
+        """``where()`` names the running phase in the stop message (e.g. ``" during phase 'gen' of step
+        3"``)."""
         self._where = where
 
     # ----- what happens on a signal -----------------------------------------------------------

@@ -160,9 +160,8 @@ class MlflowTracker:
         if config.mlflow_uri is None:
             from rlkit.runtime.mlflow_store import prepare_sqlite_store
 
-            prepare_sqlite_store(
-                root / "mlflow.db"
-            )  # a migrated empty store, copied (MLflow would migrate anew)
+            # a migrated empty store, copied (MLflow would migrate anew)
+            prepare_sqlite_store(root / "mlflow.db")
         self.uri = config.mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.uri)
         experiment = self.client.get_experiment_by_name(config.project)
@@ -250,7 +249,8 @@ class Tracking:
                 name = getattr(tracker, "name", type(tracker).__name__)
                 if name not in self.errors:
                     logger.warning(
-                        "tracker '%s' failed in %s(): %s: %s; training goes on, later errors are counted in tracking/errors",
+                        "tracker '%s' failed in %s(): %s: %s; training goes on, later errors are "
+                        "counted in tracking/errors",
                         name,
                         method,
                         type(exc).__name__,

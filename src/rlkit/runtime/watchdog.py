@@ -57,7 +57,8 @@ def slow_limit(history: list[float], *, factor: float, min_s: float, first_s: fl
     limit = max(min_s, factor * median)
     return (
         limit,
-        f"over {limit:g} s = max({min_s:g} s, {factor:g} × its median {median:.3g} s of the last {len(history)} runs)",
+        f"over {limit:g} s = max({min_s:g} s, {factor:g} × its median {median:.3g} s of the last "
+        f"{len(history)} runs)",
     )
 
 
@@ -80,9 +81,8 @@ class PhaseWatch:
         self.step = 0
         self._stack: list[_Running] = []
         self._history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self._pinged: dict[
-            tuple[int, int], float
-        ] = {}  # (id of the in-flight call, rank) -> when pinged last
+        # (id of the in-flight call, rank) -> when pinged last
+        self._pinged: dict[tuple[int, int], float] = {}
         self._reported_hung: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,15 +145,18 @@ class PhaseWatch:
         self._ping_silent_ranks()
 
     def _waiting_on(self, probe: bool) -> str:
-        """What the driver waits for now: per call in flight, the ranks that answered and where the others are."""
+        """What the driver waits for now: per call in flight, the ranks that answered and where the others
+        are."""
         lines = []
         for group in self.groups():
             for call in group.in_flight():
                 waiting = call.waiting
                 done = sorted(call.answered)
                 lines.append(
-                    f"\n  role '{group.role}', method '{call.method}' ({time.monotonic() - call.started:.0f} s): "
-                    f"rank(s) {waiting} still working" + (f", rank(s) {done} answered" if done else "")
+                    f"\n  role '{group.role}', method "
+                    f"'{call.method}' "
+                    f"({time.monotonic() - call.started:.0f} "
+                    f"s): rank(s) {waiting} still working" + (f", rank(s) {done} answered" if done else "")
                 )
                 if probe and waiting:
                     for rank, state in group.probe(waiting, self.config.ping_timeout_s).items():

@@ -2,9 +2,10 @@
 
     batch, metrics = advantage(batch, ctx)   # adds token_level_rewards, advantages, returns [B, T]
 
-The estimator gets one ``EstimatorInputs`` (``rlkit.algos.estimators``) filled with exactly what its spec declares:
-rewards, mask and the group ids the generation phase made (``group_id`` [B]) always; the critic's ``values`` with
-``needs_critic``; the greedy ``reward_baselines`` with ``needs_greedy_baseline``; ``old_log_prob``,
+The estimator gets one ``EstimatorInputs`` (``rlkit.algos.estimators``) filled with exactly what its spec
+declares:
+rewards, mask and the group ids the generation phase made (``group_id`` [B]) always; the critic's ``values``
+with ``needs_critic``; the greedy ``reward_baselines`` with ``needs_greedy_baseline``; ``old_log_prob``,
 ``sum_pi_squared`` and a weighting correction's ``rollout_is_weights`` with ``needs_sum_pi_squared`` (OTB).
 """
 

@@ -99,7 +99,8 @@ class StalenessQueue:
         return actor_version - item.version
 
     def take(self, actor_version: int) -> tuple[Generation | None, list[Generation]]:
-        """``(oldest fresh enough generation or None when none is left, the stale ones dropped before it)``."""
+        """``(oldest fresh enough generation or None when none is left, the stale ones dropped before
+        it)``."""
         dropped = []
         while self.items:
             item = self.items.popleft()
@@ -167,9 +168,8 @@ class RolloutPipeline:
         if len(pending.refs) > 1:
             from rlkit.workers.group import PendingCall
 
-            PendingCall(
-                self.actor, "rollout_state_dict", "all", pending.refs[1:]
-            ).get()  # the other ranks: {}
+            # the other ranks: {}
+            PendingCall(self.actor, "rollout_state_dict", "all", pending.refs[1:]).get()
         self.pushes.append(
             self.rollout.submit("update_weights", pending.refs[0], dispatch="all", version=version)
         )
@@ -207,9 +207,10 @@ class RolloutPipeline:
 
 
 def generated_ahead(more_prompts: Any, ctx: Any, pipe: RolloutPipeline) -> tuple[Any, dict[str, float]]:
-    """The generation phase with a rollout pool: the next batch it generated ahead (waiting for it if needed); it
-    draws new prompts from ``more_prompts`` to stay ``depth`` generations ahead. Metrics ``async/*``: the staleness
-    of the batch's rows (actor version - ``rollout_version``) and the generations dropped as too stale."""
+    """The generation phase with a rollout pool: the next batch it generated ahead (waiting for it if needed);
+    it draws new prompts from ``more_prompts`` to stay ``depth`` generations ahead. Metrics ``async/*``: the
+    staleness of the batch's rows (actor version - ``rollout_version``) and the generations dropped as too
+    stale."""
 
     def request(serial: int) -> tuple[Batch, Batch]:
         prompts = next(more_prompts)

@@ -1,10 +1,10 @@
-"""The greedy-baseline phase (ReMax, Li et al. 2023): each prompt's greedy response, scored, is the baseline of
-its group's sampled responses.
+"""The greedy-baseline phase (ReMax, Li et al. 2023): each prompt's greedy response, scored, is the baseline
+of its group's sampled responses.
 
     batch, metrics = greedy_baseline(batch, ctx, prompts)   # adds reward_baselines [B]
 
-Runs right after generation when the estimator's spec declares ``needs_greedy_baseline``; ``prompts`` [B/n] are
-the step's prompts (the batch's rows are those prompts repeated ``rollout.n`` times, interleaved).
+Runs right after generation when the estimator's spec declares ``needs_greedy_baseline``; ``prompts`` [B/n]
+are the step's prompts (the batch's rows are those prompts repeated ``rollout.n`` times, interleaved).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Phases that are one call to a role's workers (the worker groups split the batch over their ranks).
 
-batch, metrics = old_log_prob(batch, ctx, with_sum_pi_squared)   # actor: old_log_prob [B, T] (+ sum_pi_squared)
+batch, metrics = old_log_prob(batch, ctx, with_sum_pi_squared)   # actor: old_log_prob [B, T] (+ Σπ²)
 batch, metrics = ref_log_prob(batch, ctx)                        # ref: ref_log_prob [B, T]
 batch, metrics = values(batch, ctx)                              # critic: values [B, T]
 batch, metrics = update_critic(batch, ctx)                       # critic/* metrics

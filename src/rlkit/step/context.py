@@ -1,4 +1,5 @@
-"""What every phase of a step reads besides the batch: the recipe, the run's built components, the step number.
+"""What every phase of a step reads besides the batch: the recipe, the run's built components, the step
+number.
 
 A phase is a function ``batch, metrics = phase(batch, ctx)`` (docs/concepts.md, "One step"); it reads ``ctx``
 and never calls another phase. The trainer (``rlkit.step.trainer``) makes one context per step.

@@ -21,8 +21,8 @@ row-local, so computing it over the whole batch here equals computing it per ran
 behaviour weight pi_old / pi_rollout is exactly 1, so no weights are added and no function is called, and the
 actor's PPO ratio is pi_theta / pi_rollout. The mismatch metrics then come from the actor's update (its first
 mini-batch's log-probs are the current policy's, before any step: ``rlkit.model.loss_inputs.UpdateMismatch``),
-since comparing old_log_prob with itself here would report a mismatch of 0. Metric: ``rollout_corr/bypass`` = 1
-(and no ``timing_s/old_log_prob``).
+since comparing old_log_prob with itself here would report a mismatch of 0. Metric: ``rollout_corr/bypass`` =
+1 (and no ``timing_s/old_log_prob``).
 
 Shapes: ``B`` samples, ``T`` response tokens.
 """

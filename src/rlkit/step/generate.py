@@ -3,9 +3,10 @@
     batch, metrics = generate(prompts, ctx)             # the hybrid engine (the actor's workers)
     batch, metrics = generate(prompts, ctx, gen_batch=1) # a dynamic-sampling refill of the same step
 
-Each group gets a ``uid`` naming step, generation batch and prompt, so groups from different generation batches of
-one step never merge, and a ``group_id`` [B] (the estimators' group index), made here once. With a rollout pool
-generating ahead (``trainer.mode`` one_step_off / async) the batch comes from ``rlkit.step.ahead.generated_ahead``.
+Each group gets a ``uid`` naming step, generation batch and prompt, so groups from different generation
+batches of one step never merge, and a ``group_id`` [B] (the estimators' group index), made here once. With a
+rollout pool generating ahead (``trainer.mode`` one_step_off / async) the batch comes from
+``rlkit.step.ahead.generated_ahead``.
 
 Shapes: ``B`` = prompts × n samples.
 """

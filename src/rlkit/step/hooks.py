@@ -1,7 +1,8 @@
 """Points a caller can act at during a run: the reliability tests' fault injection (``rlkit.testing.faults``).
 
 ``RunHooks``' defaults do nothing. A run gets its hooks as an argument (``rlkit.cli.main(argv, hooks=...)`` →
-``Trainer(..., hooks=)`` → ``CheckpointManager(..., hooks=)``): nothing in a run reads them from the environment.
+``Trainer(..., hooks=)`` → ``CheckpointManager(..., hooks=)``): nothing in a run reads them from the
+environment.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The dynamic-sampling phase (DAPO): keep the groups whose filter metric varies, refill from new prompts until
-the batch holds ``data.train_batch_size`` groups.
+"""The dynamic-sampling phase (DAPO): keep the groups whose filter metric varies, refill from new prompts
+until the batch holds ``data.train_batch_size`` groups.
 
     batch, metrics = dynamic_sampling(batch, ctx, accumulator, refill)
 
@@ -60,6 +60,6 @@ def filter_metric(batch: Batch, name: str, manager: str) -> torch.Tensor:
     if f"reward_extra/{name}" in batch:
         return torch.tensor([float(v) for v in batch[f"reward_extra/{name}"]])
     raise DynamicSamplingError(
-        f"algorithm.filter_groups.metric={name!r}: the reward manager '{manager}' gives no such per-sample metric; "
-        f"valid here: {score_metric_names(batch)}."
+        f"algorithm.filter_groups.metric={name!r}: the reward manager '{manager}' gives no such per-sample "
+        f"metric; valid here: {score_metric_names(batch)}."
     )

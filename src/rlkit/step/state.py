@@ -1,5 +1,5 @@
-"""The run's state on disk: a checkpoint's driver half (step, dataloader position, KL controller, tracker run ids,
-driver RNG, batches generated ahead) beside the workers' shards, and ``run_info.json``.
+"""The run's state on disk: a checkpoint's driver half (step, dataloader position, KL controller, tracker run
+ids, driver RNG, batches generated ahead) beside the workers' shards, and ``run_info.json``.
 
     path = save(ctx, checkpoints, pipe)                 # atomic (rlkit.runtime.checkpoint.CheckpointManager)
     step = resume(ctx.recipe, rt, checkpoints, pipe)    # the step resumed at, or None when starting fresh
@@ -37,7 +37,8 @@ def save(ctx: StepContext, checkpoints: Any, pipe: Any | None) -> Path:
             "kl_ctrl": rt.kl_ctrl.__dict__ if rt.kl_ctrl is not None else None,
             "tracker_run_ids": rt.tracking.run_ids(),
             "driver_rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
-            # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a resume
+            # the generations the rollout pool made ahead (in flight ones are waited for): trained on after a
+            # resume
             "rollout_queue": pipe.state_dict() if pipe is not None else None,
         }
         torch.save(to_plain(state, "trainer_state"), tmp / "trainer_state.pt")
@@ -54,9 +55,8 @@ def resume(recipe: Any, rt: Any, checkpoints: Any, pipe: Any | None) -> int | No
     path = checkpoints.resolve_resume(recipe.trainer.resume)
     if path is None:
         return None
-    state = load_state_file(
-        path / "trainer_state.pt"
-    )  # weights_only: no pickled code runs (runtime.checkpoint)
+    # weights_only: no pickled code runs (runtime.checkpoint)
+    state = load_state_file(path / "trainer_state.pt")
     rt.load_workers(path)
     rt.train_loader.load_state_dict(state["dataloader"])
     if state["kl_ctrl"] is not None and rt.kl_ctrl is not None:

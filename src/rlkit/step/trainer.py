@@ -1,6 +1,8 @@
-"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow as a list of phases.
+"""The RL loop: ``fit()`` runs steps, validation and checkpoints; ``step()`` is veRL's data flow as a list of
+phases.
 
-One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(batch, ctx)`` in its own module::
+One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(batch, ctx)`` in its own
+module::
 
     gen            generate (rlkit.step.generate), or the rollout pool's batch made ahead (rlkit.step.ahead)
                    + greedy_baseline (rlkit.step.baseline) when the estimator needs one (ReMax)
@@ -13,8 +15,8 @@ One step (docs/concepts.md, "One step"); each phase is ``batch, metrics = phase(
     adv            advantage (rlkit.step.advantage): KL-in-reward (optional), then the registered estimator
     update_critic, update_actor, sync_weights (rlkit.step.compute); push_weights to a rollout pool
 
-The only branches are "is this role present" and "is this feature on". Everything named by the recipe comes from
-the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: returned by each phase.
+The only branches are "is this role present" and "is this feature on". Everything named by the recipe comes
+from the registries (``rlkit.runtime.build`` builds it). Metrics travel one way: returned by each phase.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class Trainer:
     """Owns the data flow; the worker groups in ``runtime`` do the compute."""
 
     def __init__(self, recipe: Recipe, runtime: Runtime, hooks: RunHooks | None = None):
-        """``hooks``: what a caller does at the phases and checkpoint points (``rlkit.step.hooks``; the reliability
-        tests' fault injection); None: nothing."""
+        """``hooks``: what a caller does at the phases and checkpoint points (``rlkit.step.hooks``; the
+        reliability tests' fault injection); None: nothing."""
         self.recipe = recipe
         self.rt = runtime
         self.hooks = hooks or RunHooks()
@@ -77,19 +79,18 @@ class Trainer:
         self.needs_baseline = spec.needs_greedy_baseline
         self.needs_sum_pi_squared = spec.needs_sum_pi_squared
         correction = runtime.pipeline.rollout_correction
-        self.bypass = bypass_on(
-            correction
-        )  # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
-        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update then
-        # logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the update.
+        # pi_old := pi_rollout: never the pass (validation refuses OTB with it)
+        self.bypass = bypass_on(correction)
+        # One PPO epoch over one mini-batch is on-policy: the old log-prob equals the current one (the update
+        # then logs the rollout mismatch from its own log-probs). A correction or OTB needs it before the
+        # update.
         actor = recipe.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == recipe.data.train_batch_size
         self.recompute_old_log_prob = not self.bypass and (
             not one_pass or correction is not None or self.needs_sum_pi_squared
         )
-        self.watch = PhaseWatch(
-            lambda: list(runtime.groups), recipe.trainer.watchdog
-        )  # slow phases, silent ranks
+        # slow phases, silent ranks
+        self.watch = PhaseWatch(lambda: list(runtime.groups), recipe.trainer.watchdog)
         t = recipe.trainer
         self.pipe = (
             RolloutPipeline(
@@ -112,8 +113,8 @@ class Trainer:
             self.watch.stop()
 
     def step(self, prompts: Batch | None, more_prompts: Any = None) -> dict[str, float]:
-        """One RL step on ``prompts`` (``more_prompts``: the prompt iterator that refills the batch for dynamic
-        sampling and feeds a rollout pool)."""
+        """One RL step on ``prompts`` (``more_prompts``: the prompt iterator that refills the batch for
+        dynamic sampling and feeds a rollout pool)."""
         ctx = self._context()
         timer = Timer(on_enter=self._on_phase, on_exit=self.watch.exit)
         metrics: dict[str, float] = {"training/global_step": float(self.global_step)}
@@ -124,9 +125,8 @@ class Trainer:
             metrics.update(more)
             return batch
 
-        def generated(
-            gen_batch: int, prompts: Batch
-        ) -> Batch:  # gen (+ ReMax's greedy baseline), then reward
+        # gen (+ ReMax's greedy baseline), then reward
+        def generated(gen_batch: int, prompts: Batch) -> Batch:
             with timer("gen"):
                 batch = run(None, generate, prompts, gen_batch)
                 if self.needs_baseline:
@@ -155,13 +155,11 @@ class Trainer:
             if self.rt.critic is not None:
                 batch = run("update_critic", update_critic, batch)
             batch = run("update_actor", update_actor, batch)
-            batch = run(
-                "sync_weights", sync_weights, batch
-            )  # hybrid engine: the rollout samples the updated actor
+            # hybrid engine: the rollout samples the updated actor
+            batch = run("sync_weights", sync_weights, batch)
             if self.pipe is not None:
-                with timer(
-                    "push_weights"
-                ):  # the rollout pool gets this version behind what it already generates
+                # the rollout pool gets this version behind what it already generates
+                with timer("push_weights"):
                     self.pipe.push_weights(self.global_step)
         data = self.recipe.data
         metrics |= data_metrics(
@@ -175,14 +173,12 @@ class Trainer:
     # ----- around the steps ---------------------------------------------------------------------
     def _fit(self) -> dict[str, float]:
         cfg = self.recipe.trainer
-        timer = Timer(
-            on_enter=self.watch.enter, on_exit=self.watch.exit
-        )  # validate / save: watched, not timed
+        # validate / save: watched, not timed
+        timer = Timer(on_enter=self.watch.enter, on_exit=self.watch.exit)
         resumed = state.resume(self.recipe, self.rt, self.checkpoints, self.pipe)
         self.global_step = resumed or 0
-        if (
-            self.pipe is not None
-        ):  # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
+        # the rollout pool starts from the actor's weights (a resumed run: the checkpoint's)
+        if self.pipe is not None:
             self.pipe.push_weights(self.global_step)
         state.write_run_info(self.rt, self.output_dir)
         if resumed is None:
@@ -196,9 +192,8 @@ class Trainer:
             self.rt.tracking.log(last, self.global_step)
         batches = self.rt.train_batches()
         while self.global_step < self.rt.total_steps:
-            prompts = (
-                next(batches) if self.pipe is None else None
-            )  # the rollout pool draws its own prompts ahead
+            # the rollout pool draws its own prompts ahead
+            prompts = next(batches) if self.pipe is None else None
             self.global_step += 1
             self.watch.step = self.global_step
             metrics = self.step(prompts, batches)

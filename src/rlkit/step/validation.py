@@ -1,4 +1,5 @@
-"""The validation phase: ``mean@n`` / ``best@n`` of the validation data per data_source, and a table of generations.
+"""The validation phase: ``mean@n`` / ``best@n`` of the validation data per data_source, and a table of
+generations.
 
     metrics = validate(ctx)   # val-core/<data_source>/<key>/mean@n ... (rlkit.eval.metrics.core_metrics)
 
@@ -39,9 +40,8 @@ def validate(ctx: StepContext) -> dict[str, float]:
             top_p=val.top_p,
         )
         gen.meta.pop("metrics", None)
-        own = {
-            k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors
-        }  # env_reward, num_turns
+        # env_reward, num_turns
+        own = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}
         batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors, own, {}))
         result = reward_of(batch, ctx)
         samples.extend(samples_from(batch, result, eos))

@@ -227,9 +227,8 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
         mask[0, 1] = 0  # a hole
     log_prob = -(torch.rand(batch, length, generator=gen) * 2 + 0.05)  # [B, T]
     old = log_prob + 0.4 * torch.randn(batch, length, generator=gen)  # ratios around 1, some clipped
-    advantages = (
-        torch.randn(batch, 1, generator=gen).expand(batch, length).clone()
-    )  # outcome-style, both signs
+    # outcome-style, both signs
+    advantages = torch.randn(batch, 1, generator=gen).expand(batch, length).clone()
     zero = mask == 0
     return {
         "log_prob": log_prob.masked_fill(zero, 0.0),
@@ -240,7 +239,8 @@ def _loss_case(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _selection(loss: Any, case: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per mini-batch)."""
+    """The loss's ``mini_batch_selection`` over the whole case [B, T], made once (as the actor does per
+    mini-batch)."""
     from rlkit.plugin.registry import load_object
 
     select = loss.spec.mini_batch_selection
@@ -455,9 +455,8 @@ def check_rollout_correction(
             "reads it) and its function a `bypass` keyword (pi_old := pi_rollout).",
             _CORRECTION_CONTRACT,
         )
-    if (
-        corr.spec.bypass
-    ):  # bypass (other parameters at their defaults): old_log_prob ignored, every valid weight 1
+    # bypass (other parameters at their defaults): old_log_prob ignored, every valid weight 1
+    if corr.spec.bypass:
         case = _loss_case(batch, length, seed)
         out, _ = corr.fn(
             case["log_prob"],

@@ -18,11 +18,15 @@ from rlkit.testing._common import ContractError, resolve_component, who
 
 __all__ = ["check_tracker", "check_role", "check_tool"]
 
-_TRACKER = "cls(config: TrackerConfig); log_params, log, log_artifact, log_text, finish; name, run_id  (rlkit.plugin.protocols.Tracker)"
+_TRACKER = (
+    "cls(config: TrackerConfig); log_params, log, log_artifact, log_text, finish; name, run_id  "
+    "(rlkit.plugin.protocols.Tracker)"
+)
 
 
 def check_tracker(cls_or_spec: Any, directory: str | Path, *, registries: Any = None, **params: Any) -> None:
-    """Check a tracker against ``rlkit.plugin.protocols.Tracker``, writing under ``directory``; raise ``ContractError``.
+    """Check a tracker against ``rlkit.plugin.protocols.Tracker``, writing under ``directory``; raise
+    ``ContractError``.
 
     Built as the runtime builds it, from a ``TrackerConfig`` whose ``output_dir`` is in ``directory``
     (``mlflow_uri``/``jsonl_path`` unset: the tracker's defaults must land there too). Checked: ``name``
@@ -130,7 +134,8 @@ def check_role(cls_or_spec: Any, *, registries: Any = None) -> None:
 
 
 def _slot_calls(slot: str) -> dict[str, tuple[tuple, dict]]:
-    """method → (args, kwargs) as the trainer and runtime call it on that slot (a placeholder for the batch)."""
+    """method → (args, kwargs) as the trainer and runtime call it on that slot (a placeholder for the
+    batch)."""
     batch = "<batch>"
     role = {"ping": ((), {}), "destroy": ((), {})}
     ckpt = {"save_checkpoint": ((), {"directory": "<dir>"}), "load_checkpoint": ((), {"directory": "<dir>"})}
@@ -182,7 +187,10 @@ def check_tool(
 
     tool_c = resolve_component("tools", cls_or_spec, params, registries)
     name = who(tool_c)
-    contract = "name, description, parameters, schema(), async execute(arguments, **tools_kwargs) -> ToolResult  (rlkit.plugin.protocols.Tool)"
+    contract = (
+        "name, description, parameters, schema(), async execute(arguments, **tools_kwargs) -> "
+        "ToolResult  (rlkit.plugin.protocols.Tool)"
+    )
     tool = tool_c.build()
     if not isinstance(tool, Tool) or not inspect.iscoroutinefunction(tool.execute):
         raise ContractError(

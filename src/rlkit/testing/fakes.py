@@ -1,10 +1,9 @@
-"""In-process fakes of what ``Trainer.step`` drives (the slot Protocols of a run): worker groups, the reward step, the
-rollout pool, so the trainer's data flow runs in a unit test in a second, without Ray or a model.
+"""In-process fakes of what ``Trainer.step`` drives (the slot Protocols of a run): worker groups, the reward
+step, the rollout pool, so the trainer's data flow runs in a unit test in a second, without Ray or a model.
 
-    rt = FakeRuntime(recipe, tmp_path)              # recipe: a validated Recipe (rlkit.recipe.validate_recipe)
-    trainer = Trainer(recipe, rt)
-    metrics = trainer.step(rt.prompts(), rt.prompt_stream())
-    rt.actor.calls["update_actor"][-1]              # the batch the actor update received
+    rt = FakeRuntime(recipe, tmp_path)              # recipe: a validated Recipe
+    (rlkit.recipe.validate_recipe) trainer = Trainer(recipe, rt) metrics = trainer.step(rt.prompts(),
+    rt.prompt_stream()) rt.actor.calls["update_actor"][-1]              # the batch the actor update received
 
 The fake actor generates deterministic responses of varying length (``seed``), log-probs that depend on the
 tokens, and records every call with the batch it got; the fake reward scores a response by its first token's
@@ -182,7 +181,8 @@ class FakeRuntime:
             yield self.prompts()
 
     def reward(self, batch: Batch) -> RewardResult:
-        """1 for an odd first response token, else 0 (greedy responses: 0.25), on each response's last token."""
+        """1 for an odd first response token, else 0 (greedy responses: 0.25), on each response's last
+        token."""
         self.reward_calls += 1
         first = batch["responses"][:, 0]
         value = torch.where(first == 2, 0.25, (first % 2).float())  # [B]

@@ -19,8 +19,8 @@ from rlkit.testing._common import ContractError, resolve_component, who
 __all__ = ["check_reward_manager", "check_compute_score", "conformance_score", "conformance_score_batch"]
 
 _CONTRACT = (
-    "cls(tokenizer, score_fn, *, num_examine, default_score, timeout_s[, params]); "
-    "manager(batch) -> RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.plugin.protocols.RewardManager)"
+    "cls(tokenizer, score_fn, *, num_examine, default_score, timeout_s[, params]); manager(batch) -> "
+    "RewardResult(token_level_scores [B, T], extra, metrics)  (rlkit.plugin.protocols.RewardManager)"
 )
 
 DEFAULT_SCORE = -1.0
@@ -195,8 +195,8 @@ def _check_result(
         )
     if metrics["reward/errors"] != 2 or metrics["reward/timeouts"] != 0:
         raise fail(
-            f"one sample's score raised and one returned NaN: expected reward/errors 2 and reward/timeouts 0, "
-            f"got {metrics['reward/errors']} and {metrics['reward/timeouts']}."
+            "one sample's score raised and one returned NaN: expected reward/errors 2 and reward/timeouts "
+            f"0, got {metrics['reward/errors']} and {metrics['reward/timeouts']}."
         )
     acc = extra.get("acc")
     if acc is None or acc[3] != 1.0:
@@ -221,7 +221,10 @@ def check_compute_score(
 
     score_c = resolve_component("compute_scores", spec_or_name, {}, registries)
     name = who(score_c)
-    contract = "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | {'score': float, ...}"
+    contract = (
+        "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | {'score': "
+        "float, ...}"
+    )
     fn = score_c.fn
     cases = [(s, truth, expected) for s, truth, expected in examples] + [
         ("", examples[0][1] if examples else "", None)
@@ -239,7 +242,8 @@ def check_compute_score(
                 outcome = normalize_score(first, math.nan)
                 if outcome.error:
                     raise ContractError(
-                        f"{name}: ({source!r}, {solution!r}, {truth!r}) {outcome.error}.\nContract: {contract}"
+                        f"{name}: ({source!r}, {solution!r}, {truth!r}) {outcome.error}.\nContract: "
+                        f"{contract}"
                     )
                 if normalize_score(second, math.nan).score != outcome.score:
                     raise ContractError(f"{name}: two calls on ({solution!r}, {truth!r}) scored differently.")

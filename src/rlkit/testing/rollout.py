@@ -24,7 +24,10 @@ _BACKEND = (
     "generate(prompts, *, n, temperature, top_p, top_k, max_new_tokens, do_sample, stop) -> Batch in the "
     "layout of rlkit.rollout.base  (rlkit.plugin.protocols.RolloutBackend)"
 )
-_LOOP = "cls(generator, tokenizer, tools, *, max_response_length, sampling[, params]); await run(...) -> Trajectory  (rlkit.plugin.protocols.AgentLoop)"
+_LOOP = (
+    "cls(generator, tokenizer, tools, *, max_response_length, sampling[, params]); await run(...) -> "
+    "Trajectory  (rlkit.plugin.protocols.AgentLoop)"
+)
 _KEYS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 QUESTIONS = ("What is 2 + 3?", "Solve: what is the sum of four and five times two?", "Compute 7 * 8.")
 
@@ -275,9 +278,8 @@ def _check_log_probs(name: str, out: Any, module: Any, temperature: float, atol:
     finally:
         module.train(was_training)
     t = out["responses"].shape[1]
-    logp = torch.log_softmax(
-        logits[:, width_p - 1 : width_p - 1 + t].float() / temperature, dim=-1
-    )  # [B*n, T, V]
+    # [B*n, T, V]
+    logp = torch.log_softmax(logits[:, width_p - 1 : width_p - 1 + t].float() / temperature, dim=-1)
     expected = logp.gather(-1, out["responses"][..., None]).squeeze(-1) * out["response_mask"]
     worst = float((expected - out["rollout_log_probs"]).abs().max())
     if worst > atol:
@@ -429,8 +431,8 @@ def _check_trajectory(fail: Any, traj: Any, prompt: list[int], max_len: int) -> 
         raise fail("the trajectory's prompt_ids are not the prompt it was given (or prompt_ids(messages)).")
     if not (len(ids) == len(mask) == len(logps)) or not 1 <= len(ids) <= max_len:
         raise fail(
-            f"response_ids/response_mask/log_probs have lengths {len(ids)}/{len(mask)}/{len(logps)}; expected one "
-            f"length in 1..max_response_length={max_len}."
+            f"response_ids/response_mask/log_probs have lengths {len(ids)}/{len(mask)}/{len(logps)}; "
+            f"expected one length in 1..max_response_length={max_len}."
         )
     if set(mask) - {0, 1} or mask[0] != 1:
         raise fail(f"response_mask must be 0/1 and start with the policy's own tokens (1); got {mask}.")

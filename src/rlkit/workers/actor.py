@@ -62,8 +62,8 @@ class FSDPActor:
         seed: int = 0,
         forward_plan: ForwardPlan = ForwardPlan(),
     ):
-        """``forward_plan``: which forward computes response log-probs (``rlkit.model.forward``; the default is
-        the cheapest path, tests and benchmarks pass the alternatives)."""
+        """``forward_plan``: which forward computes response log-probs (``rlkit.model.forward``; the default
+        is the cheapest path, tests and benchmarks pass the alternatives)."""
         from rlkit.model.load import load_model, load_tokenizer
 
         self.forward_plan = forward_plan
@@ -111,8 +111,8 @@ class FSDPActor:
     def compute_log_prob(
         self, batch: Batch, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
     ) -> Batch:
-        """``old_log_prob [B, T]`` (and ``entropy``, ``sum_pi_squared`` [B, T]) of the batch's responses under the
-        current weights."""
+        """``old_log_prob [B, T]`` (and ``entropy``, ``sum_pi_squared`` [B, T]) of the batch's responses under
+        the current weights."""
         outs = compute_log_probs(
             self.module,
             batch,
@@ -129,21 +129,23 @@ class FSDPActor:
 
     # ----- update -------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs × mini-batches over this rank's samples; returns ``actor/*`` metrics (same on every rank)."""
+        """PPO epochs × mini-batches over this rank's samples; returns ``actor/*`` metrics (same on every
+        rank)."""
         cfg = self.cfg
         mini_size = cfg.ppo_mini_batch_size * self.rollout_n // self.world_size
         if mini_size == 0 or len(batch) % mini_size:
             raise WorkerError(
-                f"actor.update: this rank holds {len(batch)} samples, not a multiple of the per-rank mini-batch "
-                f"actor.ppo_mini_batch_size ({cfg.ppo_mini_batch_size}) × rollout.n ({self.rollout_n}) / world size "
-                f"({self.world_size}) = {mini_size}. Make data.train_batch_size a multiple of actor.ppo_mini_batch_size "
-                "and the samples divisible by the world size."
+                f"actor.update: this rank holds {len(batch)} samples, not a multiple of the per-rank "
+                f"mini-batch actor.ppo_mini_batch_size ({cfg.ppo_mini_batch_size}) × rollout.n "
+                f"({self.rollout_n}) / world size ({self.world_size}) = {mini_size}. Make "
+                "data.train_batch_size a multiple of actor.ppo_mini_batch_size and the samples divisible by "
+                "the world size."
             )
         temperature = batch.meta.get("temperature", self.temperature)
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)
-        # on-policy fast path (no old_log_prob) or bypass (old_log_prob is the rollout's): the first mini-batch's
-        # log-probs, the current policy's, give the rollout mismatch
+        # on-policy fast path (no old_log_prob) or bypass (old_log_prob is the rollout's): the first
+        # mini-batch's log-probs, the current policy's, give the rollout mismatch
         fast = "old_log_prob" not in batch or batch.meta.get("old_log_prob_is_rollout", False)
         mismatch = UpdateMismatch() if fast and "rollout_log_probs" in batch else None
         tally = flops.FlopTally(self.dims)
@@ -155,9 +157,8 @@ class FSDPActor:
                 else torch.arange(len(batch))
             )
             for start in range(0, len(batch), mini_size):
-                selection_seed = (
-                    self.seed * 1_000_003 + self.update_calls * 1009 + minis
-                )  # the same on every rank
+                # the same on every rank
+                selection_seed = self.seed * 1_000_003 + self.update_calls * 1009 + minis
                 out = self._update_mini(
                     batch[order[start : start + mini_size]],
                     temperature,
@@ -227,8 +228,8 @@ class FSDPActor:
             if self._nonfinite_in_row >= cfg.max_nonfinite_in_row:
                 raise WorkerError(
                     f"actor.update: {self._nonfinite_in_row} non-finite losses or gradient norms in a row "
-                    f"(actor.max_nonfinite_in_row = {cfg.max_nonfinite_in_row}). Lower actor.optim.lr, check the "
-                    "rewards / advantages for inf or NaN, or use actor.mixed_precision: fp32."
+                    f"(actor.max_nonfinite_in_row = {cfg.max_nonfinite_in_row}). Lower actor.optim.lr, check "
+                    "the rewards / advantages for inf or NaN, or use actor.mixed_precision: fp32."
                 )
         else:
             self.optimizer.step()
@@ -246,7 +247,8 @@ class FSDPActor:
         mismatch: UpdateMismatch | None = None,
         tally: flops.FlopTally | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b, T]:
+        """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b,
+        T]:
         the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
         cfg = self.cfg
         mask = micro["response_mask"].to(self.device)  # [b, T]
@@ -267,9 +269,8 @@ class FSDPActor:
         pg_mat, pg_metrics = self.policy_loss.fn(
             log_prob, old, micro["advantages"].to(self.device), mask, **self.policy_loss.kwargs, **extra
         )
-        if (
-            "rollout_is_weights" in micro
-        ):  # rollout correction (rlkit.step.correction): per-token weights, no gradient
+        # rollout correction (rlkit.step.correction): per-token weights, no gradient
+        if "rollout_is_weights" in micro:
             pg_mat = pg_mat * micro["rollout_is_weights"].to(self.device)
         if mismatch is not None:
             mismatch.add(log_prob, micro["rollout_log_probs"], mask)

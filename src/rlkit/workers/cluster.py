@@ -13,8 +13,8 @@ start a new cluster even when another user's cluster runs on the machine.
 Joined cluster (``resources.ray_address`` set, e.g. ``"10.0.0.1:6379"`` from ``ray start --head``):
 rlkit connects and, on exit, only disconnects. Ray 2.60 turns token authentication on by default: the
 driver needs the cluster's token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_MODE=token``
-with the token file). A loopback address (``127.0.0.1:port``) makes this driver use loopback too. If Ray is already initialised in this process (a test
-session's cluster), it is used as is and left running.
+with the token file). A loopback address (``127.0.0.1:port``) makes this driver use loopback too. If Ray is
+already initialised in this process (a test session's cluster), it is used as is and left running.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class RayCluster:
         """Disconnect; stop the cluster's processes if this object started them.
 
         ``ray.shutdown`` stops what ``ray.init`` started (gcs_server, raylet, ...); the agents the raylet
-        started (dashboard agent, runtime-env agent) and its workers can outlive it by 30 s or more, so
+        started (dashboard agent, runtime-env agent) and its workers can outlive it (docs/reliability.md), so
         whatever of ``owned_processes()`` is still running afterwards gets SIGTERM, then SIGKILL after
         ``grace_s``.
         """
@@ -231,9 +231,8 @@ class RayCluster:
             "session_dir": None,
             "pids": {},
         }
-        node = getattr(
-            getattr(ray, "_private", None) and ray._private.worker, "_global_node", None
-        )  # private API
+        # private API
+        node = getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)
         if node is not None:
             info["session_dir"] = node.get_session_dir_path()
             if self.started:

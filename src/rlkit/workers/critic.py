@@ -65,7 +65,8 @@ class FSDPCritic:
         tokenizer=None,
         seed: int = 0,
     ):
-        """``ppo_mini_batch_size``: prompts per optimizer step (``critic.ppo_mini_batch_size`` or the actor's)."""
+        """``ppo_mini_batch_size``: prompts per optimizer step (``critic.ppo_mini_batch_size`` or the
+        actor's)."""
         from rlkit.model.load import load_model, load_tokenizer
 
         self.cfg = critic_config
@@ -81,9 +82,8 @@ class FSDPCritic:
         if critic_config.lora is not None:
             from rlkit.model.lora import apply_lora, trainable_numel
 
-            head = (
-                "score" if hasattr(module, "score") else "classifier"
-            )  # the value head (token classification)
+            # the value head (token classification)
+            head = "score" if hasattr(module, "score") else "classifier"
             module, self.peft_model = apply_lora(
                 module, critic_config.lora, where="critic.lora", trainable_head=head
             )
@@ -115,9 +115,10 @@ class FSDPCritic:
         mini_size = self.mini_batch_prompts * self.rollout_n // self.world_size
         if mini_size == 0 or len(batch) % mini_size:
             raise WorkerError(
-                f"critic.update: this rank holds {len(batch)} samples, not a multiple of the per-rank mini-batch "
-                f"{self.mini_batch_prompts} prompts × rollout.n {self.rollout_n} / world size {self.world_size} "
-                f"= {mini_size} (critic.ppo_mini_batch_size, else actor.ppo_mini_batch_size)."
+                f"critic.update: this rank holds {len(batch)} samples, not a multiple of the per-rank "
+                f"mini-batch {self.mini_batch_prompts} prompts × rollout.n {self.rollout_n} / world size "
+                f"{self.world_size} = {mini_size} (critic.ppo_mini_batch_size, else "
+                "actor.ppo_mini_batch_size)."
             )
         self.module.train()
         history: dict[str, list[float]] = defaultdict(list)

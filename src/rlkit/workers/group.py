@@ -286,7 +286,8 @@ class WorkerGroup:
             now = time.monotonic()
             if pending and deadline is not None and now >= deadline:
                 raise WorkerError(
-                    f"role '{self.role}', method '__init__': rank(s) {pending} did not start within {timeout_s} s."
+                    f"role '{self.role}', method '__init__': rank(s) {pending} did not start within "
+                    f"{timeout_s} s."
                 )
             stuck = unscheduled_ranks(self.actors, self.pool, pending) if pending else []
             waiting_since = {rank: waiting_since.get(rank, now) for rank in stuck}
@@ -297,11 +298,11 @@ class WorkerGroup:
     def _unschedulable(self, ranks: list[int], waited_s: float) -> WorkerError:
         others = [f"'{r}' {s:g}" for key, (r, s) in self.pool.claims.items() if key != id(self)]
         return WorkerError(
-            f"role '{self.role}': rank(s) {ranks} could not be scheduled for {waited_s:g} s: each asks for share "
-            f"{self.share:g} of a bundle {self.pool.bundle()} of resource pool '{self.pool.name}', and that share "
-            f"is not free (groups on the pool: {', '.join(others) or 'none of this driver'}; anything else placed "
-            f"in the pool's placement groups holds the rest). Give the roles on pool '{self.pool.name}' shares that "
-            f"add up to at most 1, or map '{self.role}' to a pool of its own "
+            f"role '{self.role}': rank(s) {ranks} could not be scheduled for {waited_s:g} s: each asks for "
+            f"share {self.share:g} of a bundle {self.pool.bundle()} of resource pool '{self.pool.name}', and "
+            f"that share is not free (groups on the pool: {', '.join(others) or 'none of this driver'}; "
+            "anything else placed in the pool's placement groups holds the rest). Give the roles on pool "
+            f"'{self.pool.name}' shares that add up to at most 1, or map '{self.role}' to a pool of its own "
             f"(resources.pools.<name> and resources.roles.{self.role}=<name>)."
         )
 
@@ -332,8 +333,8 @@ class WorkerGroup:
         except (GetTimeoutError, RayTaskError) as exc:
             raise WorkerError(
                 f"role '{self.role}': could not learn the address of rank 0's node {node_of_bundle} "
-                f"(resource pool '{self.pool.name}') within {timeout_s:g} s: {exc}. Check that the node is alive "
-                f"(`ray status`) and that it can import rlkit."
+                f"(resource pool '{self.pool.name}') within {timeout_s:g} s: {exc}. Check that the node is "
+                "alive (`ray status`) and that it can import rlkit."
             ) from None
         return addr, port
 
@@ -364,7 +365,8 @@ class WorkerGroup:
             ]
             return PendingCall(self, method, dispatch, refs, parts)
         if dispatch in ("all", "rank0"):
-            # an ObjectRef (another group's result) goes as it is: Ray hands each rank its value, unfetched by the driver
+            # an ObjectRef (another group's result) goes as it is: Ray hands each rank its value, unfetched by
+            # the driver
             args = () if batch is None else (batch if isinstance(batch, ray.ObjectRef) else ray.put(batch),)
             refs = [getattr(actor, method).remote(*args, **kwargs) for actor in self.actors]
             return PendingCall(self, method, dispatch, refs)
@@ -497,4 +499,7 @@ class WorkerGroup:
         self._kill()
 
     def __repr__(self) -> str:
-        return f"WorkerGroup(role={self.role!r}, cls={self.cls.__name__}, world_size={self.world_size}, device={self.device})"
+        return (
+            f"WorkerGroup(role={self.role!r}, cls={self.cls.__name__}, world_size={self.world_size}, "
+            f"device={self.device})"
+        )

@@ -79,9 +79,8 @@ class ResourcePool:
     device: str  # "cpu" | "cuda"
     placement_groups: list[Any] = field(default_factory=list, repr=False)  # ray PlacementGroup per node
     roles: list[str] = field(default_factory=list)  # roles placed here (named in errors)
-    claims: dict[int, tuple[str, float]] = field(
-        default_factory=dict, repr=False
-    )  # group id -> (role, share)
+    # group id -> (role, share)
+    claims: dict[int, tuple[str, float]] = field(default_factory=dict, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -173,9 +172,10 @@ class ResourcePool:
             holders = ", ".join(f"'{r}' {s:g}" for r, s in self.claims.values())
             raise WorkerError(
                 f"resource pool '{self.name}': role '{role}' asks for share {share:g} of each bundle "
-                f"{_fmt(self.bundle())}, but {holders} already hold {held:g} of it; the shares of the roles on "
-                f"one pool must add up to at most 1. Give each of the k roles on the pool share 1/k, or map "
-                f"'{role}' to a pool of its own (resources.pools.<name>: {{...}} and resources.roles.{role}=<name>)."
+                f"{_fmt(self.bundle())}, but {holders} already hold {held:g} of it; the shares of the roles "
+                "on one pool must add up to at most 1. Give each of the k roles on the pool share 1/k, or "
+                f"map '{role}' to a pool of its own (resources.pools.<name>: {{...}} and "
+                f"resources.roles.{role}=<name>)."
             )
         self.claims[id(owner)] = (role, share)
 

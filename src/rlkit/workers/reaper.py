@@ -1,8 +1,8 @@
 """A small process that outlives a killed driver just long enough to kill the Ray processes it started.
 
 Ray fate-shares gcs_server, the raylet and the workers with the driver that started them, but the
-raylet's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) outlive a SIGKILLed driver by 30 s
-or more (measured). Nothing in a SIGKILLed process can run, so a second process does it:
+raylet's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) outlive a SIGKILLed driver (for how
+long: docs/reliability.md). Nothing in a SIGKILLed process can run, so a second process does it:
 
     reaper = Reaper()                  # right after ray.init; a child of the driver, in its own session
     reaper.watch(processes)            # psutil.Process objects; may be called again with more

@@ -131,9 +131,8 @@ class ActorRolloutRefWorker(Worker):
         if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
             from rlkit.model.lora import LoraRef
 
-            self.ref = LoraRef(
-                self.actor, ref_config, temperature=temperature
-            )  # the base: adapter off, no copy
+            # the base: adapter off, no copy
+            self.ref = LoraRef(self.actor, ref_config, temperature=temperature)
         elif ref_config is not None:
             from rlkit.workers.ref import FSDPRef
 
@@ -198,7 +197,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(
         self, batch: Batch, with_entropy: bool = False, with_sum_pi_squared: bool = False
     ) -> Batch:
-        """``old_log_prob [B, T]`` (+ ``entropy``, ``sum_pi_squared`` [B, T]) under the current actor weights."""
+        """``old_log_prob [B, T]`` (+ ``entropy``, ``sum_pi_squared`` [B, T]) under the current actor
+        weights."""
         return self._need("actor").compute_log_prob(
             batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
         )
@@ -223,12 +223,13 @@ class ActorRolloutRefWorker(Worker):
         return sum(p.numel() for p in self._need("actor").module.parameters())
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The actor's full HF-style state dict on CPU (rank 0; ``{}`` elsewhere): use ``dispatch="rank0"``."""
+        """The actor's full HF-style state dict on CPU (rank 0; ``{}`` elsewhere): use
+        ``dispatch="rank0"``."""
         return self._need("actor").full_state_dict()
 
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
-        """What a rollout pool needs after an update (rank 0; ``{}`` elsewhere; collective): the full state dict,
-        or with ``actor.lora`` the adapter's tensors alone (``FSDPActor.rollout_state_dict``)."""
+        """What a rollout pool needs after an update (rank 0; ``{}`` elsewhere; collective): the full state
+        dict, or with ``actor.lora`` the adapter's tensors alone (``FSDPActor.rollout_state_dict``)."""
         return self._need("actor").rollout_state_dict()
 
     def save_checkpoint(self, directory: str) -> None:
@@ -243,9 +244,8 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, directory: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(Path(directory) / "actor")
-            if (
-                self.rollout is not None
-            ):  # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+            # an engine with its own copy of the weights (vllm, sglang) gets the restored ones
+            if self.rollout is not None:
                 self.sync_weights()
         path = Path(directory) / "rollout" / f"generator_rank{self.rank}.pt"
         sampler = self._sampling_generator()
@@ -377,7 +377,8 @@ class RewardModelWorker(Worker):
         micro_batch_size: int = 8,
         mixed_precision: str = "fp32",
     ):
-        """``model_config``: the policy's (tokenizer, dtype); ``reward_model_path``: ``reward.reward_model.path``."""
+        """``model_config``: the policy's (tokenizer, dtype); ``reward_model_path``:
+        ``reward.reward_model.path``."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
         from rlkit.workers.reward_model import FSDPRewardModel
 

@@ -1,4 +1,5 @@
-"""``RolloutWorker``: a rollout engine in processes of its own (role ``rollout``, ``trainer.mode`` one_step_off / async).
+"""``RolloutWorker``: a rollout engine in processes of its own (role ``rollout``, ``trainer.mode``
+one_step_off / async).
 
 Each rank holds a full copy of the policy (plain module, not sharded: ranks are independent generation
 replicas; the group's torch.distributed group is only joined, never used by generation) and the
@@ -103,8 +104,8 @@ class RolloutWorker(Worker):
         return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
-        """Load the actor's weights of ``version`` (every rank gets the same dict: the full state dict, or with
-        ``actor.lora`` the adapter's tensors alone); returns the seconds it took."""
+        """Load the actor's weights of ``version`` (every rank gets the same dict: the full state dict, or
+        with ``actor.lora`` the adapter's tensors alone); returns the seconds it took."""
         start = time.perf_counter()
         self.rollout_engine().update_weights(state_dict)
         self.version = int(version)

@@ -125,9 +125,8 @@ def test_local_counts_would_be_wrong():
     loss = torch.tensor([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0]], **F64)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], **F64)
     full = float(agg_loss(loss, mask, "token-mean"))  # 7 / 4 = 1.75
-    naive = (
-        sum(float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean")) for i in range(2)) / 2
-    )  # (1 + 4) / 2
+    # (1 + 4) / 2
+    naive = sum(float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean")) for i in range(2)) / 2
     exact = sum(
         float(agg_loss(loss[i : i + 1], mask[i : i + 1], "token-mean", global_tokens=4)) for i in range(2)
     )

@@ -1,6 +1,6 @@
 """The fused LM-head outputs (no [N, V] logits held) equal log-softmax / entropy / Σπ² of the full logits,
-values and gradients of the hidden states and the head weight, in vocabulary slices or whole, with temperature and
-autocast."""
+values and gradients of the hidden states and the head weight, in vocabulary slices or whole, with temperature
+and autocast."""
 
 from __future__ import annotations
 

@@ -87,9 +87,9 @@ def test_apply_kl_penalty_hand_worked():
 
 
 def test_value_loss_hand_worked():
-    # token 0: v=1.0, V_old=0, R=2, clip 0.5 -> clipped v = 0.5: (1-2)^2 = 1 vs (0.5-2)^2 = 2.25 -> 2.25 (clipped)
-    # token 1: v=0.2, V_old=0, R=0 -> inside the range: 0.04 both -> 0.04
-    # loss = 0.5 * token-mean(2.25, 0.04) = 0.5 * 1.145 = 0.5725; vf_clipfrac = 1/2
+    # token 0: v=1.0, V_old=0, R=2, clip 0.5 -> clipped v = 0.5: (1-2)^2 = 1 vs (0.5-2)^2 = 2.25 -> 2.25
+    # (clipped) token 1: v=0.2, V_old=0, R=0 -> inside the range: 0.04 both -> 0.04 loss = 0.5 *
+    # token-mean(2.25, 0.04) = 0.5 * 1.145 = 0.5725; vf_clipfrac = 1/2
     vpreds = torch.tensor([[1.0, 0.2]], **F64).requires_grad_(True)
     values = torch.zeros(1, 2, **F64)
     returns = torch.tensor([[2.0, 0.0]], **F64)

@@ -123,7 +123,8 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
     [(P.clip_cov, P.clip_cov_mini_batch_selection), (P.kl_cov, P.kl_cov_mini_batch_selection)],
 )
 def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_their_parameters(loss, select):
-    """The actor calls the spec's selection with the loss's validated parameters: same keywords, same defaults."""
+    """The actor calls the spec's selection with the loss's validated parameters: same keywords, same
+    defaults."""
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
 

@@ -24,8 +24,8 @@ def t(rows):
 
 
 # ---------------------------------------------------------------- hand-worked
-# one row, on-policy except where noted; log_prob = [-1, -3, -2, -2] (mean -2), A = [2, -2, 0.5, -0.5] (mean 0)
-# covariance (A - 0)(log_prob + 2) = [2*1, -2*-1, 0.5*0, -0.5*0] = [2, 2, 0, 0]
+# one row, on-policy except where noted; log_prob = [-1, -3, -2, -2] (mean -2), A = [2, -2, 0.5, -0.5] (mean
+# 0) covariance (A - 0)(log_prob + 2) = [2*1, -2*-1, 0.5*0, -0.5*0] = [2, 2, 0, 0]
 LOGP = [[-1.0, -3.0, -2.0, -2.0]]
 ADV = [[2.0, -2.0, 0.5, -0.5]]
 
@@ -343,7 +343,8 @@ def test_split_into_micro_batches_is_exact(inputs, cuts, which):
     torch.testing.assert_close(lp.grad, full_lp.grad, rtol=1e-10, atol=1e-12)
 
 
-# ---------------------------------------------------------------- clip_cov / kl_cov with a mini-batch selection
+# ---------------------------------------------------------------- clip_cov / kl_cov with a mini-batch
+# selection
 @given(
     loss_inputs(seq_adv=True),
     st.lists(st.integers(1, 4), max_size=3, unique=True),

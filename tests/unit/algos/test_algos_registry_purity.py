@@ -180,8 +180,9 @@ def test_dr_grpo_through_its_defaults_is_unscaled(registries):
 def test_registering_the_algorithms_does_not_import_torch():
     """`rlkit plugins` / `rlkit validate` stay fast: the specs hold lazy references to rlkit.algos."""
     code = (
-        "import sys, rlkit.builtin.algorithms as m; m.rlkit_register_estimators();"
-        "m.rlkit_register_policy_losses(); m.rlkit_register_rollout_corrections(); print('torch' in sys.modules)"
+        "import sys, rlkit.builtin.algorithms as m; "
+        "m.rlkit_register_estimators();m.rlkit_register_policy_losses(); "
+        "m.rlkit_register_rollout_corrections(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

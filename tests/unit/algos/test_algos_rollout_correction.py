@@ -67,9 +67,8 @@ def test_seq_tis_hand_worked():
     )
     assert m["rollout_is_ratio_fraction_high"] == 0.5  # one of two sequences above C
     assert m["rollout_is_ratio_fraction_low"] == 1.0  # "low" is below 1/C = 2 (veRL's): both sequences
-    assert m["rollout_is_mean"] == pytest.approx(
-        (3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5
-    )  # token-weighted
+    # token-weighted
+    assert m["rollout_is_mean"] == pytest.approx((3 * math.exp(-1) + 2 * math.exp(-0.3)) / 5)
 
 
 def test_token_mis_hand_worked():
@@ -117,10 +116,10 @@ def test_decoupled_hand_worked():
 
 
 def test_decoupled_ppo_clip_hand_worked():
-    # token 0: A = 1, pi_theta/pi_prox = e^0.1 = 1.105171 (inside [0.8, 1.2]), pi_prox/pi_behav = 1.4 (< cap 1.5)
-    #   loss -1.4 * 1.105171 = -1.547240, gradient -1.4 * 1.105171 (the weight scales the PPO gradient)
-    # token 1: A = 1, ratio e^0.5 = 1.6487 clipped to 1.2 by the proximal anchor, weight 1 -> -1.2, no gradient
-    # token 2: as token 0 but the behaviour weight is 2, over cap 1.5 -> dropped (0, no gradient)
+    # token 0: A = 1, pi_theta/pi_prox = e^0.1 = 1.105171 (inside [0.8, 1.2]), pi_prox/pi_behav = 1.4 (< cap
+    # 1.5) loss -1.4 * 1.105171 = -1.547240, gradient -1.4 * 1.105171 (the weight scales the PPO gradient)
+    # token 1: A = 1, ratio e^0.5 = 1.6487 clipped to 1.2 by the proximal anchor, weight 1 -> -1.2, no
+    # gradient token 2: as token 0 but the behaviour weight is 2, over cap 1.5 -> dropped (0, no gradient)
     log_prob = t([[0.1, 0.5, 0.1]]).requires_grad_(True)
     prox = t([[0.0, 0.0, 0.0]])
     behav = t([[-math.log(1.4), 0.0, -math.log(2)]])
@@ -259,8 +258,9 @@ def test_split_into_pieces_is_exact(inputs, case, cuts):
 # ---------------------------------------------------------------- bypass (pi_old := pi_rollout)
 def test_bypass_ppo_ratio_hand_worked():
     """Bypass: the PPO ratio is pi_theta / pi_rollout. Row 0 (A = +1): ratios 1.1 (inside [0.8, 1.2]) -> -1.1,
-    and 1.5 clipped to 1.2 -> -1.2; row 1 (A = -1): ratio 1.5 -> max(1.5, 1.2) = 1.5 (dual clip 3 not reached),
-    ratio 0.5 -> max(0.5, 0.8) = 0.8. That is decoupled PPO with pi_prox = pi_behav: every weight is 1."""
+    and 1.5 clipped to 1.2 -> -1.2; row 1 (A = -1): ratio 1.5 -> max(1.5, 1.2) = 1.5 (dual clip 3 not
+    reached), ratio 0.5 -> max(0.5, 0.8) = 0.8. That is decoupled PPO with pi_prox = pi_behav: every weight is
+    1."""
     from rlkit.algos.policy_losses import ppo_clip
 
     behav = t([[-1.5, -2.0], [-0.5, -1.0]])
@@ -276,8 +276,9 @@ def test_bypass_ppo_ratio_hand_worked():
 
 @given(corr_inputs(), st.sampled_from([0.1, 1.0, 3.0]))
 def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs, spread):
-    """For any batch: decoupled's weight with pi_prox = pi_behav is exactly the response mask, so decoupled PPO
-    is bit-for-bit ppo_clip(pi_theta / pi_behav) -- what the actor computes when bypass skips the weights."""
+    """For any batch: decoupled's weight with pi_prox = pi_behav is exactly the response mask, so decoupled
+    PPO is bit-for-bit ppo_clip(pi_theta / pi_behav) -- what the actor computes when bypass skips the
+    weights."""
     from rlkit.algos.policy_losses import ppo_clip
 
     _, behav, mask = inputs
@@ -286,9 +287,8 @@ def test_decoupled_collapses_to_ppo_on_the_behaviour_policy_under_bypass(inputs,
     adv = torch.randn(behav.shape, generator=g, **F64)
     weights, _ = R.decoupled(behav, behav.clone(), mask)
     assert torch.equal(weights, mask)
-    other = behav + torch.randn(
-        behav.shape, generator=g, **F64
-    )  # bypass ignores old_log_prob: weight 1 anyway
+    # bypass ignores old_log_prob: weight 1 anyway
+    other = behav + torch.randn(behav.shape, generator=g, **F64)
     assert torch.equal(R.decoupled(other, behav, mask, bypass=True)[0], mask)
     plain, _ = ppo_clip(log_prob, behav, adv, mask)
     decoupled, _ = R.decoupled_ppo_clip(log_prob, behav, behav.clone(), adv, mask)

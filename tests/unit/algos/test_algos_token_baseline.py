@@ -1,4 +1,5 @@
-"""Optimal token baseline (OTB) and its multi-turn variant: hand-worked values, loop references, properties."""
+"""Optimal token baseline (OTB) and its multi-turn variant: hand-worked values, loop references,
+properties."""
 
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def test_otb_hand_worked():
 
 def test_tir_aligns_by_valid_token_index():
     # w = 0.5 everywhere. Sample 0 has a masked tool span at position 1: mask [1, 0, 1], reward 1 at the end
-    #   -> W = [0.5, 0.5, 1.0], G = [1, 1, 1]. Sample 1: mask [1, 1, 0], no reward -> W = [0.5, 1.0, -], G = 0.
-    # TIR, k-th valid token: k=0: B = 0.5 / 1.0 = 0.5; k=1 (sample 0 at t=2, sample 1 at t=1): B = 1 / 2 = 0.5
+    #   -> W = [0.5, 0.5, 1.0], G = [1, 1, 1]. Sample 1: mask [1, 1, 0], no reward -> W = [0.5, 1.0, -], G =
+    # 0. TIR, k-th valid token: k=0: B = 0.5 / 1.0 = 0.5; k=1 (sample 0 at t=2, sample 1 at t=1): B = 1 / 2 =
+    # 0.5
     #   -> A = [[0.5, 0, 0.5], [-0.5, -0.5, 0]]
     # plain OTB by absolute position: t=1 and t=2 each have one valid trajectory -> B = its own G -> A = 0
     rewards = t([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])

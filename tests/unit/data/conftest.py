@@ -8,7 +8,10 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
     "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
 )
-WORDS = "user assistant system what is the answer one two three four five six seven eight nine ? + - = #### 1 2 3 4 5 6 7 8 9 0"
+WORDS = (
+    "user assistant system what is the answer one two three four five six seven eight nine ? + - = #### "
+    "1 2 3 4 5 6 7 8 9 0"
+)
 
 
 def build_tokenizer():

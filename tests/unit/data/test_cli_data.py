@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from rlkit.cli.data import add_parser
 
-DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"  # rows cut from the real files (README there)
+# rows cut from the real files (README there)
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
 
 
 def run(argv: list[str]) -> int:
@@ -21,7 +21,21 @@ def run(argv: list[str]) -> int:
 
 
 def test_gsm8k_and_math500(tmp_path, capsys):
-    assert run(["data", "gsm8k", "--input", str(DATA / "gsm8k"), "--output", str(tmp_path / "g"), "--instruction", ""]) == 0
+    assert (
+        run(
+            [
+                "data",
+                "gsm8k",
+                "--input",
+                str(DATA / "gsm8k"),
+                "--output",
+                str(tmp_path / "g"),
+                "--instruction",
+                "",
+            ]
+        )
+        == 0
+    )
     assert "train: 11 rows" in capsys.readouterr().out
     first = pq.read_table(tmp_path / "g" / "train.parquet").to_pylist()[0]
     assert first["prompt"][0]["content"] == first["extra_info"]["question"].strip()
@@ -30,7 +44,18 @@ def test_gsm8k_and_math500(tmp_path, capsys):
 
 
 def test_arithmetic(tmp_path, capsys):
-    argv = ["data", "arithmetic", "--output", str(tmp_path), "--train-size", "30", "--test-size", "5", "--seed", "2"]
+    argv = [
+        "data",
+        "arithmetic",
+        "--output",
+        str(tmp_path),
+        "--train-size",
+        "30",
+        "--test-size",
+        "5",
+        "--seed",
+        "2",
+    ]
     assert run(argv + ["--ops", "+-", "--max-operand", "20"]) == 0
     out = capsys.readouterr().out
     assert "train: 30 rows" in out and "test: 5 rows" in out

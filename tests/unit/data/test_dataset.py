@@ -1,4 +1,5 @@
-"""RLDataset over real parquet files: rows checked, chat template applied, length policy, left-padded batches."""
+"""RLDataset over real parquet files: rows checked, chat template applied, length policy, left-padded
+batches."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from rlkit_data_rows import make_row, write_parquet
 from rlkit.data.dataset import RLDataset, collate_prompts
 from rlkit.errors import DataError
 
-DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"  # rows cut from the real files (README there)
+# rows cut from the real files (README there)
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
 
 # "<|im_start|> user {content} <|im_end|> <|im_start|> assistant": 5 tokens + the content's words.
 TEMPLATE_TOKENS = 5
 
 
 def test_reads_many_files_and_collates_left_padded(tmp_path, tokenizer):
-    a = write_parquet(tmp_path / "a.parquet", [make_row("one + two ?", "3", index=0), make_row("one ?", "1", index=1)])
+    a = write_parquet(
+        tmp_path / "a.parquet", [make_row("one + two ?", "3", index=0), make_row("one ?", "1", index=1)]
+    )
     b = write_parquet(tmp_path / "b.parquet", [make_row("what is the answer ? one + one", "2", "gsm8k")])
     ds = RLDataset([a, b], tokenizer, max_prompt_length=32)
     assert len(ds) == 3 and ds.stats["rows_kept"] == 3
@@ -56,7 +60,9 @@ def test_prompt_length_policies(tmp_path, tokenizer, policy, kept, expected_leng
     assert len(ds) == kept
     assert [len(s["input_ids"]) for s in ds.samples] == expected_lengths
     long_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "one two three four five six"}], add_generation_prompt=True, tokenize=False
+        [{"role": "user", "content": "one two three four five six"}],
+        add_generation_prompt=True,
+        tokenize=False,
     )
     long_ids = tokenizer(long_ids, add_special_tokens=False)["input_ids"]  # 11 tokens
     if policy == "filter":
@@ -69,7 +75,9 @@ def test_prompt_length_policies(tmp_path, tokenizer, policy, kept, expected_leng
 
 def test_too_long_prompt_errors_by_default(tmp_path, tokenizer):
     path = write_parquet(tmp_path / "d.parquet", [make_row("one ?"), make_row("one two three four five six")])
-    with pytest.raises(DataError, match=r"d\.parquet, row 1: the prompt is 11 tokens, longer than data\.max_prompt_length=10"):
+    with pytest.raises(
+        DataError, match=r"d\.parquet, row 1: the prompt is 11 tokens, longer than data\.max_prompt_length=10"
+    ):
         RLDataset(path, tokenizer, max_prompt_length=10)
 
 
@@ -111,7 +119,9 @@ def test_non_string_content(tmp_path, tokenizer):
         }
     )
     path = write_parquet(tmp_path / "bytes.parquet", table=table)
-    with pytest.raises(DataError, match=r"bytes\.parquet, row 0: 'prompt'\[0\]\.content is bytes, not a string"):
+    with pytest.raises(
+        DataError, match=r"bytes\.parquet, row 0: 'prompt'\[0\]\.content is bytes, not a string"
+    ):
         RLDataset(path, tokenizer)
 
 
@@ -121,7 +131,9 @@ def test_non_utf8_text(tmp_path, tokenizer):
         pa.array([0, 1, 2], pa.int32()),
         pa.StructArray.from_arrays([pa.array(["user", "user"]), content], names=["role", "content"]),
     )
-    table = pa.table({"data_source": ["a", "a"], "prompt": prompt, "reward_model": [{"ground_truth": "1"}] * 2})
+    table = pa.table(
+        {"data_source": ["a", "a"], "prompt": prompt, "reward_model": [{"ground_truth": "1"}] * 2}
+    )
     path = write_parquet(tmp_path / "latin.parquet", table=table)
     with pytest.raises(DataError, match=r"latin\.parquet, row 1: a text field is not valid UTF-8"):
         RLDataset(path, tokenizer)
@@ -138,14 +150,20 @@ def test_file_level_errors(tmp_path, tokenizer):
     not_parquet.write_text("data_source,prompt\n")
     with pytest.raises(DataError, match="text.parquet: cannot be read as parquet"):
         RLDataset(not_parquet, tokenizer)
-    empty = write_parquet(tmp_path / "empty.parquet", table=pa.Table.from_pylist([make_row("one")]).slice(0, 0))
+    empty = write_parquet(
+        tmp_path / "empty.parquet", table=pa.Table.from_pylist([make_row("one")]).slice(0, 0)
+    )
     with pytest.raises(DataError, match="empty.parquet: the file has no rows"):
         RLDataset(empty, tokenizer)
     wrong = write_parquet(tmp_path / "wrong.parquet", [{"question": "q", "answer": "a"}])
-    with pytest.raises(DataError, match=r"wrong.parquet: missing column\(s\) \['prompt', 'data_source', 'reward_model'\]"):
+    with pytest.raises(
+        DataError, match=r"wrong.parquet: missing column\(s\) \['prompt', 'data_source', 'reward_model'\]"
+    ):
         RLDataset(wrong, tokenizer)
     string_prompt = write_parquet(tmp_path / "sp.parquet", [{**make_row("x"), "prompt": "one ?"}])
-    with pytest.raises(DataError, match="sp.parquet: column 'prompt' has type string; expected a list of chat messages"):
+    with pytest.raises(
+        DataError, match="sp.parquet: column 'prompt' has type string; expected a list of chat messages"
+    ):
         RLDataset(string_prompt, tokenizer)
     with pytest.raises(DataError, match="prompt_length_policy: 'truncate' is not valid"):
         RLDataset(string_prompt, tokenizer, prompt_length_policy="truncate")

@@ -11,7 +11,8 @@ import pytest
 from rlkit.data import generate_arithmetic, preprocess_gsm8k, preprocess_math500
 from rlkit.errors import DataError
 
-DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"  # rows cut from the real files (README there)
+# rows cut from the real files (README there)
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
 
 
 def _check_schema(row: dict, data_source: str) -> None:
@@ -36,7 +37,8 @@ def test_gsm8k_real_data(tmp_path):
         assert all("," not in r["reward_model"]["ground_truth"] for r in rows)
     # The first training problem: Natalia sold 48 clips in April and half as many in May -> 72.
     assert train[0]["reward_model"]["ground_truth"] == "72"
-    assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in train) == 3  # all three of the real file
+    # all three of the real file
+    assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in train) == 3
     assert sum(r["reward_model"]["ground_truth"].startswith("-") for r in test) == 2  # both of the real file
 
 
@@ -67,8 +69,14 @@ GOOD = json.dumps({"question": "1+1?", "answer": "2\n#### 2"}).encode()
         (b"{not json", "line 2: not valid JSON"),
         (b"[1, 2]", "line 2: expected a JSON object"),
         (json.dumps({"question": "q"}).encode(), "line 2: missing or empty string field(s) ['answer']"),
-        (json.dumps({"question": 3, "answer": "#### 1"}).encode(), "line 2: missing or empty string field(s) ['question']"),
-        (json.dumps({"question": "q", "answer": "no final line"}).encode(), "line 2: the answer has no '#### <number>'"),
+        (
+            json.dumps({"question": 3, "answer": "#### 1"}).encode(),
+            "line 2: missing or empty string field(s) ['question']",
+        ),
+        (
+            json.dumps({"question": "q", "answer": "no final line"}).encode(),
+            "line 2: the answer has no '#### <number>'",
+        ),
     ],
 )
 def test_gsm8k_bad_input_names_file_and_line(tmp_path, bad_line, message):
@@ -106,7 +114,9 @@ def test_arithmetic_is_seeded_and_holds_out_test(tmp_path):
 
 
 def test_arithmetic_difficulty_knobs(tmp_path):
-    out = generate_arithmetic(tmp_path, 200, 10, seed=0, max_operand=99, num_terms=3, ops="+-", min_operand=10)
+    out = generate_arithmetic(
+        tmp_path, 200, 10, seed=0, max_operand=99, num_terms=3, ops="+-", min_operand=10
+    )
     rows = pq.read_table(out["train"]).to_pylist()
     assert len(rows) == 200
     for r in rows:

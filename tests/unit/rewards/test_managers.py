@@ -34,7 +34,8 @@ def dispatcher(registries):
 
 
 def build_manager(registries, component, tokenizer, score_fn, **kwargs):
-    """A manager as the driver builds it: the recipe's component resolved, its params model passed as ``params=``."""
+    """A manager as the driver builds it: the recipe's component resolved, its params model passed as
+    ``params=``."""
     resolved, problems = resolve("reward.manager", "reward_managers", component, registries)
     assert not problems, problems
     return resolved.build(tokenizer, score_fn, **kwargs)
@@ -195,7 +196,8 @@ def test_reward_model_scores_fallback(tokenizer, make_batch, registries):
     result = step(batch)
     assert result.token_level_scores.sum(1).tolist() == [1.0, -0.5]
     assert result.metrics["reward/rm_scores/used_fraction"] == 0.5 and result.metrics["reward/errors"] == 0.0
-    # fallback and overlong shaping compose: the penalty lands on whichever score was chosen (2 tokens + eos = 3)
+    # fallback and overlong shaping compose: the penalty lands on whichever score was chosen (2 tokens + eos =
+    # 3)
     shaped = RewardStep(
         NaiveRewardManager(tokenizer, dispatcher),
         reward_model="fallback",
@@ -203,9 +205,8 @@ def test_reward_model_scores_fallback(tokenizer, make_batch, registries):
         overlong=OverlongShaping(buffer_len=2, penalty_factor=1.0, max_response_length=4),
     )(batch)
     assert shaped.token_level_scores.sum(1).tolist() == [0.5, -1.0]  # -(3 - 2) / 2 each
-    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(
-        batch
-    )  # no reward model: rm_scores ignored
+    # no reward model: rm_scores ignored
+    without = RewardStep(NaiveRewardManager(tokenizer, dispatcher))(batch)
     assert without.token_level_scores.sum(1).tolist() == [1.0, 0.0]
 
 
@@ -241,7 +242,8 @@ class CountingManager(NaiveRewardManager.__mro__[1]):
 def test_a_hanging_scorer_times_out_per_sample_under_every_per_sample_manager(
     tokenizer, make_batch, manager_cls
 ):
-    """A score that sleeps 30 s, timeout 0.5 s: that sample gets the default and is counted; the rest are scored."""
+    """A score that sleeps 30 s, timeout 0.5 s: that sample gets the default and is counted; the rest are
+    scored."""
     batch = make_batch(["1", "sleep", "2"], ["x"] * 3, data_source="my/source")
     with manager_cls(tokenizer, misbehaving, timeout_s=0.5, default_score=-1.0) as manager:
         result = manager(batch)
@@ -275,19 +277,16 @@ def test_a_killed_driver_leaves_no_scoring_child(tokenizer, make_batch, tmp_path
     script = tmp_path / "driver.py"
     script.write_text(
         "import sys, time\n"  # noqa: UP031 - a script template
-        "sys.path.insert(0, %r)\n"
-        "from conftest import build_tokenizer\n"
-        "from rlkit.rewards.managers import NaiveRewardManager\n"
-        "from test_managers import misbehaving\n"
-        "import torch\n"
-        "from rlkit.batch import Batch\n"
-        "tok = build_tokenizer()\n"
-        "ids = tok('sleep', add_special_tokens=False)['input_ids']\n"
-        "b = Batch({'responses': torch.tensor([ids]), 'response_mask': torch.ones(1, len(ids), dtype=torch.long)},"
-        " {'data_source': ['s'], 'reward_model': [{'ground_truth': 'x'}], 'extra_info': [None]})\n"
-        "m = NaiveRewardManager(tok, misbehaving, timeout_s=60)\n"
-        "print('scoring', flush=True)\n"
-        "m(b)\n" % str(Path(__file__).parent)
+        "sys.path.insert(0, %r)\nfrom conftest import build_tokenizer\nfrom "
+        "rlkit.rewards.managers import NaiveRewardManager\nfrom test_managers "
+        "import misbehaving\nimport torch\nfrom rlkit.batch import Batch\ntok = "
+        "build_tokenizer()\nids = tok('sleep', "
+        "add_special_tokens=False)['input_ids']\nb = Batch({'responses': "
+        "torch.tensor([ids]), 'response_mask': torch.ones(1, len(ids), "
+        "dtype=torch.long)}, {'data_source': ['s'], 'reward_model': "
+        "[{'ground_truth': 'x'}], 'extra_info': [None]})\nm = "
+        "NaiveRewardManager(tok, misbehaving, timeout_s=60)\nprint('scoring', "
+        "flush=True)\nm(b)\n" % str(Path(__file__).parent)
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
@@ -365,7 +364,8 @@ def test_parallel_runs_a_custom_score_file(tokenizer, make_batch, tmp_path, regi
 
     path = tmp_path / "my_reward.py"
     path.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str)\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return "
+        "len(solution_str)\n"
     )
     fn = load_custom_score(path, "compute_score")
     with parallel(registries, tokenizer, fn, 1) as manager:

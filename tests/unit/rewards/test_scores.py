@@ -10,9 +10,8 @@ import pytest
 from rlkit.data.gsm8k import final_answer
 from rlkit.rewards.scores import gsm8k, math, synthetic
 
-DATA = (
-    Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
-)  # rows cut from the real files (README there)
+# rows cut from the real files (README there)
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "datasets"
 GSM8K = DATA / "gsm8k"
 MATH500 = DATA / "math500" / "test.jsonl"
 

@@ -13,7 +13,8 @@ PAD = 0
 
 
 def rollout(prompts: list[list[int]], responses: list[list[int]], t: int, uid: str) -> Batch:
-    """A rollout batch built by hand: prompts left-padded to their longest, responses right-padded to ``t``."""
+    """A rollout batch built by hand: prompts left-padded to their longest, responses right-padded to
+    ``t``."""
     p = max(len(x) for x in prompts)
     prompt_ids = torch.tensor([[PAD] * (p - len(x)) + x for x in prompts])  # [B, P]
     prompt_mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])

@@ -1,5 +1,6 @@
 """The fast decode loop (rlkit.rollout.decode: slab KV cache, finished rows dropped, lean sampling) gives the
-same tokens and log-probs as the plain loop (transformers' DynamicCache, every row to the end) under one seed."""
+same tokens and log-probs as the plain loop (transformers' DynamicCache, every row to the end) under one
+seed."""
 
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ CASES = {
     ],
 )
 def test_fast_loop_matches_plain_loop_with_rows_ending_at_different_steps(tok_and_model, case, share):
-    """eos tokens end rows at different steps, so the fast loop drops rows mid-way (fewer rows per forward)."""
+    """eos tokens end rows at different steps, so the fast loop drops rows mid-way (fewer rows per
+    forward)."""
     tok, model = tok_and_model
     kw = {"n": 4, **CASES[case]}
     eos = ending_tokens(tok, model, **kw)
@@ -118,9 +120,8 @@ def test_fast_loop_matches_plain_loop_with_rows_ending_at_different_steps(tok_an
     lengths = plain["response_mask"].sum(1)
     assert lengths.min() < lengths.max()  # rows did end at different steps
     decode_rows = fast_rows[1:]  # after the prefill
-    assert (
-        min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])
-    )  # the fast loop dropped rows
+    # the fast loop dropped rows
+    assert min(decode_rows) < len(fast) == max(plain_rows[1:]) == min(plain_rows[1:])
     assert len(fast_rows) == len(plain_rows)  # the same number of forwards (FSDP ranks stay in step)
 
 
@@ -148,12 +149,12 @@ class OtherRankStillRunning(HFRollout):
 
 
 def test_a_rank_with_every_row_done_keeps_forwarding_one_row(tok_and_model):
-    """FSDP: every rank runs the same number of forwards; the fast loop keeps one (finished) row to forward."""
+    """FSDP: every rank runs the same number of forwards; the fast loop keeps one (finished) row to
+    forward."""
     tok, model = tok_and_model
     free = generate(tok, model, fast=False, eos=[], n=2, temperature=1.0)[0]["responses"]
-    eos = sorted(
-        set(free[:, 1 : T - 2].flatten().tolist()) - set(free[:, 0].tolist())
-    )  # every row ends early
+    # every row ends early
+    eos = sorted(set(free[:, 1 : T - 2].flatten().tolist()) - set(free[:, 0].tolist()))
     kw = {"eos": eos, "n": 2, "temperature": 1.0, "cls": OtherRankStillRunning}
     (fast, fast_rows), (plain, plain_rows) = (generate(tok, model, fast=f, **kw) for f in (True, False))
     assert_same(fast, plain)

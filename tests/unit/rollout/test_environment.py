@@ -178,9 +178,8 @@ def test_rows_are_written_with_the_environment_as_data_source(tmp_path, registri
     train, val = write_environment_rows(guess, tmp_path / "g")
     rows = pq.read_table(train[0]).to_pylist()
     assert val == [] and [r["data_source"] for r in rows] == ["guess", "guess"]
-    assert [r["extra_info"]["agent_name"] for r in rows] == [
-        "environment"
-    ] * 2  # multi-turn rows name the loop
+    # multi-turn rows name the loop
+    assert [r["extra_info"]["agent_name"] for r in rows] == ["environment"] * 2
     parity, _ = resolve("data.environment", "environments", "parity", registries)
     train, val = write_environment_rows(parity, tmp_path / "p")
     assert (

@@ -1,6 +1,6 @@
-"""rollout.backend: {name: hf, dtype: float16} on the CPU (rlkit.rollout.fp16_weights): fbgemm's fp16-weight linears
-compute what fp32 linears compute on fp16-rounded weights; the decode copy follows the actor's updates, repacking only
-what changed (a LoRA run's frozen base never)."""
+"""rollout.backend: {name: hf, dtype: float16} on the CPU (rlkit.rollout.fp16_weights): fbgemm's fp16-weight
+linears compute what fp32 linears compute on fp16-rounded weights; the decode copy follows the actor's
+updates, repacking only what changed (a LoRA run's frozen base never)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,10 @@ def test_fp16_linear_is_the_plain_sum_over_fp16_rounded_weights():
 
 
 def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_update(tiny_model_dir):
-    """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over the
-    fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the actor's
-    weights (which writes them without bumping their version counter); the actor's fp32 weights stay untouched."""
+    """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over
+    the fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the
+    actor's weights (which writes them without bumping their version counter); the actor's fp32 weights stay
+    untouched."""
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
@@ -110,12 +111,10 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-4, rtol=1e-4)
         # trainable weights are repacked at every generate (the fused AdamW step does not bump their version)
         assert got.meta["metrics"] == {"rollout/fp16_repacked_linears": float(n)}
-        assert all(
-            torch.equal(t, before[name]) for name, t in model.state_dict().items()
-        )  # fp32 actor untouched
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=0.05, fused=True
-        )  # the actor's optimizer (fsdp.py)
+        # fp32 actor untouched
+        assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
+        # the actor's optimizer (fsdp.py)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
         model(**tok(["What is 2 + 3?"], return_tensors="pt")).logits.square().mean().backward()
         optimizer.step()  # the next generate must see it
         assert not all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
@@ -124,8 +123,9 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
 
 
 def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir):
-    """With a PEFT adapter the base linears are packed when the copy is made and never again; the adapter's own
-    layers stay fp32 and are copied at every refresh; the output is the rounded base plus the current adapter."""
+    """With a PEFT adapter the base linears are packed when the copy is made and never again; the adapter's
+    own layers stay fp32 and are copied at every refresh; the output is the rounded base plus the current
+    adapter."""
     from rlkit.model.lora import apply_lora
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
@@ -157,25 +157,27 @@ def test_lora_frozen_base_is_packed_once_and_the_adapter_follows(tiny_model_dir)
     assert not torch.allclose(
         out, load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()(**ids).logits, atol=1e-3
     )  # the adapter's change reached the copy
-    assert {
-        name: p.requires_grad for name, p in model.named_parameters()
-    } == grads  # the actor's flags untouched
+    # the actor's flags untouched
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == grads
 
 
 def test_float16_without_fbgemm_is_refused_at_validation_naming_the_fix(monkeypatch):
-    """Where torch has no fbgemm (not x86 / no AVX2), rollout.backend.dtype=float16 is an error when the run is
-    planned, naming the key and the fix, never a crash inside the worker."""
+    """Where torch has no fbgemm (not x86 / no AVX2), rollout.backend.dtype=float16 is an error when the run
+    is planned, naming the key and the fix, never a crash inside the worker."""
     import rlkit.hardware as hardware
+    import rlkit.hardware.precision
 
-    monkeypatch.setattr(hardware, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm")
+    # where concrete_decode_dtype looks it up
+    monkeypatch.setattr(
+        rlkit.hardware.precision, "fp16_weights_unavailable", lambda: "this torch build has no fbgemm"
+    )
     with pytest.raises(
         RlkitError, match=r"rollout.backend.dtype=float16: this torch build has no fbgemm.*float32"
     ):
         hardware.resolve_precision("auto", "float16", "cpu")
     assert hardware.resolve_precision("auto", "float32", "cpu").decode_dtype == "float32"
-    assert (
-        hardware.concrete_decode_dtype("float16", "cuda") == "float16"
-    )  # CUDA: a plain fp16 copy, no fbgemm
+    # CUDA: a plain fp16 copy, no fbgemm
+    assert hardware.concrete_decode_dtype("float16", "cuda") == "float16"
 
 
 def test_a_weight_beyond_fp16_range_is_an_error_naming_the_layer():

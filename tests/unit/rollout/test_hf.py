@@ -240,8 +240,9 @@ def _bf16_copy(model):
 
 
 def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny_model_dir, tok_and_model):
-    """rollout.backend: {name: hf, dtype: bfloat16} decodes with a bf16 copy of the current fp32 weights: the same tokens and
-    log-probs (same seed) as the plain loop over a bf16 model made by hand, before and after an update."""
+    """rollout.backend: {name: hf, dtype: bfloat16} decodes with a bf16 copy of the current fp32 weights: the
+    same tokens and log-probs (same seed) as the plain loop over a bf16 model made by hand, before and after
+    an update."""
     tok, _ = tok_and_model
     cfg = ModelConfig(path=str(tiny_model_dir))
     model = load_model(cfg, tokenizer=tok).eval()
@@ -291,8 +292,8 @@ def test_shared_prefill_matches_one_prefill_per_row(tok_and_model, do_sample):
 
 
 def test_decode_dtype_auto_follows_the_hardware_decision(tok_and_model):
-    """rollout.backend.dtype=auto (the default) is this machine's decision (rlkit.hardware): bfloat16 where bf16
-    is fast, else float32; an unknown dtype is refused with the valid values."""
+    """rollout.backend.dtype=auto (the default) is this machine's decision (rlkit.hardware): bfloat16 where
+    bf16 is fast, else float32; an unknown dtype is refused with the valid values."""
     from types import SimpleNamespace
 
     from rlkit.builtin.params import HFRolloutParams

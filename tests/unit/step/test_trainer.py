@@ -1,5 +1,5 @@
-"""``Trainer.step`` against in-process fakes of its slots (``rlkit.testing.fakes``): the data flow of each feature,
-with the real estimators, corrections and KL controller on top, in about a second per case."""
+"""``Trainer.step`` against in-process fakes of its slots (``rlkit.testing.fakes``): the data flow of each
+feature, with the real estimators, corrections and KL controller on top, in about a second per case."""
 
 from __future__ import annotations
 
@@ -140,9 +140,8 @@ def test_a_rollout_pool_hands_batches_generated_ahead(tmp_path):
     trainer.global_step = 2
     metrics = trainer.step(None, rt.prompt_stream())
     batch = updated(rt)
-    assert (
-        all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0
-    )  # one behind
+    # one behind
+    assert all(u.startswith("g0-") for u in batch["uid"]) and metrics["async/staleness_mean"] == 1.0
     assert trainer.pipe.pushed == [2] and metrics["async/weights_version"] == 1.0
 
 

@@ -51,10 +51,9 @@ def scores_of(rewards, mask):
 
 # ----- estimators -----------------------------------------------------------------------------------
 def leaky(x):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
-    adv = (
-        scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()
-    )  # forgot the mask
+    token_level_rewards, response_mask = x.token_level_rewards, x.response_mask
+    # forgot the mask
+    adv = scores_of(token_level_rewards, response_mask)[:, None].expand_as(response_mask).clone()
     return adv, adv
 
 
@@ -68,26 +67,26 @@ def no_epsilon(x):
 
 
 def first_row_baseline(x):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
+    token_level_rewards, response_mask = x.token_level_rewards, x.response_mask
     s = scores_of(token_level_rewards, response_mask)
     adv = (s - s[0])[:, None] * response_mask  # "the group" is wherever row 0 happens to be
     return adv, adv
 
 
 def noisy(x):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
+    response_mask = x.response_mask
     adv = torch.randn(response_mask.shape) * response_mask
     return adv, adv
 
 
 def in_place(x):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
+    token_level_rewards = x.token_level_rewards
     token_level_rewards.mul_(2.0)
     return grpo(x)
 
 
 def per_sequence(x):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
+    token_level_rewards, response_mask = x.token_level_rewards, x.response_mask
     s = scores_of(token_level_rewards, response_mask)
     return s, s  # [B], not [B, T]
 
@@ -98,7 +97,6 @@ class ShiftParams(BaseModel):
 
 
 def shifted(x, *, shift=0.0):
-    token_level_rewards, response_mask, index = x.token_level_rewards, x.response_mask, x.group_id
     adv, ret = grpo(x)
     return adv + shift, ret  # the shift lands on masked tokens too
 
@@ -261,7 +259,8 @@ class SampleMajorRollout(HFRollout):
 
 
 class TruncatedLogProbRollout(HFRollout):
-    """Reports the log-prob under the top-k-truncated distribution (renormalised): not what the actor computes."""
+    """Reports the log-prob under the top-k-truncated distribution (renormalised): not what the actor
+    computes."""
 
     def generate(self, prompts, **kw):
         out = super().generate(prompts, **kw)

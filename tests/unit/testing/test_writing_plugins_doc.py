@@ -55,8 +55,7 @@ def test_worked_example_runs(title, rlkit_tiny_model, tmp_path):  # noqa: F811 -
         "__name__": "writing_plugins_doc",
     }
     for block in SECTIONS[title]:
-        code = compile(
-            block, f"docs/writing-plugins.md ({title})", "exec", dont_inherit=True
-        )  # as a user runs it
+        # as a user runs it
+        code = compile(block, f"docs/writing-plugins.md ({title})", "exec", dont_inherit=True)
         exec(code, namespace)  # noqa: S102 - our own docs
     assert "SPEC" in namespace

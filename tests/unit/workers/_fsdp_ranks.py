@@ -75,8 +75,8 @@ def update_once(model_dir: str, mode: str) -> dict:
     """One actor on this rank: old log-probs, then one update; returns metrics, full state, old log-probs.
     Padded micro-batches on every rank and world size: a packed row (rlkit.model.packing, tested against the
     padded rows in test_fast_paths.py) sums its prompt's gradient in another order, and Adam at lr 1e-2 turns
-    that float noise into steps above this comparison's 1e-4. One prompt pass per row too (FSDP ranks never share
-    it; world size 1 would)."""
+    that float noise into steps above this comparison's 1e-4. One prompt pass per row too (FSDP ranks never
+    share it; world size 1 would)."""
     from rlkit.model.forward import ForwardPlan
     from rlkit.recipe.schema import ActorConfig, ModelConfig, OptimConfig
     from rlkit.workers.actor import FSDPActor
@@ -141,9 +141,8 @@ def assert_same_update(one: dict, two: dict, model_dir) -> None:
     ):
         assert one["metrics"][key] == pytest.approx(two["metrics"][key], rel=1e-4, abs=1e-6), key
     assert one["metrics"]["actor/pg_clipfrac"] > 0  # the clipped branch was exercised
-    if (
-        "actor/ratio_clipfrac" in one["metrics"]
-    ):  # clip_cov (pg_clipfrac: the share cut): the same tokens were cut
+    # clip_cov (pg_clipfrac: the share cut): the same tokens were cut
+    if "actor/ratio_clipfrac" in one["metrics"]:
         assert one["metrics"]["actor/pg_clipfrac"] == pytest.approx(
             two["metrics"]["actor/pg_clipfrac"], abs=1e-9
         )

@@ -1,4 +1,5 @@
-"""One LoRA actor update on the fixed global batch of ``_fsdp_ranks`` with N gloo ranks; rank 0 saves the result.
+"""One LoRA actor update on the fixed global batch of ``_fsdp_ranks`` with N gloo ranks; rank 0 saves the
+result.
 
 Usage: python _lora_ranks.py MODEL_DIR WORLD_SIZE OUT_FILE. ``lora_update_once`` also runs in-process under a
 world-size-1 group (the module then stays plain; at 2 ranks FSDP2 shards frozen base and adapter together).
@@ -20,8 +21,8 @@ from _fsdp_ranks import global_batch, resolved_policy_loss  # noqa: E402
 
 def lora_update_once(model_dir: str) -> dict:
     """Old log-probs, reference log-probs (adapter off), one update (2 epochs, KL loss); returns metrics and
-    the adapter's tensors after it, gathered on rank 0. Padded rows, one prompt pass per row, on every world size
-    (as in _fsdp_ranks.update_once)."""
+    the adapter's tensors after it, gathered on rank 0. Padded rows, one prompt pass per row, on every world
+    size (as in _fsdp_ranks.update_once)."""
     from rlkit.model.forward import ForwardPlan
     from rlkit.model.lora import LoraRef
     from rlkit.recipe.schema import ActorConfig, LoraConfig, ModelConfig, OptimConfig, RefConfig

@@ -1,4 +1,5 @@
-"""The FSDP2 actor in one process (world size 1, real gloo): split invariance, schedule, safety, checkpoints."""
+"""The FSDP2 actor in one process (world size 1, real gloo): split invariance, schedule, safety,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -74,9 +75,8 @@ def test_micro_batch_split_does_not_change_the_update(tiny_model_dir, gloo_world
     (m1, g1), (m2, g2) = results
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
-    assert len(g1) == len(g2) == 1 and any(
-        bool(g.abs().sum() > 0) for g in g1[0]
-    )  # one mini-batch, real grads
+    # one mini-batch, real grads
+    assert len(g1) == len(g2) == 1 and any(bool(g.abs().sum() > 0) for g in g1[0])
     for mini1, mini2 in zip(g1, g2, strict=True):
         for a, b in zip(mini1, mini2, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -100,9 +100,8 @@ def test_metrics_on_policy_and_lr_schedule(tiny_model_dir, gloo_world1):
     # token-mean of -A over valid tokens when the ratio is 1
     adv, mask = batch["advantages"], batch["response_mask"]
     assert metrics["actor/pg_loss"] == pytest.approx(float(-(adv * mask).sum() / mask.sum()), rel=1e-5)
-    assert metrics["actor/lr"] == pytest.approx(
-        1e-2 * 2 / 2
-    )  # the lr used was 1/2 * lr; after step it is 2/2
+    # the lr used was 1/2 * lr; after step it is 2/2
+    assert metrics["actor/lr"] == pytest.approx(1e-2 * 2 / 2)
     assert actor.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
 
 

@@ -72,9 +72,8 @@ def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, m
 def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_world1, component):
     """The selection is made over the mini-batch (a pre-pass), not per micro-batch: 8 samples in one
     micro-batch and in micro-batches of 3 (3+3+2) give the same loss, metrics and weights."""
-    padded = ForwardPlan(
-        share_prefix=False, pack=False
-    )  # one prompt pass per row, padded rows, in both splits
+    # one prompt pass per row, padded rows, in both splits
+    padded = ForwardPlan(share_prefix=False, pack=False)
     registries = build_registries(make_plugin_manager(entry_points=False))
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", component, registries)
     assert not problems
@@ -101,8 +100,8 @@ def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_
     assert m1[frac] > 0
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", frac):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
-    # Adam's first step moves an element by ~lr whatever its gradient's size, so float reassociation noise in a
-    # near-zero gradient becomes a step of up to ~2e-4 at lr 1e-2 (test_actor.py); measured here: one element
-    # of 64k at 2.0e-4 with the fused LM head, none above 6.7e-5 with the logits path.
+    # Adam's first step moves an element by ~lr whatever its gradient's size, so float reassociation noise in
+    # a near-zero gradient becomes a step of up to ~2e-4 at lr 1e-2 (test_actor.py); measured here: one
+    # element of 64k at 2.0e-4 with the fused LM head, none above 6.7e-5 with the logits path.
     for name in s1:
         torch.testing.assert_close(s1[name], s2[name], atol=3e-4, rtol=0, msg=name)

@@ -103,8 +103,9 @@ def test_shared_prompt_pass_matches_one_pass_per_row(tiny_model_dir, mixed_preci
 
 @pytest.mark.parametrize(("mixed_precision", "share"), [("fp32", True), ("fp32", False), ("bf16", False)])
 def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, share):
-    """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits) equal
-    the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its head)."""
+    """Log-probs, entropies (with their gradient) and Σπ² from hidden states in chunks (no [b, t, V] logits)
+    equal the logits path's, and so do the gradients, the tied embedding's included (tiny Qwen2 ties its
+    head)."""
     from rlkit.model.forward import response_outputs
     from rlkit.model.lm_head import plain_head
 
@@ -156,9 +157,8 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
     module.set_attn_implementation(attn)
-    batch = global_batch(
-        tok
-    )  # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
+    # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
+    batch = global_batch(tok)
     chosen = []
     monkeypatch.setattr(forward, "packing_plan", lambda *a, **k: chosen.append(forced) or forced)
     results = {}
@@ -188,7 +188,8 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
 
 def test_plan_packs_short_unequal_responses_and_shares_long_ones():
     """The FLOP estimate: groups with short, unequal responses pack (no padding); 8 full 256-token responses
-    per prompt share the prompt through the KV cache (a packed row's dense attention grows with its square)."""
+    per prompt share the prompt through the KV cache (a packed row's dense attention grows with its
+    square)."""
     from rlkit.model.packing import plan
 
     def micro(prompt_lens, resp_lens, width_t):
@@ -198,9 +199,8 @@ def test_plan_packs_short_unequal_responses_and_shares_long_ones():
             for r in lengths:
                 rows.append([0] * (width_p - p) + [1] * p + [1] * r + [0] * (width_t - r))
         mask = torch.tensor(rows)
-        ids = mask * torch.tensor(
-            [[i // len(resp_lens[0]) + 5] for i in range(len(rows))]
-        )  # prompt id per group
+        # prompt id per group
+        ids = mask * torch.tensor([[i // len(resp_lens[0]) + 5] for i in range(len(rows))])
         return ids, mask, width_p, width_t
 
     smol = {"body_params": 106_000_000, "pair_flops": 4.0 * 576 * 30}

@@ -138,7 +138,8 @@ def test_non_batch_results_come_back_by_rank(group):
 
 
 def test_an_object_ref_goes_to_every_rank_as_its_value(group):
-    """dispatch='all' with an ObjectRef (another group's result): each rank gets the value, the driver never fetches it."""
+    """dispatch='all' with an ObjectRef (another group's result): each rank gets the value, the driver never
+    fetches it."""
     import ray
 
     ref = ray.put(_batch([3, 5]))

@@ -1,5 +1,6 @@
-"""actor.lora (PEFT) in one process, world size 1 (real gloo, tiny Qwen2): frozen base, adapter-only optimizer,
-reference = adapter off, adapter-only checkpoints with exact resume, adapter-only rollout sync, merge outputs."""
+"""actor.lora (PEFT) in one process, world size 1 (real gloo, tiny Qwen2): frozen base, adapter-only
+optimizer, reference = adapter off, adapter-only checkpoints with exact resume, adapter-only rollout sync,
+merge outputs."""
 
 from __future__ import annotations
 
@@ -59,9 +60,8 @@ def test_base_frozen_optimizer_holds_adapter_only_and_ref_is_the_base(tiny_model
     )
     after = actor.compute_log_prob(batch)["old_log_prob"]
     assert (after - ref_lp).abs().max() > 1e-3  # the adapter moved the policy ...
-    torch.testing.assert_close(
-        ref.compute_ref_log_prob(batch)["ref_log_prob"], ref_lp, atol=1e-6, rtol=0
-    )  # ... not the ref
+    # ... not the ref
+    torch.testing.assert_close(ref.compute_ref_log_prob(batch)["ref_log_prob"], ref_lp, atol=1e-6, rtol=0)
     for n, p in actor.module.named_parameters():
         if n in base_before:
             assert torch.equal(p, base_before[n]), n
@@ -145,8 +145,9 @@ def test_merge_lora_flag_on_a_full_weight_checkpoint_is_an_error(tiny_model_dir,
 
 
 def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_world1, tmp_path):
-    """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and the
-    same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight version)."""
+    """FSDP2 over 2 gloo ranks (frozen base and adapter sharded together) vs world size 1: same metrics and
+    the same adapter after the update within 1e-4 (see test_fsdp_world_size.py for the full-weight
+    version)."""
     import os
     import subprocess
 
@@ -178,8 +179,9 @@ def test_fsdp_world_size_2_gives_the_same_adapter_update(tiny_model_dir, gloo_wo
 
 
 def test_engine_helpers_adapter_folder_base_and_merged_weights(tiny_model_dir, gloo_world1, tmp_path):
-    """What the vLLM / SGLang backends send: a PEFT adapter folder that PeftModel loads to the actor's outputs, the
-    base under plain names (= the model on disk), and merged weights equal to PEFT's own merge."""
+    """What the vLLM / SGLang backends send: a PEFT adapter folder that PeftModel loads to the actor's
+    outputs, the base under plain names (= the model on disk), and merged weights equal to PEFT's own
+    merge."""
     import peft
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -246,10 +248,8 @@ def test_critic_lora_trains_adapter_and_value_head_and_resumes(tiny_model_dir, g
 
     one = critic()
     trainable = {n for n, p in one.module.named_parameters() if p.requires_grad}
-    assert {n for n in trainable if not is_adapter_key(n)} == {
-        "score.weight",
-        "score.bias",
-    }  # the value head, in full
+    # the value head, in full
+    assert {n for n in trainable if not is_adapter_key(n)} == {"score.weight", "score.bias"}
     assert not any("score" in n and is_adapter_key(n) for n in trainable)  # no adapter on the head itself
     assert {id(p) for g in one.optimizer.param_groups for p in g["params"]} == {
         id(p) for p in one.module.parameters() if p.requires_grad
@@ -268,9 +268,8 @@ def test_critic_lora_trains_adapter_and_value_head_and_resumes(tiny_model_dir, g
     one.save_checkpoint(tmp_path / "critic")
     assert (tmp_path / "critic" / "adapter_config.json").is_file()
     dcp_to_torch_save(str(tmp_path / "critic" / "dcp"), str(tmp_path / "full.pt"))
-    assert (
-        set(torch.load(tmp_path / "full.pt", weights_only=False)["model"]) == trainable
-    )  # adapter + head only
+    # adapter + head only
+    assert set(torch.load(tmp_path / "full.pt", weights_only=False)["model"]) == trainable
     saved = one.compute_values(batch)["values"]
     two = critic()
     two.load_checkpoint(tmp_path / "critic")

@@ -32,7 +32,8 @@ class IdleWorker(Worker):
 
 
 def _live_actors(class_name: str, settle_s: float = 10.0) -> list[str]:
-    """States of the actors of ``class_name`` that are not dead (after up to ``settle_s`` for kills to land)."""
+    """States of the actors of ``class_name`` that are not dead (after up to ``settle_s`` for kills to
+    land)."""
     from ray._private import state  # the GCS actor table (no dashboard in the test cluster)
 
     end = time.monotonic() + settle_s

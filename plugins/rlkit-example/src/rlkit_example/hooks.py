@@ -73,6 +73,8 @@ def rlkit_register_estimators() -> list[EstimatorSpec]:
             fn=group_quantile_advantage,
             params=GroupQuantileParams,
             needs_groups=True,
-            description="score minus a quantile of the group's scores (example plugin; a parameter of its own)",
+            description=(
+                "score minus a quantile of the group's scores (example plugin; a parameter of its own)"
+            ),
         ),
     ]

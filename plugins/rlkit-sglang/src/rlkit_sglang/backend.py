@@ -97,9 +97,8 @@ class SglangRollout:
     ):
         self.module = module
         self.lora = lora_config_of(module) if module is not None else None  # the actor's peft.LoraConfig
-        self.lora_mode: str | None = (
-            "merged" if self.lora is not None else None
-        )  # adapter | merged (decided at start)
+        # adapter | merged (decided at start)
+        self.lora_mode: str | None = "merged" if self.lora is not None else None
         self.lora_name: str | None = None  # the servers' current adapter (lora_mode adapter)
         self._no_lora_why = "the backend was given clients, not servers it could ask"
         self.lora_version = 0
@@ -134,9 +133,8 @@ class SglangRollout:
                 self.sync_bytes,
             )
         elif self.lora_mode == "merged":
-            self.update_weights(
-                module
-            )  # the servers loaded the base; the adapter may not be the identity (resume)
+            # the servers loaded the base; the adapter may not be the identity (resume)
+            self.update_weights(module)
             log.warning(
                 "sglang: LoRA rank %d with merged weights: these servers cannot load adapters (%s); each "
                 "sync pushes W + scale * B A in full (%d bytes)",
@@ -201,13 +199,17 @@ class SglangRollout:
             if all(report[2] for report in reports):
                 self.lora_mode = "adapter"
             else:
-                self._no_lora_why = "a server at rollout.backend.urls does not report enable_lora (start it with --enable-lora)"
+                self._no_lora_why = (
+                    "a server at rollout.backend.urls does not report enable_lora (start it with "
+                    "--enable-lora)"
+                )
         return clients
 
     def _decide_memory_release(
         self, asked: bool | None, reports: list[tuple[str | None, bool | None]], where: str
     ) -> None:
-        """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets ``memory_release``."""
+        """``reports``: ``(device, memory saver on)`` per server, None where unknown. Sets
+        ``memory_release``."""
         problems = [p for device, saver, *_ in reports if (p := memory_release_problem(device or "", saver))]
         if asked and problems:
             raise RlkitError(
@@ -400,7 +402,8 @@ class SglangRollout:
 
     def release_memory(self) -> None:
         """Before training (colocated hybrid engine): free the servers' GPU memory. A no-op when memory
-        release is off (``memory_release``, decided at start: never on CPU, where the call kills the server)."""
+        release is off (``memory_release``, decided at start: never on CPU, where the call kills the
+        server)."""
         if self.memory_release:
             for client in self.clients:
                 client.release_memory_occupation()

@@ -91,7 +91,8 @@ class SglangClient:
         watch: Callable[[], str | None] | None = None,
         poll_s: float = 0.25,
     ):
-        """``watch``: returns None while the server lives, else what happened to it (``LocalServer.problem``)."""
+        """``watch``: returns None while the server lives, else what happened to it
+        (``LocalServer.problem``)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries

@@ -3,7 +3,7 @@
 The server may run under another Python than the worker's (``launch.python``: SGLang in its own
 venv, e.g. the CPU build of ``scripts/sglang-cpu.sh``). Each server is its own process group (a
 session), started under ``_guard.py``, which ends the group when the process that launched it dies
-(a killed Ray worker leaves no orphan server holding 4 GB). ``stop()`` ends the group: SIGTERM, then
+(a killed Ray worker leaves no orphan server holding its memory). ``stop()`` ends the group: SIGTERM, then
 SIGKILL after ``grace_s``.
 
 CPU (``device: cpu``; verified with SGLang 0.5.15.post1, docs/sglang.md): ``--device cpu
@@ -48,7 +48,8 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port(attempts: int = 200) -> int:
-    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as well."""
+    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as
+    well."""
     import random
 
     rng = random.Random()

@@ -1,4 +1,5 @@
-"""The ``sglang`` backend's parameters (``rollout.backend: {name: sglang, ...}``): the one place their defaults live.
+"""The ``sglang`` backend's parameters (``rollout.backend: {name: sglang, ...}``): the one place their
+defaults live.
 
 Settings that cannot work together are refused here, when the recipe is validated: SGLang's memory
 saver (``--enable-memory-saver``, which ``/release_memory_occupation`` needs) is CUDA-only, and on a

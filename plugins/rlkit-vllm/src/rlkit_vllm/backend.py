@@ -122,9 +122,8 @@ class VllmRollout:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         )
         self._check_sampling(rollout_config.top_k, rollout_config.top_p, "rollout")
-        self._tmp = (
-            None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")
-        )  # removed at exit
+        # removed at exit
+        self._tmp = None if params.weights_dir else tempfile.TemporaryDirectory(prefix="rlkit-vllm-")
         self.weights_dir = Path(params.weights_dir or self._tmp.name)
         self.lora = lora_config_of(module)  # the actor's peft.LoraConfig (actor.lora), else None
         self.lora_request = None  # the engine's current adapter (LoRA)
@@ -338,7 +337,8 @@ class VllmRollout:
         self.weight_syncs += 1
 
     def _load_adapter(self, state: dict[str, torch.Tensor]) -> None:
-        """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new id)."""
+        """Write the adapter tensors of ``state`` as a PEFT folder and make it the engine's adapter (a new
+        id)."""
         from vllm.lora.request import LoRARequest
 
         previous = self.lora_request

@@ -20,6 +20,8 @@ def rlkit_register_rollout_backends() -> list[RolloutBackendSpec]:
             lora=True,  # vLLM's own LoRA loading (enable_lora): the adapter alone travels at each sync
             truncated_sampling=False,  # vLLM's processed log-probs come after top-k / top-p truncation
             max_ranks=1,  # one in-process engine per process; a sharded actor needs vLLM's external launcher
-            description="vLLM engine in the actor's process (hybrid engine; weights reloaded after each update)",
+            description=(
+                "vLLM engine in the actor's process (hybrid engine; weights reloaded after each update)"
+            ),
         )
     ]

@@ -1,4 +1,5 @@
-"""The ``vllm`` backend's parameters (``rollout.backend: {name: vllm, ...}``): the one place their defaults live."""
+"""The ``vllm`` backend's parameters (``rollout.backend: {name: vllm, ...}``): the one place their defaults
+live."""
 
 from __future__ import annotations
 

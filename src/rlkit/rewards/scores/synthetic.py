@@ -2,8 +2,8 @@
 
 The answer a response commits to is, in order of preference: the last ``\\boxed{...}``, the number
 after the last "answer is" / "Answer:", else the last number in the text. Scoring the model's
-natural answer (with a last-number fall-back) rather than gating on a format is deliberate: a small model starts with a useful success rate and the reward cannot be won
-by format alone (see docs/data-and-rewards.md).
+natural answer (with a last-number fall-back) rather than gating on a format is deliberate: a small model
+starts with a useful success rate and the reward cannot be won by format alone (see docs/data-and-rewards.md).
 """
 
 from __future__ import annotations

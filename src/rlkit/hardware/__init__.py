@@ -1,0 +1,103 @@
+"""What this machine computes fast and where a run computes: CPU facts, the ``auto`` precision, threads per
+worker, the device and process-group backend.
+
+``auto`` precision (``actor.mixed_precision``, ``rollout.backend.dtype``) is decided once per run on the
+driver (``rlkit.runtime.build``), and the concrete value goes to the workers. The parts:
+
+- ``rlkit.hardware.cpu``: CPU model and flags, the timed bf16/fp32 matmul probe and its cache, the decision
+  (the rule is in its docstring). Standard library and torch only: ``benchmarks/common.py`` loads it by file
+  path in TRL's environment, which has no rlkit.
+- ``rlkit.hardware.precision``: ``auto`` and explicit values made concrete, with their checks and warnings.
+- ``rlkit.hardware.threads``: threads per worker, crowding, and one run's plan (``plan_run``).
+- ``rlkit.hardware.devices``: device, torch.distributed backend, GPU memory metrics.
+
+Everything public is importable from ``rlkit.hardware``.
+"""
+
+from __future__ import annotations
+
+from rlkit.hardware.cpu import (
+    BF16_BAND,
+    BF16_MIN_SPEEDUP,
+    NATIVE_BF16_FLAGS,
+    PROBE_ROUNDS,
+    RELEVANT_FLAGS,
+    CpuInfo,
+    MatmulProbe,
+    PrecisionDecision,
+    bf16_rule,
+    cached_probe,
+    cpu_info,
+    decide_cpu,
+    decide_cuda,
+    default_cache_path,
+    device_type,
+    hardware_summary,
+    matmul_flops,
+    precision_decision,
+    probe_matmul,
+    usable_cpus,
+)
+from rlkit.hardware.devices import (
+    DevicePlan,
+    cuda_missing,
+    device_plan,
+    dist_backend,
+    gpu_memory_metrics,
+)
+from rlkit.hardware.precision import (
+    DECODE_DTYPES,
+    MIXED_PRECISION,
+    ResolvedPrecision,
+    concrete_decode_dtype,
+    concrete_mixed_precision,
+    fp16_weights_unavailable,
+    resolve_precision,
+)
+from rlkit.hardware.threads import (
+    RunHardware,
+    oversubscription,
+    plan_run,
+    warn_once,
+    worker_threads,
+)
+
+__all__ = [
+    "BF16_MIN_SPEEDUP",
+    "BF16_BAND",
+    "PROBE_ROUNDS",
+    "NATIVE_BF16_FLAGS",
+    "RELEVANT_FLAGS",
+    "CpuInfo",
+    "cpu_info",
+    "MatmulProbe",
+    "matmul_flops",
+    "probe_matmul",
+    "default_cache_path",
+    "cached_probe",
+    "PrecisionDecision",
+    "bf16_rule",
+    "decide_cpu",
+    "decide_cuda",
+    "precision_decision",
+    "hardware_summary",
+    "usable_cpus",
+    "device_type",
+    "MIXED_PRECISION",
+    "DECODE_DTYPES",
+    "concrete_mixed_precision",
+    "concrete_decode_dtype",
+    "fp16_weights_unavailable",
+    "ResolvedPrecision",
+    "resolve_precision",
+    "worker_threads",
+    "oversubscription",
+    "RunHardware",
+    "plan_run",
+    "warn_once",
+    "DevicePlan",
+    "dist_backend",
+    "cuda_missing",
+    "device_plan",
+    "gpu_memory_metrics",
+]

@@ -1,0 +1,133 @@
+"""What ``auto`` precision and decode dtype become for a run (``rlkit.hardware.cpu`` decides), the checks
+of explicit values, and the warning where an explicit bf16 will be slow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.hardware.cpu import PrecisionDecision, device_type, precision_decision
+
+__all__ = [
+    "MIXED_PRECISION",
+    "DECODE_DTYPES",
+    "concrete_mixed_precision",
+    "concrete_decode_dtype",
+    "fp16_weights_unavailable",
+    "ResolvedPrecision",
+    "resolve_precision",
+]
+
+MIXED_PRECISION = ("fp32", "bf16")
+
+
+DECODE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def concrete_mixed_precision(value: str, device: Any = "cpu") -> str:
+    """``auto`` → this device's decision; ``fp32`` / ``bf16`` unchanged."""
+    if value == "auto":
+        return precision_decision(device_type(device)).mixed_precision
+    if value not in MIXED_PRECISION:
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(f"mixed_precision={value!r}: valid values are auto, fp32, bf16.")
+    return value
+
+
+def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
+    """``auto`` → this device's decision; ``float32`` / ``bfloat16`` / None (the weights' own) unchanged."""
+    if value == "auto":
+        return precision_decision(device_type(device)).decode_dtype
+    if value is not None and value not in DECODE_DTYPES:
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(
+            f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32, bfloat16 "
+            f"or float16 (auto: bfloat16 where this device's bf16 is fast)."
+        )
+    if value == "float16" and device_type(device) == "cpu" and (reason := fp16_weights_unavailable()):
+        from rlkit.errors import RlkitError
+
+        raise RlkitError(
+            f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32 (or auto)."
+        )
+    return value
+
+
+def fp16_weights_unavailable() -> str | None:
+    """Why this torch build cannot decode with fp16 weights on the CPU (``rlkit.rollout.fp16_weights``), or
+    None."""
+    import torch
+
+    engines = torch.backends.quantized.supported_engines
+    if "fbgemm" not in engines:
+        return (
+            f"this torch build has no fbgemm (quantized engines: {engines}); fbgemm's fp16-weight GEMM needs "
+            "an x86-64 CPU with AVX2"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ResolvedPrecision:
+    mixed_precision: str  # what the actor, critic and reference use
+    decode_dtype: str | None  # what the rollout decodes in (None: the backend has no such option)
+    decision: PrecisionDecision
+    warnings: tuple[str, ...] = ()
+    explicit: tuple[str, ...] = ()  # which of the two the recipe set itself (not auto)
+
+    def params(self) -> dict[str, Any]:
+        """Run parameters (logged under ``resolved.``)."""
+        out: dict[str, Any] = {
+            "mixed_precision": self.mixed_precision,
+            "decode_dtype": self.decode_dtype or "n/a",
+            "precision_reason": self.decision.reason,
+        }
+        d = self.decision
+        if d.cpu is not None and d.probe is not None:
+            out |= {
+                "cpu_model": d.cpu.model,
+                "cpu_flags": " ".join(d.cpu.flags) or "-",
+                "matmul_gflops_fp32": round(d.probe.fp32_flops / 1e9, 2),
+                "matmul_gflops_bf16": round(d.probe.bf16_flops / 1e9, 2),
+                "bf16_ratio": round(d.probe.ratio, 3),
+                "precision_rule": d.rule,
+                "bf16_ratios": " ".join(f"{r:.3f}" for r in d.probe.ratios) or "-",
+            }
+        return out
+
+
+def resolve_precision(
+    mixed_precision: str, decode_dtype: str | None, device: str, *, decision: PrecisionDecision | None = None
+) -> ResolvedPrecision:
+    """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable.
+
+    An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
+    warning naming the measured ratio."""
+    d = decision or precision_decision(device_type(device))
+    mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
+    dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype, d.device)
+    warnings = []
+    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only
+    # below 2x
+    slow = (
+        d.device == "cpu"
+        and not d.bf16_fast
+        and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
+    )
+    for key, value, asked, fp32 in (
+        ("actor.mixed_precision", mp, mixed_precision, "fp32"),
+        ("rollout.backend.dtype", dd, decode_dtype, "float32"),
+    ):
+        if slow and asked != "auto" and value in ("bf16", "bfloat16"):
+            warnings.append(
+                f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
+                f"set {key}=auto (or {fp32})."
+            )
+    explicit = tuple(
+        k
+        for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
+        if asked not in ("auto", None)
+    )
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit)
