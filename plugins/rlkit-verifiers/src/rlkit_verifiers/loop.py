@@ -93,7 +93,8 @@ class VerifiersAgentLoop:
         self.env_params = params.environment.params
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def run(
         self,
