@@ -129,14 +129,10 @@ def test_episodes_are_multi_turn_token_exact_and_scored_by_the_rubric(tiny_model
         turns = list(out.non_tensors["num_turns"])
         assert all(t >= 2 for t in turns), turns
         for r in range(4):
-            mask = out["response_mask"][r].tolist()[
-                : int(out["attention_mask"][r].sum()) - out["prompts"].shape[1]
-            ]
             runs = _runs_of(
                 out["response_mask"][r, : int(out["response_mask"][r].nonzero().max()) + 1].tolist()
             )
             assert runs[:3] == [1, 0, 1], runs  # assistant, environment (masked), assistant
-            assert mask  # the response is not empty
         rewards = list(out.non_tensors["env_reward"])
         assert all(set(w) == {"score", "solved", "format"} for w in rewards), rewards
         assert all(w["score"] == pytest.approx(w["solved"] + 0.5 * w["format"]) for w in rewards)
@@ -145,9 +141,10 @@ def test_episodes_are_multi_turn_token_exact_and_scored_by_the_rubric(tiny_model
     batch = Batch(
         {k: out[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")}
     )
-    recomputed = response_outputs(
-        module, batch, temperature=1.0, with_entropy=False, mixed_precision="fp32", device="cpu"
-    )["log_prob"]
+    with torch.no_grad():
+        recomputed = response_outputs(
+            module, batch, temperature=1.0, with_entropy=False, mixed_precision="fp32", device="cpu"
+        )["log_prob"]
     served = out["rollout_log_probs"] * out["response_mask"]
     assert float((recomputed * out["response_mask"] - served).abs().max()) < 1e-4
     # the rubric's reward reaches the reward manager: score trains, each part is logged
@@ -174,7 +171,7 @@ def test_an_env_id_that_is_not_installed_names_the_package_to_install(tmp_path):
         RlkitError, match="verifiers environment 'owner/vf-not-installed@0.1' is not installed"
     ) as err:
         build_environment(resolved)
-    assert "pip install vf-not-installed" in str(err.value)
+    assert "pip install vf-not-installed (" in str(err.value)
     result = subprocess.run(
         [
             sys.executable,
