@@ -283,10 +283,15 @@ EXTRA_RUNS = {
         "textarena",
         ["data.max_response_length=384", "rollout.agent.max_reply_chars=60", "rollout.agent.max_turns=3"],
     ),
-    # room for whole turns of vf-guess-number: 3 turns of at most 12 tokens and the environment's replies
+    # room for whole turns of vf-guess-number: 3 turns of at most 12 tokens and the environment's replies; a number
+    # from 1 to 10^6 the tiny model never guesses, so every episode plays its 3 turns
     "verifiers_turns": (
         "verifiers",
-        ["data.max_response_length=128", "data.environment.max_tokens_per_turn=12"],
+        [
+            "data.max_response_length=128",
+            "data.environment.max_tokens_per_turn=12",
+            "data.environment.args={size: 264, high: 1000000, max_turns: 3, seed: 1}",
+        ],
     ),
     # the same episodes generated ahead in a rollout pool of its own (trainer.mode async)
     "textarena_async": (
@@ -559,6 +564,6 @@ def test_verifiers_multi_turn_smoke_run(smoke_runs):
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for s in steps:
-        assert s["num_turns/min"] >= 2 and s["num_turns/max"] <= 3, s
+        assert s["num_turns/min"] == 3 and s["num_turns/max"] == 3, s
         assert s["env/errors"] == 0.0 and s["reward/errors"] == 0.0 and s["reward_extra/format/mean"] > 0
         assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
