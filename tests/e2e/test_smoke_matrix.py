@@ -110,9 +110,9 @@ def _environment_scored(steps: list[dict], out: Path) -> None:
 
 
 def _verifiers_scored(steps: list[dict], out: Path) -> None:
-    """verifiers played the episodes (vf-guess-number, its rubric: solved 1.0 + format 0.5) against the token-in
-    endpoint: no episode failed, the rubric's scores spread over the batch, the update had a gradient, and the
-    actor's recomputed log-probs equal the ones the endpoint served."""
+    """verifiers played the episodes (vf-guess-number, its rubric: solved 1.0 + format 0.5) against the
+    token-in endpoint: no episode failed, the rubric's scores spread over the batch, the update had a
+    gradient, and the actor's recomputed log-probs equal the ones the endpoint served."""
     assert (out / "environment" / "train.parquet").is_file()
     for s in steps:
         assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0, s
@@ -283,8 +283,8 @@ EXTRA_RUNS = {
         "textarena",
         ["data.max_response_length=384", "rollout.agent.max_reply_chars=60", "rollout.agent.max_turns=3"],
     ),
-    # room for whole turns of vf-guess-number: 3 turns of at most 12 tokens and the environment's replies; a number
-    # from 1 to 10^6 the tiny model never guesses, so every episode plays its 3 turns
+    # room for whole turns of vf-guess-number: 3 turns of at most 12 tokens and the environment's replies;
+    # a number from 1 to 10^6 the tiny model never guesses, so every episode plays its 3 turns
     "verifiers_turns": (
         "verifiers",
         [
@@ -555,8 +555,8 @@ def test_textarena_multi_turn_smoke_run(name, smoke_runs):
 
 @pytest.mark.timeout(1200)
 def test_verifiers_multi_turn_smoke_run(smoke_runs):
-    """A verifiers v1 environment (vf-guess-number) through `rlkit run`: verifiers played every episode for two
-    assistant turns or more against the token-in endpoint, the environment's replies masked in between
+    """A verifiers v1 environment (vf-guess-number) through `rlkit run`: verifiers played every episode for
+    its 3 assistant turns against the token-in endpoint, the environment's replies masked in between
     (tests/plugins/test_verifiers_plugin.py), the rubric's reward reached the reward manager, and the actor's
     recomputed log-probs on the multi-turn sequences agree with the ones the endpoint served."""
     result, out = smoke_runs["verifiers_turns"].result()

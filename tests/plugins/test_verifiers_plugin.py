@@ -1,8 +1,8 @@
-"""The rlkit-verifiers plugin on the real verifiers 0.4.0: vf-guess-number (a multi-turn verifiers v1 environment
-written for these tests, plugins/rlkit-verifiers/tests/vf-guess-number) played by verifiers itself, offline and
-in-process, against the token-in endpoint over the tiny model's rollout: two assistant turns or more per episode,
-the environment's turns masked out, the endpoint's log-probs equal to the actor's recompute of the same ids, and
-the rubric's reward reaching the batch and the reward manager."""
+"""The rlkit-verifiers plugin on the real verifiers 0.4.0: vf-guess-number (a multi-turn verifiers v1
+environment written for these tests, plugins/rlkit-verifiers/tests/vf-guess-number) played by verifiers
+itself, offline and in-process, against the token-in endpoint over the tiny model's rollout: two assistant
+turns or more per episode, the environment's turns masked out, the endpoint's log-probs equal to the
+actor's recompute of the same ids, and the rubric's reward reaching the batch and the reward manager."""
 
 from __future__ import annotations
 

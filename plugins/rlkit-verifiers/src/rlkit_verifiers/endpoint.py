@@ -35,7 +35,7 @@ GENERATE_TIMEOUT_S = 3600.0
 
 
 class GeneratorEndpoint:
-    """``POST /inference/v1/generate`` and ``GET /v1/models`` on 127.0.0.1 (a free port), in a daemon thread."""
+    """``POST /inference/v1/generate`` and ``GET /v1/models`` on 127.0.0.1 (a free port), in a thread."""
 
     def __init__(self, vocab_size: int, max_model_len: int):
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
