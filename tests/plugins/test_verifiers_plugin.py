@@ -39,7 +39,7 @@ def guess_installed():
         )
 
 
-def _pipeline(tiny_model_dir):
+def _pipeline(tiny_model_dir, **environment):
     registries = build_registries()
     raw = {
         "model": {"path": str(tiny_model_dir)},
@@ -50,6 +50,7 @@ def _pipeline(tiny_model_dir):
                 "args": {"size": 4, "max_turns": 3, "high": 1000000},  # never guessed: 3 turns each
                 "size": 2,
                 "max_tokens_per_turn": 12,
+                **environment,
             },
             "train_batch_size": 2,
             "max_response_length": 64,
@@ -118,7 +119,7 @@ def test_episodes_are_multi_turn_token_exact_and_scored_by_the_rubric(tiny_model
     from rlkit.rewards.environment import EnvironmentScore
     from rlkit.rewards.managers import NaiveRewardManager
 
-    pipeline = _pipeline(tiny_model_dir)
+    pipeline = _pipeline(tiny_model_dir, max_turns=2)  # the game allows 3; the seat's limit stops it at 2
     assert pipeline.default_agent == "verifiers"
     env = build_environment(pipeline.environment)
     rows = environment_rows(pipeline.environment, "train", env)
@@ -127,7 +128,7 @@ def test_episodes_are_multi_turn_token_exact_and_scored_by_the_rubric(tiny_model
     for _ in range(2):  # two generate calls: each runs its own event loop (the endpoint and the lock follow)
         out = rollout.generate(_prompts(tokenizer, rows), n=2, temperature=1.0)
         turns = list(out.non_tensors["num_turns"])
-        assert turns == [3, 3, 3, 3], turns
+        assert turns == [2, 2, 2, 2], turns
         for r in range(4):
             runs = _runs_of(
                 out["response_mask"][r, : int(out["response_mask"][r].nonzero().max()) + 1].tolist()
@@ -154,6 +155,18 @@ def test_episodes_are_multi_turn_token_exact_and_scored_by_the_rubric(tiny_model
     assert result.token_level_scores.sum(dim=1).tolist() == pytest.approx([w["score"] for w in rewards])
     assert result.extra["solved"] == [w["solved"] for w in rewards]
     assert result.extra["format"] == [w["format"] for w in rewards]
+
+
+def test_an_episode_past_its_timeout_is_counted_not_fatal(tiny_model_dir, guess_installed):
+    pipeline = _pipeline(tiny_model_dir, episode_timeout_s=0.001)
+    from rlkit.data.environment import build_environment, environment_rows
+
+    rows = environment_rows(pipeline.environment, "train", build_environment(pipeline.environment))
+    rollout, tokenizer, _ = _rollout(tiny_model_dir, pipeline)
+    out = rollout.generate(_prompts(tokenizer, rows), n=2, temperature=1.0)
+    assert out.meta["metrics"]["env/timeouts"] == 4.0 and out.meta["metrics"]["env/errors"] == 0.0
+    assert all("error" in w for w in out.non_tensors["env_reward"])
+    assert int(out["response_mask"].sum()) == 0  # nothing generated is trained on
 
 
 def test_an_env_id_that_is_not_installed_names_the_package_to_install(tmp_path):
