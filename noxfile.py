@@ -31,6 +31,10 @@ def _install(session: nox.Session, *extras: str) -> None:
         "plugins/rlkit-reasoning-gym",
         "-e",
         "plugins/rlkit-textarena",
+        "-e",
+        "plugins/rlkit-verifiers",
+        "-e",
+        "plugins/rlkit-verifiers/tests/vf-guess-number",
     )
 
 

@@ -79,6 +79,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "actor/grad_norm",
         "critic/score/max",
     ),
+    "verifiers": (
+        "num_turns/mean",
+        "env/errors",
+        "reward_extra/solved/mean",
+        "reward_extra/format/mean",
+        "actor/grad_norm",
+        "training/rollout_probs_diff_max",
+    ),
 }
 
 
@@ -101,6 +109,17 @@ def _environment_scored(steps: list[dict], out: Path) -> None:
         assert s["reward/errors"] == 0.0 and 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.0
         assert s["actor/grad_norm"] > 0
     assert any(s["critic/score/max"] > s["critic/score/min"] for s in steps), steps
+
+
+def _verifiers_scored(steps: list[dict], out: Path) -> None:
+    """verifiers played the episodes (vf-guess-number, its rubric: solved 1.0 + format 0.5) against the
+    token-in endpoint: no episode failed, the rubric's scores spread over the batch, the update had a
+    gradient, and the actor's recomputed log-probs equal the ones the endpoint served."""
+    assert (out / "environment" / "train.parquet").is_file()
+    for s in steps:
+        assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0, s
+        assert s["actor/grad_norm"] > 0 and s["critic/score/max"] > s["critic/score/min"], s
+        assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
 
 
 def _own_process(role: str):
@@ -189,7 +208,8 @@ GRADED = {"quickstart", "grpo", "ppo", "grpo_separate_ref", "grpo_tool_agent"}
 SPREAD = {"reasoning_gym": ["data.environment.answer_tags=optional"]}
 # else [0, 1] (arithmetic and graded); None: a reward model's scores (any real)
 SCORE_RANGE = {"dapo": (-1.0, 1.0)}
-SCORE_RANGE |= {"grpo_reward_model": None}
+# vf-guess-number: solved + 0.5 format
+SCORE_RANGE |= {"grpo_reward_model": None, "verifiers": (0.0, 1.5)}
 
 
 def _values(name: str, steps: list[dict]) -> None:
@@ -230,6 +250,7 @@ def _values(name: str, steps: list[dict]) -> None:
 
 CHECKS = {
     "reasoning_gym": _environment_scored,
+    "verifiers": _verifiers_scored,
     "quickstart_lora": _lora_trained_and_merges,
     "dapo": _dapo_refilled,
     "grpo_async": _generated_ahead,
@@ -262,6 +283,16 @@ EXTRA_RUNS = {
     "textarena_turns": (
         "textarena",
         ["data.max_response_length=384", "rollout.agent.max_reply_chars=60", "rollout.agent.max_turns=3"],
+    ),
+    # room for whole turns of vf-guess-number: 3 turns of at most 12 tokens and the environment's replies;
+    # a number from 1 to 10^6 the tiny model never guesses, so every episode plays its 3 turns
+    "verifiers_turns": (
+        "verifiers",
+        [
+            "data.max_response_length=128",
+            "data.environment.max_tokens_per_turn=12",
+            "data.environment.args={size: 264, high: 1000000, max_turns: 3, seed: 1}",
+        ],
     ),
     # the same episodes generated ahead in a rollout pool of its own (trainer.mode async)
     "textarena_async": (
@@ -303,6 +334,7 @@ def smoke_runs(smoke_cache, tmp_path_factory, request):
         "test_offpolicy_smoke_run": "offpolicy",
         "test_async_lora_smoke_run": "async_lora",
         "test_textarena_multi_turn_smoke_run": "textarena_turns",
+        "test_verifiers_multi_turn_smoke_run": "verifiers_turns",
     }
     needs_param = {"test_textarena_multi_turn_smoke_run"}  # parametrized by run name
     # in the order the tests ask for them, so no test waits behind runs queued after it
@@ -522,4 +554,20 @@ def test_textarena_multi_turn_smoke_run(name, smoke_runs):
         assert s["num_turns/min"] >= 2 and s["num_turns/max"] <= 3, s
         assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0
         assert s["reward_extra/finished/mean"] > 0  # games ended by themselves and gave their reward
+        assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
+
+
+@pytest.mark.timeout(1200)
+def test_verifiers_multi_turn_smoke_run(smoke_runs):
+    """A verifiers v1 environment (vf-guess-number) through `rlkit run`: verifiers played every episode for
+    its 3 assistant turns against the token-in endpoint, the environment's replies masked in between
+    (tests/plugins/test_verifiers_plugin.py), the rubric's reward reached the reward manager, and the actor's
+    recomputed log-probs on the multi-turn sequences agree with the ones the endpoint served."""
+    result, out = smoke_runs["verifiers_turns"].result()
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for s in steps:
+        assert s["num_turns/min"] == 3 and s["num_turns/max"] == 3, s
+        assert s["env/errors"] == 0.0 and s["reward/errors"] == 0.0 and s["reward_extra/format/mean"] > 0
         assert s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4

@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "serve",
         help="serve a model on CPU over SGLang's native HTTP API subset (for the sglang backend)",
         description="A CPU server speaking /generate, /update_weights_from_disk, /release_memory_occupation, "
-        "/resume_memory_occupation, /flush_cache, /health as SGLang 0.5 does, backed by the HF "
+        "/resume_memory_occupation, /flush_cache, /health as SGLang 0.5 does, and vLLM's token-in "
+        "/inference/v1/generate and /v1/models (verifiers' renderers client), backed by the HF "
         "rollout backend.",
     )
     parser.add_argument("model", help="HF model folder holding *.safetensors")

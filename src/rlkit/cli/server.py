@@ -14,14 +14,18 @@ Backed by the HF rollout backend (``rlkit.rollout.hf.HFRollout``), so the ``sgla
 ``POST /resume_memory_occupation``  CPU); ``/generate`` is refused until resumed
 ``GET|POST /flush_cache``          accepted (no prefix cache here)
 ``GET /health``, ``/get_model_info``
+``POST /inference/v1/generate``    vLLM's token-in API (verifiers' ``renderers`` client):
+                                   ``token_ids`` in; completion ``token_ids``, finish_reason
+                                   and one log-prob per token out (``rlkit.rollout.token_in``)
+``GET /v1/models``                 the served model's id (the MODEL argument) and max_model_len
 =================================  =========================================================
 
-Requests are served one at a time (a lock around the model); inputs of one request that share
-sampling parameters are generated as one batch. Not a production server, and bounded as one would not be:
-``n`` and ``max_new_tokens`` over the server's limits (``--max-n``, ``--max-new-tokens``) get HTTP 400 naming
-the limit; weights load only from local folders holding ``*.safetensors`` (no pickle files, no hub ids), at
-start and in ``/update_weights_from_disk``; ``rlkit serve`` binds a non-loopback address only with
-``--allow-remote`` (the API has no authentication: anyone who reaches the port can load weights).
+Requests are served one at a time (a lock around the model); inputs of one request that share sampling
+parameters are generated as one batch. Not a production server, and bounded as one would not be: ``n`` and
+``max_new_tokens`` (token-in: ``max_tokens``) over the server's limits (``--max-n``, ``--max-new-tokens``) get
+HTTP 400 naming the limit; weights load only from local folders holding ``*.safetensors`` (no pickle files, no
+hub ids), at start and in ``/update_weights_from_disk``; ``rlkit serve`` binds a non-loopback address only
+with ``--allow-remote`` (the API has no authentication: anyone who reaches the port can load weights).
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ class ProtocolModel:
         if max_n < 1 or max_new_tokens < 1:
             raise ServeError(f"--max-n ({max_n}) and --max-new-tokens ({max_new_tokens}) must be >= 1.")
         self.max_n, self.max_new_tokens = max_n, max_new_tokens
+        self.served_model_name = model_path  # as given, like vLLM's default --served-model-name
         model_path = weights_folder(model_path)
         self.model_config = ModelConfig(path=model_path, dtype=dtype, eos_token=eos_token)
         self.model_path = model_path
@@ -143,6 +148,9 @@ class ProtocolModel:
             seed=seed,
         )
         self._base_eos = self.rollout.eos_token_ids
+        self.max_model_len = int(
+            getattr(module.config, "max_position_embeddings", None) or self.tokenizer.model_max_length
+        )
         self._torch = torch
         self.lock = threading.Lock()
         self.released = False
@@ -163,11 +171,7 @@ class ProtocolModel:
         for i, p in enumerate(per_input):
             groups.setdefault(json.dumps(p, sort_keys=True), []).append(i)
         with self.lock:
-            if self.released:
-                raise RequestError(
-                    "memory is released (POST /release_memory_occupation); "
-                    "POST /resume_memory_occupation before generating"
-                )
+            self._refuse_if_released()
             for rows in groups.values():
                 for i, out in zip(
                     rows,
@@ -176,6 +180,43 @@ class ProtocolModel:
                     outputs[i] = out
         flat = [o for per in outputs for o in per]
         return flat[0] if single and len(flat) == 1 else flat
+
+    # ----- /inference/v1/generate, /v1/models (vLLM's token-in API) ---------------------------
+    def generate_token_in(self, body: dict) -> dict:
+        from rlkit.rollout.token_in import generate_response, parse_generate_request
+
+        request = parse_generate_request(
+            body,
+            served_model=self.served_model_name,
+            vocab_size=self.rollout.module.config.vocab_size,
+            max_model_len=self.max_model_len,
+            max_n=self.max_n,
+            max_new_tokens=self.max_new_tokens,
+        )
+        with self.lock:
+            self._refuse_if_released()
+            (outputs,) = self._generate_group([request.prompt_ids], request.sglang_sampling(), True)
+        completions = [
+            (
+                out["output_ids"],
+                [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]],
+                out["meta_info"]["finish_reason"]["type"],
+            )
+            for out in outputs
+        ]
+        return generate_response(request, completions)
+
+    def models(self) -> dict:
+        from rlkit.rollout.token_in import models_response
+
+        return models_response(self.served_model_name, self.max_model_len)
+
+    def _refuse_if_released(self) -> None:
+        if self.released:
+            raise RequestError(
+                "memory is released (POST /release_memory_occupation); "
+                "POST /resume_memory_occupation before generating"
+            )
 
     def _inputs(self, body: dict) -> tuple[list[list[int]], bool]:
         if body.get("input_ids") is not None:
@@ -305,8 +346,10 @@ def _handler(model: ProtocolModel, verbose: bool) -> type[BaseHTTPRequestHandler
         "/flush_cache": lambda body: "Cache flushed.",
         "/health": lambda body: "",
         "/get_model_info": lambda body: model.model_info(),
+        "/inference/v1/generate": model.generate_token_in,
+        "/v1/models": lambda body: model.models(),
     }
-    routes_get = {"/health", "/flush_cache", "/get_model_info", "/health_generate"}
+    routes_get = {"/health", "/flush_cache", "/get_model_info", "/health_generate", "/v1/models"}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

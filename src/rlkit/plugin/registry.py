@@ -41,6 +41,12 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("environments", "textarena"): (
         "pip install -e plugins/rlkit-textarena (it installs textarena; docs/environments.md)"
     ),
+    ("environments", "verifiers"): (
+        "pip install -e plugins/rlkit-verifiers (it installs verifiers 0.4.0; docs/environments.md)"
+    ),
+    ("agent_loops", "verifiers"): (
+        "pip install -e plugins/rlkit-verifiers (it installs verifiers 0.4.0; docs/environments.md)"
+    ),
 }
 
 

@@ -73,6 +73,7 @@ class HFTurnGenerator:
         self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
         self._flush_scheduled = False
         self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None  # each generate() call runs its own loop
 
     async def generate_ids(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
         loop = asyncio.get_running_loop()
@@ -86,7 +87,11 @@ class HFTurnGenerator:
     async def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, []
-        self._lock = self._lock or asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if (
+            self._lock is None or self._lock_loop is not loop
+        ):  # a lock is bound to the loop it first waited in
+            self._lock, self._lock_loop = asyncio.Lock(), loop
         groups: dict[str, list[tuple[list[int], dict, asyncio.Future]]] = {}
         for item in pending:
             key = json.dumps({k: v for k, v in item[1].items() if k != "max_new_tokens"}, sort_keys=True)

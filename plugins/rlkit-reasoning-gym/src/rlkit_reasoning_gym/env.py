@@ -10,7 +10,8 @@ prompt); without the tags the whole response is the answer (``answer_tags: optio
 numeric tasks and small models that answer in a sentence). Each row also carries its parameters
 (``extra_info.params``, JSON), so rows written to parquet by ``rlkit data reasoning-gym`` are scored by the
 registered ``compute_score`` for ``reasoning_gym`` without ``data.environment``. The rubric: ``correct``
-(score_answer, 0..1) and ``format`` (1 when the tags are there), ``score = correct_weight · correct + format_weight · format``.
+(score_answer, 0..1) and ``format`` (1 when the tags are there),
+``score = correct_weight · correct + format_weight · format``.
 """
 
 from __future__ import annotations
