@@ -1,19 +1,21 @@
 """The ``rlkit eval`` loop: check everything, generate in chunks (each written as it is scored), resume.
 
     plan = plan_eval(model, data, out=..., recipe_file=None, overrides=[...], registries=...)  # no generation
+    plan = plan_eval(model, [], env="reasoning_gym", overrides=["env.task=...", ...], ...)  # an environment
     generate_all(plan)     # parts/chunk-NNNNNN.parquet, one per chunk of prompts; done prompts skipped
     table = collect(plan)  # generations.parquet: every sample, in prompt order
 
 Sampling is the recipe's validation sampling (``rollout.val``: n, do_sample, temperature, top_p) and
 ``data.max_response_length`` (max new tokens), so an eval of a checkpoint with its run's recipe samples as
-the run's validation did. Generation is in-process with the recipe's rollout backend (HF by default) on one
-device; scoring is the recipe's reward step (reward manager + registered ``compute_score`` functions).
+the run's validation did. Generation is the recipe's rollout backend (HF by default), in this process or on
+a Ray pool of rollout ranks (``rlkit.eval.engines``); scoring is the recipe's reward step (reward manager +
+registered ``compute_score`` functions, or an environment's own score: ``rlkit.eval.environment``).
 
 Resume: a chunk's rows go to ``parts/`` (temp file + rename) after they are scored, so a killed eval loses
-at most the chunk it was generating; a rerun with the same ``--out`` skips every prompt already in
-``parts/`` (nothing written is generated or scored again). ``eval_config.json`` records model, data and
-sampling; a rerun with other settings in the same folder is refused. Chunk ``c`` samples with seed
-``trainer.seed * 1000 + c``, whether resumed or not.
+at most the chunks it was generating (one per rank); a rerun with the same ``--out`` skips every prompt
+already in ``parts/`` (nothing written is generated or scored again). ``eval_config.json`` records model,
+data and sampling; a rerun with other settings in the same folder is refused. Chunk ``c`` samples with
+seed ``trainer.seed * 1000 + c``, whether resumed or not, on whichever rank.
 """
 
 from __future__ import annotations
