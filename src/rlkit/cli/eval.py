@@ -1,4 +1,5 @@
-"""``rlkit eval MODEL --data FILES [--recipe R] [flags] [overrides]``, ``rlkit eval --compare A.json B.json``.
+"""``rlkit eval MODEL --data FILES|--env NAME [--recipe R] [flags] [overrides]``.
+``rlkit eval --compare A.json B.json``.
 
 MODEL: a Hugging Face folder or hub id, an rlkit checkpoint (``.../checkpoints/global_step_N``) or a PEFT
 adapter folder. Everything is checked (model, files, data sources, settings) before the first generation;
@@ -24,7 +25,8 @@ _ENV_DEFAULTS = {
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "eval", help="evaluate a model, checkpoint or adapter on parquet data (docs/eval.md)"
+        "eval",
+        help="evaluate a model, checkpoint or adapter on parquet data or an environment (docs/eval.md)",
     )
     p.add_argument(
         "model", nargs="?", help="HF folder or hub id, rlkit checkpoint folder, or PEFT adapter folder"
@@ -33,6 +35,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "overrides", nargs="*", help="recipe overrides key.sub=value (e.g. rollout.backend.name=hf)"
     )
     p.add_argument("--data", nargs="+", default=[], help="parquet files in veRL's row schema")
+    p.add_argument(
+        "--env",
+        default=None,
+        metavar="NAME",
+        help="a registered environment instead of --data (registry `environments`); its parameters as "
+        "env.KEY=VALUE (= data.environment.KEY=VALUE), e.g. --env reasoning_gym env.task=leg_counting "
+        "env.val_size=16",
+    )
     p.add_argument(
         "--recipe",
         default=None,
@@ -104,6 +114,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace, data: list[str]) -> int:
+    from rlkit.eval.engines import engine_description
     from rlkit.eval.loop import collect, generate_all, plan_eval, recipe_params, samples_of_table, sampling_of
     from rlkit.eval.metrics import eval_metrics
     from rlkit.eval.report import log_mlflow, results_dict, table_text, write_results
@@ -117,9 +128,12 @@ def evaluate(args: argparse.Namespace, data: list[str]) -> int:
         overrides=_overrides(args),
         registries=build_registries(),
         batch_size=args.batch_size,
+        env=args.env,
     )
+    where = engine_description(plan.recipe)
     print(
-        f"rlkit eval: {plan.source.kind} {plan.source.given} on {len(plan.dataset)} prompts -> {plan.out}",
+        f"rlkit eval: {plan.source.kind} {plan.source.given} on {len(plan.dataset)} prompts -> {plan.out}; "
+        f"generating {where}",
         file=sys.stderr,
         flush=True,
     )
@@ -132,8 +146,10 @@ def evaluate(args: argparse.Namespace, data: list[str]) -> int:
     meta = {
         "model": plan.source.given,
         "model_kind": plan.source.kind,
-        "data": list(plan.recipe.data.val_files),
+        "data": list(plan.data),
+        **({"environment": plan.environment} if plan.environment is not None else {}),
         "sampling": sampling,
+        "generation": where,
         "prompts": len(plan.dataset),
         "samples": table.num_rows,
     }

@@ -1,19 +1,21 @@
 """The ``rlkit eval`` loop: check everything, generate in chunks (each written as it is scored), resume.
 
     plan = plan_eval(model, data, out=..., recipe_file=None, overrides=[...], registries=...)  # no generation
+    plan = plan_eval(model, [], env="reasoning_gym", overrides=["env.task=...", ...], ...)  # an environment
     generate_all(plan)     # parts/chunk-NNNNNN.parquet, one per chunk of prompts; done prompts skipped
     table = collect(plan)  # generations.parquet: every sample, in prompt order
 
 Sampling is the recipe's validation sampling (``rollout.val``: n, do_sample, temperature, top_p) and
 ``data.max_response_length`` (max new tokens), so an eval of a checkpoint with its run's recipe samples as
-the run's validation did. Generation is in-process with the recipe's rollout backend (HF by default) on one
-device; scoring is the recipe's reward step (reward manager + registered ``compute_score`` functions).
+the run's validation did. Generation is the recipe's rollout backend (HF by default), in this process or on
+a Ray pool of rollout ranks (``rlkit.eval.engines``); scoring is the recipe's reward step (reward manager +
+registered ``compute_score`` functions, or an environment's own score: ``rlkit.eval.environment``).
 
 Resume: a chunk's rows go to ``parts/`` (temp file + rename) after they are scored, so a killed eval loses
-at most the chunk it was generating; a rerun with the same ``--out`` skips every prompt already in
-``parts/`` (nothing written is generated or scored again). ``eval_config.json`` records model, data and
-sampling; a rerun with other settings in the same folder is refused. Chunk ``c`` samples with seed
-``trainer.seed * 1000 + c``, whether resumed or not.
+at most the chunks it was generating (one per rank); a rerun with the same ``--out`` skips every prompt
+already in ``parts/`` (nothing written is generated or scored again). ``eval_config.json`` records model,
+data and sampling; a rerun with other settings in the same folder is refused. Chunk ``c`` samples with
+seed ``trainer.seed * 1000 + c``, whether resumed or not, on whichever rank.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,6 @@ from rlkit.plugin.registry import Registries
 from rlkit.recipe import Recipe, recipe_to_dict
 from rlkit.recipe.load import load_yaml
 from rlkit.recipe.validate import validate_recipe
-from rlkit.rollout.base import rollout_inputs
 
 __all__ = ["EvalPlan", "plan_eval", "generate_all", "collect", "samples_of_table", "sampling_of"]
 
@@ -50,6 +51,8 @@ class EvalPlan:
     tokenizer: Any = None
     dataset: Any = None
     pipeline: Any = None
+    data: list[str] = field(default_factory=list)  # the parquet files evaluated (an environment's: written)
+    environment: dict[str, Any] | None = None  # --env: data.environment as validated, and the split used
 
 
 def sampling_of(recipe: Recipe) -> dict[str, Any]:
@@ -67,9 +70,17 @@ def sampling_of(recipe: Recipe) -> dict[str, Any]:
 
 
 def _recipe(
-    model_path: str, data: list[str], recipe_file: str | None, overrides: list[str], registries: Registries
+    model_path: str,
+    data: list[str],
+    recipe_file: str | None,
+    overrides: list[str],
+    registries: Registries,
+    env: str | None = None,
 ) -> Recipe:
-    """The recipe file (or defaults) with model and data replaced by the eval's; overrides on top."""
+    """The recipe file (or defaults) with model and data replaced by the eval's (files, or ``--env``'s
+    ``data.environment``); overrides on top (``env.KEY=VALUE`` as ``data.environment.KEY=VALUE``)."""
+    from rlkit.eval.environment import environment_overrides, environment_section
+
     raw: dict[str, Any] = load_yaml(recipe_file) if recipe_file else {}
     raw.setdefault("model", {})
     raw["model"]["path"] = model_path
@@ -77,8 +88,15 @@ def _recipe(
     raw.setdefault("data", {})
     raw["data"].setdefault("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH)
     raw["data"].setdefault("max_response_length", DEFAULT_MAX_NEW_TOKENS)
-    raw["data"]["train_files"] = list(data)
-    raw["data"]["val_files"] = list(data)
+    if env is None:
+        raw["data"].pop("environment", None)
+        raw["data"]["train_files"] = list(data)
+        raw["data"]["val_files"] = list(data)
+    else:  # the environment gives the rows: no files beside it (validation refuses them)
+        raw["data"]["environment"] = environment_section(env, raw["data"])
+        raw["data"].pop("train_files", None)
+        raw["data"].pop("val_files", None)
+        overrides = environment_overrides(overrides)
     if not recipe_file:  # the default estimator (grpo) wants groups; eval itself reads only rollout.val
         raw.setdefault("rollout", {}).setdefault("n", 2)
     return validate_recipe(raw, overrides, source=recipe_file or "rlkit eval", registries=registries)
@@ -93,30 +111,33 @@ def plan_eval(
     overrides: list[str],
     registries: Registries,
     batch_size: int | None = None,
+    env: str | None = None,
 ) -> EvalPlan:
-    """Check model, data files, data sources and settings; merge a checkpoint / adapter. No generation."""
+    """Check model, data files (or the environment and its parameters), data sources and settings; merge a
+    checkpoint / adapter. No generation."""
     from rlkit.data.dataset import RLDataset
     from rlkit.eval.model import display_name, model_kind
     from rlkit.model.load import load_tokenizer
     from rlkit.recipe.compose import compose
 
-    missing = [f for f in data if not Path(f).is_file()]
-    if not data or missing:
-        raise EvalError(
-            f"--data: {'no file given' if not data else 'no such file: ' + ', '.join(missing)}; give "
-            "parquet files in veRL's row schema (rlkit data prepare writes them)"
-        )
+    _check_data_given(data, env)
     kind = model_kind(model)  # a bad model folder fails here, before any merge or load
     folder = out or Path("outputs") / "eval" / display_name(model, kind)
     folder.mkdir(parents=True, exist_ok=True)
     source = resolve_model(model, folder)
-    recipe = _recipe(source.path, data, recipe_file, overrides, registries)
+    recipe = _recipe(source.path, data, recipe_file, overrides, registries, env)
     plan = EvalPlan(recipe, source, folder, batch_size or recipe.data.val_batch_size or 32, registries)
     plan.pipeline = compose(recipe, registries)
+    plan.data = list(data)
+    if env is not None:
+        from rlkit.eval.environment import environment_files
+
+        plan.data, split = environment_files(plan.pipeline, folder)
+        plan.environment = {**recipe.data.environment.model_dump(), "split": split}
     plan.tokenizer = load_tokenizer(recipe.model)
     d = recipe.data
     plan.dataset = RLDataset(
-        data,
+        plan.data,
         plan.tokenizer,
         prompt_key=d.prompt_key,
         max_prompt_length=d.max_prompt_length,
@@ -127,15 +148,32 @@ def plan_eval(
     return plan
 
 
+def _check_data_given(data: list[str], env: str | None) -> None:
+    if env is not None:
+        if data:
+            raise EvalError(
+                f"--env {env} and --data both given: an environment gives the rows; drop one of them"
+            )
+        return
+    missing = [f for f in data if not Path(f).is_file()]
+    if not data or missing:
+        raise EvalError(
+            f"--data: {'no file given' if not data else 'no such file: ' + ', '.join(missing)}; give "
+            "parquet files in veRL's row schema (rlkit data prepare writes them), or --env NAME"
+        )
+
+
 def _check_sources(plan: EvalPlan) -> None:
     if plan.recipe.reward.custom_score is not None:
         return  # one custom function scores every data source
     known = set(plan.pipeline.score_fns)
+    if plan.pipeline.environment is not None:  # its rows' data_source: the environment scores them
+        known.add(plan.pipeline.environment.name)
     unknown = sorted({str(s["data_source"]) for s in plan.dataset.samples} - known)
     if unknown:
         raise EvalError(
             f"--data: no compute_score is registered for data_source {', '.join(map(repr, unknown))} "
-            f"(in {', '.join(plan.recipe.data.val_files)}). Known: {', '.join(sorted(known))}. Fix the "
+            f"(in {', '.join(plan.data)}). Known: {', '.join(sorted(known))}. Fix the "
             "data_source column, install the plugin that registers it, or pass a recipe with "
             "reward.custom_score."
         )
@@ -145,9 +183,11 @@ def _check_config(plan: EvalPlan) -> None:
     """Write ``eval_config.json``, or refuse a folder holding an eval with other settings."""
     config = {
         "model": plan.source.given,
-        "data": [str(Path(f).resolve()) for f in plan.recipe.data.val_files],
+        "data": [str(Path(f).resolve()) for f in plan.data],
         "sampling": sampling_of(plan.recipe),
     }
+    if plan.environment is not None:
+        config["environment"] = plan.environment
     path = plan.out / "eval_config.json"
     if path.is_file():
         before = json.loads(path.read_text())
@@ -170,18 +210,16 @@ def _done(parts: Path) -> set[str]:
 
 
 def generate_all(plan: EvalPlan, *, progress: bool = True) -> int:
-    """Generate and score every prompt not yet in ``parts/``, a chunk at a time; returns prompts generated
-    now."""
-    import torch
+    """Generate and score every prompt not yet in ``parts/``, a chunk at a time (a round of one chunk per
+    rank on a Ray pool); returns prompts generated now."""
     from tqdm import tqdm
 
-    from rlkit.model.load import load_model
-    from rlkit.workers.pools import resolve_device
+    from rlkit.eval.engines import open_engine
 
     parts = plan.out / "parts"
     parts.mkdir(exist_ok=True)
     done = _done(parts)
-    ds, recipe = plan.dataset, plan.recipe
+    ds = plan.dataset
     chunks = [list(range(s, min(s + plan.batch_size, len(ds)))) for s in range(0, len(ds), plan.batch_size)]
     todo = {c: [i for i in rows if ds[i]["row"] not in done] for c, rows in enumerate(chunks)}
     todo = {c: rows for c, rows in todo.items() if rows}
@@ -194,8 +232,7 @@ def generate_all(plan: EvalPlan, *, progress: bool = True) -> int:
         )
     if not todo:
         return 0
-    device = torch.device(resolve_device(recipe.resources.device))
-    model = load_model(recipe.model, tokenizer=plan.tokenizer).to(device)
+    engine = open_engine(plan)
     reward = _reward_step(plan)
     bar = tqdm(
         total=len(ds),
@@ -205,15 +242,17 @@ def generate_all(plan: EvalPlan, *, progress: bool = True) -> int:
         file=sys.stderr,
         disable=not progress,
     )
+    sampling, pending = sampling_of(plan.recipe), list(todo.items())
     try:
-        for chunk, rows in todo.items():
-            _write_part(
-                parts / f"chunk-{chunk:06d}.parquet", _chunk(plan, model, reward, device, chunk, rows)
-            )
-            bar.update(len(rows))
+        for start in range(0, len(pending), engine.ranks):
+            jobs = [(chunk, _repeated(plan, rows)) for chunk, rows in pending[start : start + engine.ranks]]
+            for (chunk, repeated), gen in zip(jobs, engine.generate(jobs, sampling)):
+                _write_part(parts / f"chunk-{chunk:06d}.parquet", _scored(plan, reward, repeated, gen))
+                bar.update(len(todo[chunk]))
     finally:
         bar.close()
         reward.close()
+        engine.close()
     return left
 
 
@@ -223,33 +262,22 @@ def _reward_step(plan: EvalPlan) -> Any:
     return build_reward_step(plan.recipe, plan.pipeline, plan.tokenizer)
 
 
-def _chunk(
-    plan: EvalPlan, model: Any, reward: Any, device: Any, chunk: int, rows: list[int]
-) -> dict[str, list]:
-    """Generate ``rollout.val.n`` responses for the prompts ``rows`` and score them: the part's columns."""
-    recipe, tok, ds = plan.recipe, plan.tokenizer, plan.dataset
-    s = sampling_of(recipe)
-    backend = plan.pipeline.rollout_backend.build(
-        module=model,
-        tokenizer=tok,
-        rollout_config=recipe.rollout,
-        max_response_length=s["max_new_tokens"],
-        device=device,
-        seed=recipe.trainer.seed * 1000 + chunk,
-    )
+def _repeated(plan: EvalPlan, rows: list[int]) -> Batch:
+    """The prompts ``rows`` (``uid``: their prompt ids), each ``rollout.val.n`` times (interleaved)."""
+    ds = plan.dataset
     prompts = ds.collate([ds[i] for i in rows])
     prompts["uid"] = [ds[i]["row"] for i in rows]
-    repeated = prompts.repeat(s["n"], interleave=True)
-    gen = backend.generate(
-        rollout_inputs(repeated),
-        n=1,
-        do_sample=s["do_sample"],
-        temperature=s["temperature"],
-        top_p=s["top_p"],
-    )
+    return prompts.repeat(plan.recipe.rollout.val.n, interleave=True)
+
+
+def _scored(plan: EvalPlan, reward: Any, repeated: Batch, gen: Batch) -> dict[str, list]:
+    """Score the generations ``gen`` of the prompts ``repeated``: the part's columns."""
+    tok, n = plan.tokenizer, plan.recipe.rollout.val.n
     gen.meta.pop("metrics", None)
-    # the reward step and the parquet read CPU tensors (a worker group hands the trainer CPU batches too)
-    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors.to("cpu"), {}, {}))
+    # the reward step and the parquet read CPU tensors (a worker group hands the trainer CPU batches too);
+    # the generation's own per-sample fields (a multi-turn episode's env_reward) go to the reward step too
+    extra = {k: v for k, v in gen.non_tensors.items() if k not in repeated.non_tensors}
+    batch = repeated.select(list(repeated.non_tensors)).union(Batch(gen.tensors.to("cpu"), extra, {}))
     result = reward(batch)
     texts = [tok.decode(batch["responses"][i][batch["response_mask"][i].bool()]) for i in range(len(batch))]
     samples = samples_from(batch, result, [tok.eos_token_id] if tok.eos_token_id is not None else [], texts)
@@ -258,15 +286,17 @@ def _chunk(
         tok.decode(batch["prompts"][i][batch["attention_mask"][i, :width].bool()]) for i in range(len(batch))
     ]
     extras = [{k: _plain(v[i]) for k, v in samples.extra.items()} for i in range(len(batch))]
+    turns = batch["num_turns"] if "num_turns" in batch.non_tensors else [1] * len(batch)  # agent loops
     return {
         "prompt_id": samples.group,
-        "sample": [i % s["n"] for i in range(len(batch))],
+        "sample": [i % n for i in range(len(batch))],
         "data_source": samples.data_source,
         "prompt": prompt_texts,
         "response": texts,
         "score": samples.score,
         "length": samples.length,
         "truncated": samples.truncated,
+        "turns": [int(t) for t in turns],
         "extra": [json.dumps(e) for e in extras],
     }
 
@@ -318,7 +348,8 @@ def recipe_params(plan: EvalPlan) -> dict[str, Any]:
     return {
         "model": plan.source.given,
         "model_kind": plan.source.kind,
-        "data": ",".join(plan.recipe.data.val_files),
+        "data": ",".join(plan.data),
+        **({"environment": plan.environment} if plan.environment is not None else {}),
         "sampling": sampling_of(plan.recipe),
         "recipe": recipe_to_dict(plan.recipe),
     }
