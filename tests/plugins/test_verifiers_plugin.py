@@ -204,3 +204,26 @@ def test_an_env_id_that_is_not_installed_names_the_package_to_install(tmp_path):
     )
     assert result.returncode != 0
     assert "pip install vf-not-installed" in result.stderr, result.stderr[-3000:]
+
+
+def test_the_environment_passes_the_conformance_check_and_validation_names_its_loop(
+    tiny_model_dir, guess_installed
+):
+    from rlkit.testing import check_environment
+
+    registries = build_registries()
+    seen = check_environment(
+        "verifiers", registries=registries, env_id="vf-guess-number", args={"size": 4}, size=2
+    )
+    assert seen["rows"] == 2
+    raw = {
+        "model": {"path": str(tiny_model_dir)},
+        "data": {
+            "environment": {"name": "verifiers", "env_id": "vf-guess-number", "size": 2},
+            "train_batch_size": 2,
+        },
+        "actor": {"ppo_mini_batch_size": 2},
+        "rollout": {"n": 2, "agent": {"name": "tool"}},
+    }
+    with pytest.raises(RlkitError, match="played by the 'verifiers' agent loop, not 'tool'"):
+        validate_recipe(raw, registries=registries, check_files=False)

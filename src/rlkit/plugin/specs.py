@@ -196,6 +196,8 @@ class EnvironmentSpec(Spec):
     ``name``."""
 
     cls: type | str | None = None
-    multi_turn: bool = (
-        False  # True: rows run through the `environment` agent loop, the env replying each turn
-    )
+    # True: rows run through the `environment` agent loop, the env replying each turn
+    multi_turn: bool = False
+    # an agent loop (registry `agent_loops`) that plays and scores this environment's episodes itself: its
+    # rows name it in extra_info.agent_name and score() is never asked (e.g. verifiers, whose rubric scores)
+    played_by: str | None = None

@@ -566,6 +566,17 @@ def _check_environment(recipe: Recipe, registries: Registries) -> list[tuple[str
                 f"not '{agent.name}'; remove rollout.agent or set it to environment",
             )
         )
+    played_by = (
+        registries.environments.get(env.name).played_by if env.name in registries.environments else None
+    )
+    if played_by and agent is not None and agent.name != played_by:
+        problems.append(
+            (
+                "rollout.agent",
+                f"environment '{env.name}' is played by the '{played_by}' agent loop, not '{agent.name}'; "
+                f"set rollout.agent: {{name: {played_by}}}",
+            )
+        )
     return problems
 
 

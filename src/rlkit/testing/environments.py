@@ -12,7 +12,8 @@ __all__ = ["check_environment"]
 
 _CONTRACT = (
     "rows(split) -> veRL rows; score(solution_str, ground_truth, extra_info) -> number | dict with 'score'; "
-    "multi_turn: episode(extra_info) -> Episode with step(text) -> (reply, done) and reward() "
+    "multi_turn: episode(extra_info) -> Episode with step(text) -> (reply, done) and reward(); "
+    "played_by: rows name that agent loop in extra_info.agent_name "
     "(rlkit.plugin.protocols.Environment, docs/environments.md)"
 )
 
@@ -55,6 +56,9 @@ def check_environment(
     environment_rows(resolved, "val", env)  # may be empty, must be well formed
     answers = answers if answers is not None else ["", "no"]
     seen: dict[str, Any] = {"rows": len(rows), "scores": [], "turns": []}
+    if resolved.spec.played_by:
+        _check_played_by(name, resolved.spec.played_by, rows, registries)
+        return seen
     for row in rows[:4]:
         extra, truth = row["extra_info"], row["reward_model"].get("ground_truth")
         if resolved.spec.multi_turn:
@@ -68,6 +72,24 @@ def check_environment(
                 raise _fail(name, f"the ground truth {truth!r} scores {best}, lower than the answer 'no'")
             seen["scores"].append(best)
     return seen
+
+
+def _check_played_by(name: str, loop: str, rows: list[dict], registries: Any) -> None:
+    """An environment whose episodes an agent loop plays and scores: the loop is registered and every row
+    names it (its score() is never asked)."""
+    if registries is None:
+        from rlkit.plugin.registry import build_registries
+
+        registries = build_registries()
+    if loop not in registries.agent_loops:
+        raise _fail(
+            name, f"played_by names agent loop {loop!r}, which is not registered (registry agent_loops)"
+        )
+    wrong = [i for i, row in enumerate(rows) if (row.get("extra_info") or {}).get("agent_name") != loop]
+    if wrong:
+        raise _fail(
+            name, f"rows {wrong[:5]} do not name their agent loop: extra_info.agent_name must be {loop!r}"
+        )
 
 
 def _play(name: str, env: Any, extra: dict, answers: list[str], max_turns: int, seen: dict) -> int:

@@ -310,6 +310,33 @@ def test_the_conformance_check_plays_and_scores(registries):
         check_environment(EnvironmentSpec(name="broken", cls=Broken))
 
 
+def test_the_conformance_check_of_an_environment_its_agent_loop_plays(registries):
+    """played_by: the rows must name the (registered) loop; score() is never asked, so it may refuse."""
+
+    class Played(ParityEnv):
+        def rows(self, split):
+            return [
+                r | {"extra_info": {**r.get("extra_info", {}), "agent_name": "environment"}}
+                for r in super().rows(split)
+            ]
+
+        def score(self, solution_str, ground_truth, extra_info):
+            raise AssertionError("the loop scores")
+
+    seen = check_environment(
+        EnvironmentSpec(name="played", cls=Played, played_by="environment"), registries=registries
+    )
+    assert seen["rows"] == 4 and seen["scores"] == []
+    with pytest.raises(ContractError, match="must be 'environment'"):
+        check_environment(
+            EnvironmentSpec(name="bare", cls=ParityEnv, played_by="environment"), registries=registries
+        )
+    with pytest.raises(ContractError, match="not registered"):
+        check_environment(
+            EnvironmentSpec(name="played", cls=Played, played_by="nowhere"), registries=registries
+        )
+
+
 def test_the_step_and_validation_keep_the_generations_own_fields():
     """join_generation (the training step) keeps the generation's per-sample fields the prompts lack."""
     from rlkit.step.generate import join_generation

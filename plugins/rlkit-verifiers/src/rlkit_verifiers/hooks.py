@@ -14,6 +14,7 @@ def rlkit_register_environments() -> list[EnvironmentSpec]:
             name="verifiers",
             cls="rlkit_verifiers.env:VerifiersEnv",
             params="rlkit_verifiers.env:VerifiersParams",
+            played_by="verifiers",
             description="a verifiers v1 environment (env_id, args): its tasks as rows, played by the "
             "`verifiers` agent loop",
         ),
