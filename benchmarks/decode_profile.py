@@ -318,15 +318,42 @@ def _markdown_rows(label: str, result: dict, unprofiled_step_us: float) -> list[
         lines.append(f"| {name} | {result['per_step_us'][key]:.0f} | {result['pct_of_step'][key]:.1f} |")
     lines += [
         "",
-        "| GEMM (M, N, K) | calls / step | µs / call | GFLOP/s | % of probe |",
-        "|---|---:|---:|---:|---:|",
+        "| GEMM (M, N, K) | calls / step | µs / call | GFLOP/s | % of probe | isolated fp32 µs (GFLOP/s) "
+        "| isolated bf16 µs (GFLOP/s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for g in result["gemm_shapes"]:
         lines.append(
             f"| ({g['M']}, {g['N']}, {g['K']}) | {g['calls_per_step']:.0f} | {g['us_per_call']:.1f} | "
-            f"{g['gflops']:.1f} | {g['pct_of_probe']:.0f} |"
+            f"{g['gflops']:.1f} | {g['pct_of_probe']:.0f} | {g.get('isolated_fp32_us', 0):.1f} "
+            f"({g.get('isolated_fp32_gflops', 0):.1f}) | {g.get('isolated_bf16_us', 0):.1f} "
+            f"({g.get('isolated_bf16_gflops', 0):.1f}) |"
         )
     return lines
+
+
+def isolated_gemms(gemms: list[dict], layers: int, reps: int = 3) -> None:
+    """Add ``isolated_fp32_us`` / ``isolated_bf16_us`` to each of ``gemms`` (``attribute``'s GEMM shapes):
+    best-of-``reps`` µs per ``F.linear`` call of that (M, N, K) outside the decode loop, cycling through
+    ``layers`` distinct weights (one for a weight over 64 MB: the head) so that each call reads its weight
+    from memory as a decode step does. bf16: weights and input in bf16 (oneDNN where the CPU has it)."""
+    import torch
+    import torch.nn.functional as F
+
+    for g in gemms:
+        m, n, k = g["M"], g["N"], g["K"]
+        copies = 1 if n * k * 4 > 64e6 else layers
+        for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            weights = [torch.randn(n, k, dtype=dtype) for _ in range(copies)]
+            x = torch.randn(m, 1, k, dtype=dtype)
+            best = float("inf")
+            for _ in range(reps + 1):  # the first pass warms up
+                start = time.perf_counter()
+                for w in weights:
+                    F.linear(x, w)
+                best = min(best, (time.perf_counter() - start) / copies)
+            g[f"isolated_{label}_us"] = best * 1e6
+            g[f"isolated_{label}_gflops"] = 2.0 * m * n * k / best / 1e9
 
 
 def _prompts(tok, rows: int):
@@ -377,6 +404,7 @@ def profile_shape(model, marked: MarkedForward, tok, rows: int, tokens: int, pro
     steps = tokens - 1
     (d0, d1), (p0, p1) = phases["decode"], phases["prefill"]
     result = attribute(ops, d1 - d0, steps, probe["peak"])
+    isolated_gemms(result["gemm_shapes"], probe["geometry"].layers)
     prompt_tokens = float(prompts["attention_mask"].sum()) / k
     bound = decode_roofline(
         probe["geometry"], rows, prompt_tokens, tokens, 4, probe["bandwidth"], probe["peak"], prompts=k
@@ -402,14 +430,15 @@ def profile_shape(model, marked: MarkedForward, tok, rows: int, tokens: int, pro
 def _summary(r: dict) -> str:
     u, p = r["unprofiled"], r["profiled"]
     gemm_us = r["per_step_us"]["gemm"]
+    profiled_step = r["wall_us"] / r["steps"]
     return (
         f"{r['rows']}x{r['tokens']} (prompt {r['prompt_tokens']:.0f} tokens): prefill "
         f"{u['prefill_s'] * 1e3:.0f} ms unprofiled ({p['prefill_s'] * 1e3:.0f} ms profiled); decode step "
-        f"{u['step_us']:.0f} µs "
-        f"unprofiled, {r['wall_us'] / r['steps']:.0f} µs profiled (×{r['profiler_inflation']:.2f}); "
-        f"roofline step {r['step_bound_us']:.0f} µs (bound by {r['bound_by']}): measured step "
-        f"{r['step_vs_bound']:.2f}× the bound, GEMMs alone {gemm_us / r['step_bound_us']:.2f}× it; "
-        f"load {r['load']:.2f}"
+        f"{u['step_us']:.0f} µs unprofiled ({r['rows'] / u['step_us'] * 1e6:.0f} tok/s), "
+        f"{profiled_step:.0f} µs profiled (×{r['profiler_inflation']:.3f}); GEMMs {gemm_us:.0f} µs, the rest "
+        f"{profiled_step - gemm_us:.0f} µs per profiled step; roofline step {r['step_bound_us']:.0f} µs "
+        f"(bound by {r['bound_by']}): measured step {r['step_vs_bound']:.2f}× the bound, GEMMs alone "
+        f"{gemm_us / r['step_bound_us']:.2f}× it; load {r['load']:.2f}"
     )
 
 
