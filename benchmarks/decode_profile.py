@@ -421,7 +421,7 @@ def profile_shape(model, marked: MarkedForward, tok, rows: int, tokens: int, pro
         "bound": bound,
         "step_bound_us": step_bound_us,
         "step_vs_bound": step_us / step_bound_us,
-        "bound_by": "compute" if bound["compute_bound_steps"] == steps else "bandwidth (some steps)",
+        "bound_by": f"compute in {bound['compute_bound_steps']}/{steps} steps, bandwidth in the rest",
         "analysis_s": analysis_s,
         "load": os.getloadavg()[0],
     }
