@@ -6,17 +6,19 @@
 For each shape ``rows x tokens`` (8 distinct prompts × rows/8 samples, eos ignored as in
 ``benchmarks/decode.py``, temperature 1, no top-k/top-p), on one torch thread: a warm-up generate, one
 generate timed without the profiler, then one under ``torch.profiler`` (CPU activities, record_shapes). The
-model's forward is wrapped so that the prefill (first forward of a generate) and each decode step's forward
-are marked ranges. The prefill phase runs from the start of ``generate`` to the end of the prefill forward;
-the decode phase from there to the end of ``generate`` (``tokens − 1`` step forwards, ``tokens`` samplings).
+model's forward and ``rlkit.rollout.decode.sample_next`` are wrapped in marked ranges (no change to the loop
+itself). The prefill phase runs from the start of ``generate`` to the first ``sample_next`` (the prefill
+forward and the copy of each shared prompt's cache to its rows); the decode phase from there to the end of
+``generate`` (``tokens`` samplings, ``tokens − 1`` step forwards), reported per step (÷ ``tokens − 1``).
 
 The decode phase's outermost aten ops (ops called from Python, not from another op) are attributed
 (:func:`categorise`) to: GEMMs (``aten::linear``, grouped by (M, N, K) with achieved GFLOP/s and % of the
-fp32 1024² matmul probe), attention (SDPA), sampling (log-softmax, cumsum, search, draws outside the
-forward), elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes, rotate-half concat),
-views (no data moved), loop bookkeeping (recording tokens, masks: ops outside the forward that are not
-sampling), and other = phase wall − profiled ops (Python, dispatch between ops, the profiler's own cost).
-The profiled wall is compared with the unprofiled one (the profiler's inflation), and the step with
+fp32 1024² matmul probe, and each shape timed again outside the loop in fp32 and bf16), attention (SDPA and
+the attention-mask building), sampling (inside ``sample_next``, plus the loop's uniform draw),
+elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes, rotate-half concat), views (no
+data moved), loop bookkeeping (the loop's other ops: recording tokens, finished-row masks), and other =
+phase wall − profiled ops (Python, dispatch between ops, the profiler's own cost). The profiled wall is
+compared with the unprofiled one (the profiler's inflation), and the unprofiled step with
 ``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe peak)). Results:
 ``benchmarks/results/<stamp>-decode-profile.{json,md}``.
 """
@@ -43,7 +45,7 @@ from common import (  # noqa: E402
     shape_from_config,
 )
 
-PREFILL, STEP, GENERATE = "decode_profile::prefill", "decode_profile::step", "decode_profile::generate"
+GENERATE, FORWARD, SAMPLE = "decode_profile::generate", "decode_profile::forward", "decode_profile::sample"
 
 CATEGORIES = {
     "gemm": "GEMMs (linear)",
@@ -78,24 +80,7 @@ _MASK = {  # transformers' attention-mask building, run in every forward
     "aten::where",
     "aten::masked_fill",
 }
-_SAMPLING = {
-    "aten::log_softmax",
-    "aten::softmax",
-    "aten::cumsum",
-    "aten::searchsorted",
-    "aten::rand",
-    "aten::multinomial",
-    "aten::topk",
-    "aten::sort",
-    "aten::argmax",
-    "aten::gather",
-    "aten::clamp_",
-    "aten::div",
-    "aten::exponential_",
-    "aten::masked_fill",
-    "aten::to",
-    "aten::squeeze",
-}
+_LOOP_DRAWS = {"aten::rand"}  # the loop's one uniform draw per row, made before sample_next
 _ELEMENTWISE = {
     "aten::mul",
     "aten::add",
@@ -155,20 +140,23 @@ _VIEWS = {
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One outermost aten op of the decode phase: its name, input shapes, inclusive time and whether it ran
-    inside a decode step's model forward (else in the loop around it: sampling, recording)."""
+    """One outermost aten op of the decode phase: its name, input shapes, inclusive time and where it ran:
+    ``forward`` (a decode step's model forward), ``sample`` (``sample_next``) or ``loop`` (the decode loop
+    around them: draws, recording tokens, finished-row masks)."""
 
     name: str
     shapes: tuple
     duration_us: float
-    in_forward: bool
+    scope: str
 
 
 def categorise(op: OpRecord) -> str:
     """The category (a key of ``CATEGORIES``, never ``other``) of one outermost op."""
     name = op.name
-    if not op.in_forward:
-        return "sampling" if name in _SAMPLING else "bookkeeping"
+    if op.scope == "sample" or (op.scope == "loop" and name in _LOOP_DRAWS):
+        return "sampling"
+    if op.scope == "loop":
+        return "bookkeeping"
     if name in ("aten::linear", "aten::addmm", "aten::mm"):
         return "gemm"
     if name in _MASK or any(part in name for part in _ATTENTION):
@@ -246,35 +234,34 @@ def attribute(ops: list[OpRecord], wall_us: float, steps: int, peak_flops: float
 
 def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, float]]]:
     """The outermost aten ops of the decode phase of one profiled generate and the phases' (start, end) in
-    µs: ``generate``, ``prefill`` (generate start → prefill forward end) and ``decode`` (prefill forward end
-    → generate end). ``events``: the profiler's raw events (``prof.profiler.kineto_results.events()``:
-    ``name()``, ``start_ns()``, ``end_ns()``, ``shapes()``, ``start_thread_id()``); nesting is recovered
-    from the time intervals on the generate's thread (a stack), which is ~20× faster than
-    ``prof.events()``' tree at a million events."""
+    µs: ``generate``, ``prefill`` (generate start → first ``sample_next``: the prefill forward and the
+    shared prefill's cache copy to every row) and ``decode`` (first ``sample_next`` → generate end).
+    ``events``: the profiler's raw events (``prof.profiler.kineto_results.events()``: ``name()``,
+    ``start_ns()``, ``end_ns()``, ``shapes()``, ``start_thread_id()``); nesting is recovered from the time
+    intervals on the generate's thread (a stack), ~20× faster than ``prof.events()``' tree."""
     generate = next(e for e in events if e.name() == GENERATE)
-    prefill = next(e for e in events if e.name() == PREFILL)
     thread = generate.start_thread_id()
-    cut, end = prefill.end_ns(), generate.end_ns()
+    cut = min(e.start_ns() for e in events if e.name() == SAMPLE)
+    end = generate.end_ns()
     spans = sorted(
         (e.start_ns(), -e.end_ns(), i)
         for i, e in enumerate(events)
         if e.start_thread_id() == thread and cut <= e.start_ns() and e.end_ns() <= end
     )
     ops: list[OpRecord] = []
-    stack: list[tuple[int, bool, bool]] = []  # (end ns, is an aten op, is a decode step's forward)
-    aten_open = step_open = 0
+    stack: list[tuple[int, str]] = []  # (end ns, "aten" | FORWARD | SAMPLE | "")
+    open_count = {"aten": 0, FORWARD: 0, SAMPLE: 0, "": 0}
     for start_ns, neg_end, i in spans:
         while stack and stack[-1][0] <= start_ns:
-            _, was_aten, was_step = stack.pop()
-            aten_open, step_open = aten_open - was_aten, step_open - was_step
+            open_count[stack.pop()[1]] -= 1
         name = events[i].name()
-        is_aten = name.startswith("aten::")
-        if is_aten and not aten_open:
+        kind = "aten" if name.startswith("aten::") else name if name in (FORWARD, SAMPLE) else ""
+        if kind == "aten" and not open_count["aten"]:
+            scope = "forward" if open_count[FORWARD] else "sample" if open_count[SAMPLE] else "loop"
             shapes = tuple(tuple(s) for s in events[i].shapes())
-            ops.append(OpRecord(name, shapes, (-neg_end - start_ns) / 1e3, step_open > 0))
-        is_step = name == STEP
-        stack.append((-neg_end, is_aten, is_step))
-        aten_open, step_open = aten_open + is_aten, step_open + is_step
+            ops.append(OpRecord(name, shapes, (-neg_end - start_ns) / 1e3, scope))
+        stack.append((-neg_end, kind))
+        open_count[kind] += 1
     start = generate.start_ns()
     phases = {
         "generate": (start / 1e3, end / 1e3),
@@ -284,28 +271,34 @@ def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, floa
     return ops, phases
 
 
-class MarkedForward:
-    """Wraps ``model.forward``: the first call after :meth:`begin` is the prefill, the others decode steps;
-    each runs inside a ``record_function`` range and the prefill's end time is kept (perf_counter)."""
+class Marks:
+    """Marks the decode's parts for the profiler: wraps ``model.forward`` (a ``FORWARD`` range) and
+    ``rlkit.rollout.decode.sample_next`` (a ``SAMPLE`` range; the decode loop looks it up at each call) and
+    keeps the first sample's start time (perf_counter) after :meth:`begin`: the end of the prefill."""
 
     def __init__(self, model):
-        self.model, self.inner = model, model.forward
-        self.calls, self.prefill_end = 0, 0.0
-        model.forward = self
+        from rlkit.rollout import decode
+
+        self.forward, self.sample = model.forward, decode.sample_next
+        self.prefill_end = 0.0
+        model.forward, decode.sample_next = self._forward, self._sample
 
     def begin(self) -> None:
-        self.calls, self.prefill_end = 0, 0.0
+        self.prefill_end = 0.0
 
-    def __call__(self, *args, **kwargs):
+    def _forward(self, *args, **kwargs):
         from torch.profiler import record_function
 
-        first = self.calls == 0
-        self.calls += 1
-        with record_function(PREFILL if first else STEP):
-            out = self.inner(*args, **kwargs)
-        if first:
+        with record_function(FORWARD):
+            return self.forward(*args, **kwargs)
+
+    def _sample(self, *args, **kwargs):
+        from torch.profiler import record_function
+
+        if not self.prefill_end:
             self.prefill_end = time.perf_counter()
-        return out
+        with record_function(SAMPLE):
+            return self.sample(*args, **kwargs)
 
 
 def _markdown_rows(label: str, result: dict, unprofiled_step_us: float) -> list[str]:
@@ -373,7 +366,7 @@ def _prompts(tok, rows: int):
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}), k
 
 
-def profile_shape(model, marked: MarkedForward, tok, rows: int, tokens: int, probe: dict) -> dict:
+def profile_shape(model, marked: Marks, tok, rows: int, tokens: int, probe: dict) -> dict:
     """Warm-up, one unprofiled and one profiled generate of ``rows x tokens``; the attribution and bound."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -474,7 +467,7 @@ def main() -> None:
         + (f"; {args.note}" if args.note else "")
     )
     print(head, flush=True)
-    marked = MarkedForward(model)
+    marked = Marks(model)
     results, lines = [], [head]
     for shape in args.shapes.split(","):
         rows, tokens = (int(x) for x in shape.split("x"))

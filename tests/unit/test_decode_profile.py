@@ -23,25 +23,27 @@ def dp():
 
 def test_ops_fall_into_the_category_of_their_work(dp):
     """Inside a step's forward: linear → GEMM, SDPA and mask building → attention, rope/norm/activation →
-    elementwise, the KV slab write and rotate-half concat → memory, views → views; outside the forward the
-    sampler's ops → sampling and the rest → loop bookkeeping. An unknown op is reported, not guessed."""
+    elementwise, the KV slab write and rotate-half concat → memory, views → views; inside sample_next every
+    op → sampling (a view too), in the loop around them the uniform draw → sampling and the rest → loop
+    bookkeeping. An unknown op in the forward is reported, not guessed."""
     op = dp.OpRecord
     cases = {
-        ("aten::linear", True): "gemm",
-        ("aten::scaled_dot_product_attention", True): "attention",
-        ("aten::arange", True): "attention",  # the causal mask, rebuilt every forward
-        ("aten::mul", True): "elementwise",
-        ("aten::silu", True): "elementwise",
-        ("aten::rsqrt", True): "elementwise",
-        ("aten::copy_", True): "memory",
-        ("aten::cat", True): "memory",
-        ("aten::transpose", True): "views",
-        ("aten::log_softmax", False): "sampling",
-        ("aten::cumsum", False): "sampling",
-        ("aten::searchsorted", False): "sampling",
-        ("aten::index_put_", False): "bookkeeping",
-        ("aten::where", False): "bookkeeping",
-        ("aten::frobnicate", True): "unclassified",
+        ("aten::linear", "forward"): "gemm",
+        ("aten::scaled_dot_product_attention", "forward"): "attention",
+        ("aten::arange", "forward"): "attention",  # the causal mask, rebuilt every forward
+        ("aten::mul", "forward"): "elementwise",
+        ("aten::silu", "forward"): "elementwise",
+        ("aten::rsqrt", "forward"): "elementwise",
+        ("aten::copy_", "forward"): "memory",
+        ("aten::cat", "forward"): "memory",
+        ("aten::transpose", "forward"): "views",
+        ("aten::log_softmax", "sample"): "sampling",
+        ("aten::cumsum", "sample"): "sampling",
+        ("aten::squeeze", "sample"): "sampling",
+        ("aten::rand", "loop"): "sampling",
+        ("aten::index_put_", "loop"): "bookkeeping",
+        ("aten::where", "loop"): "bookkeeping",
+        ("aten::frobnicate", "forward"): "unclassified",
     }
     got = {key: dp.categorise(op(key[0], (), 1.0, key[1])) for key in cases}
     assert got == cases
@@ -49,9 +51,17 @@ def test_ops_fall_into_the_category_of_their_work(dp):
 
 def test_gemm_shape_reads_m_n_k_from_the_inputs(dp):
     op = dp.OpRecord
-    assert dp.gemm_shape(op("aten::linear", ((16, 1, 576), (1536, 576), ()), 1.0, True)) == (16, 1536, 576)
-    assert dp.gemm_shape(op("aten::addmm", ((576,), (8, 1536), (1536, 576)), 1.0, True)) == (8, 576, 1536)
-    assert dp.gemm_shape(op("aten::mul", ((16, 576), (16, 576)), 1.0, True)) is None
+    assert dp.gemm_shape(op("aten::linear", ((16, 1, 576), (1536, 576), ()), 1.0, "forward")) == (
+        16,
+        1536,
+        576,
+    )
+    assert dp.gemm_shape(op("aten::addmm", ((576,), (8, 1536), (1536, 576)), 1.0, "forward")) == (
+        8,
+        576,
+        1536,
+    )
+    assert dp.gemm_shape(op("aten::mul", ((16, 576), (16, 576)), 1.0, "forward")) is None
 
 
 def test_categories_sum_to_the_wall_and_gemms_get_their_rate(dp):
@@ -60,11 +70,11 @@ def test_categories_sum_to_the_wall_and_gemms_get_their_rate(dp):
     rate is 2·16·128·64 FLOPs / 4 µs = 65.5 GFLOP/s = 65.5 % of a 100 GFLOP/s probe."""
     op = dp.OpRecord
     step = [
-        op("aten::linear", ((16, 1, 64), (128, 64), ()), 4.0, True),
-        op("aten::linear", ((16, 1, 64), (128, 64), ()), 4.0, True),
-        op("aten::scaled_dot_product_attention", (), 10.0, True),
-        op("aten::mul", (), 2.0, True),
-        op("aten::log_softmax", (), 6.0, False),
+        op("aten::linear", ((16, 1, 64), (128, 64), ()), 4.0, "forward"),
+        op("aten::linear", ((16, 1, 64), (128, 64), ()), 4.0, "forward"),
+        op("aten::scaled_dot_product_attention", (), 10.0, "forward"),
+        op("aten::mul", (), 2.0, "forward"),
+        op("aten::log_softmax", (), 6.0, "sample"),
     ]
     result = dp.attribute(step * 2, wall_us=200.0, steps=2, peak_flops=100e9)
     per_step = result["per_step_us"]
@@ -101,26 +111,30 @@ class _Event:
         return self._thread
 
 
-def test_only_the_decode_phases_outermost_ops_count_and_forward_membership_is_kept(dp):
-    """The prefill's ops, an op's children (addmm under linear) and another thread's ops are not counted;
-    an op inside a step's forward range is in_forward, one between forwards (the sampler) is not."""
+def test_only_the_decode_phases_outermost_ops_count_each_with_its_scope(dp):
+    """The prefill's ops (its forward and the shared cache copy before the first sample), an op's children
+    (addmm under linear) and another thread's ops are not counted; each counted op keeps its scope."""
     ev = _Event
     events = [
         ev(dp.GENERATE, 0, 100_000),
-        ev(dp.PREFILL, 1_000, 20_000),
-        ev("aten::linear", 2_000, 10_000, [[8, 10, 4], [6, 4], []]),  # prefill: not counted
-        ev(dp.STEP, 30_000, 60_000),
+        ev(dp.FORWARD, 1_000, 18_000),  # the prefill
+        ev("aten::linear", 2_000, 10_000, [[8, 10, 4], [6, 4], []]),
+        ev("aten::index", 18_500, 19_500),  # the shared prefill's cache copy: prefill
+        ev(dp.SAMPLE, 20_000, 25_000),
+        ev("aten::log_softmax", 21_000, 24_000),
+        ev("aten::index_put_", 26_000, 27_000),  # recording the token: the loop
+        ev(dp.FORWARD, 30_000, 60_000),
         ev("aten::linear", 31_000, 41_000, [[8, 1, 4], [6, 4], []]),
         ev("aten::addmm", 32_000, 40_000),  # inside linear: not outermost
         ev("aten::mul", 42_000, 43_000),
-        ev("aten::log_softmax", 61_000, 65_000),  # the sampler, after the step's forward
         ev("aten::mul", 62_000, 63_000, thread=2),  # another thread
     ]
     ops, phases = dp.ops_from_events(events)
-    assert [(o.name, o.in_forward, o.duration_us) for o in ops] == [
-        ("aten::linear", True, 10.0),
-        ("aten::mul", True, 1.0),
-        ("aten::log_softmax", False, 4.0),
+    assert [(o.name, o.scope, o.duration_us) for o in ops] == [
+        ("aten::log_softmax", "sample", 3.0),
+        ("aten::index_put_", "loop", 1.0),
+        ("aten::linear", "forward", 10.0),
+        ("aten::mul", "forward", 1.0),
     ]
-    assert ops[0].shapes == ((8, 1, 4), (6, 4), ())
+    assert ops[2].shapes == ((8, 1, 4), (6, 4), ())
     assert phases == {"generate": (0.0, 100.0), "prefill": (0.0, 20.0), "decode": (20.0, 100.0)}
