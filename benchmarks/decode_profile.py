@@ -49,7 +49,8 @@ GENERATE, FORWARD, SAMPLE = "decode_profile::generate", "decode_profile::forward
 
 CATEGORIES = {
     "gemm": "GEMMs (linear)",
-    "attention": "attention (SDPA, mask building)",
+    "attention": "attention (SDPA)",
+    "mask": "attention-mask building",
     "sampling": "sampling",
     "elementwise": "elementwise/norm/rope/activation",
     "memory": "memory copies/cat/index",
@@ -159,7 +160,9 @@ def categorise(op: OpRecord) -> str:
         return "bookkeeping"
     if name in ("aten::linear", "aten::addmm", "aten::mm"):
         return "gemm"
-    if name in _MASK or any(part in name for part in _ATTENTION):
+    if name in _MASK:
+        return "mask"
+    if any(part in name for part in _ATTENTION):
         return "attention"
     for category, names in (("elementwise", _ELEMENTWISE), ("memory", _MEMORY), ("views", _VIEWS)):
         if name in names:
@@ -192,18 +195,18 @@ def _prod(dims) -> int:
 def attribute(ops: list[OpRecord], wall_us: float, steps: int, peak_flops: float) -> dict:
     """Per-step µs and % of the step per category of ``ops`` over a phase of ``wall_us`` that ran
     ``steps`` steps; ``other`` is the wall not covered by ops. GEMMs also by (M, N, K): calls per step,
-    µs per call, achieved GFLOP/s and % of ``peak_flops``. The categories sum to ``wall_us`` exactly."""
+    µs per call, achieved GFLOP/s and % of ``peak_flops``; every op name's µs per step and category
+    (``by_op``). The categories sum to ``wall_us`` exactly."""
     total: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
     gemms: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0])  # calls, µs
-    unclassified: dict[str, float] = defaultdict(float)
+    by_op: dict[tuple[str, str], float] = defaultdict(float)
     for op in ops:
         category = categorise(op)
         total[category] += op.duration_us
+        by_op[op.name, category] += op.duration_us
         if category == "gemm" and (shape := gemm_shape(op)) is not None:
             gemms[shape][0] += 1
             gemms[shape][1] += op.duration_us
-        if category == "unclassified":
-            unclassified[op.name] += op.duration_us
     total["other"] = wall_us - sum(total.values())
     per_step = {c: us / steps for c, us in total.items()}
     shapes = []
@@ -228,7 +231,10 @@ def attribute(ops: list[OpRecord], wall_us: float, steps: int, peak_flops: float
         "per_step_us": per_step,
         "pct_of_step": {c: 100.0 * us / wall_us for c, us in total.items()},
         "gemm_shapes": shapes,
-        "unclassified_us": dict(unclassified),
+        "by_op": [
+            {"op": name, "category": c, "us_per_step": us / steps}
+            for (name, c), us in sorted(by_op.items(), key=lambda kv: -kv[1])
+        ],
     }
 
 
@@ -309,6 +315,14 @@ def _markdown_rows(label: str, result: dict, unprofiled_step_us: float) -> list[
     lines += ["| category | µs / step | % of step |", "|---|---:|---:|"]
     for key, name in CATEGORIES.items():
         lines.append(f"| {name} | {result['per_step_us'][key]:.0f} | {result['pct_of_step'][key]:.1f} |")
+    top = [o for o in result["by_op"] if o["category"] != "gemm"][:8]
+    lines += [
+        "",
+        "Largest non-GEMM ops: "
+        + ", ".join(
+            f"{o['op'].removeprefix('aten::')} ({o['category']}) {o['us_per_step']:.0f} µs" for o in top
+        ),
+    ]
     lines += [
         "",
         "| GEMM (M, N, K) | calls / step | µs / call | GFLOP/s | % of probe | isolated fp32 µs (GFLOP/s) "

@@ -22,15 +22,15 @@ def dp():
 
 
 def test_ops_fall_into_the_category_of_their_work(dp):
-    """Inside a step's forward: linear → GEMM, SDPA and mask building → attention, rope/norm/activation →
-    elementwise, the KV slab write and rotate-half concat → memory, views → views; inside sample_next every
-    op → sampling (a view too), in the loop around them the uniform draw → sampling and the rest → loop
-    bookkeeping. An unknown op in the forward is reported, not guessed."""
+    """Inside a step's forward: linear → GEMM, SDPA → attention, building the mask → mask,
+    rope/norm/activation → elementwise, the KV slab write and rotate-half concat → memory, views → views;
+    inside sample_next every op → sampling (a view too), in the loop around them the uniform draw →
+    sampling and the rest → loop bookkeeping. An unknown op in the forward is reported, not guessed."""
     op = dp.OpRecord
     cases = {
         ("aten::linear", "forward"): "gemm",
         ("aten::scaled_dot_product_attention", "forward"): "attention",
-        ("aten::arange", "forward"): "attention",  # the causal mask, rebuilt every forward
+        ("aten::arange", "forward"): "mask",  # the causal mask, rebuilt every forward
         ("aten::mul", "forward"): "elementwise",
         ("aten::silu", "forward"): "elementwise",
         ("aten::rsqrt", "forward"): "elementwise",
@@ -87,6 +87,11 @@ def test_categories_sum_to_the_wall_and_gemms_get_their_rate(dp):
     assert gemm["gflops"] == pytest.approx(2 * 16 * 128 * 64 / 4e-6 / 1e9)
     assert gemm["pct_of_probe"] == pytest.approx(gemm["gflops"])
     assert result["ops_per_step"] == 5
+    assert result["by_op"][0] == {
+        "op": "aten::scaled_dot_product_attention",
+        "category": "attention",
+        "us_per_step": 10.0,
+    }
 
 
 class _Event:
