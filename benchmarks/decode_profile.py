@@ -445,7 +445,8 @@ def _summary(r: dict) -> str:
         f"{profiled_step:.0f} µs profiled (×{r['profiler_inflation']:.3f}); GEMMs {gemm_us:.0f} µs, the rest "
         f"{profiled_step - gemm_us:.0f} µs per profiled step; roofline step {r['step_bound_us']:.0f} µs "
         f"(bound by {r['bound_by']}): measured step {r['step_vs_bound']:.2f}× the bound, GEMMs alone "
-        f"{gemm_us / r['step_bound_us']:.2f}× it; load {r['load']:.2f}"
+        f"{gemm_us / r['step_bound_us']:.2f}× it; other per unprofiled step (its wall − the profiled ops) "
+        f"{u['step_us'] - (profiled_step - r['per_step_us']['other']):.0f} µs; load {r['load']:.2f}"
     )
 
 
