@@ -479,6 +479,11 @@ def main() -> None:
     head = hardware_line(record) + (
         f"; 1 torch thread; read bandwidth {probe['bandwidth'] / 1e9:.1f} GB/s; fp32 1024² matmul probe "
         f"{probe['peak'] / 1e9:.1f} GFLOP/s; {params / 1e6:.1f} M params; load at start {record['load']}"
+        + (
+            "; LOADED (1-minute load ≥ 1.5 on this machine's cores)"
+            if record["load"][0] >= 1.5
+            else "; quiet"
+        )
         + (f"; {args.note}" if args.note else "")
     )
     print(head, flush=True)
