@@ -18,6 +18,7 @@ counts in ``env/truncated``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from pydantic import PrivateAttr
@@ -29,6 +30,9 @@ from rlkit_verifiers.endpoint import SERVED_MODEL, shared_endpoint
 from rlkit_verifiers.env import verifiers_environment
 
 __all__ = ["VerifiersAgentLoop", "VerifiersAgentParams", "trajectory_from_episode"]
+
+
+logger = logging.getLogger(__name__)
 
 
 class VerifiersAgentParams(Params):
@@ -164,6 +168,7 @@ def _slot(task: Any) -> Any:
 
 
 def _failed(prompt_ids: list[int], message: str, *, timeout: bool = False) -> Trajectory:
+    logger.warning("verifiers episode counted in env/%s: %s", "timeouts" if timeout else "errors", message)
     traj = Trajectory(prompt_ids=prompt_ids, messages=[])
     traj.reward = {"error": message}
     traj.env_timeouts, traj.env_errors = int(timeout), int(not timeout)
