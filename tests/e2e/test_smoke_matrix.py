@@ -418,7 +418,13 @@ def test_recipe_smoke_run(name, smoke_runs):
         assert key in steps[-1], f"{name}: metric {key} missing; logged: {sorted(steps[-1])}"
     _values(name, steps)
     if name in CHECKS:
-        CHECKS[name](steps, out)
+        try:
+            CHECKS[name](steps, out)
+        except AssertionError as exc:  # the run's warnings say why (e.g. a failed episode's message)
+            warned = [
+                line for line in result.stderr.splitlines() if "WARNING" in line or "counted in env/" in line
+            ]
+            raise AssertionError(f"{exc}\nthe run's warnings:\n" + "\n".join(warned[-20:])) from exc
     assert (out / "checkpoints" / "global_step_2").is_dir()  # saved at the end
 
 
