@@ -192,7 +192,34 @@ def test_lean_sampling_draws_what_the_full_vocabulary_path_draws(top_k, top_p):
     cdf = probs.double().cumsum(-1)
     want = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=999).squeeze(-1)
     assert torch.equal(tokens, want) and torch.equal(_inverse_cdf_sample(probs, None, u), want)
-    assert torch.equal(logp, torch.log_softmax(logits / 0.8, -1).gather(1, want[:, None])[:, 0])
+    want_logp = torch.log_softmax(logits.double() / 0.8, -1).gather(1, want[:, None])[:, 0]
+    torch.testing.assert_close(logp.double(), want_logp, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("vocab", [256, 1000, 49152 + 37])
+def test_two_level_cdf_draws_the_token_of_the_one_level_scan(vocab):
+    """The untruncated draw (block sums, then one block's cumulative sum) against the float64 scan over the
+    whole vocabulary, with the same uniform draws: the same tokens, for a vocabulary of whole blocks, one with
+    a short tail block, blocks of zero probability (-inf logits) and rows with one dominant token."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(512, vocab, generator=g) * 4
+    logits[:, 300:812] = float("-inf")  # whole blocks (and a tail, for the small vocabularies) never drawn
+    logits[::7, 5] = 40.0  # every 7th row: one token holds nearly all the mass
+    u = torch.rand(512, 1, generator=g, dtype=torch.float64)
+    u[:4] = torch.tensor([[0.0], [1 - 1e-12], [0.5], [1e-12]], dtype=torch.float64)
+    tokens, logp = sample_next(
+        logits, temperature=1.0, top_p=1.0, top_k=0, do_sample=True, generator=None, uniform=u
+    )
+    want = _inverse_cdf_sample(torch.softmax(logits, -1), None, u)
+    assert torch.equal(tokens, want)
+    assert not bool(((tokens >= 300) & (tokens < 812)).any())
+    # the log-prob: float64 log_softmax's within 2e-6 (float32 log_softmax itself is off by up to ~1e-5 here)
+    torch.testing.assert_close(
+        logp.double(),
+        torch.log_softmax(logits.double(), -1).gather(1, want[:, None])[:, 0],
+        rtol=0,
+        atol=2e-6,
+    )
 
 
 def test_top_k_ties_with_the_kth_logit_keep_every_tie():
