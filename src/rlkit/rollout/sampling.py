@@ -11,6 +11,7 @@ import torch
 __all__ = ["sample_next"]
 
 _BLOCK = 256  # tokens per block of the two-level inverse CDF (``_sample_full_vocabulary``)
+_TINY = 1e-30  # below this a float32 probability has lost precision: its log-prob comes from log_softmax
 
 
 def sample_next(
@@ -26,65 +27,73 @@ def sample_next(
     """One token per row from ``logits [B, V]``; returns ``(tokens [B], log_prob [B])``.
 
     The log-prob is that of ``log_softmax(logits / temperature)`` (greedy: temperature 1), before
-    top-k / top-p truncation (``rlkit.rollout.base``), computed for the sampled token only:
-    ``x - max - log(sum(exp(x - max)))``, the same formula with the sum accumulated in float64.
-    ``uniform [B, 1]`` (float64): the rows' random draws when the caller made them (``rlkit.rollout.decode``
-    draws for the full batch); else drawn here. Nothing of size ``[B, V]`` is copied unless truncation needs
-    it: top-k works on its ``k`` candidates, and an untruncated draw makes one ``exp`` pass whose block sums
-    find the token (``_sample_full_vocabulary``).
+    top-k / top-p truncation (``rlkit.rollout.base``), taken as the log of the sampled token's softmax
+    probability (``_log_prob``). ``uniform [B, 1]`` (float64): the rows' random draws when the caller made
+    them (``rlkit.rollout.decode`` draws for the full batch); else drawn here. One fused softmax over the
+    vocabulary; nothing else of size ``[B, V]`` is written unless truncation needs it: top-k works on its
+    ``k`` candidates, and an untruncated draw reads the softmax once more for its block sums
+    (``_sample_full_vocabulary``).
     """
     logits = logits.float()
     greedy = not do_sample or temperature == 0
     scaled = logits if greedy or temperature == 1 else logits / temperature  # [B, V]
-    peak = scaled.amax(dim=-1, keepdim=True)  # [B, 1]
-    shifted_exp = torch.exp(scaled - peak)  # [B, V]
-    total = None  # [B, 1] float64: the sum of shifted_exp, where the draw computed it
+    probs = torch.softmax(scaled, dim=-1)  # [B, V]
     if greedy:
         tokens = scaled.argmax(dim=-1)
     elif top_p >= 1.0 and not 0 < top_k < scaled.shape[-1]:
-        tokens, total = _sample_full_vocabulary(shifted_exp, generator, uniform)
+        tokens = _sample_full_vocabulary(probs, generator, uniform)
     else:
         tokens = (
             _sample_top_k(scaled, top_k, top_p, generator, uniform) if 0 < top_k < scaled.shape[-1] else None
         )
         if tokens is None:
             tokens = _inverse_cdf_sample(_truncated_probs(scaled, top_k, top_p), generator, uniform)
-    if total is None:
-        total = shifted_exp.sum(dim=-1, keepdim=True, dtype=torch.float64)
-    chosen = scaled.gather(-1, tokens[:, None]) - peak  # [B, 1]
-    return tokens, (chosen - torch.log(total)).float().squeeze(-1)
+    return tokens, _log_prob(scaled, probs, tokens)
+
+
+def _log_prob(scaled: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(scaled)`` at ``tokens [B]``, as ``log`` of the token's softmax probability ``probs [B,
+    V]``: as precise as float32 log_softmax (both within ~1e-5 of float64 at a 49k vocabulary; the float32
+    normaliser bounds both), or, for a row whose token's probability is below ``_TINY`` (float32 keeps too
+    few digits there; a draw lands on such a token with probability < 1e-30), log_softmax over that row."""
+    p = probs.gather(-1, tokens[:, None]).squeeze(-1)  # [B]
+    log_p = torch.log(p)
+    tiny = p < _TINY
+    if bool(tiny.any()):
+        rows = tiny.nonzero().flatten()
+        log_p[rows] = torch.log_softmax(scaled[rows], dim=-1).gather(-1, tokens[rows, None]).squeeze(-1)
+    return log_p
 
 
 def _sample_full_vocabulary(
-    weights: torch.Tensor, generator: torch.Generator | None, uniform: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One draw per row of the unnormalised probabilities ``weights [B, V]`` → ``(tokens [B], their float64
-    sum [B, 1])``, the token
-    ``_inverse_cdf_sample`` picks for the same uniform draw, without its float64 cumulative sum over the
-    whole vocabulary (a sequential scan: the largest op of the sampling step, docs/benchmarks.md "Where the
-    decode step goes"). Two levels: the float64 sums of blocks of ``_BLOCK`` tokens ``[B, C]``, their
-    cumulative sum to find the block the draw falls in, then the cumulative sum inside that block only. The
-    sums are the same quantities as the one-level scan's, added in another order (float64: a token can
-    differ only for a draw within ~1e-16 of a boundary)."""
-    b, v = weights.shape
+    probs: torch.Tensor, generator: torch.Generator | None, uniform: torch.Tensor | None
+) -> torch.Tensor:
+    """One draw per row of ``probs [B, V]`` → ``[B]``: the token ``_inverse_cdf_sample`` picks for the same
+    uniform draw, without its float64 cumulative sum over the whole vocabulary (a sequential scan, the
+    largest op of the sampling step: docs/benchmarks.md, "Where the decode step goes"). Two levels: the sums
+    of blocks of ``_BLOCK`` tokens ``[B, C]`` (float32, one vectorised pass) and their float64 cumulative sum
+    find the block the draw falls in; the float64 cumulative sum inside that block finds the token. The
+    block sums carry float32 rounding (~1e-7 of a block's mass), so a token can differ from the one-level
+    scan's only for a draw that close to a token boundary."""
+    b, v = probs.shape
     whole = v // _BLOCK * _BLOCK
-    sums = [weights[:, :whole].reshape(b, -1, _BLOCK).sum(-1, dtype=torch.float64)]
+    sums = [probs[:, :whole].reshape(b, -1, _BLOCK).sum(-1)]
     if whole < v:
-        sums.append(weights[:, whole:].sum(-1, keepdim=True, dtype=torch.float64))
-    block_cdf = torch.cumsum(torch.cat(sums, dim=1), dim=-1)  # [B, C]
+        sums.append(probs[:, whole:].sum(-1, keepdim=True))
+    block_cdf = torch.cumsum(torch.cat(sums, dim=1), dim=-1, dtype=torch.float64)  # [B, C]
     u = (
         uniform
         if uniform is not None
-        else torch.rand(b, 1, generator=generator, dtype=torch.float64, device=weights.device)
+        else torch.rand(b, 1, generator=generator, dtype=torch.float64, device=probs.device)
     )
     target = u * block_cdf[:, -1:]  # [B, 1]
     block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [B, 1]
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)  # [B, 1]
-    index = block * _BLOCK + torch.arange(_BLOCK, device=weights.device)  # [B, _BLOCK]
-    inside = weights.gather(1, index.clamp(max=v - 1)).double().masked_fill_(index >= v, 0.0)
+    index = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)  # [B, _BLOCK]
+    inside = probs.gather(1, index.clamp(max=v - 1)).double().masked_fill_(index >= v, 0.0)
     cdf = before + torch.cumsum(inside, dim=-1)  # [B, _BLOCK]
     pick = torch.searchsorted(cdf, target, right=True).clamp_(max=_BLOCK - 1)  # [B, 1]
-    return (block * _BLOCK + pick).clamp_(max=v - 1).squeeze(-1), block_cdf[:, -1:]
+    return (block * _BLOCK + pick).clamp_(max=v - 1).squeeze(-1)
 
 
 def _truncated_probs(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
