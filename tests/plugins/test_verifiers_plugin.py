@@ -169,6 +169,41 @@ def test_an_episode_past_its_timeout_is_counted_not_fatal(tiny_model_dir, guess_
     assert int(out["response_mask"].sum()) == 0  # nothing generated is trained on
 
 
+def test_a_model_call_that_fails_is_an_episode_error_naming_the_call(
+    tiny_model_dir, guess_installed, monkeypatch
+):
+    """verifiers records a failed model call (here: nothing listens at the endpoint's address) on the trace,
+    not as an episode error: the loop counts the episode in env/errors with the call's message. Two generate
+    calls, each on its own event loop and address: renderers' module-level lock, bound to the first loop,
+    must not fail the second loop's calls ("bound to a different event loop")."""
+    import socket
+
+    from rlkit_verifiers.loop import VerifiersAgentLoop
+
+    from rlkit.data.environment import build_environment, environment_rows
+
+    pipeline = _pipeline(tiny_model_dir)
+    rows = environment_rows(pipeline.environment, "train", build_environment(pipeline.environment))
+    rollout, tokenizer, _ = _rollout(tiny_model_dir, pipeline)
+    context = VerifiersAgentLoop._context
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            dead = free.getsockname()[1]
+        monkeypatch.setattr(
+            VerifiersAgentLoop,
+            "_context",
+            lambda loop, url, port=dead: context(loop, f"http://127.0.0.1:{port}"),
+        )
+        out = rollout.generate(_prompts(tokenizer, rows), n=2, temperature=1.0)
+        assert out.meta["metrics"]["env/errors"] == 4.0 and out.meta["metrics"]["env/timeouts"] == 0.0
+        messages = [w["error"] for w in out.non_tensors["env_reward"]]
+        assert all(
+            "a model call to the endpoint failed" in m and "Connection error" in m for m in messages
+        ), messages
+        assert int(out["response_mask"].sum()) == 0  # nothing generated is trained on
+
+
 def test_an_env_id_that_is_not_installed_names_the_package_to_install(tmp_path):
     from rlkit.data.environment import build_environment
 

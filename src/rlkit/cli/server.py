@@ -36,11 +36,12 @@ import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from rlkit.errors import RlkitError
+from rlkit.rollout.token_in import ConcurrentHTTPServer
 
 __all__ = [
     "MAX_N",
@@ -400,11 +401,9 @@ def _handler(model: ProtocolModel, verbose: bool) -> type[BaseHTTPRequestHandler
 
 def make_server(
     model: ProtocolModel, host: str = "127.0.0.1", port: int = 30000, *, verbose: bool = False
-) -> ThreadingHTTPServer:
+) -> ConcurrentHTTPServer:
     """A ready server (not yet serving); ``port=0`` picks a free port (``server.server_address``)."""
-    server = ThreadingHTTPServer((host, port), _handler(model, verbose))
-    server.daemon_threads = True
-    return server
+    return ConcurrentHTTPServer((host, port), _handler(model, verbose))
 
 
 def serve(

@@ -28,11 +28,13 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from rlkit.errors import RlkitError
 
 __all__ = [
+    "ConcurrentHTTPServer",
     "GENERATE_PATH",
     "MODELS_PATH",
     "TokenInError",
@@ -44,6 +46,20 @@ __all__ = [
 
 GENERATE_PATH = "/inference/v1/generate"
 MODELS_PATH = "/v1/models"
+
+LISTEN_BACKLOG = 1024  # connections the kernel queues before the server thread accepts them
+
+
+class ConcurrentHTTPServer(ThreadingHTTPServer):
+    """``http.server``'s threading server with a listen backlog for many clients connecting at once, a
+    thread per request (daemon: the process may exit with requests in flight). The standard backlog is 5:
+    verifiers opens a connection per episode (16–32 at once in a batch), and while generation keeps the
+    accepting thread from running, the kernel dropped the connections past the fifth; the clients saw
+    "Connection error." after about a second and the episodes failed (``env/errors``)."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+
 
 _SAMPLING_USED = {"temperature", "top_p", "top_k", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos"}
 # Accepted and without effect here: output formatting (no text is returned), engine hints.

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from rlkit.errors import RlkitError
 from rlkit.rollout.token_in import (
     GENERATE_PATH,
     MODELS_PATH,
+    ConcurrentHTTPServer,
     TokenInError,
     TokenInRequest,
     generate_response,
@@ -40,8 +41,7 @@ class GeneratorEndpoint:
     def __init__(self, vocab_size: int, max_model_len: int):
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
         self._target: tuple[asyncio.AbstractEventLoop, Any, int] | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = ConcurrentHTTPServer(("127.0.0.1", 0), _handler(self))
         threading.Thread(target=self._server.serve_forever, daemon=True, name="rlkit-token-in").start()
 
     @property

@@ -55,6 +55,7 @@ class _Serving:
     while episodes of that loop run, closed when the last one ends."""
 
     def __init__(self, env: Any, loop: asyncio.AbstractEventLoop):
+        _unbind_renderers_lock()
         self.env, self.users = env, 0
         self.ready: asyncio.Future = loop.create_future()
         self.stop = asyncio.Event()
@@ -71,6 +72,21 @@ class _Serving:
 
 
 _SERVING: dict[tuple[int, int], _Serving] = {}
+
+
+def _unbind_renderers_lock() -> None:
+    """A fresh ``renderers.client._max_prompt_len_lock`` for a new event loop. renderers 0.1.12 serialises
+    its first ``GET /v1/models`` per (endpoint URL, model) with one module-level ``asyncio.Lock``, which
+    binds to the first event loop that waits on it; rlkit runs an event loop per generate call, so a URL
+    first seen in a later loop (another endpoint, or one that failed) failed every waiting model call with
+    "bound to a different event loop". Called before a loop's first episode, when no episode holds it."""
+    try:
+        import renderers.client as client
+    except ImportError:
+        return
+    lock = getattr(client, "_max_prompt_len_lock", None)
+    if isinstance(lock, asyncio.Lock) and not lock.locked():
+        client._max_prompt_len_lock = asyncio.Lock()
 
 
 class VerifiersAgentLoop:
@@ -184,6 +200,12 @@ def trajectory_from_episode(episode: Any, prompt_ids: list[int], max_len: int) -
         error = episode.errors[-1] if episode.errors else None
         why = f"{error.type}: {error.message}" if error else "the episode made no model call"
         return _failed(prompt_ids, f"verifiers episode failed: {why}", timeout=bool(episode.is_timeout))
+    call_error = next((c.error for c in trace.calls if c.error is not None), None)
+    if call_error is not None:  # verifiers records a failed model call on the trace, not the episode
+        why = f"{call_error.type} {call_error.status_code or ''}: {call_error.message}"
+        return _failed(prompt_ids, f"verifiers episode failed: a model call to the endpoint failed: {why}")
+    if not trace.branches:
+        return _failed(prompt_ids, "verifiers episode has no message in its trace")
     branch = trace.branches[-1]
     ids, sampled, logprobs = branch.token_ids, branch.sampled_mask, branch.logprobs
     if True not in sampled:
