@@ -4,6 +4,7 @@
     python benchmarks/run.py --workloads tiny --dtypes fp32 --rounds 1
     python benchmarks/run.py --workloads smollm2,smollm2-64,smollm2-256 --dtypes fp32   # the cost curve
     python benchmarks/run.py --workloads smollm2-256 --dtypes fp16w   # rlkit's fp16 decode weights, TRL fp32
+    python benchmarks/run.py --workloads smollm2-long --dtypes fp32,bf16   # prompts of >= 512 tokens
 
 Makes TRL's virtual environment on first use (``benchmarks/.venv-trl``: torch 2.13 CPU + trl 1.16 from
 the package index), builds the tiny model and the prompts under ``benchmarks/.work``, then for every
@@ -47,13 +48,20 @@ TRL_VENV = HERE / ".venv-trl"
 TRL_PINS = ["torch==2.13.0", "trl==1.16.0"]
 
 # workload -> (model, prompts, group, tokens): tiny measures framework cost, SmolLM2 a real model's compute;
-# smollm2-64 / -256 grow the completions (the decode loop's share of the step grows with them).
+# smollm2-64 / -256 grow the completions (the decode loop's share of the step grows with them);
+# smollm2-long has prompts of at least LONG_PROMPT_TOKENS (the prefill's share grows, and every decode step
+# attends over the long context).
 WORKLOADS = {
     "tiny": ("tiny", 8, 8, 32),
     "smollm2": ("smollm2", 4, 4, 32),
     "smollm2-64": ("smollm2", 2, 4, 64),
     "smollm2-256": ("smollm2", 2, 4, 256),
+    "smollm2-long": ("smollm2", 2, 4, 64),
 }
+DEFAULT_WORKLOADS = "tiny,smollm2,smollm2-256,smollm2-long"
+LONG_PROMPT_WORKLOADS = {"smollm2-long"}  # these read the long-prompt parquet file
+LONG_PROMPT_TOKENS = 512
+MAX_PROMPT_LENGTH = 1024  # both toolkits: no prompt of any workload is cut
 
 
 def ensure_trl_venv() -> Path:
@@ -73,8 +81,9 @@ def ensure_trl_venv() -> Path:
     return python
 
 
-def prepare(models: list[str]) -> tuple[dict[str, str], str]:
-    """Model folders by name and the prompts' parquet file (built once, cached under .work)."""
+def prepare(models: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Model folders by name and the prompts' parquet files, ``short`` and ``long`` (built once, cached under
+    .work; ``long`` only where SmolLM2 is among ``models``: its tokenizer measures the prompts)."""
     paths = {}
     if "tiny" in models:
         tiny = WORK / "tiny-qwen2"
@@ -105,7 +114,43 @@ def prepare(models: list[str]) -> tuple[dict[str, str], str]:
             ],
             check=True,
         )
-    return paths, str(data / "train.parquet")
+    files = {"short": str(data / "train.parquet")}
+    if "smollm2" in models:
+        files["long"] = str(long_prompt_file(data / "train.parquet", paths["smollm2"]))
+    return paths, files
+
+
+def long_prompt_file(short: Path, model: str) -> Path:
+    """The arithmetic rows with a block of worked sums before each question, at least
+    ``LONG_PROMPT_TOKENS`` tokens once the model's chat template is applied (each row its own sums, seeded
+    by its index); the question and its answer are the row's own, so both toolkits' reward is unchanged."""
+    import random
+
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    out = short.with_name(f"train-long{LONG_PROMPT_TOKENS}.parquet")
+    if out.exists():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = pd.read_parquet(short)
+    prompts = []
+    for index, prompt in enumerate(rows["prompt"]):
+        rng = random.Random(index)
+        messages = [dict(m) for m in prompt]
+        question = messages[-1]["content"]
+        worked = ["Worked examples:"]
+        while True:
+            messages[-1]["content"] = "\n".join([*worked, "", question])
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= LONG_PROMPT_TOKENS:
+                break
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            worked.append(f"What is {a} + {b}? {a + b}")
+        prompts.append(messages)
+    rows["prompt"] = prompts
+    rows.to_parquet(out)
+    return out
 
 
 def run_one(
@@ -126,6 +171,8 @@ def run_one(
         data,
         "--prompts",
         str(prompts),
+        "--max-prompt-length",
+        str(MAX_PROMPT_LENGTH),
         "--group",
         str(group),
         "--tokens",
@@ -342,7 +389,7 @@ def main() -> None:
         "--workloads",
         "--models",
         dest="workloads",
-        default="tiny,smollm2",
+        default=DEFAULT_WORKLOADS,
         help=f"comma-separated, of: {', '.join(WORKLOADS)}",
     )
     parser.add_argument(
@@ -376,7 +423,11 @@ def main() -> None:
         flush=True,
     )
     trl_python = str(ensure_trl_venv())
-    paths, data = prepare(sorted({WORKLOADS[w][0] for w in workloads}))
+    paths, files = prepare(sorted({WORKLOADS[w][0] for w in workloads}))
+
+    def data_of(name: str) -> str:
+        return files["long" if name in LONG_PROMPT_WORKLOADS else "short"]
+
     stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
     raw_dir = WORK / "raw" / stamp
     results: dict[tuple[str, str], dict[str, list[dict]]] = {}
@@ -390,7 +441,7 @@ def main() -> None:
                     python = trl_python if fw == "trl" else sys.executable
                     out = raw_dir / f"{name}-{dtype}-{fw}-{r}.json"
                     runs[fw].append(
-                        run_one(fw, python, paths[WORKLOADS[name][0]], name, dtype, data, args, out)
+                        run_one(fw, python, paths[WORKLOADS[name][0]], name, dtype, data_of(name), args, out)
                     )
             results[(name, dtype)] = runs
     summary = {
