@@ -64,9 +64,11 @@ TurnGenerator = GeneratesIds
 
 
 class HFTurnGenerator:
-    """``TurnGenerator`` over ``rlkit.rollout.hf.HFRollout``: requests that arrive together with the
-    same sampling settings run as one left-padded batch (generated up to the largest budget, each
-    cut to its own)."""
+    """``TurnGenerator`` over a backend's batched ``generate`` (``rlkit.rollout.hf.HFRollout``, the vLLM
+    plugin's ``VllmRollout``: any backend without the ``generate_ids`` capability): requests that arrive
+    together with the same sampling settings run as one left-padded batch (generated up to the largest
+    budget, each cut to its own). Reads the backend's ``pad_token_id``, ``eos_token_ids`` (a tensor or a
+    list) and ``max_response_length``."""
 
     def __init__(self, rollout):
         self.rollout = rollout
@@ -126,7 +128,7 @@ class HFTurnGenerator:
             do_sample=s.get("do_sample"),
             stop=s.get("stop"),
         )
-        eos = set(self.rollout.eos_token_ids.tolist())
+        eos = {int(i) for i in self.rollout.eos_token_ids}
         results = []
         for r, budget in enumerate(budgets):
             length = int(out["response_mask"][r].sum())

@@ -118,6 +118,7 @@ class VllmRollout:
         self.generator = torch.Generator().manual_seed(seed)  # per-request seeds; saved in checkpoints
         ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.stop_token_ids = sorted({i for i in ids if i is not None})
+        self.eos_token_ids = self.stop_token_ids  # what the agent loop's turn generator reads
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         )
