@@ -236,6 +236,7 @@ def _bf16_copy(model):
     twin = copy.deepcopy(model)
     for p in twin.parameters():
         p.data = p.data.to(torch.bfloat16)
+    twin.set_attn_implementation("sdpa")
     return twin
 
 
@@ -246,6 +247,9 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny
     tok, _ = tok_and_model
     cfg = ModelConfig(path=str(tiny_model_dir))
     model = load_model(cfg, tokenizer=tok).eval()
+    model.set_attn_implementation(
+        "eager"
+    )  # the actor's choice under bf16 on a CPU; the copy decodes with sdpa
     backend = {"name": "hf", "dtype": "bfloat16"}
     fast = resolved("rollout.backend", "rollout_backends", backend).build(  # built as the worker builds it
         module=model,
@@ -266,6 +270,8 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny
         )
         fast.generator.manual_seed(3)
         got, want = fast.generate(p), plain.generate(p)
+        assert fast._decode_copy.config._attn_implementation == "sdpa"
+        assert model.config._attn_implementation == "eager"  # the actor's own is untouched
         assert torch.equal(got["responses"], want["responses"])
         assert torch.equal(got["rollout_log_probs"], want["rollout_log_probs"])
         assert next(model.parameters()).dtype == torch.float32  # the actor's weights are untouched
