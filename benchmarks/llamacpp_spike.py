@@ -46,6 +46,8 @@ from common import (  # noqa: E402
     shape_from_config,
 )
 
+from rlkit.errors import RlkitError  # noqa: E402
+
 # HF LlamaForCausalLM parameter → llama.cpp tensor name (the per-layer part after "model.layers.{i}.")
 LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -72,7 +74,11 @@ def gguf_name(hf_name: str) -> str | None:
     prefix, _, rest = hf_name.partition(".layers.")
     layer, _, leaf = rest.partition(".")
     if prefix != "model" or not layer.isdigit() or leaf not in LAYER_NAMES:
-        raise ValueError(f"no llama.cpp name for HF parameter {hf_name!r} (a Llama-architecture model only)")
+        raise RlkitError(
+            f"no llama.cpp name for HF parameter {hf_name!r}: the GGUF writer knows the Llama architecture's "
+            f"parameters only ({', '.join(sorted(LAYER_NAMES))} under model.layers.N, plus "
+            f"{', '.join(TOP_NAMES)}); convert other architectures with llama.cpp's convert_hf_to_gguf.py"
+        )
     return f"blk.{layer}.{LAYER_NAMES[leaf]}"
 
 
@@ -154,7 +160,10 @@ class MappedWeights:
         offset, n_bytes = self.slots[name]
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         if raw.size != n_bytes:
-            raise ValueError(f"{name}: {raw.size} bytes for a slot of {n_bytes}; same dtype and shape needed")
+            raise RlkitError(
+                f"GGUF tensor {name}: {raw.size} bytes for a slot of {n_bytes}; an in-place write needs "
+                "the file's dtype and shape (encode() with the dtype the file was written in)"
+            )
         self.file[offset : offset + n_bytes] = raw
 
     def sync(self, arrays: dict[str, np.ndarray], dtype: str) -> None:
@@ -190,7 +199,9 @@ class LlamaEngine:
         model_params.use_extra_bufts = False  # weights stay in the mmap (in-place sync)
         self.model = lc.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
+            raise RlkitError(
+                f"llama.cpp could not load {path}; run with its log on (no silence_llama) to see why"
+            )
         ctx_params = lc.llama_context_default_params()
         ctx_params.n_ctx = rows * ctx_per_row
         ctx_params.n_batch = ctx_params.n_ubatch = max(512, rows)
@@ -203,7 +214,10 @@ class LlamaEngine:
         ctx_params.no_perf = True
         self.ctx = lc.llama_init_from_model(self.model, ctx_params)
         if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not make a context for {rows} sequences")
+            raise RlkitError(
+                f"llama.cpp could not make a context for {rows} sequences of {ctx_per_row} positions "
+                "(at most 256 sequences; fewer rows or a shorter context)"
+            )
         self.mem = lc.llama_get_memory(self.ctx)
         self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(max(512, rows), 0, 1)
@@ -227,7 +241,10 @@ class LlamaEngine:
         code = self.lc.llama_decode(self.ctx, b)
         self.seconds["llama_decode"] += time.perf_counter() - start
         if code != 0:
-            raise RuntimeError(f"llama_decode returned {code} for a batch of {n} tokens")
+            raise RlkitError(
+                f"llama_decode returned {code} for a batch of {n} tokens (1: no KV slot, a context too short "
+                "for prompt + tokens; < 0: an error, see llama.cpp's log)"
+            )
 
     def logits(self, n: int):
         """The last decode's ``n`` output rows, in batch order, as a torch view ``[n, V]`` of llama.cpp's
