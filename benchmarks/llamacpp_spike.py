@@ -45,132 +45,12 @@ from common import (  # noqa: E402
     save_results,
     shape_from_config,
 )
+from llamacpp_gguf import MappedWeights, encode, gguf_arrays, write_gguf  # noqa: E402
 
 from rlkit.errors import RlkitError  # noqa: E402
 
-# HF LlamaForCausalLM parameter → llama.cpp tensor name (the per-layer part after "model.layers.{i}.")
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 GGUF_DTYPES = ("f32", "f16", "bf16")
 PROMPT_PAIRS = tuple(zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2)))
-
-
-def gguf_name(hf_name: str) -> str | None:
-    """llama.cpp's name for an HF Llama parameter; None for ``lm_head.weight`` (tied to the embedding)."""
-    if hf_name in TOP_NAMES:
-        return TOP_NAMES[hf_name]
-    if hf_name == "lm_head.weight":
-        return None
-    prefix, _, rest = hf_name.partition(".layers.")
-    layer, _, leaf = rest.partition(".")
-    if prefix != "model" or not layer.isdigit() or leaf not in LAYER_NAMES:
-        raise RlkitError(
-            f"no llama.cpp name for HF parameter {hf_name!r}: the GGUF writer knows the Llama architecture's "
-            f"parameters only ({', '.join(sorted(LAYER_NAMES))} under model.layers.N, plus "
-            f"{', '.join(TOP_NAMES)}); convert other architectures with llama.cpp's convert_hf_to_gguf.py"
-        )
-    return f"blk.{layer}.{LAYER_NAMES[leaf]}"
-
-
-def rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Reorder the rows of a q/k projection ``[heads · head_dim, in]`` from HF's rotate-half rope layout
-    (each head's first half, then its second half) to llama.cpp's interleaved pairs (row j of the first
-    half next to row j of the second)."""
-    out_dim = weight.shape[0]
-    half = out_dim // heads // 2
-    return weight.reshape(heads, 2, half, -1).swapaxes(1, 2).reshape(weight.shape)
-
-
-def gguf_arrays(state: dict, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
-    """The HF ``state`` dict (torch tensors) as float32 arrays under llama.cpp's names, q/k permuted."""
-    arrays = {}
-    for hf_name, tensor in state.items():
-        name = gguf_name(hf_name)
-        if name is None:
-            continue
-        array = tensor.detach().float().numpy()
-        if name.endswith("attn_q.weight"):
-            array = rope_rows(array, heads)
-        elif name.endswith("attn_k.weight"):
-            array = rope_rows(array, kv_heads)
-        arrays[name] = array
-    return arrays
-
-
-def encode(array: np.ndarray, dtype: str) -> np.ndarray:
-    """``array`` (float32) in the GGUF dtype a weight is stored in: 1-D tensors (norms) stay float32; bf16
-    as its raw uint16 bits (round to nearest even, torch's conversion)."""
-    if array.ndim == 1 or dtype == "f32":
-        return np.ascontiguousarray(array, dtype=np.float32)
-    if dtype == "f16":
-        return array.astype(np.float16)
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(array)).to(torch.bfloat16).view(torch.int16).numpy()
-
-
-def write_gguf(path: Path, source: Path, arrays: dict[str, np.ndarray], dtype: str) -> Path:
-    """A GGUF file at ``path``: ``source``'s metadata (tokenizer, hyper-parameters) and ``arrays`` stored in
-    ``dtype``."""
-    import gguf
-
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
-    file_type["bf16"] = gguf.LlamaFileType.MOSTLY_BF16
-    reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(path, arch=reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    writer.add_file_type(file_type[dtype])
-    for name, array in arrays.items():
-        data = encode(array, dtype)
-        raw = gguf.GGMLQuantizationType.BF16 if data.dtype == np.int16 else None
-        writer.add_tensor(name, data, raw_shape=array.shape if raw else None, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-class MappedWeights:
-    """Each tensor of a GGUF file as a writable view of the file (``np.memmap``, shared pages): writing one
-    changes what a llama.cpp model loaded from that file with mmap computes with, without a reload."""
-
-    def __init__(self, path: Path):
-        import gguf
-
-        reader = gguf.GGUFReader(path)
-        self.file = np.memmap(path, dtype=np.uint8, mode="r+")
-        self.slots = {t.name: (int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
-
-    def write(self, name: str, data: np.ndarray) -> None:
-        offset, n_bytes = self.slots[name]
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if raw.size != n_bytes:
-            raise RlkitError(
-                f"GGUF tensor {name}: {raw.size} bytes for a slot of {n_bytes}; an in-place write needs "
-                "the file's dtype and shape (encode() with the dtype the file was written in)"
-            )
-        self.file[offset : offset + n_bytes] = raw
-
-    def sync(self, arrays: dict[str, np.ndarray], dtype: str) -> None:
-        """Every tensor rewritten in place (a training step's full weight sync)."""
-        for name, array in arrays.items():
-            self.write(name, encode(array, dtype))
-
 
 _SILENT_LOG = None  # the ctypes callback must outlive every llama.cpp call
 
@@ -522,17 +402,49 @@ def build_ggufs(state, config, source: Path, dtypes: list[str], out: Path) -> di
     return {d: write_gguf(out / f"smollm2-{d}.gguf", source, arrays, d) for d in dtypes}
 
 
-def main() -> None:
-    one_thread()
+def rooflines(geometry, shape: dict, bandwidth: float, peak32: float, peak16: float) -> dict[str, float]:
+    """``common.decode_roofline`` tok/s of ``shape``: fp32 (4-byte weights and KV at the fp32 probe) and bf16
+    (2-byte at the bf16 probe)."""
+    rows, tokens, out = shape["rows"], shape["tokens"], {}
+    for name, value_bytes, peak in (("fp32", 4, peak32), ("bf16", 2, peak16)):
+        bound = decode_roofline(
+            geometry,
+            rows,
+            shape["prompt_tokens"],
+            tokens,
+            value_bytes,
+            bandwidth,
+            peak,
+            prompts=shape["prompts"],
+            kv_bytes=value_bytes,
+        )
+        out[name] = rows * tokens / bound["gen_bound_s"]
+    return out
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shapes", default="8x64,16x64,64x64", help="rows x tokens, comma-separated")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--gguf-dtypes", default="f32,f16,bf16", help=f"of {','.join(GGUF_DTYPES)}")
-    parser.add_argument("--sync-dtype", default="f32", help="the GGUF dtype of the weight-sync check")
+    parser.add_argument(
+        "--sync-dtype", default="f32", choices=GGUF_DTYPES, help="the GGUF dtype of the weight-sync check"
+    )
     parser.add_argument("--skip-timing", action="store_true", help="only the correctness checks")
     args = parser.parse_args()
+    unknown = set(args.gguf_dtypes.split(",")) - set(GGUF_DTYPES)
+    if unknown:
+        raise RlkitError(
+            f"--gguf-dtypes {args.gguf_dtypes}: unknown {sorted(unknown)}; pick from {', '.join(GGUF_DTYPES)}"
+        )
+    return args
+
+
+def main() -> None:
+    one_thread()
+    args = parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import llama_cpp
     from safetensors.torch import load_file
@@ -543,8 +455,7 @@ def main() -> None:
     record = machine_record(1)
     model, tok, config, source = load_hf()
     state = load_file(smollm2_dir() / "model.safetensors")
-    dtypes = args.gguf_dtypes.split(",")
-    params = sum(p.numel() for p in model.parameters())
+    geometry = shape_from_config(config, sum(p.numel() for p in model.parameters()))
     bandwidth, peak32, peak16 = memory_bandwidth(), matmul_peak_flops("fp32"), matmul_peak_flops("bf16")
     system = llama_cpp.llama_print_system_info().decode().strip()
     head = (
@@ -554,39 +465,20 @@ def main() -> None:
     )
     print(head, flush=True)
     lines, shapes = [head], []
-    geometry = shape_from_config(config, params)
     with tempfile.TemporaryDirectory(prefix="llamacpp-spike-") as tmp:
+        dtypes = sorted(set(args.gguf_dtypes.split(",")) | {args.sync_dtype}, key=GGUF_DTYPES.index)
         ggufs = build_ggufs(state, config, source, dtypes, Path(tmp))
+        timed = {d: p for d, p in ggufs.items() if d in args.gguf_dtypes.split(",")}
         for spec in [] if args.skip_timing else args.shapes.split(","):
             rows, tokens = (int(x) for x in spec.split("x"))
-            shape = time_shape(model, tok, ggufs, rows, tokens, args.reps)
-            roofs = []
-            for value_bytes, peak in ((4, peak32), (2, peak16)):
-                bound = decode_roofline(
-                    geometry,
-                    rows,
-                    shape["prompt_tokens"],
-                    tokens,
-                    value_bytes,
-                    bandwidth,
-                    peak,
-                    prompts=shape["prompts"],
-                    kv_bytes=value_bytes,
-                )
-                roofs.append(rows * tokens / bound["gen_bound_s"])
-            text, summary = shape_lines(shape, *roofs)
-            shape |= summary | {"roofline_tok_s": {"fp32": roofs[0], "bf16": roofs[1]}}
+            shape = time_shape(model, tok, timed, rows, tokens, args.reps)
+            roofs = rooflines(geometry, shape, bandwidth, peak32, peak16)
+            text, summary = shape_lines(shape, roofs["fp32"], roofs["bf16"])
+            shapes.append(shape | summary | {"roofline_tok_s": roofs})
             print(text, flush=True)
             lines.append(text)
-            shapes.append(shape)
-        logprobs = logprob_check(model, tok, ggufs, 8, 64)
-        sync_path = ggufs.get(args.sync_dtype) or write_gguf(
-            Path(tmp) / f"smollm2-{args.sync_dtype}.gguf",
-            source,
-            gguf_arrays(state, config["num_attention_heads"], config["num_key_value_heads"]),
-            args.sync_dtype,
-        )
-        sync = weight_sync_check(state, config, source, args.sync_dtype, sync_path, tok)
+        logprobs = logprob_check(model, tok, timed, 8, 64)
+        sync = weight_sync_check(state, config, source, args.sync_dtype, ggufs[args.sync_dtype], tok)
     lines += [f"log-probs vs HF fp32 (8x64 sampled by llama.cpp): {logprobs}", f"weight sync: {sync}"]
     print(lines[-1], flush=True)
     record["bandwidth"], record["peak_fp32_probe"], record["peak_bf16_probe"] = bandwidth, peak32, peak16

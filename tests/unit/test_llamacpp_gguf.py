@@ -1,5 +1,6 @@
-"""benchmarks/llamacpp_spike.py's GGUF writer (issue 30 item 5): HF → llama.cpp names, the q/k rope row
-order, and writing one tensor in place in a GGUF file. Pure numpy + the ``gguf`` package; no llama.cpp."""
+"""benchmarks/llamacpp_gguf.py, the GGUF writer of the llama.cpp spike (issue 30 item 5): HF → llama.cpp
+names, the q/k rope row order, and writing one tensor in place in a GGUF file. Pure numpy + the ``gguf``
+package; no llama.cpp."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import pytest
 
 from rlkit.errors import RlkitError
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_spike.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_gguf.py"
 
 
 @pytest.fixture(scope="module")
 def spike():
-    spec = importlib.util.spec_from_file_location("_llamacpp_spike", _PATH)
+    spec = importlib.util.spec_from_file_location("_llamacpp_gguf", _PATH)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["_llamacpp_spike"] = module
+    sys.modules["_llamacpp_gguf"] = module
     spec.loader.exec_module(module)
     return module
 
