@@ -212,14 +212,15 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "critic/score/mean")] == [1, 2, 3, 4]
     assert run.data.params["rollout.n"] == "4"
     # the recipe leaves precision and threads at auto: what they became on this machine is printed and logged
-    from rlkit.hardware import precision_decision
+    from rlkit.hardware import auto_decode_dtype, precision_decision
 
     decision = precision_decision("cpu")
+    decode_dtype = auto_decode_dtype(decision, 8)[0]  # 8: the recipe's max_response_length
     params = run.data.params
     assert params["actor.mixed_precision"] == "auto" and params["resources.threads_per_worker"] == "auto"
     assert (params["resolved.mixed_precision"], params["resolved.decode_dtype"]) == (
         decision.mixed_precision,
-        decision.decode_dtype,
+        decode_dtype,
     )
     assert params["resolved.precision_reason"] == decision.reason
     assert params["resolved.precision_rule"] == decision.rule and params["resolved.peak_source"]
@@ -230,7 +231,7 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
     )
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
     assert (
-        f"rlkit: precision {decision.mixed_precision}, rollout decode {decision.decode_dtype}"
+        f"rlkit: precision {decision.mixed_precision}, rollout decode {decode_dtype}"
         in result.stdout
     )
     assert decision.reason in result.stdout

@@ -7,6 +7,8 @@ driver (``rlkit.runtime.build``), and the concrete value goes to the workers. Th
 - ``rlkit.hardware.cpu``: CPU model and flags, the timed bf16/fp32 matmul probe and its cache, the decision
   (the rule is in its docstring). Standard library and torch only: ``benchmarks/common.py`` loads it by file
   path in TRL's environment, which has no rlkit.
+- ``rlkit.hardware.fp16``: whether fp16 decode weights pay for their packing on this CPU (a timed probe,
+  cached beside the matmul probe, and the rule ``auto`` applies to it).
 - ``rlkit.hardware.precision``: ``auto`` and explicit values made concrete, with their checks and warnings.
 - ``rlkit.hardware.threads``: threads per worker, crowding, and one run's plan (``plan_run``).
 - ``rlkit.hardware.devices``: device, torch.distributed backend, GPU memory metrics.
@@ -26,6 +28,7 @@ from rlkit.hardware.cpu import (
     MatmulProbe,
     PrecisionDecision,
     bf16_rule,
+    cached_entry,
     cached_probe,
     cpu_info,
     decide_cpu,
@@ -45,10 +48,18 @@ from rlkit.hardware.devices import (
     dist_backend,
     gpu_memory_metrics,
 )
+from rlkit.hardware.fp16 import (
+    FP16_PAYBACK_MARGIN,
+    Fp16Probe,
+    cached_fp16_probe,
+    fp16_decode_pays,
+    probe_fp16_decode,
+)
 from rlkit.hardware.precision import (
     DECODE_DTYPES,
     MIXED_PRECISION,
     ResolvedPrecision,
+    auto_decode_dtype,
     concrete_decode_dtype,
     concrete_mixed_precision,
     fp16_weights_unavailable,
@@ -74,7 +85,13 @@ __all__ = [
     "matmul_flops",
     "probe_matmul",
     "default_cache_path",
+    "cached_entry",
     "cached_probe",
+    "FP16_PAYBACK_MARGIN",
+    "Fp16Probe",
+    "cached_fp16_probe",
+    "fp16_decode_pays",
+    "probe_fp16_decode",
     "PrecisionDecision",
     "bf16_rule",
     "decide_cpu",
@@ -87,6 +104,7 @@ __all__ = [
     "DECODE_DTYPES",
     "concrete_mixed_precision",
     "concrete_decode_dtype",
+    "auto_decode_dtype",
     "fp16_weights_unavailable",
     "ResolvedPrecision",
     "resolve_precision",

@@ -30,6 +30,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "matmul_flops",
     "probe_matmul",
     "default_cache_path",
+    "cached_entry",
     "cached_probe",
     "PrecisionDecision",
     "bf16_rule",
@@ -196,35 +198,32 @@ def _cache_key(cpu: CpuInfo, torch_version: str) -> str:
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
-def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
-    """The probe for this CPU and torch version from the cache, or measured now and added to it.
+def cached_entry(
+    kind: str, cpu: CpuInfo, measure: Callable[[], dict[str, Any]], cache_path: Path | None = None
+) -> dict[str, Any]:
+    """The ``kind`` measurement for this CPU and torch version from the cache, or ``measure()`` now and added
+    to it (with the CPU model, flags, torch version and time, for the record).
 
     An unreadable or malformed cache file is ignored (and replaced); an unwritable one is left alone."""
     import torch
 
     path = cache_path or default_cache_path()
-    key = _cache_key(cpu, torch.__version__)
+    key = _cache_key(cpu, torch.__version__) + ("" if kind == "matmul" else f"-{kind}")
     entries: dict[str, Any] = {}
     try:
         data = json.loads(path.read_text())
         entries = data["entries"] if data.get("version") == _CACHE_VERSION else {}
         hit = entries.get(key)
-        if hit is not None:
-            return MatmulProbe(
-                fp32_flops=float(hit["fp32_flops"]),
-                bf16_flops=float(hit["bf16_flops"]),
-                size=int(hit["size"]),
-                threads=int(hit["threads"]),
-                ratios=tuple(float(r) for r in hit.get("ratios", ())),
-            )
+        if isinstance(hit, dict):
+            return hit
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.info("ignoring the hardware cache %s (%s); measuring again", path, exc)
         entries = {}
-    result = probe()
+    result = measure()
     entries = entries if isinstance(entries, dict) else {}
-    entries[key] = asdict(result) | {
+    entries[key] = result | {
         "cpu_model": cpu.model,
         "flags": list(cpu.flags),
         "torch": torch.__version__,
@@ -238,6 +237,23 @@ def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_ma
     except OSError as exc:
         log.info("could not write the hardware cache %s: %s", path, exc)
     return result
+
+
+def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
+    """The matmul probe for this CPU and torch version from the cache, or measured now and added to it; an
+    entry that does not parse is measured again."""
+    entry = cached_entry("matmul", cpu, lambda: asdict(probe()), cache_path)
+    try:
+        return MatmulProbe(
+            fp32_flops=float(entry["fp32_flops"]),
+            bf16_flops=float(entry["bf16_flops"]),
+            size=int(entry["size"]),
+            threads=int(entry["threads"]),
+            ratios=tuple(float(r) for r in entry.get("ratios", ())),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        log.info("ignoring a malformed matmul probe entry (%s); measuring again", exc)
+        return probe()
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
-"""What ``auto`` precision and decode dtype become for a run (``rlkit.hardware.cpu`` decides), the checks
-of explicit values, and the warning where an explicit bf16 will be slow."""
+"""What ``auto`` precision and decode dtype become for a run (``rlkit.hardware.cpu`` decides bf16 or
+fp32; ``rlkit.hardware.fp16`` whether fp16 decode weights pay where bf16 is not fast), the checks of explicit
+values, and the warning where an explicit bf16 will be slow."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.hardware.cpu import PrecisionDecision, device_type, precision_decision
+from rlkit.hardware.cpu import PrecisionDecision, cpu_info, device_type, precision_decision
+from rlkit.hardware.fp16 import cached_fp16_probe, fp16_decode_pays
 
 __all__ = [
     "MIXED_PRECISION",
     "DECODE_DTYPES",
     "concrete_mixed_precision",
     "concrete_decode_dtype",
+    "auto_decode_dtype",
     "fp16_weights_unavailable",
     "ResolvedPrecision",
     "resolve_precision",
@@ -35,16 +38,36 @@ def concrete_mixed_precision(value: str, device: Any = "cpu") -> str:
     return value
 
 
-def concrete_decode_dtype(value: str | None, device: Any = "cpu") -> str | None:
-    """``auto`` → this device's decision; ``float32`` / ``bfloat16`` / None (the weights' own) unchanged."""
+def auto_decode_dtype(decision: PrecisionDecision, max_new_tokens: int | None = None) -> tuple[str, str]:
+    """(``auto``'s decode dtype, why) on ``decision``'s device for decodes of up to ``max_new_tokens``:
+    bfloat16 where bf16 is fast; on a CPU where it is not, float16 (fbgemm fp16 weights) where the cached fp16
+    probe says packing pays back well within ``max_new_tokens`` (``rlkit.hardware.fp16``), else float32.
+    ``max_new_tokens`` None (a backend that decodes in its engine's own dtype): the bf16-or-fp32 decision."""
+    if (
+        decision.device != "cpu"
+        or decision.decode_dtype != "float32"
+        or max_new_tokens is None
+        or fp16_weights_unavailable()
+    ):
+        return decision.decode_dtype, ""
+    pays, why = fp16_decode_pays(cached_fp16_probe(decision.cpu or cpu_info()), max_new_tokens)
+    return ("float16" if pays else "float32"), why
+
+
+def concrete_decode_dtype(
+    value: str | None, device: Any = "cpu", max_new_tokens: int | None = None
+) -> str | None:
+    """``auto`` → this device's decision for decodes of up to ``max_new_tokens`` (:func:`auto_decode_dtype`);
+    ``float32`` / ``bfloat16`` / ``float16`` / None (the weights' own) unchanged."""
     if value == "auto":
-        return precision_decision(device_type(device)).decode_dtype
+        return auto_decode_dtype(precision_decision(device_type(device)), max_new_tokens)[0]
     if value is not None and value not in DECODE_DTYPES:
         from rlkit.errors import RlkitError
 
         raise RlkitError(
             f"rollout.backend.dtype={value!r}: the hf backend decodes in auto, float32, bfloat16 "
-            f"or float16 (auto: bfloat16 where this device's bf16 is fast)."
+            f"or float16 (auto: bfloat16 where this device's bf16 is fast, float16 where fp16 weights pay "
+            f"for their packing, else float32)."
         )
     if value == "float16" and device_type(device) == "cpu" and (reason := fp16_weights_unavailable()):
         from rlkit.errors import RlkitError
@@ -76,6 +99,7 @@ class ResolvedPrecision:
     decision: PrecisionDecision
     warnings: tuple[str, ...] = ()
     explicit: tuple[str, ...] = ()  # which of the two the recipe set itself (not auto)
+    decode_reason: str = ""  # why auto chose float16 or float32 on a CPU without fast bf16 ("" otherwise)
 
     def params(self) -> dict[str, Any]:
         """Run parameters (logged under ``resolved.``)."""
@@ -84,6 +108,8 @@ class ResolvedPrecision:
             "decode_dtype": self.decode_dtype or "n/a",
             "precision_reason": self.decision.reason,
         }
+        if self.decode_reason:
+            out["decode_reason"] = self.decode_reason
         d = self.decision
         if d.cpu is not None and d.probe is not None:
             out |= {
@@ -99,15 +125,26 @@ class ResolvedPrecision:
 
 
 def resolve_precision(
-    mixed_precision: str, decode_dtype: str | None, device: str, *, decision: PrecisionDecision | None = None
+    mixed_precision: str,
+    decode_dtype: str | None,
+    device: str,
+    *,
+    decision: PrecisionDecision | None = None,
+    max_new_tokens: int | None = None,
 ) -> ResolvedPrecision:
-    """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable.
+    """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable;
+    ``max_new_tokens``: the run's longest decode (``data.max_response_length``), which ``auto`` weighs against
+    the cost of packing fp16 weights (:func:`auto_decode_dtype`).
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""
     d = decision or precision_decision(device_type(device))
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
-    dd = d.decode_dtype if decode_dtype == "auto" else concrete_decode_dtype(decode_dtype, d.device)
+    decode_reason = ""
+    if decode_dtype == "auto":
+        dd, decode_reason = auto_decode_dtype(d, max_new_tokens)
+    else:
+        dd = concrete_decode_dtype(decode_dtype, d.device)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only
     # below 2x
@@ -130,4 +167,4 @@ def resolve_precision(
         for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
         if asked not in ("auto", None)
     )
-    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit)
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit, decode_reason)

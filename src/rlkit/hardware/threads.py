@@ -85,6 +85,7 @@ class RunHardware:
         return (
             f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per "
             f"worker: {threads}. auto: {p.decision.reason}"
+            + (f"; decode: {p.decode_reason}" if p.decode_reason else "")
         )
 
 
@@ -112,7 +113,9 @@ def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtyp
             pool_cpus=sum(p.nodes * p.bundles_per_node * p.cpus_per_bundle for p in pools.values()),
             worker_threads_total=sum(threads[slot] * ranks[slot] for slot in shares),
         )
-    precision = resolve_precision(recipe.actor.mixed_precision, decode_dtype, device)
+    precision = resolve_precision(
+        recipe.actor.mixed_precision, decode_dtype, device, max_new_tokens=recipe.data.max_response_length
+    )
     return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
 
 

@@ -10,11 +10,15 @@ docs/benchmarks.md, "fp16 decode weights".
 The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
 :class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,
 LoRA adapters) stay fp32 and are copied at every refresh. Packing is not free (docs/benchmarks.md), so a
-frozen weight (``requires_grad`` off: a LoRA run's base) is repacked only when it was
-written since its last packing — ``load_state_dict`` and ``copy_`` bump the tensor's version counter — and a
-trainable one at every refresh: the fused AdamW step writes parameters without bumping their version, so
-the counter cannot tell whether the optimizer moved them. A LoRA run's base is packed once; a full
-fine-tune repacks every weight once per generate.
+weight is repacked only when it may have moved:
+
+- any weight written since its last packing (``load_state_dict`` and ``copy_`` bump the tensor's version
+  counter), a LoRA run's frozen base included;
+- every trainable weight when the caller says the trainable weights moved (``trainable_moved``): the fused
+  AdamW step writes parameters without bumping their version, so the counter cannot tell. ``HFRollout`` says
+  so once after each ``update_weights`` (the hybrid engine's sync after every update), so a full fine-tune
+  repacks every weight once per step however many times the step generates (one call per turn in a
+  multi-turn step), and a LoRA run's base is packed once.
 
 Numerics: fp16 keeps 11 significant bits (bf16: 8), so each weight is rounded by at most 2^-11
 relative; one forward of SmolLM2-135M moved no log-prob over its whole vocabulary by more than 0.02, and the
@@ -101,15 +105,16 @@ class Fp16DecodeCopy:
             self.packed_at[name] = _version(source.get_submodule(name).weight)
         self._repacked = self._built = len(self.names)  # the first refresh packs nothing more, reports these
 
-    def refresh(self, source: nn.Module) -> nn.Module:
-        """Repack the trainable linears and the frozen ones written since their packing, copy every other
-        parameter and buffer; returns the copy."""
+    def refresh(self, source: nn.Module, *, trainable_moved: bool = True) -> nn.Module:
+        """Repack the linears written since their packing and (``trainable_moved``) every trainable one, copy
+        every other parameter and buffer; returns the copy."""
         fresh, self._repacked, self._built = self._built > 0, self._built, 0
         with torch.no_grad():
             for name in self.names:
                 linear = source.get_submodule(name)
                 now = _version(linear.weight)
-                if not fresh and (linear.weight.requires_grad or now != self.packed_at[name]):
+                moved = trainable_moved and linear.weight.requires_grad
+                if not fresh and (moved or now != self.packed_at[name]):
                     self.module.get_submodule(name).pack(linear, name)
                     self.packed_at[name], self._repacked = now, self._repacked + 1
             mine = dict(self.module.named_parameters())

@@ -75,11 +75,12 @@ class HFRollout:
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
         )
-        # "auto" → this device's choice
-        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device)
+        # "auto" → this device's choice for decodes of this length (a run's driver resolves it before)
+        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device, max_response_length)
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
         self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
+        self._weights_handed = True  # update_weights since the fp16 copy's last refresh: repack its weights
 
     def _decoder(self) -> nn.Module:
         """The module to decode with: the actor's own, or (``rollout.backend.dtype``) a copy in that dtype
@@ -96,7 +97,10 @@ class HFRollout:
         if self.decode_dtype == torch.float16 and self.device.type == "cpu":  # fbgemm's fp16-weight GEMM
             if self._fp16_copy is None:
                 self._fp16_copy = Fp16DecodeCopy(self.module)
-            return self._fp16_copy.refresh(self.module)
+            # trainable weights are repacked once per weight hand-over (the hybrid engine's sync_weights after
+            # each update), not at every generate: a multi-turn step generates once per turn
+            moved, self._weights_handed = self._weights_handed, False
+            return self._fp16_copy.refresh(self.module, trainable_moved=moved)
         if self._decode_copy is None:
             self._decode_copy = copy.deepcopy(self.module).requires_grad_(False)
             for p in self._decode_copy.parameters():  # parameters only: buffers (rotary inv_freq) stay fp32
@@ -119,6 +123,7 @@ class HFRollout:
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
         """Hybrid engine: the actor's module itself (shared, nothing copied), a full state dict, or (LoRA:
         ``FSDPActor.rollout_state_dict``) the adapter's tensors alone into a module that has the adapter."""
+        self._weights_handed = True
         if isinstance(weights, nn.Module):
             if weights is not self.module:
                 self._decode_copy = self._fp16_copy = None

@@ -71,7 +71,8 @@ def test_fp16_linear_is_the_plain_sum_over_fp16_rounded_weights():
 def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_update(tiny_model_dir):
     """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over
     the fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the
-    actor's weights (which writes them without bumping their version counter); the actor's fp32 weights stay
+    actor's weights (which writes them without bumping their version counter) handed over by update_weights;
+    a generate with no hand-over since the last one repacks nothing; the actor's fp32 weights stay
     untouched."""
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
@@ -109,8 +110,12 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
         got, want = fast.generate(p), plain.generate(p)
         assert torch.equal(got["responses"], want["responses"])
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-4, rtol=1e-4)
-        # trainable weights are repacked at every generate (the fused AdamW step does not bump their version)
+        # trainable weights are repacked once per hand-over (the fused AdamW step does not bump their version)
         assert got.meta["metrics"] == {"rollout/fp16_repacked_linears": float(n)}
+        fast.generator.manual_seed(3)  # a second generate before the next hand-over (a multi-turn step's)
+        again = fast.generate(p)
+        assert again.meta["metrics"] == {"rollout/fp16_repacked_linears": 0.0}
+        assert torch.equal(again["responses"], got["responses"])
         # fp32 actor untouched
         assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
         # the actor's optimizer (fsdp.py)

@@ -1,0 +1,77 @@
+"""``rollout.backend.dtype: auto`` through ``rlkit run`` on a machine whose probes say bf16 is slow and fp16
+decode weights pay back within the run's responses: the run decodes with fbgemm fp16 weights, repacks them
+after every weight sync, logs why and how far the rollout's log-probs moved from the actor's.
+
+The hardware cache the run reads (``RLKIT_CACHE``) is this test's own: it holds this machine's key with the
+probe readings given below, as a machine of that kind would have measured them. Everything else is real:
+the packing, the fp16 GEMMs, the Ray worker and the update."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rlkit_harness import GRADED_SCORE, recipe_text, records, rlkit_env
+from rlkit_harness import run as run_rlkit
+
+from rlkit.hardware import (
+    Fp16Probe,
+    MatmulProbe,
+    cached_fp16_probe,
+    cached_probe,
+    cpu_info,
+    fp16_decode_pays,
+    fp16_weights_unavailable,
+)
+
+pytestmark = pytest.mark.skipif(
+    fp16_weights_unavailable() is not None, reason="no fbgemm in this torch build"
+)
+
+# bf16 at 1/80 of fp32: slow on any CPU (below the band: rlkit.hardware.cpu); fp16 weights save 4 ms a token
+# against 20 ms of packing, so they pay back after 5 tokens and auto asks for 2 x 5 = 10 <= 12 (the responses
+# stay short enough for the graded reward, capped at 40 characters, to vary)
+SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
+PAYS = Fp16Probe(fp32_s=0.010, fp16_s=0.006, pack_s=0.020, rows=16, params=11_272_192)
+
+
+def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
+    model, data = tiny_assets
+    cache = tmp_path / "cache"
+    cpu = cpu_info()
+    cached_probe(cpu, cache / "hardware.json", probe=lambda: SLOW_BF16)
+    cached_fp16_probe(cpu, cache / "hardware.json", probe=lambda: PAYS)
+    out = tmp_path / "out"
+    recipe = tmp_path / "recipe.yaml"
+    overrides = {
+        "data.max_response_length": 12,
+        "data.train_batch_size": 2,
+        "rollout.n": 4,
+        "trainer.total_steps": 2,
+        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+    }
+    recipe.write_text(recipe_text(model, data, out, overrides))
+    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    why = fp16_decode_pays(PAYS, 12)[1]
+    assert "rollout decode float16" in result.stdout and why in result.stdout
+    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
+    assert (resolved["decode_dtype"], resolved["decode_reason"]) == ("float16", why)
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    # q, k, v, o, gate, up, down per layer and the LM head: every one packed at step 1 (the copy is made)
+    # and again at step 2 (after the weight sync that followed step 1's update)
+    linears = 7 * config.num_hidden_layers + 1
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for step in steps:
+        assert step["rollout/fp16_repacked_linears"] == linears
+        assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
+        assert step["critic/score/min"] < step["critic/score/max"]  # graded rewards vary: a real gradient
+        # the fp16-weight policy is not the fp32 actor's: the mismatch is measured, small and non-zero
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert 0 < step["training/rollout_probs_diff_max"] < 0.05
