@@ -230,10 +230,7 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
         and resolved["peak_source"] == params["resolved.peak_source"]
     )
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
-    assert (
-        f"rlkit: precision {decision.mixed_precision}, rollout decode {decode_dtype}"
-        in result.stdout
-    )
+    assert f"rlkit: precision {decision.mixed_precision}, rollout decode {decode_dtype}" in result.stdout
     assert decision.reason in result.stdout
     assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} >= {
         "generations/step_0.md"
