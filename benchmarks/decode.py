@@ -8,15 +8,16 @@
 (``DecodePlan(slab_cache=False)``); B (fast) is ``rlkit.rollout.decode`` (slab KV cache, finished rows
 dropped, lean sampling). ``--ab fp16``: both run the fast loop, A on the fp32 weights, B on fbgemm fp16
 weights (``rollout.backend.dtype=float16``, ``rlkit.rollout.fp16_weights``; B's time includes repacking
-every weight once per generate, as a full fine-tune does — with ``--lora`` only the first generate packs the
-frozen base; the roofline stays the fp32 one). Each shape is
-``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new tokens per
-row, eos ignored (every row runs to full length: tok/s comparable across variants) unless ``--eos``.
-Gen tok/s = generated tokens / seconds (prefill included). Roofline: ``common.decode_roofline`` — the prefill,
-then per decode step max((weight + KV-cache bytes) / memory bandwidth, (linear + head + attention FLOPs) /
-fp32 matmul probe peak), both measured here on the current thread count; roofline tok/s = generated tokens /
-that bound; "bound by" says which term bounds the steps. Prints the machine (CPU model, flags, matmul peaks),
-the load average and the medians, and writes them to ``benchmarks/results/<stamp>-decode.{json,md}``.
+every weight once per generate, as a full fine-tune does once per step: B is handed the weights before each
+generate, as the weight sync does — with ``--lora`` only the first generate packs the frozen base; the
+roofline stays the fp32 one; it also reports how far B's log-probs are from the fp32 model's on B's tokens).
+Each shape is ``rows x tokens``: 8 distinct prompts (fewer when rows < 8) × rows/8 samples, ``tokens`` new
+tokens per row, eos ignored (every row runs to full length: tok/s comparable across variants) unless
+``--eos``. Gen tok/s = generated tokens / seconds (prefill included). Roofline: ``common.decode_roofline`` —
+the prefill, then per decode step max((weight + KV-cache bytes) / memory bandwidth, (linear + head + attention
+FLOPs) / fp32 matmul probe peak), both measured here on the current thread count; roofline tok/s = generated
+tokens / that bound; "bound by" says which term bounds the steps. Prints the machine (CPU model, flags, matmul
+peaks), the load average and the medians, and writes them to ``benchmarks/results/<stamp>-decode.{json,md}``.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def main() -> None:
         # process CPU seconds: less sensitive to other jobs
         cpu: dict[bool, list[float]] = {False: [], True: []}
         generated: list[int] = []  # tokens generated per run (rows · tokens unless --eos ends rows)
+        last: dict[bool, Batch] = {}  # each variant's last rollout
 
         def run(
             fast: bool,
@@ -144,16 +146,21 @@ def main() -> None:
             k=k,
             cpu=cpu,
             generated=generated,
+            last=last,
         ) -> float:
-            # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy (the weights require grad,
-            # so every generate repacks them all), A the fast loop on fp32 weights
+            # A of --ab loop: the plain loop; B of --ab fp16: the fp16 decode copy, handed the weights before
+            # every generate as a training step's weight sync does (they require grad, so the generate repacks
+            # them all), A the fast loop on fp32 weights
             backend = (ro16 if fast else ro) if args.ab == "fp16" else (ro if fast else ro_plain)
+            if backend is ro16:
+                ro16.update_weights(model)
             backend.generator.manual_seed(1)
             start, cpu_start = time.perf_counter(), time.process_time()
             out = backend.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if warm else {}))
             if not warm:
                 cpu[fast].append(time.process_time() - cpu_start)
                 generated.append(int(out["response_mask"].sum()))
+                last[fast] = out
             return time.perf_counter() - start
 
         run(False, True), run(True, True)  # warm-up: two tokens each
@@ -184,10 +191,19 @@ def main() -> None:
             f"{os.getloadavg()[0]:.2f} (A {[round(x, 2) for x in times[False]]}, B "
             f"{[round(x, 2) for x in times[True]]})"
         )
+        drift = mismatch(model, last[True]) if args.ab == "fp16" else None
+        if drift:
+            line += (
+                " || fp16 rollout vs fp32 actor on the fp16 tokens: log-prob |diff| max "
+                f"{drift['logp_max']:.2e}"
+                f" mean {drift['logp_mean']:.2e}, probability |diff| max {drift['prob_max']:.2e} mean "
+                f"{drift['prob_mean']:.2e}"
+            )
         print(line, flush=True)
         lines.append(line)
         rows_out.append(
             {
+                "mismatch": drift,
                 "rows": rows,
                 "tokens": tokens,
                 "generated": n_tok,
@@ -205,6 +221,37 @@ def main() -> None:
             "decode", {"args": vars(args), "shapes": rows_out}, "\n\n".join([head] + lines), machine=record
         ),
     )
+
+
+def mismatch(model, out) -> dict[str, float]:
+    """How far a rollout's log-probs (``rollout_log_probs [B, T]``, from a decode copy) are from ``model`` 's
+    own on the same tokens (one teacher-forced fp32 forward, temperature 1, as the actor recomputes them):
+    max and mean |diff| over the response tokens, in log-prob and in probability
+    (``training/rollout_probs_diff_*``)."""
+    import torch
+
+    mask = out["response_mask"].bool()  # [B, T]
+    t = mask.shape[1]
+    with torch.no_grad():
+        logits = (
+            model(
+                input_ids=out["input_ids"],
+                attention_mask=out["attention_mask"],
+                position_ids=out["position_ids"],
+            )
+            .logits[:, -t - 1 : -1]
+            .float()
+        )  # [B, T, V]: each response token's predicting position
+    actor = torch.log_softmax(logits, -1).gather(-1, out["responses"][..., None]).squeeze(-1)  # [B, T]
+    rollout = out["rollout_log_probs"]
+    logp = (actor - rollout).abs()[mask]
+    prob = (actor.exp() - rollout.exp()).abs()[mask]
+    return {
+        "logp_max": float(logp.max()),
+        "logp_mean": float(logp.mean()),
+        "prob_max": float(prob.max()),
+        "prob_mean": float(prob.mean()),
+    }
 
 
 if __name__ == "__main__":

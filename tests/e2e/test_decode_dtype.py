@@ -23,6 +23,7 @@ from rlkit.hardware import (
     cpu_info,
     fp16_decode_pays,
     fp16_weights_unavailable,
+    layer_shapes,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -41,7 +42,11 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
     cache = tmp_path / "cache"
     cpu = cpu_info()
     cached_probe(cpu, cache / "hardware.json", probe=lambda: SLOW_BF16)
-    cached_fp16_probe(cpu, cache / "hardware.json", probe=lambda: PAYS)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    layer = layer_shapes(config.to_dict())  # auto probes the run's model's own decoder layer
+    cached_fp16_probe(cpu, cache / "hardware.json", layer=layer, probe=lambda layer: PAYS)
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
     overrides = {
@@ -60,9 +65,6 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
     resolved = json.loads((out / "run_info.json").read_text())["resolved"]
     assert (resolved["decode_dtype"], resolved["decode_reason"]) == ("float16", why)
 
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
     # q, k, v, o, gate, up, down per layer and the LM head: every one packed at step 1 (the copy is made)
     # and again at step 2 (after the weight sync that followed step 1's update)
     linears = 7 * config.num_hidden_layers + 1

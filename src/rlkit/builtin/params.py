@@ -85,10 +85,11 @@ class HFRolloutParams(Params):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description=(
-            "decode dtype: auto = bfloat16 where this device's bf16 is fast, else float32 (logged as "
-            "resolved.decode_dtype); bfloat16 decodes with a bf16 copy of the actor's weights; float16 with "
-            "fp16 weights (on the CPU packed for fbgemm, fp32 activations: faster where bf16 is slow; needs "
-            "x86 AVX2)"
+            "decode dtype: auto = bfloat16 where this device's bf16 is fast, else float16 where fp16 "
+            "weights pay for their packing within data.max_response_length (rlkit.hardware.fp16), else "
+            "float32 (logged as resolved.decode_dtype, resolved.decode_reason); bfloat16 decodes with a bf16 "
+            "copy of the actor's weights; float16 with fp16 weights (on the CPU packed for fbgemm, fp32 "
+            "activations: faster where bf16 is slow; needs x86 AVX2)"
         ),
     )
 

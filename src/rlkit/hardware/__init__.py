@@ -53,6 +53,7 @@ from rlkit.hardware.fp16 import (
     Fp16Probe,
     cached_fp16_probe,
     fp16_decode_pays,
+    layer_shapes,
     probe_fp16_decode,
 )
 from rlkit.hardware.precision import (
@@ -91,6 +92,7 @@ __all__ = [
     "Fp16Probe",
     "cached_fp16_probe",
     "fp16_decode_pays",
+    "layer_shapes",
     "probe_fp16_decode",
     "PrecisionDecision",
     "bf16_rule",

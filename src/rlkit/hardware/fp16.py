@@ -1,34 +1,37 @@
-"""Whether fp16 decode weights pay for their packing on this CPU: a timed probe, cached per machine, and the
-rule ``rollout.backend.dtype: auto`` applies to it.
+"""Whether fp16 decode weights pay for their packing on this CPU: a timed probe, cached per machine and
+layer shape, and the rule ``rollout.backend.dtype: auto`` applies to it.
 
 ``rollout.backend.dtype: float16`` on a CPU (``rlkit.rollout.fp16_weights``) decodes with the linears' weights
-packed in fp16 for fbgemm. Each decode step's linears then run faster than MKL's fp32 sgemm at 8–64 rows, but
-the first generate after a weight update repacks every trainable weight. So fp16 weights pay only for a
-decode long enough. Where this CPU's bf16 is not fast (where it is, ``auto`` is bfloat16), ``auto`` picks
-float16 when
+packed in fp16 for fbgemm. Each decode step's linears then run faster than MKL's fp32 sgemm at 8–64 rows on
+layers of a few hundred features and up, and slower on tiny ones; and the first generate after a weight update
+repacks every trainable weight. So fp16 weights pay only for a model wide enough and a decode long enough.
+Where this CPU's bf16 is not fast (where it is, ``auto`` is bfloat16), ``auto`` picks float16 when
 
     max_response_length >= FP16_PAYBACK_MARGIN × break-even tokens
 
 and float32 otherwise. The break-even is the probe's packing time over its saving per decode step:
 
-* one transformer layer of hidden 1024 (q, k, v, o, gate, up, down: ``PROBE_LAYER``, 11.0 M parameters) at
-  ``FP16_PROBE_ROWS`` rows, on one thread;
+* one decoder layer of the run's model (q, k, v, o, gate, up, down at its shapes: :func:`layer_shapes`; a
+  generic layer of hidden 1024, ``PROBE_LAYER``, where the config does not say) at ``FP16_PROBE_ROWS`` rows,
+  on one thread;
 * fp32 ``F.linear`` against fbgemm's fp16-weight linear, and the packing of the layer's weights, each the best
   of ``FP16_PROBE_ROUNDS`` rounds (other work on the machine only slows a round down).
 
-The layer has no LM head, whose saving per parameter is larger (docs/benchmarks.md, "fp16 decode weights"), so
+The LM head is left out: its saving per parameter is larger (docs/benchmarks.md, "fp16 decode weights"), so
 the estimate errs toward float32. The margin covers what the probe leaves out: rows that end early (eos), the
 prefill (large M, where fp16 weights gain little) and the probe's own noise. The probe is cached beside the
-matmul probe (``rlkit.hardware.cpu.cached_entry``), so one machine decides the same way on every run; its
-numbers go into the run's ``resolved.*`` parameters.
+matmul probe (``rlkit.hardware.cpu.cached_entry``), keyed by the layer's shapes, so one machine decides the
+same way for one model on every run; its numbers go into the run's ``resolved.decode_reason``.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkit.hardware.cpu import CpuInfo, cached_entry
 
@@ -37,6 +40,8 @@ __all__ = [
     "FP16_PROBE_ROWS",
     "FP16_PROBE_ROUNDS",
     "PROBE_LAYER",
+    "Layer",
+    "layer_shapes",
     "Fp16Probe",
     "probe_fp16_decode",
     "cached_fp16_probe",
@@ -52,8 +57,41 @@ FP16_PROBE_ROWS = 16  # rows of the probe's decode step
 FP16_PROBE_ROUNDS = 3
 
 
-# (out_features, in_features) of one decoder layer's linears at hidden 1024, GQA 4:1, MLP 2816
-PROBE_LAYER = ((1024, 1024), (256, 1024), (256, 1024), (1024, 1024), (2816, 1024), (2816, 1024), (1024, 2816))
+Layer = tuple[tuple[int, int], ...]  # (out_features, in_features) of each of a decoder layer's linears
+
+
+# a generic decoder layer: hidden 1024, GQA 4:1, MLP 2816
+PROBE_LAYER: Layer = (
+    (1024, 1024),
+    (256, 1024),
+    (256, 1024),
+    (1024, 1024),
+    (2816, 1024),
+    (2816, 1024),
+    (1024, 2816),
+)
+
+
+def layer_shapes(config: Mapping[str, Any]) -> Layer | None:
+    """One decoder layer's linears (q, k, v, o, gate, up, down) from a transformers config dict (Llama, Qwen2,
+    Mistral and the like), or None where it lacks the sizes."""
+    try:
+        hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return (
+        (q, hidden),
+        (kv, hidden),
+        (kv, hidden),
+        (hidden, q),
+        (inter, hidden),
+        (inter, hidden),
+        (hidden, inter),
+    )
 
 
 @dataclass(frozen=True)
@@ -86,9 +124,9 @@ def _step_seconds(step, reps: int) -> float:
 
 
 def probe_fp16_decode(
-    rounds: int = FP16_PROBE_ROUNDS, rows: int = FP16_PROBE_ROWS, reps: int = 5
+    layer: Layer = PROBE_LAYER, rounds: int = FP16_PROBE_ROUNDS, rows: int = FP16_PROBE_ROWS, reps: int = 3
 ) -> Fp16Probe:
-    """Time the probe layer's linears at ``rows`` rows in fp32 and with fp16-packed weights (``reps`` steps a
+    """Time ``layer`` 's linears at ``rows`` rows in fp32 and with fp16-packed weights (``reps`` steps a
     round, the mean), and their packing, on one thread; the best round of each."""
     import torch
     import torch.nn.functional as F
@@ -97,8 +135,8 @@ def probe_fp16_decode(
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
-        weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in PROBE_LAYER]
-        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in PROBE_LAYER}
+        weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in layer]
+        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in layer}
         fp32_s = fp16_s = pack_s = math.inf
         for _ in range(rounds):
             start = time.perf_counter()
@@ -117,16 +155,19 @@ def probe_fp16_decode(
                     reps,
                 ),
             )
-        params = sum(n * k for n, k in PROBE_LAYER)
+        params = sum(n * k for n, k in layer)
         return Fp16Probe(fp32_s=fp32_s, fp16_s=fp16_s, pack_s=pack_s, rows=rows, params=params)
     finally:
         torch.set_num_threads(previous)
 
 
-def cached_fp16_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_fp16_decode) -> Fp16Probe:
-    """The fp16 probe for this CPU and torch version from the cache (``$RLKIT_CACHE/hardware.json``), or
-    measured now and added to it."""
-    entry = cached_entry("fp16-decode", cpu, lambda: asdict(probe()), cache_path)
+def cached_fp16_probe(
+    cpu: CpuInfo, cache_path: Path | None = None, *, layer: Layer = PROBE_LAYER, probe=probe_fp16_decode
+) -> Fp16Probe:
+    """The fp16 probe of ``layer`` for this CPU and torch version from the cache
+    (``$RLKIT_CACHE/hardware.json``), or measured now (``probe(layer)``) and added to it."""
+    kind = "fp16-decode-" + ",".join(f"{n}x{k}" for n, k in layer)
+    entry = cached_entry(kind, cpu, lambda: asdict(probe(layer)), cache_path)
     try:
         return Fp16Probe(
             fp32_s=float(entry["fp32_s"]),
@@ -136,15 +177,15 @@ def cached_fp16_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=pro
             params=int(entry["params"]),
         )
     except (KeyError, TypeError, ValueError):
-        return probe()
+        return probe(layer)
 
 
 def fp16_decode_pays(probe: Fp16Probe, max_new_tokens: int) -> tuple[bool, str]:
     """(fp16 decode weights?, why in one line) for decodes of up to ``max_new_tokens`` tokens (module
     docstring)."""
     measured = (
-        f"fp16-weight linears measured {probe.speedup:.2f}x fp32 at {probe.rows} rows, packing "
-        f"{probe.pack_s * 1e3:.0f} ms per {probe.params / 1e6:.1f} M parameters"
+        f"fp16-weight linears of one decoder layer ({probe.params / 1e6:.1f} M parameters) measured "
+        f"{probe.speedup:.2f}x fp32 at {probe.rows} rows, packing {probe.pack_s * 1e3:.0f} ms"
     )
     even = probe.break_even_tokens
     if not math.isfinite(even):

@@ -4,11 +4,12 @@ values, and the warning where an explicit bf16 will be slow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rlkit.hardware.cpu import PrecisionDecision, cpu_info, device_type, precision_decision
-from rlkit.hardware.fp16 import cached_fp16_probe, fp16_decode_pays
+from rlkit.hardware.fp16 import PROBE_LAYER, Layer, cached_fp16_probe, fp16_decode_pays
 
 __all__ = [
     "MIXED_PRECISION",
@@ -38,11 +39,16 @@ def concrete_mixed_precision(value: str, device: Any = "cpu") -> str:
     return value
 
 
-def auto_decode_dtype(decision: PrecisionDecision, max_new_tokens: int | None = None) -> tuple[str, str]:
+def auto_decode_dtype(
+    decision: PrecisionDecision,
+    max_new_tokens: int | None = None,
+    layer: Callable[[], Layer | None] | None = None,
+) -> tuple[str, str]:
     """(``auto``'s decode dtype, why) on ``decision``'s device for decodes of up to ``max_new_tokens``:
     bfloat16 where bf16 is fast; on a CPU where it is not, float16 (fbgemm fp16 weights) where the cached fp16
-    probe says packing pays back well within ``max_new_tokens`` (``rlkit.hardware.fp16``), else float32.
-    ``max_new_tokens`` None (a backend that decodes in its engine's own dtype): the bf16-or-fp32 decision."""
+    probe of the model's decoder layer (``layer()``; None or a None answer: a generic layer) says packing pays
+    back well within ``max_new_tokens`` (``rlkit.hardware.fp16``), else float32. ``max_new_tokens`` None (a
+    backend that decodes in its engine's own dtype): the bf16-or-fp32 decision."""
     if (
         decision.device != "cpu"
         or decision.decode_dtype != "float32"
@@ -50,17 +56,23 @@ def auto_decode_dtype(decision: PrecisionDecision, max_new_tokens: int | None = 
         or fp16_weights_unavailable()
     ):
         return decision.decode_dtype, ""
-    pays, why = fp16_decode_pays(cached_fp16_probe(decision.cpu or cpu_info()), max_new_tokens)
+    shapes = (layer() if layer is not None else None) or PROBE_LAYER
+    probe = cached_fp16_probe(decision.cpu or cpu_info(), layer=shapes)
+    pays, why = fp16_decode_pays(probe, max_new_tokens)
     return ("float16" if pays else "float32"), why
 
 
 def concrete_decode_dtype(
-    value: str | None, device: Any = "cpu", max_new_tokens: int | None = None
+    value: str | None,
+    device: Any = "cpu",
+    max_new_tokens: int | None = None,
+    layer: Callable[[], Layer | None] | None = None,
 ) -> str | None:
-    """``auto`` → this device's decision for decodes of up to ``max_new_tokens`` (:func:`auto_decode_dtype`);
-    ``float32`` / ``bfloat16`` / ``float16`` / None (the weights' own) unchanged."""
+    """``auto`` → this device's decision for decodes of up to ``max_new_tokens`` by a model of decoder layer
+    ``layer()`` (:func:`auto_decode_dtype`); ``float32`` / ``bfloat16`` / ``float16`` / None (the weights'
+    own) unchanged."""
     if value == "auto":
-        return auto_decode_dtype(precision_decision(device_type(device)), max_new_tokens)[0]
+        return auto_decode_dtype(precision_decision(device_type(device)), max_new_tokens, layer)[0]
     if value is not None and value not in DECODE_DTYPES:
         from rlkit.errors import RlkitError
 
@@ -131,10 +143,12 @@ def resolve_precision(
     *,
     decision: PrecisionDecision | None = None,
     max_new_tokens: int | None = None,
+    layer: Callable[[], Layer | None] | None = None,
 ) -> ResolvedPrecision:
     """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable;
-    ``max_new_tokens``: the run's longest decode (``data.max_response_length``), which ``auto`` weighs against
-    the cost of packing fp16 weights (:func:`auto_decode_dtype`).
+    ``max_new_tokens``: the run's longest decode (``data.max_response_length``) and ``layer``: the model's
+    decoder layer (asked only where it matters), which ``auto`` weighs against the cost of packing fp16
+    weights (:func:`auto_decode_dtype`).
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""
@@ -142,7 +156,7 @@ def resolve_precision(
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
     decode_reason = ""
     if decode_dtype == "auto":
-        dd, decode_reason = auto_decode_dtype(d, max_new_tokens)
+        dd, decode_reason = auto_decode_dtype(d, max_new_tokens, layer)
     else:
         dd = concrete_decode_dtype(decode_dtype, d.device)
     warnings = []

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rlkit.hardware.cpu import log, usable_cpus
+from rlkit.hardware.fp16 import Layer
 from rlkit.hardware.precision import ResolvedPrecision, resolve_precision
 
 __all__ = [
@@ -89,8 +90,16 @@ class RunHardware:
         )
 
 
-def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtype: str | None) -> RunHardware:
-    """Resolve ``recipe``'s ``auto`` precision and threads for ``device``.
+def plan_run(
+    recipe: Any,
+    *,
+    device: str,
+    placed: Mapping[str, str],
+    decode_dtype: str | None,
+    layer: Callable[[], Layer | None] | None = None,
+) -> RunHardware:
+    """Resolve ``recipe``'s ``auto`` precision and threads for ``device``; ``layer``: the model's decoder
+    layer shapes, asked only where ``auto`` weighs fp16 decode weights (``rlkit.hardware.fp16``).
 
     ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
     share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's
@@ -114,7 +123,11 @@ def plan_run(recipe: Any, *, device: str, placed: Mapping[str, str], decode_dtyp
             worker_threads_total=sum(threads[slot] * ranks[slot] for slot in shares),
         )
     precision = resolve_precision(
-        recipe.actor.mixed_precision, decode_dtype, device, max_new_tokens=recipe.data.max_response_length
+        recipe.actor.mixed_precision,
+        decode_dtype,
+        device,
+        max_new_tokens=recipe.data.max_response_length,
+        layer=layer,
     )
     return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
 

@@ -14,11 +14,12 @@ reads every weight once per token, so half the bytes is about half the time, and
 where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype
 (validation refuses an explicit bfloat16/float16 for a hybrid actor on more than one rank).
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
-is bfloat16 where this device's bf16 is fast and float32 elsewhere: on a CPU without native bf16 a bf16
-copy decodes much slower (docs/concepts.md). ``float16`` on the CPU decodes with fp16 weights packed for
-fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow, measured in
-docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy). Not given at all (a backend built
-directly): the weights' own dtype.
+is bfloat16 where this device's bf16 is fast; elsewhere float16 where fp16 weights pay for their packing
+within the run's ``max_response_length`` (``rlkit.hardware.fp16``), else float32: on a CPU without native
+bf16 a bf16 copy decodes much slower (docs/concepts.md). ``float16`` on the CPU decodes with fp16 weights
+packed for fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow,
+measured in docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy); its trainable weights are
+repacked once per ``update_weights``. Not given at all (a backend built directly): the weights' own dtype.
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -35,7 +36,7 @@ from torch import nn
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
-from rlkit.hardware import concrete_decode_dtype
+from rlkit.hardware import concrete_decode_dtype, layer_shapes
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.decode import DecodePlan, Decoding, decode
@@ -76,7 +77,12 @@ class HFRollout:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(self.eos_token_ids[0])
         )
         # "auto" → this device's choice for decodes of this length (a run's driver resolves it before)
-        dtype = concrete_decode_dtype(getattr(params, "dtype", None), self.device, max_response_length)
+        dtype = concrete_decode_dtype(
+            getattr(params, "dtype", None),
+            self.device,
+            max_response_length,
+            lambda: layer_shapes(module.config.to_dict()) if hasattr(module, "config") else None,
+        )
         self.decode_dtype = getattr(torch, dtype) if dtype else None
         self._decode_copy: nn.Module | None = None
         self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)

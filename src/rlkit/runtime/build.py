@@ -418,12 +418,28 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
         device=resolve_device(recipe.resources.device),
         placed={slot: role.pool for slot, role in pipeline.roles.items()},
         decode_dtype=decode,
+        layer=lambda: _decoder_layer(recipe),
     )
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)
     warn_once("oversubscribed", hw.oversubscribed)
     return hw
+
+
+def _decoder_layer(recipe: Recipe):
+    """The policy's decoder-layer linears (``rlkit.hardware.fp16.layer_shapes``) from its config, which
+    ``auto`` asks for only on a CPU without fast bf16; None where the config does not say."""
+    from transformers import AutoConfig
+
+    from rlkit.hardware import layer_shapes
+    from rlkit.model.load import resolve_model_path
+
+    model = recipe.model
+    config = AutoConfig.from_pretrained(
+        resolve_model_path(model.path), trust_remote_code=model.trust_remote_code
+    )
+    return layer_shapes(config.to_dict())
 
 
 def _concrete_backend(backend: Resolved, hw: RunHardware) -> Resolved:
