@@ -248,11 +248,14 @@ def test_plan_run_resolves_auto_threads_per_role_and_precision():
     plan = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto")
     assert plan.threads == {"actor_rollout_ref": 2, "critic": 2}  # two roles on one pool: half of 4 each
     d = hw.precision_decision("cpu")
-    # the default data.max_response_length (512) by a model of the generic layer (no layer given)
+    # no layer given (a backend without fp16 weights): the machine's bf16-or-fp32 decision
     assert (plan.precision.mixed_precision, plan.precision.decode_dtype) == (
         d.mixed_precision,
-        hw.auto_decode_dtype(d, 512)[0],
+        d.decode_dtype,
     )
+    generic = hw.plan_run(recipe, device="cpu", placed=colocated, decode_dtype="auto", layer=lambda: None)
+    # the hf backend's: weighed for the default data.max_response_length (512) on the generic layer
+    assert generic.precision.decode_dtype == hw.auto_decode_dtype(d, 512, lambda: None)[0]
     params = plan.params()
     assert params["threads_per_worker.critic"] == 2 and params["precision_reason"] == d.reason
     split = hw.plan_run(

@@ -49,6 +49,13 @@ def test_fp16_pays_from_twice_the_break_even():
 
 
 SLOWER = Fp16Probe(fp32_s=0.001, fp16_s=0.003, pack_s=0.001, rows=16, params=81_920)
+
+
+def generic() -> None:
+    """The layer of a model whose config gives none: auto probes the generic layer (PROBE_LAYER)."""
+    return None
+
+
 AVX2 = CpuInfo(model="rlkit test cpu (avx2)", flags=("avx2", "fma"))  # a cache key of its own
 SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
 FAST_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=400e9, ratios=(5.0,))
@@ -65,14 +72,15 @@ def test_auto_is_float16_only_where_bf16_is_slow_and_the_decode_is_long(tmp_path
     _cache_with(tmp_path / "hardware.json", PROBE)
     slow = decide_cpu(AVX2, SLOW_BF16)
     assert slow.decode_dtype == "float32"
-    assert auto_decode_dtype(slow, 64) == ("float16", fp16_decode_pays(PROBE, 64)[1])
-    assert auto_decode_dtype(slow, 16) == ("float32", fp16_decode_pays(PROBE, 16)[1])
-    assert auto_decode_dtype(slow, None) == ("float32", "")  # a backend without a length: the machine's
+    assert auto_decode_dtype(slow, 64, generic) == ("float16", fp16_decode_pays(PROBE, 64)[1])
+    assert auto_decode_dtype(slow, 16, generic) == ("float32", fp16_decode_pays(PROBE, 16)[1])
+    assert auto_decode_dtype(slow, None, generic) == ("float32", "")  # no length: the machine's decision
+    assert auto_decode_dtype(slow, 64) == ("float32", "")  # no layer: a backend without fp16 weights
     fast = decide_cpu(CpuInfo(model="rlkit test cpu (amx)", flags=("amx_bf16",)), FAST_BF16)
-    assert auto_decode_dtype(fast, 4096) == ("bfloat16", "")  # bf16 wins where it is fast
-    assert auto_decode_dtype(decide_cuda(False, "T4"), 4096) == ("float32", "")  # CUDA: not fbgemm's
+    assert auto_decode_dtype(fast, 4096, generic) == ("bfloat16", "")  # bf16 wins where it is fast
+    assert auto_decode_dtype(decide_cuda(False, "T4"), 4096, generic) == ("float32", "")  # CUDA: no fbgemm
     # the run's resolution: the length is data.max_response_length; the reason is logged and printed
-    resolved = resolve_precision("auto", "auto", "cpu", decision=slow, max_new_tokens=512)
+    resolved = resolve_precision("auto", "auto", "cpu", decision=slow, max_new_tokens=512, layer=generic)
     assert resolved.decode_dtype == "float16"
     assert resolved.params()["decode_reason"] == fp16_decode_pays(PROBE, 512)[1]
     assert resolve_precision("auto", "float32", "cpu", decision=slow, max_new_tokens=512).decode_dtype == (

@@ -46,17 +46,19 @@ def auto_decode_dtype(
 ) -> tuple[str, str]:
     """(``auto``'s decode dtype, why) on ``decision``'s device for decodes of up to ``max_new_tokens``:
     bfloat16 where bf16 is fast; on a CPU where it is not, float16 (fbgemm fp16 weights) where the cached fp16
-    probe of the model's decoder layer (``layer()``; None or a None answer: a generic layer) says packing pays
-    back well within ``max_new_tokens`` (``rlkit.hardware.fp16``), else float32. ``max_new_tokens`` None (a
-    backend that decodes in its engine's own dtype): the bf16-or-fp32 decision."""
+    probe of the model's decoder layer (``layer()``; a None answer: a generic layer) says packing pays back
+    well within ``max_new_tokens`` (``rlkit.hardware.fp16``), else float32. ``max_new_tokens`` or ``layer``
+    None (a backend without fbgemm fp16 weights: an engine decodes in its own dtype): the bf16-or-fp32
+    decision."""
     if (
         decision.device != "cpu"
         or decision.decode_dtype != "float32"
         or max_new_tokens is None
+        or layer is None
         or fp16_weights_unavailable()
     ):
         return decision.decode_dtype, ""
-    shapes = (layer() if layer is not None else None) or PROBE_LAYER
+    shapes = layer() or PROBE_LAYER
     probe = cached_fp16_probe(decision.cpu or cpu_info(), layer=shapes)
     pays, why = fp16_decode_pays(probe, max_new_tokens)
     return ("float16" if pays else "float32"), why

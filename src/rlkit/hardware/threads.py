@@ -99,7 +99,8 @@ def plan_run(
     layer: Callable[[], Layer | None] | None = None,
 ) -> RunHardware:
     """Resolve ``recipe``'s ``auto`` precision and threads for ``device``; ``layer``: the model's decoder
-    layer shapes, asked only where ``auto`` weighs fp16 decode weights (``rlkit.hardware.fp16``).
+    layer shapes, asked only where ``auto`` weighs fp16 decode weights (``rlkit.hardware.fp16``; None: the
+    rollout backend has none, the hf backend's fbgemm path).
 
     ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
     share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's

@@ -418,7 +418,8 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
         device=resolve_device(recipe.resources.device),
         placed={slot: role.pool for slot, role in pipeline.roles.items()},
         decode_dtype=decode,
-        layer=lambda: _decoder_layer(recipe),
+        # fbgemm fp16 weights are the hf backend's (an engine plugin's dtype is its engine's)
+        layer=(lambda: _decoder_layer(recipe)) if backend.name == "hf" else None,
     )
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
