@@ -12,6 +12,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   fused  fused AdamW vs the foreach implementation
   attn   eager attention vs SDPA (CPU flash attention's bf16 backward is slow)
   bf16w  rollout: a bf16 weight copy for decoding (rollout.backend.dtype) vs the fp32 weights
+  fp16w  rollout: fbgemm fp16 decode weights (rollout.backend.dtype=float16) vs the fp32 weights; the step
+  phase hands the rollout the weights after each update, as the weight sync does, so B repacks them
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
   pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.model.packing) vs
   shared/padded fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head)
@@ -135,6 +137,7 @@ def main() -> None:
     for on in variants:
         bf16 = args.dtype == "bf16" or (args.change == "precision" and on)
         decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
+        decode = "float16" if (args.change == "fp16w" and on) else decode
         with variant(args.change, on):
             cfg = ActorConfig(
                 mixed_precision="bf16" if bf16 else "fp32",
@@ -188,6 +191,7 @@ def main() -> None:
 
     cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
     executed: dict[bool, float] = {}  # FLOPs the last update of each variant executed (perf/flops/actor)
+    parts: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (gen, the rest) wall s per rep
 
     def run(on: bool, small: bool = False, record: bool = True) -> float:
         actor, rollout = built[on]
@@ -196,14 +200,17 @@ def main() -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
+            gen_end = time.perf_counter()
             # a small update would not fill a mini-batch: warm up a forward
             if args.phase == "log_prob" or small:
                 actor.compute_log_prob(b)
             elif args.phase in ("update", "step"):
                 # rlkit.model.flops, as a run counts
                 executed[on] = actor.update(b).get("perf/flops/actor", 0.0)
+                rollout.update_weights(actor.module)  # the hybrid engine's weight sync
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
+                parts[on].append((gen_end - start, time.perf_counter() - gen_end))
             return time.perf_counter() - start
 
     for on in variants:
@@ -223,6 +230,7 @@ def main() -> None:
             "args": vars(args),
             "wall_s": {"off": times[False], "on": times[True]},
             "cpu_s": {"off": cpu_s[False], "on": cpu_s[True]},
+            "gen_and_rest_s": {"off": parts[False], "on": parts[True]},
         }
         print("results:", save_results(f"ab-{args.change}", record, "\n\n".join(report)))
 
@@ -244,6 +252,14 @@ def main() -> None:
         f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
         f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})"
     )
+    if args.phase == "step":
+        for on in (False, True):
+            gens, rests = zip(*parts[on], strict=True)
+            emit(
+                f"  {'B(on)' if on else 'A(off)'}: gen {statistics.median(gens):.3f} s "
+                f"{[round(x, 3) for x in gens]}, update {statistics.median(rests):.3f} s "
+                f"{[round(x, 3) for x in rests]}"
+            )
     if args.phase == "update":
         peak = matmul_peak_flops("fp32")
         for on, seconds in ((False, a), (True, b)):
