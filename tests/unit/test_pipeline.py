@@ -189,3 +189,24 @@ def test_python_tool_limits_come_through_the_parameter_door(registries):
     assert tool.limits.wall_s == 3.0 and tool.limits.cpu_s == 5
     found = problems(registries, "rollout.agent=tool", "rollout.tools=[{name: python, wall: 3}]")
     assert "Did you mean 'wall_s'?" in found["rollout.tools.0.wall"]
+
+
+def test_fp16_decode_weights_are_weighed_only_where_hf_decodes_a_plain_module(registries):
+    """auto weighs fbgemm fp16 weights (rlkit.hardware.fp16) only for the hf backend on a plain module: not
+    for an engine plugin (its dtype is its engine's), not for a hybrid actor FSDP-sharded over 2 ranks (it
+    decodes in its own dtype), but for an async run's rollout pool (each rank holds a plain copy)."""
+    from rlkit.runtime.build import _fp16_weights_possible
+
+    def possible(*overrides) -> bool:
+        recipe = validate(registries, *overrides)
+        return _fp16_weights_possible(recipe, compose(recipe, registries))
+
+    assert possible()
+    assert not possible("resources.pools={global: {bundles_per_node: 2}}")
+    assert not possible("rollout.backend=sglang")
+    two_rank_train = (
+        "trainer.mode=async",
+        "resources.pools={train: {bundles_per_node: 2}, generate: {}}",
+        "resources.roles={actor_rollout_ref: train, rollout: generate}",
+    )
+    assert possible(*two_rank_train)

@@ -418,14 +418,25 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
         device=resolve_device(recipe.resources.device),
         placed={slot: role.pool for slot, role in pipeline.roles.items()},
         decode_dtype=decode,
-        # fbgemm fp16 weights are the hf backend's (an engine plugin's dtype is its engine's)
-        layer=(lambda: _decoder_layer(recipe)) if backend.name == "hf" else None,
+        layer=(lambda: _decoder_layer(recipe)) if _fp16_weights_possible(recipe, pipeline) else None,
     )
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)
     warn_once("oversubscribed", hw.oversubscribed)
     return hw
+
+
+def _fp16_weights_possible(recipe: Recipe, pipeline: Pipeline) -> bool:
+    """Whether the rollout could decode with fbgemm fp16 weights: only the hf backend has them (an engine
+    plugin's dtype is its engine's), and only from a plain module (a hybrid actor on more than one rank is
+    FSDP-sharded and decodes in its own dtype; validation refuses an explicit float16 there)."""
+    if pipeline.rollout_backend.name != "hf":
+        return False
+    if recipe.trainer.mode != "sync":  # a rollout pool: each rank a plain copy (rlkit.workers.rollout_worker)
+        return True
+    pool = recipe.resources.pools[pipeline.roles["actor_rollout_ref"].pool]
+    return pool.nodes * pool.bundles_per_node == 1
 
 
 def _decoder_layer(recipe: Recipe):
