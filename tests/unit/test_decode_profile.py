@@ -29,6 +29,7 @@ def test_ops_fall_into_the_category_of_their_work(dp):
     op = dp.OpRecord
     cases = {
         ("aten::linear", "forward"): "gemm",
+        ("quantized::linear_dynamic_fp16", "forward"): "gemm",  # fbgemm fp16 weights (dtype float16)
         ("aten::scaled_dot_product_attention", "forward"): "attention",
         ("aten::arange", "forward"): "mask",  # the causal mask, rebuilt every forward
         ("aten::mul", "forward"): "elementwise",
