@@ -41,7 +41,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, matmul_peak_flops, memory_bandwidth, one_thread, save_results  # noqa: E402
+from common import (  # noqa: E402
+    arithmetic_chat_texts,
+    hardware_line,
+    matmul_peak_flops,
+    memory_bandwidth,
+    one_thread,
+    save_results,
+)
 
 
 def plans(change: str, on: bool):
@@ -175,14 +182,7 @@ def main() -> None:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
     tok = built[variants[0]][0].tokenizer
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
-    ][: args.prompts]
+    texts = arithmetic_chat_texts(tok)[: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     n = args.samples // len(texts)  # prompts × n samples (default 4 × 4, the benchmark's SmolLM2 workload)

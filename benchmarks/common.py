@@ -77,6 +77,19 @@ def hardware() -> dict:
     return module.hardware_summary()
 
 
+def arithmetic_chat_texts(tok) -> list[str]:
+    """The 8 arithmetic questions the decode benchmarks (decode.py, decode_profile.py, ab.py,
+    lean_decode_spike.py) prompt with, in ``tok`` 's chat template with the generation prompt."""
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2), strict=True)
+    ]
+
+
 def hardware_line(info: dict | None = None) -> str:
     """One line to print beside every result."""
     h = info or hardware()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    arithmetic_chat_texts,
     decode_roofline,
     hardware_line,
     machine_record,
@@ -89,14 +90,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth, peak = memory_bandwidth(), matmul_peak_flops("fp32")
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
-    ]
+    texts = arithmetic_chat_texts(tok)
     head = machine + (
         f"; {args.threads} torch thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s; fp32 1024² matmul "
         f"probe {peak / 1e9:.1f} GFLOP/s; params {params / 1e6:.1f} M, weights {weight_bytes / 1e6:.0f} "

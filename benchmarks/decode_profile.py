@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    arithmetic_chat_texts,
     decode_roofline,
     hardware_line,
     machine_record,
@@ -370,15 +371,7 @@ def isolated_gemms(gemms: list[dict], layers: int, reps: int = 3) -> None:
 def _prompts(tok, rows: int):
     from rlkit.batch import Batch
 
-    pairs = zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for a, b in pairs
-    ]
+    texts = arithmetic_chat_texts(tok)
     k = min(8, rows)
     enc = tok(texts[:k], return_tensors="pt", padding=True)
     return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}), k

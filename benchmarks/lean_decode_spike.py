@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_record, one_thread, save_results  # noqa: E402
+from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
 
 
 def _rotate_half(x):
@@ -117,14 +117,7 @@ def main() -> None:
     cfg = ModelConfig(path=args.model)
     tok = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer=tok).float().eval()
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {a} + {b}? Answer with only the number."}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for a, b in zip((4, 17, 9, 23, 3, 8, 5, 1), (6, 6, 6, 6, 4, 1, 7, 2))
-    ]
+    texts = arithmetic_chat_texts(tok)
     enc = tok(texts, return_tensors="pt", padding=True)
     lines, rows_out = [], []
     header = (
