@@ -191,22 +191,33 @@ def test_python_tool_limits_come_through_the_parameter_door(registries):
     assert "Did you mean 'wall_s'?" in found["rollout.tools.0.wall"]
 
 
-def test_fp16_decode_weights_are_weighed_only_where_hf_decodes_a_plain_module(registries):
-    """auto weighs fbgemm fp16 weights (rlkit.hardware.fp16) only for the hf backend on a plain module: not
-    for an engine plugin (its dtype is its engine's), not for a hybrid actor FSDP-sharded over 2 ranks (it
-    decodes in its own dtype), but for an async run's rollout pool (each rank holds a plain copy)."""
-    from rlkit.runtime.build import _fp16_weights_possible
+def test_auto_decode_dtype_of_a_sharded_hybrid_actor_is_its_own(registries):
+    """A hybrid actor FSDP-sharded over 2 ranks has no decode copy: auto resolves to the weights' own dtype
+    with the reason (whatever this machine's bf16 or fp16 decision), and fp16 weights are never weighed there
+    (its model's layer is never asked for: this recipe's model path does not exist). An async run's rollout
+    pool decodes plain copies, however many ranks train."""
+    from rlkit.runtime.build import _hybrid_ranks, _plan_hardware
 
-    def possible(*overrides) -> bool:
+    def planned(*overrides):
         recipe = validate(registries, *overrides)
-        return _fp16_weights_possible(recipe, compose(recipe, registries))
+        return _hybrid_ranks(recipe, compose(recipe, registries)), _plan_hardware(
+            recipe, compose(recipe, registries)
+        )
 
-    assert possible()
-    assert not possible("resources.pools={global: {bundles_per_node: 2}}")
-    assert not possible("rollout.backend=sglang")
-    two_rank_train = (
+    ranks, hw = planned("resources.pools={global: {bundles_per_node: 2}}")
+    assert ranks == 2 and hw.precision.decode_dtype == "float32"
+    assert hw.precision.decode_reason == (
+        "the hybrid actor is FSDP-sharded over 2 ranks and decodes with its own float32 weights"
+    )
+    assert "decode: the hybrid actor is FSDP-sharded over 2 ranks" in hw.summary()
+    _, own = planned("resources.pools={global: {bundles_per_node: 2}}", "model.dtype=bfloat16")
+    assert own.precision.decode_dtype == "bfloat16"
+    _, engine = planned("resources.pools={global: {bundles_per_node: 2}}", "rollout.backend=sglang")
+    assert engine.precision.decode_dtype is None  # sglang's dtype is its engine's, not rlkit's
+    async_run = (
         "trainer.mode=async",
         "resources.pools={train: {bundles_per_node: 2}, generate: {}}",
         "resources.roles={actor_rollout_ref: train, rollout: generate}",
     )
-    assert possible(*two_rank_train)
+    recipe = validate(registries, *async_run)
+    assert _hybrid_ranks(recipe, compose(recipe, registries)) == 0

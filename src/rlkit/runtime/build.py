@@ -413,13 +413,21 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
 
     backend = pipeline.rollout_backend
     decode = getattr(backend.params, "dtype", None)  # a backend with a decode-dtype parameter (hf)
+    hf = backend.name == "hf"  # fbgemm fp16 weights are its own (an engine plugin's dtype is its engine's)
+    sharded = _hybrid_ranks(recipe, pipeline) if hf else 0
     hw = plan_run(
         recipe,
         device=resolve_device(recipe.resources.device),
         placed={slot: role.pool for slot, role in pipeline.roles.items()},
         decode_dtype=decode,
-        layer=(lambda: _decoder_layer(recipe)) if _fp16_weights_possible(recipe, pipeline) else None,
+        layer=(lambda: _decoder_layer(recipe)) if hf and sharded <= 1 else None,
     )
+    if sharded > 1 and decode == "auto":  # no decode copy of an FSDP-sharded module: say what it decodes in
+        own = recipe.model.dtype
+        reason = (
+            f"the hybrid actor is FSDP-sharded over {sharded} ranks and decodes with its own {own} weights"
+        )
+        hw = replace(hw, precision=replace(hw.precision, decode_dtype=own, decode_reason=reason))
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)
@@ -427,16 +435,14 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
     return hw
 
 
-def _fp16_weights_possible(recipe: Recipe, pipeline: Pipeline) -> bool:
-    """Whether the rollout could decode with fbgemm fp16 weights: only the hf backend has them (an engine
-    plugin's dtype is its engine's), and only from a plain module (a hybrid actor on more than one rank is
-    FSDP-sharded and decodes in its own dtype; validation refuses an explicit float16 there)."""
-    if pipeline.rollout_backend.name != "hf":
-        return False
-    if recipe.trainer.mode != "sync":  # a rollout pool: each rank a plain copy (rlkit.workers.rollout_worker)
-        return True
+def _hybrid_ranks(recipe: Recipe, pipeline: Pipeline) -> int:
+    """Ranks of the hybrid actor that generates (sync mode; above 1 its module is FSDP-sharded and the hf
+    backend decodes it in its own dtype: validation refuses an explicit bfloat16/float16 there); 0 where a
+    rollout pool generates (each rank a plain copy: rlkit.workers.rollout_worker)."""
+    if recipe.trainer.mode != "sync":
+        return 0
     pool = recipe.resources.pools[pipeline.roles["actor_rollout_ref"].pool]
-    return pool.nodes * pool.bundles_per_node == 1
+    return pool.nodes * pool.bundles_per_node
 
 
 def _decoder_layer(recipe: Recipe):
