@@ -165,6 +165,18 @@ def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, garbage):
     assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == SLOW_BF16  # the rewritten file is read
 
 
+def test_a_malformed_entry_of_this_machine_is_measured_again_and_replaced(tmp_path):
+    cache = tmp_path / "hardware.json"
+    epyc = hw.cpu_info(write(tmp_path, EPYC))
+    hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16)
+    data = json.loads(cache.read_text())
+    (key,) = data["entries"]
+    data["entries"][key] = {"fp32_flops": "fast"}  # this machine's entry, unreadable
+    cache.write_text(json.dumps(data))
+    assert hw.cached_probe(epyc, cache, probe=lambda: FAST_BF16) == FAST_BF16  # measured again
+    assert hw.cached_probe(epyc, cache, probe=lambda: SLOW_BF16) == FAST_BF16  # and written back
+
+
 def test_real_probe_measures_both_dtypes():
     probe = hw.probe_matmul(size=64, budget_s=0.01)
     assert probe.fp32_flops > 0 and probe.bf16_flops > 0 and probe.threads == 1 and probe.ratio > 0

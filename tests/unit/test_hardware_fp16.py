@@ -109,8 +109,9 @@ def test_the_probe_is_measured_once_and_then_read_from_the_cache(tmp_path):
         key.endswith("-64x64,32x64,32x64,64x64,256x64,256x64,64x256") for key in keys
     )
     assert entries[keys[0]]["cpu_model"] == AVX2.model and entries[keys[0]]["pack_s"] == 0.100
-    # a malformed entry is measured again, not trusted
+    # a malformed entry is measured again, not trusted, and replaced: the next call reads it
     path.write_text(json.dumps({"version": 1, "entries": {key: {"fp32_s": "x"} for key in keys}}))
+    assert cached_fp16_probe(AVX2, path, probe=measure) == PROBE and len(calls) == 3
     assert cached_fp16_probe(AVX2, path, probe=measure) == PROBE and len(calls) == 3
 
 

@@ -199,12 +199,17 @@ def _cache_key(cpu: CpuInfo, torch_version: str) -> str:
 
 
 def cached_entry(
-    kind: str, cpu: CpuInfo, measure: Callable[[], dict[str, Any]], cache_path: Path | None = None
-) -> dict[str, Any]:
-    """The ``kind`` measurement for this CPU and torch version from the cache, or ``measure()`` now and added
-    to it (with the CPU model, flags, torch version and time, for the record).
+    kind: str,
+    cpu: CpuInfo,
+    measure: Callable[[], dict[str, Any]],
+    parse: Callable[[dict[str, Any]], Any],
+    cache_path: Path | None = None,
+) -> Any:
+    """``parse`` of the ``kind`` measurement for this CPU and torch version from the cache, or of
+    ``measure()`` now, added to the cache (with the CPU model, flags, torch version and time, for the record).
 
-    An unreadable or malformed cache file is ignored (and replaced); an unwritable one is left alone."""
+    An unreadable or malformed cache file, or an entry ``parse`` rejects (KeyError, TypeError, ValueError), is
+    measured again and replaced; an unwritable file is left alone."""
     import torch
 
     path = cache_path or default_cache_path()
@@ -214,13 +219,12 @@ def cached_entry(
         data = json.loads(path.read_text())
         entries = data["entries"] if data.get("version") == _CACHE_VERSION else {}
         hit = entries.get(key)
-        if isinstance(hit, dict):
-            return hit
+        if hit is not None:
+            return parse(hit)
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.info("ignoring the hardware cache %s (%s); measuring again", path, exc)
-        entries = {}
     result = measure()
     entries = entries if isinstance(entries, dict) else {}
     entries[key] = result | {
@@ -236,24 +240,22 @@ def cached_entry(
         os.replace(tmp, path)
     except OSError as exc:
         log.info("could not write the hardware cache %s: %s", path, exc)
-    return result
+    return parse(result)
+
+
+def _matmul_probe(entry: dict[str, Any]) -> MatmulProbe:
+    return MatmulProbe(
+        fp32_flops=float(entry["fp32_flops"]),
+        bf16_flops=float(entry["bf16_flops"]),
+        size=int(entry["size"]),
+        threads=int(entry["threads"]),
+        ratios=tuple(float(r) for r in entry.get("ratios", ())),
+    )
 
 
 def cached_probe(cpu: CpuInfo, cache_path: Path | None = None, *, probe=probe_matmul) -> MatmulProbe:
-    """The matmul probe for this CPU and torch version from the cache, or measured now and added to it; an
-    entry that does not parse is measured again."""
-    entry = cached_entry("matmul", cpu, lambda: asdict(probe()), cache_path)
-    try:
-        return MatmulProbe(
-            fp32_flops=float(entry["fp32_flops"]),
-            bf16_flops=float(entry["bf16_flops"]),
-            size=int(entry["size"]),
-            threads=int(entry["threads"]),
-            ratios=tuple(float(r) for r in entry.get("ratios", ())),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        log.info("ignoring a malformed matmul probe entry (%s); measuring again", exc)
-        return probe()
+    """The matmul probe for this CPU and torch version from the cache, or measured now and added to it."""
+    return cached_entry("matmul", cpu, lambda: asdict(probe()), _matmul_probe, cache_path)
 
 
 @dataclass(frozen=True)

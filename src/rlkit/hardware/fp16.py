@@ -161,23 +161,23 @@ def probe_fp16_decode(
         torch.set_num_threads(previous)
 
 
+def _fp16_probe(entry: dict[str, Any]) -> Fp16Probe:
+    return Fp16Probe(
+        fp32_s=float(entry["fp32_s"]),
+        fp16_s=float(entry["fp16_s"]),
+        pack_s=float(entry["pack_s"]),
+        rows=int(entry["rows"]),
+        params=int(entry["params"]),
+    )
+
+
 def cached_fp16_probe(
     cpu: CpuInfo, cache_path: Path | None = None, *, layer: Layer = PROBE_LAYER, probe=probe_fp16_decode
 ) -> Fp16Probe:
     """The fp16 probe of ``layer`` for this CPU and torch version from the cache
     (``$RLKIT_CACHE/hardware.json``), or measured now (``probe(layer)``) and added to it."""
     kind = "fp16-decode-" + ",".join(f"{n}x{k}" for n, k in layer)
-    entry = cached_entry(kind, cpu, lambda: asdict(probe(layer)), cache_path)
-    try:
-        return Fp16Probe(
-            fp32_s=float(entry["fp32_s"]),
-            fp16_s=float(entry["fp16_s"]),
-            pack_s=float(entry["pack_s"]),
-            rows=int(entry["rows"]),
-            params=int(entry["params"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return probe(layer)
+    return cached_entry(kind, cpu, lambda: asdict(probe(layer)), _fp16_probe, cache_path)
 
 
 def fp16_decode_pays(probe: Fp16Probe, max_new_tokens: int) -> tuple[bool, str]:
