@@ -19,6 +19,7 @@ import torch
 
 __all__ = [
     "Workload",
+    "gpu_record",
     "matmul_peak_flops",
     "memory_bandwidth",
     "update_flops",
@@ -123,6 +124,7 @@ class Workload:
     warmup: int = 1  # steps run before the measured ones (first-call costs: allocations, lazy init)
     lr: float = 1e-6
     seed: int = 1
+    device: str = "cpu"  # cpu | cuda (benchmarks/gpu_check.sh: both toolkits on one GPU)
 
     @property
     def completions(self) -> int:
@@ -145,6 +147,7 @@ def workload_args(description: str) -> tuple[Workload, Path]:
         ("warmup", int),
         ("lr", float),
         ("seed", int),
+        ("device", str),
     ):
         required = name in ("model", "model-name", "dtype", "data")
         default = None if required else Workload.__dataclass_fields__[name.replace("-", "_")].default
@@ -161,32 +164,56 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def matmul_peak_flops(dtype: str, size: int = 1024, reps: int = 5) -> float:
-    """Best-of-``reps`` FLOP/s of one ``size``² matmul in ``dtype`` on the current thread count: an *achieved*
-    rate (the "probe peak" of the tables), not the hardware's peak (``rlkit.model.flops.stated_peak``)."""
+def matmul_peak_flops(dtype: str, size: int = 1024, reps: int = 5, device: str = "cpu") -> float:
+    """Best-of-``reps`` FLOP/s of one ``size``² matmul in ``dtype`` on the current thread count (or the GPU
+    ``device`` names): an *achieved* rate (the "probe peak" of the tables), not the hardware's peak
+    (``rlkit.model.flops.stated_peak``)."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)
+    a, b = torch.randn(size, size, dtype=dt, device=device), torch.randn(size, size, dtype=dt, device=device)
     a @ b  # warm-up
     best = float("inf")
     for _ in range(reps):
+        _sync(device)
         start = time.perf_counter()
         a @ b
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
 
 
-def memory_bandwidth(mib: int = 256, reps: int = 5) -> float:
+def memory_bandwidth(mib: int = 256, reps: int = 5, device: str = "cpu") -> float:
     """Best-of-``reps`` bytes/s of reading one buffer of ``mib`` MiB (fp32, far larger than the caches) with
-    a reduction on the current thread count: the rate at which a decode step can stream the weights.
-    A sum reads each byte once and writes nothing, the access pattern of a matrix-vector product."""
-    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    a reduction on the current thread count (or the GPU ``device`` names): the rate at which a decode step
+    can stream the weights. A sum reads each byte once and writes nothing, the access pattern of a
+    matrix-vector product."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
     x.sum()  # warm-up: pages touched
     best = float("inf")
     for _ in range(reps):
+        _sync(device)
         start = time.perf_counter()
         x.sum()
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return x.numel() * 4 / best
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def gpu_record(device: str) -> dict:
+    """The GPU a ``--device cuda`` run used and its peak memory (empty on the CPU)."""
+    if device == "cpu":
+        return {}
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "gpu_memory_gb": props.total_memory / 2**30,
+        "cuda": torch.version.cuda,
+        "max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+    }
 
 
 def update_flops(n_params: int, tokens: int) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     Workload,
+    gpu_record,
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
@@ -65,8 +66,11 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
             },
         },
         "resources": {
+            "device": w.device,
             "threads_per_worker": 1,
-            "pools": {"global": {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1}},
+            "pools": {
+                "global": {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1, "gpus_per_bundle": 1}
+            },
         },
         "trainer": {
             "total_steps": w.warmup + w.steps,
@@ -98,7 +102,7 @@ def main() -> None:
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
 
-    peak = matmul_peak_flops(w.dtype)
+    peak = matmul_peak_flops(w.dtype, device=w.device)
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         path = Path(tmp) / "recipe.yaml"
         path.write_text(yaml.safe_dump(recipe_dict(w, str(Path(tmp) / "out"))))
@@ -124,7 +128,7 @@ def main() -> None:
                     steps.append(phases(metrics, wall))
         finally:
             runtime.close()
-    peak = max(peak, matmul_peak_flops(w.dtype))
+    peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
     write_result(
         out,
         w,
@@ -134,7 +138,14 @@ def main() -> None:
             "startup_s": startup_s,
             "peak_flops": peak,
             "n_params": runtime.n_params,
-            "bandwidth": memory_bandwidth(),
+            "bandwidth": memory_bandwidth(device=w.device),
+            # the worker's peak on the GPU (perf/max_memory_allocated_gb of the last step), not the driver's
+            **gpu_record(w.device),
+            **(
+                {"max_memory_allocated_gb": metrics["perf/max_memory_allocated_gb"]}
+                if w.device != "cpu"
+                else {}
+            ),
             "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
         },
     )

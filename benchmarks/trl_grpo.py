@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     arithmetic_reward,
+    gpu_record,
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
@@ -47,7 +48,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    peak = matmul_peak_flops(w.dtype)
+    peak = matmul_peak_flops(w.dtype, device=w.device)
     rows = pd.read_parquet(w.data).head(w.prompts)
     dataset = Dataset.from_list(
         [
@@ -112,7 +113,7 @@ def main() -> None:
             save_strategy="no",
             logging_steps=1,
             disable_tqdm=True,
-            use_cpu=True,
+            use_cpu=w.device == "cpu",
             seed=w.seed,
             data_seed=w.seed,
             max_steps=w.warmup + w.steps,
@@ -159,7 +160,7 @@ def main() -> None:
         startup_s = time.perf_counter() - launched
         trainer.train()
     n_params = sum(p.numel() for p in model.parameters())
-    peak = max(peak, matmul_peak_flops(w.dtype))
+    peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
     write_result(
         out,
         w,
@@ -169,7 +170,8 @@ def main() -> None:
             "startup_s": startup_s,
             "peak_flops": peak,
             "n_params": n_params,
-            "bandwidth": memory_bandwidth(),
+            "bandwidth": memory_bandwidth(device=w.device),
+            **gpu_record(w.device),
             "update_flops": update_flops(n_params, tokens_seen[-1]),
         },
     )
