@@ -34,14 +34,14 @@ setup() {
 }
 
 tests() {
-  python3 -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml="$OUT/cuda-junit.xml" \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml="$OUT/cuda-junit.xml" \
     tests/unit/test_device.py tests/unit/algos/test_algos_cuda.py tests/unit/rollout/test_hf_cuda.py
 }
 
 smoke() {
   local rc=0 r
   for r in grpo ppo; do
-    python3 -m rlkit run "recipes/$r.yaml" --smoke resources.device=cuda resources.pools.global.gpus_per_bundle=1 \
+    timeout 240 python3 -m rlkit run "recipes/$r.yaml" --smoke resources.device=cuda resources.pools.global.gpus_per_bundle=1 \
       actor.mixed_precision=bf16 || rc=1
     cp "outputs/smoke/$r/metrics.jsonl" "$OUT/smoke-$r-metrics.jsonl" || rc=1
   done
@@ -59,7 +59,7 @@ quickstart() {
   python3 -m pip install -q --no-index --no-deps "$KEEP/$name" "$KEEP"/trl-*.whl || return 1
   python3 -m rlkit data arithmetic --output data/arithmetic || return 1
   local start=$SECONDS
-  python3 -m rlkit run recipes/quickstart.yaml resources.device=cuda trainer.output_dir="$KEEP/quickstart" || return 1
+  timeout 360 python3 -m rlkit run recipes/quickstart.yaml resources.device=cuda trainer.output_dir="$KEEP/quickstart" || return 1
   echo "quickstart wall: $((SECONDS - start)) s"
   cp "$KEEP/quickstart/metrics.jsonl" "$OUT/quickstart-metrics.jsonl"
 }
@@ -69,7 +69,7 @@ harness() {
   model=$(python3 -c "from rlkit.model.smollm2 import smollm2_dir; print(smollm2_dir())") || return 1
   python3 -m rlkit data arithmetic --output "$KEEP/bench-data" --train-size 64 --test-size 8 || return 1
   for fw in rlkit trl; do
-    python3 "benchmarks/${fw}_grpo.py" --device cuda --model "$model" --model-name smollm2 --dtype bf16 \
+    timeout 240 python3 "benchmarks/${fw}_grpo.py" --device cuda --model "$model" --model-name smollm2 --dtype bf16 \
       --data "$KEEP/bench-data/train.parquet" --prompts 8 --group 8 --tokens 256 --steps 3 --warmup 1 \
       --out "$OUT/harness-$fw.json" || rc=1
   done
