@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/gpu-out}
 KEEP=/root/rlkit-gpu  # survives between calls while the machine stays warm
 mkdir -p "$OUT" "$KEEP"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
-export PYTHONUNBUFFERED=1 RLKIT_CACHE=$KEEP/cache
+export PYTHONUNBUFFERED=1 RLKIT_CACHE=$KEEP/cache RLKIT_DEBUG=1  # full tracebacks
 if [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; fi
 
 setup() {

@@ -88,7 +88,8 @@ def test_on_cuda_one_fsdp2_step_over_nccl(tiny_model_dir):
         torch.cuda.set_device(device)
         address = f"tcp://127.0.0.1:{{find_free_port()}}"
         dist.init_process_group(plan.backend, init_method=address, rank=0, world_size=1)
-        module = fsdp.fsdp_wrap(load_model(ModelConfig(path={str(tiny_model_dir)!r})), device)
+        model = load_model(ModelConfig(path={str(tiny_model_dir)!r}))
+        module = fsdp.fsdp_wrap(model, device, plain_at_world_size_1=False)  # FSDP2 even at world size 1
         opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
         before = [p.detach().full_tensor().clone() for p in module.parameters()]
         ids = torch.randint(0, 100, (2, 16), device=device)

@@ -255,9 +255,15 @@ def clip_grad_norm(module: nn.Module, max_norm: float) -> float:
 
 
 def all_reduce(values: torch.Tensor, op=None) -> torch.Tensor:
-    """In-place all-reduce (SUM by default) when a process group exists; returns ``values``."""
+    """In-place all-reduce (SUM by default) when a process group exists; returns ``values``. A CPU tensor
+    under NCCL (which reduces GPU memory only) goes through this rank's GPU and back."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(values, op=op or dist.ReduceOp.SUM)
+        if values.device.type == "cpu" and dist.get_backend() == "nccl":
+            on_gpu = values.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_gpu, op=op or dist.ReduceOp.SUM)
+            values.copy_(on_gpu)
+        else:
+            dist.all_reduce(values, op=op or dist.ReduceOp.SUM)
     return values
 
 

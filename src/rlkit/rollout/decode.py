@@ -176,8 +176,10 @@ class Decoding:
         unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
         share = self.plan.share_prefill and len(unique) < len(rows)
         if share:
-            first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce_(
-                0, inverse, torch.arange(len(rows)), reduce="amin"
+            first = torch.full(
+                (len(unique),), len(rows), dtype=torch.long, device=rows.device
+            ).scatter_reduce_(
+                0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin"
             )  # one representative row per prompt
             ids, mask, pos = ids[first], mask[first], pos[first]
         # the last position as an index tensor, not ``logits_to_keep=1``: HF slices ``hidden[:, -1:, :]``

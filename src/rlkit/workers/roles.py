@@ -167,7 +167,7 @@ class ActorRolloutRefWorker(Worker):
         finally:
             self._sleep_engine()
         out.meta.setdefault("metrics", {})["perf/worker_s/gen"] = time.perf_counter() - start
-        return out
+        return out.to("cpu")  # the driver's side of every role call is host memory
 
     def sync_weights(self) -> None:
         """Hand the actor's current weights to the rollout (shared module here: nothing is copied)."""
@@ -199,13 +199,15 @@ class ActorRolloutRefWorker(Worker):
     ) -> Batch:
         """``old_log_prob [B, T]`` (+ ``entropy``, ``sum_pi_squared`` [B, T]) under the current actor
         weights."""
-        return self._need("actor").compute_log_prob(
-            batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
+        return (
+            self._need("actor")
+            .compute_log_prob(batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared)
+            .to("cpu")
         )
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]`` under the frozen reference model."""
-        return self._need("ref").compute_ref_log_prob(batch)
+        return self._need("ref").compute_ref_log_prob(batch).to("cpu")
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One training step of the policy (``FSDPActor.update``); ``actor/*`` metrics."""
@@ -300,7 +302,7 @@ class CriticWorker(Worker):
 
     def compute_values(self, batch: Batch) -> Batch:
         """``values [B, T]``."""
-        return self.critic.compute_values(batch)
+        return self.critic.compute_values(batch).to("cpu")
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Clipped value update on ``values``, ``returns``; ``critic/*`` metrics."""
@@ -347,7 +349,7 @@ class RefWorker(Worker):
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob [B, T]``."""
-        return self.ref.compute_ref_log_prob(batch)
+        return self.ref.compute_ref_log_prob(batch).to("cpu")
 
     def save_checkpoint(self, directory: str) -> None:
         """The reference never changes: nothing to save."""
@@ -391,7 +393,7 @@ class RewardModelWorker(Worker):
         )
 
     def compute_rm_score(self, batch: Batch) -> Batch:
-        return self.rm.compute_rm_score(batch)
+        return self.rm.compute_rm_score(batch).to("cpu")
 
     def save_checkpoint(self, directory: str) -> None:
         """A frozen reward model: nothing to save."""
