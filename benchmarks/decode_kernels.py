@@ -12,7 +12,13 @@ decode step does (a loop over one matrix would read it from cache and overstate 
   inductor uses for frozen fp32 linears);
 - ``onednn``: oneDNN's linear on mkldnn tensors (``torch._C._nn.mkldnn_linear``);
 - ``fbgemm_fp16``: fbgemm's fp16-weight GEMM (``torch.ops.quantized.linear_dynamic_fp16``; fp32 activations),
-  what ``rollout.backend.dtype=float16`` decodes with (``rlkit.rollout.fp16_weights``).
+  what ``rollout.backend.dtype=float16`` decodes with (``rlkit.rollout.fp16_weights``);
+- ``fbgemm_fp16_fused``: the same with q/k/v packed as one matrix and gate/up as another (4 GEMMs per layer
+  instead of 7; the outputs split), the "fewer ops per layer" idea of issue 30, measured before building it;
+- ``int8_weight_only``: int8 weights with a per-row scale, fp32 activations (``torch._weight_int8pack_mm``,
+  torchao's weight-only int8 path; no packing step).
+
+``--kernels`` picks some (default: all).
 
 Prints ms per step (the 210 layer linears, not the head), the weight bytes read per second and the GFLOP/s,
 beside the machine (CPU model, flags, matmul peak, read bandwidth); one torch thread unless ``--threads``.
@@ -34,7 +40,30 @@ LAYERS = 30
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # (out, in)
 
 
-def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list) -> dict:
+def _fused(weights: list) -> list:
+    """Per layer: [q;k;v], o, [gate;up], down packed for fbgemm (``SHAPES`` order), with the split sizes."""
+    import torch
+
+    out = []
+    for q, k, v, o, gate, up, down in weights:
+        for parts in ([q, k, v], [o], [gate, up], [down]):
+            packed = torch.ops.quantized.linear_prepack_fp16(torch.cat(parts), None)
+            out.append((packed, parts[0].shape[1], [p.shape[0] for p in parts]))
+    return out
+
+
+def _int8(flat: list) -> list:
+    """Each weight as int8 with a per-output-row scale (symmetric, absmax / 127)."""
+    import torch
+
+    out = []
+    for w in flat:
+        scale = w.abs().amax(1) / 127
+        out.append((torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale))
+    return out
+
+
+def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list, int8: list) -> dict:
     """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m,
     in]}``)."""
     import torch
@@ -55,6 +84,10 @@ def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list) -> dict:
             torch.ops.quantized.linear_dynamic_fp16(xs[w.shape[1]], p)
             for w, p in zip(flat, fp16, strict=True)
         ],
+        "fbgemm_fp16_fused": lambda: [
+            torch.ops.quantized.linear_dynamic_fp16(xs[k], p).split(sizes, -1) for p, k, sizes in fused
+        ],
+        "int8_weight_only": lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in int8],
     }
 
 
@@ -66,6 +99,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,16,32", help="M: rows decoded at once, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", default="", help="comma-separated names (default: all)")
     args = parser.parse_args()
     import torch
 
@@ -76,6 +110,7 @@ def main() -> None:
     nbytes = sum(w.numel() * 4 for w in flat)
     fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
     onednn = [w.to_mkldnn() for w in flat]
+    fused, int8 = _fused(weights), _int8(flat)
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
     head = (
         f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth "
@@ -85,7 +120,9 @@ def main() -> None:
     lines, medians = [head], {}
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
-        kernels = _kernels(flat, xs, m, fp16, onednn)
+        kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8)
+        if args.kernels:
+            kernels = {name: kernels[name] for name in args.kernels.split(",")}
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for fn in kernels.values():
             fn()  # warm-up
