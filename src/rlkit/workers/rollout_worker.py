@@ -96,7 +96,7 @@ class RolloutWorker(Worker):
         """As ``ActorRolloutRefWorker.generate_sequences``; every row also gets ``rollout_version [B]``
         (long), the weights version it was generated with."""
         start = time.perf_counter()
-        out = self.rollout.generate(prompts, **sampling)
+        out = self.rollout.generate(prompts, **sampling).to("cpu")  # the driver's side is host memory
         out["rollout_version"] = torch.full((len(out),), self.version, dtype=torch.long)
         metrics = out.meta.setdefault("metrics", {})
         metrics["perf/worker_s/gen"] = time.perf_counter() - start
