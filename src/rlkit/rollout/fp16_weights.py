@@ -79,6 +79,22 @@ def _packable(name: str, module: nn.Module) -> bool:
     return type(module) is nn.Linear and "lora_" not in name
 
 
+def _pack_all(jobs: list[tuple[Fp16Linear, nn.Linear, str]]) -> None:
+    """``target.pack(linear, name)`` for each job, on as many threads as torch's intra-op count (the worker's
+    ``threads_per_worker``): fbgemm's packing is single-threaded C++ that releases the GIL, so a 2-thread
+    worker packs two linears at once (docs/benchmarks.md). The packed weights are the same either way."""
+    threads = min(torch.get_num_threads(), len(jobs))
+    if threads <= 1:
+        for target, linear, name in jobs:
+            target.pack(linear, name)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="rlkit-fp16-pack") as pool:
+        for done in [pool.submit(target.pack, linear, name) for target, linear, name in jobs]:
+            done.result()  # a weight beyond fp16's range raises here, naming the linear
+
+
 def _version(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t._version
 
@@ -110,13 +126,16 @@ class Fp16DecodeCopy:
         every other parameter and buffer; returns the copy."""
         fresh, self._repacked, self._built = self._built > 0, self._built, 0
         with torch.no_grad():
+            todo = []
             for name in self.names:
                 linear = source.get_submodule(name)
                 now = _version(linear.weight)
                 moved = trainable_moved and linear.weight.requires_grad
                 if not fresh and (moved or now != self.packed_at[name]):
-                    self.module.get_submodule(name).pack(linear, name)
-                    self.packed_at[name], self._repacked = now, self._repacked + 1
+                    todo.append((name, linear, now))
+            _pack_all([(self.module.get_submodule(name), linear, name) for name, linear, _ in todo])
+            for name, _, now in todo:
+                self.packed_at[name], self._repacked = now, self._repacked + 1
             mine = dict(self.module.named_parameters())
             for name, p in source.named_parameters():
                 if name in mine:

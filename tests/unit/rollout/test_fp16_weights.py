@@ -191,3 +191,49 @@ def test_a_weight_beyond_fp16_range_is_an_error_naming_the_layer():
         model[1].weight[0, 0] = 1e6
     with pytest.raises(RlkitError, match=r"float16: 1's weight holds 1e\+06, beyond fp16's range.*float32"):
         Fp16DecodeCopy(model)
+
+
+def test_a_two_thread_worker_repacks_on_two_threads_to_the_same_weights(tiny_model_dir, monkeypatch):
+    """With 2 torch threads the repack after an update runs on a pool of 2 packing threads (fbgemm's
+    packing is single-threaded); the copy computes exactly what a 1-thread repack gives, and what the rounded
+    model does."""
+    import threading
+
+    tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
+    model = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()
+    ids = tok(["What is 2 + 3?"], return_tensors="pt")
+    packers: set[str] = set()
+    pack = Fp16Linear.pack
+
+    def recorded(self, linear, name=""):
+        packers.add(threading.current_thread().name)
+        return pack(self, linear, name)
+
+    monkeypatch.setattr(Fp16Linear, "pack", recorded)
+    threads = torch.get_num_threads()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copies = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            fp16 = Fp16DecodeCopy(model)
+            fp16.refresh(model)  # the construction's packing
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.01)  # an update: every trainable linear is repacked
+                packers.clear()
+                copies[n] = fp16.refresh(model, trainable_moved=True)(**ids).logits
+            model.load_state_dict(before)
+            assert fp16.repacked == _linears(model)
+            if n == 1:  # packed in place, on the caller's thread
+                assert packers == {threading.current_thread().name}
+            else:  # by the packing pool (how many of its 2 threads took jobs is up to the scheduler)
+                assert packers and all(t.startswith("rlkit-fp16-pack") for t in packers)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(copies[1], copies[2])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+        want = _rounded(model)(**ids).logits
+    torch.testing.assert_close(copies[2], want, atol=5e-4, rtol=1e-3)  # fbgemm sums in another order
