@@ -25,7 +25,7 @@ from rlkit.cli.smoke import (
 from rlkit.plugin.registry import build_registries, load_object
 from rlkit.recipe import validate_recipe
 from rlkit.recipe.load import load_yaml
-from rlkit.recipe.validate import _check_batch_sizes
+from rlkit.recipe.rules import _check_batch_sizes
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
