@@ -110,7 +110,9 @@ def main() -> None:
     nbytes = sum(w.numel() * 4 for w in flat)
     fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
     onednn = [w.to_mkldnn() for w in flat]
-    fused, int8 = _fused(weights), _int8(flat)
+    wanted = set(args.kernels.split(",")) if args.kernels else None  # None: every kernel
+    fused = _fused(weights) if wanted is None or "fbgemm_fp16_fused" in wanted else []
+    int8 = _int8(flat) if wanted is None or "int8_weight_only" in wanted else []
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
     head = (
         f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth "

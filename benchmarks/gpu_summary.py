@@ -54,6 +54,16 @@ def _setup(path: Path) -> dict:
     }
 
 
+def _quickstart_rows() -> int:
+    """Responses per quickstart step: the recipe's prompts per step × samples per prompt."""
+    import yaml
+
+    recipe = yaml.safe_load(
+        (Path(__file__).resolve().parent.parent / "recipes" / "quickstart.yaml").read_text()
+    )
+    return recipe["data"]["train_batch_size"] * recipe["rollout"]["n"]
+
+
 def _quickstart(rows: list[dict], peak_tflops: float) -> dict:
     steps = [r for r in rows if "timing_s/step" in r]
     steady = steps[2:]  # steps 1-2 pay CUDA/cuBLAS warm-up (8.0 s and 4.5 s here)
@@ -69,7 +79,8 @@ def _quickstart(rows: list[dict], peak_tflops: float) -> dict:
     update_tflops = statistics.median(
         r["perf/flops/actor"] / r["timing_s/update_actor"] / 1e12 for r in steady
     )
-    gen_tokens = [r["response_length/mean"] * 64 for r in steady]  # 8 prompts × 8 samples
+    rows = _quickstart_rows()
+    gen_tokens = [r["response_length/mean"] * rows for r in steady]
     return {
         "steps": len(steps),
         "steady_steps": f"{steady[0]['step']}-{steady[-1]['step']}",

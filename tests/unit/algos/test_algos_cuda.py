@@ -11,12 +11,12 @@ from test_algos_registry_purity import (
     ALGORITHM_KEYS,
     ESTIMATORS,
     LOSSES,
+    estimator_inputs,
     fields,
     resolved,
     small_batch,
 )
 
-from rlkit.algos.estimators import EstimatorInputs
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
 
@@ -37,21 +37,8 @@ def _estimate(spec, est, device):
     rewards, mask, index, values, baselines = small_batch()
     # graded, mixed rewards in both groups: every estimator's advantages are non-zero somewhere
     rewards[torch.arange(6), mask.sum(-1).long() - 1] = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 0.25])
-    rewards, mask, index, values, baselines = _to((rewards, mask, index, values, baselines), device)
-    otb = (
-        {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask}
-        if spec.needs_sum_pi_squared
-        else {}
-    )
-    inputs = EstimatorInputs(
-        rewards,
-        mask,
-        index,
-        values=values if spec.needs_critic else None,
-        reward_baselines=baselines if spec.needs_greedy_baseline else None,
-        **otb,
-    )
-    return est.fn(inputs, **est.kwargs)
+    batch = _to((rewards, mask, index, values, baselines), device)
+    return est.fn(estimator_inputs(spec, *batch), **est.kwargs)
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)

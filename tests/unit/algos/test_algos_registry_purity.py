@@ -78,6 +78,24 @@ def small_batch(b=6, t=4):
     return rewards, mask, index, torch.randn(b, t, generator=g), torch.rand(b, generator=g)
 
 
+def estimator_inputs(spec, rewards, mask, index, values, baselines) -> EstimatorInputs:
+    """What the advantage phase hands ``spec`` 's estimator for ``small_batch`` 's tensors: only the optional
+    inputs the spec declares (critic values, greedy baselines, OTB's old log-probs and sum of pi²)."""
+    otb = (
+        {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask}
+        if spec.needs_sum_pi_squared
+        else {}
+    )
+    return EstimatorInputs(
+        rewards,
+        mask,
+        index,
+        values=values if spec.needs_critic else None,
+        reward_baselines=baselines if spec.needs_greedy_baseline else None,
+        **otb,
+    )
+
+
 def fields(spec) -> set[str]:
     model = params_model(spec)
     return set(model.model_fields) if model is not None else set()
@@ -101,21 +119,8 @@ def test_estimator_registered_and_callable(registries, name):
     assert set(names[1:]) == fields(spec)  # one inputs object, then exactly its parameters
     est = resolved(registries, "algorithm.estimator", "estimators", name, ALGORITHM_KEYS)
     assert est.kwargs == {k: ALGORITHM_KEYS[k] for k in fields(spec)}
-    rewards, mask, index, values, baselines = small_batch()
-    otb = (
-        {"old_log_prob": -values.abs() * mask, "sum_pi_squared": 0.5 * mask}
-        if spec.needs_sum_pi_squared
-        else {}
-    )
-    inputs = EstimatorInputs(
-        rewards,
-        mask,
-        index,
-        values=values if spec.needs_critic else None,
-        reward_baselines=baselines if spec.needs_greedy_baseline else None,
-        **otb,
-    )
-    adv, ret = est.fn(inputs, **est.kwargs)
+    rewards, *_ = batch = small_batch()
+    adv, ret = est.fn(estimator_inputs(spec, *batch), **est.kwargs)
     assert adv.shape == ret.shape == rewards.shape
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert spec.paper and spec.description

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_hf import prompts  # the tests/unit/rollout prompts: left-padded, lengths differ
 
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig, RolloutConfig
@@ -20,21 +21,6 @@ def tok_and_cuda_model(tiny_model_dir):
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
     return tok, load_model(cfg, tokenizer=tok).eval().to(CUDA)
-
-
-def _prompts(tok):
-    from rlkit.batch import Batch
-
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(3)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: the prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 def _recomputed_log_probs(model, out, temperature: float) -> torch.Tensor:
@@ -64,7 +50,7 @@ def test_hf_rollout_on_cuda_samples_log_probs_a_forward_reproduces(tok_and_cuda_
         seed=1,
         params=HFRolloutParams(dtype=dtype),
     )
-    out = ro.generate(_prompts(tok))
+    out = ro.generate(prompts(tok))
     assert out["responses"].shape == (12, 12)
     rm = out["response_mask"]
     assert rm.sum() > 0 and torch.equal(rm, rm.cummin(1).values)
@@ -78,7 +64,7 @@ def test_hf_rollout_on_cuda_samples_log_probs_a_forward_reproduces(tok_and_cuda_
 
 def test_hf_rollout_greedy_on_cuda_matches_transformers_generate(tok_and_cuda_model):
     tok, model = tok_and_cuda_model
-    p = _prompts(tok)
+    p = prompts(tok)
     ro = HFRollout(
         module=model, tokenizer=tok, rollout_config=RolloutConfig(n=1), max_response_length=12, device=CUDA
     )
