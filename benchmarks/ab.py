@@ -16,9 +16,15 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   phase hands the rollout the weights after each update, as the weight sync does, so B repacks them
   precision  fp32 everywhere vs bf16 autocast plus a bf16 decode copy (what ``auto`` picks between)
   pack   actor: each micro-batch in the cheapest layout incl. packed rows (rlkit.model.packing) vs
-  shared/padded fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head)
-  vs [b, t, V] logits micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch
-  (same gradient)
+         shared/padded
+  fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V]
+         logits
+  micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
+  malloc glibc's malloc keeps freed memory for reuse (``keep_freed_memory``: no mmap'd blocks, no heap trim)
+         vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Page faults"). The setting is
+         process-wide, so A and B run in separate processes: ``--processes`` pairs (A B, then B A, ...), each
+         with ``--reps`` reps after its warm-up; the medians are over all reps
+Every rep also records the minor page faults it took (``ru_minflt``) and the resident memory after it.
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
 One actor per variant (same seed, same weights), world size 1 (gloo), ``--threads`` torch threads (1).
@@ -33,9 +39,13 @@ memory). Everything printed after the warm-up also goes to
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     arithmetic_chat_texts,
     hardware_line,
+    keep_freed_memory,
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
@@ -121,7 +132,16 @@ def main() -> None:
         help="warm up each variant on one prompt: this many tokens and a forward pass "
         "(0 = one full round). The optimizer's first-step allocation then falls in A's and B's first rep",
     )
+    parser.add_argument(
+        "--processes", type=int, default=2, help="malloc: pairs of processes (A B, B A, ...) to run"
+    )
+    parser.add_argument("--child-json", default=None, help=argparse.SUPPRESS)  # malloc: a child's raw numbers
     args = parser.parse_args()
+    if args.change == "malloc" and args.only is None:
+        across_processes(args)
+        return
+    if args.change == "malloc" and args.only == "on" and not keep_freed_memory():
+        raise SystemExit("ab.py --change malloc: this C library is not glibc; nothing to compare")
     machine = hardware_line()
     import torch
 
@@ -192,11 +212,14 @@ def main() -> None:
     cpu_s: dict[bool, list[float]] = {False: [], True: []}  # process CPU seconds: robust to other jobs' load
     executed: dict[bool, float] = {}  # FLOPs the last update of each variant executed (perf/flops/actor)
     parts: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (gen, the rest) wall s per rep
+    faults: dict[bool, list[int]] = {False: [], True: []}  # minor page faults per rep
+    rss: dict[bool, list[float]] = {False: [], True: []}  # resident MiB after each rep
 
     def run(on: bool, small: bool = False, record: bool = True) -> float:
         actor, rollout = built[on]
         p, b = (prompts[:1], batch[: max(2, n)]) if small else (prompts, batch)
         with variant(args.change, on):
+            faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start, cpu_start = time.perf_counter(), time.process_time()
             if args.phase in ("gen", "step"):
                 rollout.generate(p, n=n, **({"max_new_tokens": args.warmup_tokens} if small else {}))
@@ -211,6 +234,8 @@ def main() -> None:
             if record:
                 cpu_s[on].append(time.process_time() - cpu_start)
                 parts[on].append((gen_end - start, time.perf_counter() - gen_end))
+                faults[on].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start)
+                rss[on].append(resident_mib())
             return time.perf_counter() - start
 
     for on in variants:
@@ -231,14 +256,30 @@ def main() -> None:
             "wall_s": {"off": times[False], "on": times[True]},
             "cpu_s": {"off": cpu_s[False], "on": cpu_s[True]},
             "gen_and_rest_s": {"off": parts[False], "on": parts[True]},
+            "minor_faults": {"off": faults[False], "on": faults[True]},
+            "resident_mib": {"off": rss[False], "on": rss[True]},
         }
         print("results:", save_results(f"ab-{args.change}", record, "\n\n".join(report)))
 
     emit(machine + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)")
     if args.only is not None:
-        import resource
-
         on = variants[0]
+        if args.child_json:  # one process of ``across_processes``: its numbers go back to the parent
+            Path(args.child_json).write_text(
+                json.dumps(
+                    {
+                        "machine": machine,
+                        "wall_s": times[on],
+                        "cpu_s": cpu_s[on],
+                        "gen_and_rest_s": parts[on],
+                        "minor_faults": faults[on],
+                        "resident_mib": rss[on],
+                        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10,
+                    }
+                )
+            )
+            dist.destroy_process_group()
+            return
         emit(
             f"{args.change} {args.phase} {args.dtype} {args.only} alone: {statistics.median(times[on]):.3f} "
             f"s {[round(x, 3) for x in times[on]]}; peak RSS "
@@ -248,6 +289,7 @@ def main() -> None:
         dist.destroy_process_group()
         return
     a, b = statistics.median(times[False]), statistics.median(times[True])
+    emit_faults(emit, faults, rss)
     emit(
         f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
         f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})"
@@ -277,6 +319,76 @@ def main() -> None:
     )
     save()
     dist.destroy_process_group()
+
+
+def resident_mib() -> float:
+    """This process's resident memory now, MiB (Linux; 0 elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def emit_faults(emit, faults: dict, rss: dict) -> None:
+    """One line per variant: median minor page faults per rep and the resident memory after the reps."""
+    for on in (False, True):
+        if faults[on]:
+            emit(
+                f"  {'B(on)' if on else 'A(off)'}: minor page faults per rep median "
+                f"{statistics.median(faults[on]):.0f} {faults[on]}; resident MiB after each rep "
+                f"{[round(x) for x in rss[on]]}"
+            )
+
+
+def across_processes(args) -> None:
+    """``--change malloc``: A and B in separate processes, ``args.processes`` pairs in alternating order,
+    each a child run of this script with ``--only``; reports the medians over every child's reps."""
+    argv = sys.argv[1:]
+    got: dict[bool, list[dict]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.processes):
+            for on in (False, True) if pair % 2 == 0 else (True, False):
+                out = Path(tmp) / f"{pair}-{int(on)}.json"
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    *argv,
+                    "--only",
+                    "on" if on else "off",
+                    "--child-json",
+                    str(out),
+                ]
+                subprocess.run(cmd, check=True)
+                got[on].append(json.loads(out.read_text()))
+    merged = {on: {k: [x for child in got[on] for x in child[k]] for k in ("wall_s", "cpu_s")} for on in got}
+    faults = {on: [x for child in got[on] for x in child["minor_faults"]] for on in got}
+    rss = {on: [x for child in got[on] for x in child["resident_mib"]] for on in got}
+    report: list[str] = []
+
+    def emit(text: str) -> None:
+        print(text, flush=True)
+        report.append(text)
+
+    emit(
+        got[False][0]["machine"] + f"; load average {os.getloadavg()[0]:.2f}; {args.threads} torch thread(s)"
+    )
+    a, b = statistics.median(merged[False]["wall_s"]), statistics.median(merged[True]["wall_s"])
+    walls = {on: [round(x, 3) for x in merged[on]["wall_s"]] for on in merged}
+    emit(
+        f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  over "
+        f"{args.processes} process pairs × {args.reps} reps (A {walls[False]}, B {walls[True]})"
+    )
+    emit_faults(emit, faults, rss)
+    for on in (False, True):
+        emit(
+            f"  {'B(on)' if on else 'A(off)'}: peak RSS per process MiB "
+            f"{[round(child['peak_rss_mib']) for child in got[on]]}"
+        )
+    ca, cb = statistics.median(merged[False]["cpu_s"]), statistics.median(merged[True]["cpu_s"])
+    emit(f"  process CPU s: A {ca:.3f}  B {cb:.3f}  B/A {cb / ca:.3f}")
+    record = {"args": vars(args), "children": {"off": got[False], "on": got[True]}}
+    print("results:", save_results(f"ab-{args.change}", record, "\n\n".join(report)))
 
 
 if __name__ == "__main__":

