@@ -4,11 +4,12 @@
     OMP_NUM_THREADS=1 python benchmarks/decode_compile.py --rows 8 --tokens 64 --dtype float16
 
 Three per-step times (median over ``tokens - 1`` greedy decode steps after a 40-token prefill, SmolLM2,
-one thread; ``--dtype float16`` decodes through the fbgemm fp16 decode copy, ``rlkit.rollout.fp16_weights``,
-whose non-GEMM ops are about half of the eager step: the part inductor can fuse): eager with rlkit's slab cache (``rlkit.rollout.decode``), eager with transformers'
+one thread): eager with rlkit's slab cache (``rlkit.rollout.decode``), eager with transformers'
 ``StaticCache`` (fixed shapes: what compiling needs), and ``torch.compile`` (inductor) of the step with the
 StaticCache — its first call (the compile) reported apart, then a second generation with the compiled
-step. Break-even = compile seconds / saving per step, in decode steps.
+step. Break-even = compile seconds / saving per step, in decode steps. ``--dtype float16`` decodes through
+the fbgemm fp16 decode copy (``rlkit.rollout.fp16_weights``), whose non-GEMM ops are about half of the eager
+step: the part inductor can fuse.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def main() -> None:
     eager_static = statistics.median(generate(step, True))
     # the cache's per-layer update specialises on its layer: let every layer compile (the default limit of 8
     # leaves the rest of the model eager after the eighth)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(model.model.layers))
+    torch._dynamo.config.recompile_limit = max(
+        torch._dynamo.config.recompile_limit, 4 * len(model.model.layers)
+    )
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 64 * len(model.model.layers)
     )
@@ -106,8 +109,9 @@ def main() -> None:
     second = statistics.median(generate(compiled, True))
     saving = eager_slab - second
     report(
-        f"{rows} rows, {args.dtype} weights: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache {eager_static * 1e3:.0f} "
-        f"ms/step, compiled StaticCache {second * 1e3:.0f} ms/step; compile (first call) {first[0]:.0f} s; "
+        f"{rows} rows, {args.dtype} weights: eager slab {eager_slab * 1e3:.0f} ms/step, eager StaticCache "
+        f"{eager_static * 1e3:.0f} ms/step, compiled StaticCache {second * 1e3:.0f} ms/step; compile (first "
+        f"call) {first[0]:.0f} s; "
         f"break-even {'never' if saving <= 0 else f'{first[0] / saving:.0f} steps'} | load "
         f"{os.getloadavg()[0]:.2f}"
     )
