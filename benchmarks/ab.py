@@ -19,6 +19,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          shared/padded
   fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V]
          logits
+  lean   rollout: tokens after the prefill through the lean decode step (rlkit.rollout.lean_step) vs the
+         model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
   malloc glibc's malloc keeps freed memory for reuse (``keep_freed_memory``: no mmap'd blocks, no heap trim)
          vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Page faults"). The setting is
@@ -75,7 +77,9 @@ def plans(change: str, on: bool):
         fused_head=not (change == "fusedhead" and off),
         plain_at_world_size_1=not (change == "fsdp" and off),
     )
-    return forward, DecodePlan(share_prefill=not (change == "prefill" and off))
+    return forward, DecodePlan(
+        share_prefill=not (change == "prefill" and off), lean_step=not (change == "lean" and off)
+    )
 
 
 @contextmanager
@@ -114,6 +118,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--decode-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="rollout.backend.dtype of both variants (the bf16w, fp16w and precision changes set B's own)",
+    )
     parser.add_argument(
         "--eos",
         action="store_true",
@@ -163,7 +173,7 @@ def main() -> None:
     variants = (False, True) if args.only is None else (args.only == "on",)
     for on in variants:
         bf16 = args.dtype == "bf16" or (args.change == "precision" and on)
-        decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else "float32"
+        decode = "bfloat16" if (args.change in ("bf16w", "precision") and on) else args.decode_dtype
         decode = "float16" if (args.change == "fp16w" and on) else decode
         with variant(args.change, on):
             cfg = ActorConfig(

@@ -3,7 +3,8 @@
 ``rlkit.rollout.hf.HFRollout.generate`` calls :func:`decode` with a :class:`DecodePlan` (its constructor
 argument). ``DecodePlan()`` runs the fast loop below; ``DecodePlan(slab_cache=False)`` the plain loop
 (transformers' ``DynamicCache``, every row forwarded to the end), also taken for a model whose cache the slab
-does not fit. Both give the same tokens and log-probs under one seed (``tests/unit/rollout/test_decode.py``):
+does not fit. With ``lean_step=False`` both give the same tokens and log-probs under one seed
+(``tests/unit/rollout/test_decode.py``); the lean step agrees to float rounding:
 
 - **Slab cache** (:class:`SlabCache`): each layer's keys/values live in one buffer ``[B, H, P + T, D]``
   allocated at the prefill; a step writes its token's K/V in place and attention reads a view of the
@@ -19,6 +20,9 @@ does not fit. Both give the same tokens and log-probs under one seed (``tests/un
   (finished) row forwarding until every rank is done (:meth:`Decoding.all_done`).
 - **Shared prefill** (``DecodePlan.share_prefill``): a group's identical prompts run one prefill whose KV
   cache is copied to every row.
+- **Lean step** (``DecodePlan.lean_step``, ``rlkit.rollout.lean_step``): after the prefill, a Llama-family
+  plain module decodes each token through its own modules without transformers' forward plumbing
+  (0.93-0.95× the step time); other models through their forward.
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
@@ -37,6 +41,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
+from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 
 __all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
@@ -120,11 +125,12 @@ def slab_layers(module: nn.Module) -> int | None:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Which decode path ``HFRollout`` runs. Every choice gives the same tokens and log-probs under one seed;
-    tests and benchmarks pass the alternatives to compare them."""
+    """Which decode path ``HFRollout`` runs. Every choice gives the same tokens and log-probs under one seed
+    (the lean step: to float rounding); tests and benchmarks pass the alternatives to compare them."""
 
     slab_cache: bool = True  # the fast loop (slab KV cache, finished rows dropped); False: the plain loop
     share_prefill: bool = True  # one prefill per distinct prompt, its cache copied to the group's rows
+    lean_step: bool = True  # fast loop, Llama-family plain module: tokens after the prefill by LeanStep
 
 
 @dataclass
@@ -249,6 +255,7 @@ def _decode_slab(
     mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
+    lean = lean_step_for(module) if run.plan.lean_step else None
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
     last_pos = pos[:, -1]  # [A]
     rows = torch.arange(b, device=device)  # [A]: each batch row's index among the B rows
@@ -279,6 +286,9 @@ def _decode_slab(
             rows, last_pos = rows[index], last_pos[index]
         last_pos = last_pos + 1
         length = width + step + 1
+        if lean is not None:
+            logits = lean(cache, responses[rows, step : step + 1], last_pos, mask[rows, :length])
+            continue
         out = module(
             input_ids=responses[rows, step : step + 1],
             attention_mask=mask[rows, :length],

@@ -8,26 +8,12 @@ import pytest
 import torch
 
 from rlkit.batch import Batch
-from rlkit.model.load import load_model, load_tokenizer
-from rlkit.recipe.schema import ModelConfig, RolloutConfig
+from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.decode import DecodePlan, Decoding, SlabCache, slab_layers
 from rlkit.rollout.hf import HFRollout
 from rlkit.rollout.sampling import _inverse_cdf_sample, _log_prob, _truncated_probs, sample_next
 
 T = 12  # response width
-
-
-@pytest.fixture(scope="module")
-def tok_and_model(tiny_model_dir):
-    torch.set_num_threads(1)  # as the rest of the unit tests (two threads on a loaded 2-core machine crawl)
-    cfg = ModelConfig(path=str(tiny_model_dir))
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # perturbed: the freshly initialised model's greedy path repeats one token
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return tok, model
 
 
 def prompts(tok, k: int = 3) -> Batch:
@@ -54,7 +40,7 @@ class Recorder:
 
 
 def generate(
-    tok, model, *, fast: bool, share: bool = True, eos=None, cls=HFRollout, **kw
+    tok, model, *, fast: bool, share: bool = True, lean: bool = False, eos=None, cls=HFRollout, **kw
 ) -> tuple[Batch, list[int]]:
     cfg = {k: kw.pop(k) for k in ("n", "temperature", "top_k", "top_p", "stop") if k in kw}
     ro = cls(
@@ -64,7 +50,7 @@ def generate(
         max_response_length=T,
         seed=5,
         eos_token_ids=eos,
-        decode_plan=DecodePlan(slab_cache=fast, share_prefill=share),
+        decode_plan=DecodePlan(slab_cache=fast, share_prefill=share, lean_step=lean),
     )
     rec = Recorder(model)
     try:

@@ -1,0 +1,90 @@
+"""One decode step of a Llama-family model over rlkit's slab cache, without transformers' forward plumbing.
+
+``rlkit.rollout.decode`` runs the model's own forward for the prefill and, for every later token, this step
+where :func:`lean_step_for` accepts the model (``DecodePlan.lean_step``, on by default). The step calls the
+model's own modules (embedding, RMSNorms, q/k/v/o projections, MLP, LM head: an fp16 or bf16 decode copy's
+linears included) and does the rest itself: the rotary cos/sin once per step, the token's K/V written into the
+slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a boolean padding mask
+sliced from the loop's own. What it leaves out is what transformers runs around the same ops at every token:
+per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
+
+Measured (``benchmarks/lean_decode_spike.py``, docs/benchmarks.md "A lean decode forward"): 0.93-0.95× the
+step time of the model's forward on SmolLM2-135M at 8 and 16 rows, fp32 and fp16 weights, logits within
+1e-4 of it. Not bit-identical (other op order, SDPA over GQA heads), so the rollout's log-probs agree with the
+model forward's to float rounding (``tests/unit/rollout/test_lean_step.py``).
+
+Accepted: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` as plain modules (not FSDP-sharded: a
+sharded layer gathers its weights in its own forward, which this step does not call), every layer full
+attention, no tensor-parallel split of the Llama projections (``pretraining_tp`` 1). Any other model
+decodes through its own forward.
+
+Shapes: ``A`` rows in the batch, ``L`` filled cache positions after the step, ``H``/``Hkv`` query/KV heads,
+``D`` head size, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["LeanStep", "lean_step_for"]
+
+_ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def lean_step_for(module: nn.Module) -> LeanStep | None:
+    """The lean step for ``module``, or None where the model's own forward must run (module docstring)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if cls.__name__ not in _ACCEPTED or not cls.__module__.startswith("transformers.models."):
+        return None
+    config = module.config
+    if getattr(config, "pretraining_tp", 1) != 1 or getattr(config, "use_sliding_window", False):
+        return None
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return None
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        return None
+    return LeanStep(module)
+
+
+class LeanStep:
+    """``step(cache, ids, positions, mask)``: the next-token logits of one decode step (module docstring)."""
+
+    def __init__(self, module: nn.Module):
+        config = module.config
+        self.model, self.head = module.model, module.lm_head
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+
+    def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
+        positions) and return its next-token logits ``[A, V]``; ``mask [A, L]``: 1 where a position is
+        attended (0: left padding)."""
+        a = ids.shape[0]
+        x = self.model.embed_tokens(ids)  # [A, 1, h]
+        cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D]
+        cos, sin = cos[:, None], sin[:, None]  # [A, 1, 1, D]
+        attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
+        for layer, slab in zip(self.model.layers, cache.layers, strict=True):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(a, 1, self.heads, self.dim).transpose(1, 2)  # [A, H, 1, D]
+            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)  # [A, Hkv, 1, D]
+            v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix
+            o = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
+            )  # [A, H, 1, D]
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(a, 1, self.heads * self.dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.head(self.model.norm(x))[:, -1]  # [A, V]
