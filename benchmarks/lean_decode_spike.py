@@ -14,9 +14,10 @@ thread:
   copy's fbgemm ``Fp16Linear``), so the GEMMs are the same calls; what differs is everything around them.
 
 Each step feeds both paths the token HF's logits pick (greedy), so they stay on one sequence; the logits'
-largest |difference| per step says whether the lean forward computes the same function. It is not wired
-into rlkit: this measures the lever before anyone builds it. The prefill (HF's, with its KV copied to the lean
-slab) is not timed. Writes ``benchmarks/results/<stamp>-lean-decode.{json,md}``.
+largest |difference| per step says whether the lean forward computes the same function. It measured the
+lever before it was built; ``rlkit.rollout.lean_step`` is the built version (``benchmarks/ab.py --change
+lean`` measures it in whole ``generate`` calls). The prefill (HF's, with its KV copied to the lean slab) is
+not timed. Writes ``benchmarks/results/<stamp>-lean-decode.{json,md}``.
 """
 
 from __future__ import annotations
