@@ -108,3 +108,27 @@ def test_other_model_classes_decode_through_their_forward(tok_and_model):
     other = copy.deepcopy(model)
     other.__class__ = Custom
     assert lean_step_for(other) is None
+
+
+def test_the_lean_step_decodes_through_a_lora_adapter(tok_and_model):
+    """The actor's LoRA model is the transformers model with PEFT layers in its linears: the lean step calls
+    them, so the adapter shapes what it decodes."""
+    from rlkit.model.lora import apply_lora
+    from rlkit.recipe.schema import LoraConfig
+
+    tok, model = tok_and_model
+    torch.manual_seed(0)
+    lora, _ = apply_lora(copy.deepcopy(model), LoraConfig(rank=4))
+    with torch.no_grad():  # lora_B starts at 0 (no change); move it so the adapter matters
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    assert lean_step_for(lora) is not None
+    kw = {"n": 2, **CASES["sampled"]}
+    (lean, lean_rows), (full, _) = (
+        generate(tok, lora.eval(), fast=True, lean=on, **kw) for on in (True, False)
+    )
+    assert_close_rollouts(lean, full)
+    assert len(lean_rows) == 1
+    base = generate(tok, model, fast=True, lean=True, **kw)[0]
+    assert not torch.equal(base["rollout_log_probs"], lean["rollout_log_probs"])  # the adapter took part
