@@ -6,23 +6,25 @@ Both paths decode the same rows from the same state, step by step, interleaved (
 thread:
 
 - **HF**: the model's forward over rlkit's ``SlabCache`` (``rlkit.rollout.decode``): what
-  ``HFRollout.generate`` runs per token today (the module plumbing, the causal-mask building, the cache API).
-- **lean**: one function over the same modules' weights (Llama-family decoder: embedding, RMSNorm, q/k/v/o,
-  rotary, SDPA with ``enable_gqa`` over the slab's filled prefix, MLP, final norm, LM head) with the
-  boolean padding mask sliced from one buffer, the rotary cos/sin computed once per step, and the K/V written
-  into its own copy of the slab. The linears are the modules' own (fp32 ``nn.Linear`` or the fp16 decode
-  copy's fbgemm ``Fp16Linear``), so the GEMMs are the same calls; what differs is everything around them.
+  ``HFRollout.generate`` ran per token before the lean step (the module plumbing, the causal-mask building,
+  the cache API); with ``DecodePlan(lean_step=False)`` it still does.
+- **lean**: ``rlkit.rollout.lean_step.LeanStep`` over the same modules (Llama-family decoder: embedding,
+  RMSNorm, q/k/v/o, rotary, SDPA with ``enable_gqa`` over the slab's filled prefix, MLP, final norm, LM head),
+  on its own copy of the prefilled slab. The linears are the modules' own (fp32 ``nn.Linear`` or the fp16
+  decode copy's fbgemm ``Fp16Linear``), so the GEMMs are the same calls; what differs is everything around
+  them.
 
 Each step feeds both paths the token HF's logits pick (greedy), so they stay on one sequence; the logits'
-largest |difference| per step says whether the lean forward computes the same function. It measured the
-lever before it was built; ``rlkit.rollout.lean_step`` is the built version (``benchmarks/ab.py --change
-lean`` measures it in whole ``generate`` calls). The prefill (HF's, with its KV copied to the lean slab) is
-not timed. Writes ``benchmarks/results/<stamp>-lean-decode.{json,md}``.
+largest |difference| per step says whether the lean step computes the same function. The spike measured the
+lever before it was built into rlkit (session 8, with the function as its own copy then); ``benchmarks/ab.py
+--change lean`` measures it in whole ``generate`` calls. The prefill (HF's, copied to the lean slab) is not
+timed. Writes ``benchmarks/results/<stamp>-lean-decode.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -31,68 +33,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
-
-
-def _rotate_half(x):
-    import torch
-
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class LeanDecoder:
-    """A Llama-family decode step over ``module`` 's own weights and slab tensors of its own.
-
-    Shapes: ``A`` rows, ``L`` filled positions after this step, ``H``/``Hkv`` query/KV heads, ``D`` head size,
-    ``C`` slab capacity."""
-
-    def __init__(self, module, keys: list, values: list, length: int, mask):
-        import torch
-
-        self.model = module.model
-        self.head = module.lm_head
-        cfg = module.config
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.scale = self.model.layers[0].self_attn.scaling
-        self.keys = [k.clone() for k in keys]  # [A, Hkv, C, D] each
-        self.values = [v.clone() for v in values]
-        self.length = length
-        self.mask = mask.bool()[:, None, None, :]  # [A, 1, 1, C]
-        self._torch = torch
-
-    def step(self, ids, pos):
-        """``ids [A, 1]`` at positions ``pos [A]``: the next-token logits ``[A, V]``."""
-        torch = self._torch
-        F = torch.nn.functional
-        a = ids.shape[0]
-        at = self.length
-        self.length += 1
-        x = self.model.embed_tokens(ids)  # [A, 1, h]
-        cos, sin = self.model.rotary_emb(x, pos[:, None])  # [A, 1, D]
-        cos, sin = cos[:, None], sin[:, None]  # [A, 1, 1, D]
-        mask = self.mask[..., : self.length]  # [A, 1, 1, L]
-        for layer, keys, values in zip(self.model.layers, self.keys, self.values, strict=True):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(a, 1, self.heads, self.dim).transpose(1, 2)  # [A, H, 1, D]
-            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)  # [A, Hkv, 1, D]
-            v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys[:, :, at : at + 1] = k
-            values[:, :, at : at + 1] = v
-            o = F.scaled_dot_product_attention(
-                q,
-                keys[:, :, : self.length],
-                values[:, :, : self.length],
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=True,
-            )  # [A, H, 1, D]
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(a, 1, self.heads * self.dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.head(self.model.norm(x))[:, -1]  # [A, V]
 
 
 def main() -> None:
@@ -112,6 +52,7 @@ def main() -> None:
     from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+    from rlkit.rollout.lean_step import LeanStep
 
     torch.set_grad_enabled(False)
     record = machine_record(1)
@@ -140,13 +81,7 @@ def main() -> None:
                 input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
             )
             logits = out.logits[:, -1]
-            lean = LeanDecoder(
-                module,
-                [layer.key_slab for layer in cache.layers],
-                [layer.value_slab for layer in cache.layers],
-                width,
-                full,
-            )
+            lean, lean_cache = LeanStep(module), copy.deepcopy(cache)  # its own copy of the prefilled slab
             last = pos[:, -1]
             hf_ms, lean_ms, diffs = [], [], []
             for step in range(args.steps):
@@ -165,7 +100,11 @@ def main() -> None:
                 timed = {}
                 for path in order:
                     start = time.perf_counter()
-                    got = module(**hf_step).logits[:, -1] if path == "hf" else lean.step(token, last)
+                    got = (
+                        module(**hf_step).logits[:, -1]
+                        if path == "hf"
+                        else lean(lean_cache, token, last, full[:, :length])
+                    )
                     timed[path] = (got, (time.perf_counter() - start) * 1e3)
                 (logits, a), (mine, b) = timed["hf"], timed["lean"]
                 hf_ms.append(a)
