@@ -8,10 +8,11 @@ slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V)
 sliced from the loop's own. What it leaves out is what transformers runs around the same ops at every token:
 per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
 
-Measured (``benchmarks/lean_decode_spike.py``, docs/benchmarks.md "A lean decode forward"): 0.93-0.95× the
-step time of the model's forward on SmolLM2-135M at 8 and 16 rows, fp32 and fp16 weights, logits within
-1e-4 of it. Not bit-identical (other op order, SDPA over GQA heads), so the rollout's log-probs agree with the
-model forward's to float rounding (``tests/unit/rollout/test_lean_step.py``).
+Measured on SmolLM2-135M, one AVX2 core (docs/benchmarks.md, "A lean decode forward"): a whole ``generate``
+0.87× as long with fp16 weights at 8 rows × 64 tokens and 0.95× in fp32 at 16 × 32 (``benchmarks/ab.py
+--change lean``), single steps 0.93-0.95× with logits within 1e-4 (``benchmarks/lean_decode_spike.py``).
+Not bit-identical (other op order, SDPA over GQA heads), so the rollout's log-probs agree with the model
+forward's to float rounding (``tests/unit/rollout/test_lean_step.py``).
 
 Accepted: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` as plain modules (not FSDP-sharded: a
 sharded layer gathers its weights in its own forward, which this step does not call), every layer full
