@@ -1,26 +1,9 @@
-"""The decode tests' model: the tiny Qwen2, its weights perturbed (``perturbed_model``)."""
+"""The decode tests' model: the tiny Qwen2, its weights perturbed (``_models.perturbed_model``)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-
-from rlkit.model.load import load_model, load_tokenizer
-from rlkit.recipe.schema import ModelConfig
-
-
-def perturbed_model(path, seed: int):
-    """(tokenizer, model) of the model at ``path`` in eval mode, every weight moved by 0.2 · N(0, 1): a
-    freshly initialised model's greedy path repeats one token."""
-    torch.set_num_threads(1)  # as the rest of the unit tests (two threads on a loaded 2-core machine crawl)
-    cfg = ModelConfig(path=str(path))
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return tok, model
+from _models import perturbed_model
 
 
 @pytest.fixture(scope="module")

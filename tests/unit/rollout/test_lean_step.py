@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from conftest import perturbed_model
+from _models import perturbed_model
 from test_decode import CASES, ending_tokens, generate
 
 from rlkit.model.tiny import build_tiny_model
