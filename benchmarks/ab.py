@@ -23,9 +23,9 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
   malloc glibc's malloc keeps freed memory for reuse (``keep_freed_memory``: no mmap'd blocks, no heap trim)
-         vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Page faults"). The setting is
-         process-wide, so A and B run in separate processes: ``--processes`` pairs (A B, then B A, ...), each
-         with ``--reps`` reps after its warm-up; the medians are over all reps
+         vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Three more levers on AVX2").
+         The setting is process-wide, so A and B run in separate processes: ``--processes`` pairs (A B, then
+         B A, ...), each with ``--reps`` reps after its warm-up; the medians are over all reps
 Every rep also records the minor page faults it took (``ru_minflt``) and the resident memory after it.
 Phases: gen, log_prob, update, or step (gen then update on the generated batch: the quickstart's step,
 whose old log-prob equals the new one and is not recomputed).
@@ -301,8 +301,9 @@ def main() -> None:
     a, b = statistics.median(times[False]), statistics.median(times[True])
     emit_faults(emit, faults, rss)
     emit(
-        f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  "
-        f"(A {[round(x, 3) for x in times[False]]}, B {[round(x, 3) for x in times[True]]})"
+        f"{args.change} {args.phase} {args.dtype} (decode {args.decode_dtype}): A(off) {a:.3f} s  B(on) "
+        f"{b:.3f} s  B/A {b / a:.3f}  (A {[round(x, 3) for x in times[False]]}, B "
+        f"{[round(x, 3) for x in times[True]]})"
     )
     if args.phase == "step":
         for on in (False, True):
@@ -371,9 +372,8 @@ def across_processes(args) -> None:
                 ]
                 subprocess.run(cmd, check=True)
                 got[on].append(json.loads(out.read_text()))
-    merged = {on: {k: [x for child in got[on] for x in child[k]] for k in ("wall_s", "cpu_s")} for on in got}
-    faults = {on: [x for child in got[on] for x in child["minor_faults"]] for on in got}
-    rss = {on: [x for child in got[on] for x in child["resident_mib"]] for on in got}
+    keys = ("wall_s", "cpu_s", "minor_faults", "resident_mib")
+    merged = {on: {k: [x for child in got[on] for x in child[k]] for k in keys} for on in got}
     report: list[str] = []
 
     def emit(text: str) -> None:
@@ -389,7 +389,11 @@ def across_processes(args) -> None:
         f"{args.change} {args.phase} {args.dtype}: A(off) {a:.3f} s  B(on) {b:.3f} s  B/A {b / a:.3f}  over "
         f"{args.processes} process pairs × {args.reps} reps (A {walls[False]}, B {walls[True]})"
     )
-    emit_faults(emit, faults, rss)
+    emit_faults(
+        emit,
+        {on: merged[on]["minor_faults"] for on in merged},
+        {on: merged[on]["resident_mib"] for on in merged},
+    )
     for on in (False, True):
         emit(
             f"  {'B(on)' if on else 'A(off)'}: peak RSS per process MiB "

@@ -13,6 +13,8 @@ memory), to show which call keeps its pages. Writes ``benchmarks/results/<stamp>
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import platform
 import subprocess
@@ -26,17 +28,23 @@ SIZES_MIB = (1, 4, 16, 64)
 _KINDS = ("torch", "malloc", "posix_memalign")
 
 
-def _rounds(kind: str, nbytes: int) -> int:
-    """Minor faults of rounds 2-5 of allocate, write, free (``kind``: torch.empty, or glibc directly)."""
-    import ctypes
-    import resource
-
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """glibc with the argument types of the calls below."""
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    return libc
+
+
+def _rounds(kind: str, nbytes: int) -> int:
+    """Minor faults of rounds 2-5 of allocate, write, free (``kind``: torch.empty, or glibc directly)."""
+    import resource
+
+    libc = _libc()
     counts = []
     for _ in range(5):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

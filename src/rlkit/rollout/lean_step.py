@@ -28,15 +28,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same function
 
 __all__ = ["LeanStep", "lean_step_for"]
 
 _ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def lean_step_for(module: nn.Module) -> LeanStep | None:
@@ -71,8 +67,7 @@ class LeanStep:
         attended (0: left padding)."""
         a = ids.shape[0]
         x = self.model.embed_tokens(ids)  # [A, 1, h]
-        cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D]
-        cos, sin = cos[:, None], sin[:, None]  # [A, 1, 1, D]
+        cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D], once for every layer
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
         for layer, slab in zip(self.model.layers, cache.layers, strict=True):
             attn = layer.self_attn
@@ -80,8 +75,7 @@ class LeanStep:
             q = attn.q_proj(h).view(a, 1, self.heads, self.dim).transpose(1, 2)  # [A, H, 1, D]
             k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)  # [A, Hkv, 1, D]
             v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)  # cos/sin broadcast over the heads
             keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix
             o = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
