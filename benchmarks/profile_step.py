@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--phase", default="gen,update")
+    parser.add_argument("--shapes", action="store_true", help="also print each GEMM shape's time and GFLOP/s")
     args = parser.parse_args()
     import torch
     import torch.distributed as dist
@@ -80,11 +81,45 @@ def main() -> None:
         start = time.perf_counter()
         fn()
         plain = time.perf_counter() - start
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
             fn()
         print(f"\n=== {phase}: {plain:.3f} s without the profiler ===")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        if args.shapes:
+            print_gemm_shapes(prof)
     dist.destroy_process_group()
+
+
+def gemm_flops(name: str, shapes: list) -> float:
+    """FLOPs of one ``aten::mm``/``addmm``/``bmm`` call from its recorded input shapes."""
+    if name == "aten::mm":
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return 2.0 * m * k * n
+    if name in ("aten::addmm", "aten::addmm_"):
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return 2.0 * m * k * n
+    (b, m, k), (_, _, n) = shapes[0], shapes[1]
+    return 2.0 * b * m * k * n
+
+
+def print_gemm_shapes(prof) -> None:
+    """One line per GEMM op and input shapes: calls, self ms, GFLOP and GFLOP/s, largest time first."""
+    rows = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key not in ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm"):
+            continue
+        flop = gemm_flops(event.key, event.input_shapes) * event.count
+        ms = event.self_cpu_time_total / 1e3
+        rows.append((ms, event.key, event.input_shapes, event.count, flop))
+    rows.sort(key=lambda row: -row[0])
+    total_ms = sum(row[0] for row in rows)
+    total_flop = sum(row[4] for row in rows)
+    rate = total_flop / total_ms / 1e6
+    print(f"GEMMs: {total_ms:.0f} ms, {total_flop / 1e9:.1f} GFLOP, {rate:.1f} GFLOP/s")
+    for ms, name, shapes, count, flop in rows:
+        shown = [s for s in shapes if s]
+        line = f"{ms:9.1f} ms  {count:5d}x  {flop / 1e9:8.2f} GFLOP  {flop / ms / 1e6:6.1f} GFLOP/s"
+        print(f"{line}  {name} {shown}")
 
 
 if __name__ == "__main__":

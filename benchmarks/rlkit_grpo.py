@@ -114,18 +114,22 @@ def main() -> None:
             trainer = Trainer(recipe, runtime)
             batches = runtime.train_batches()
             steps = []
+            pids = [pid for group in runtime.groups for pid in group.pids()]
             for i in range(w.warmup + w.steps):
                 prompts = next(batches)
                 trainer.global_step += 1
+                faults = minor_faults(pids)
                 start = time.perf_counter()
                 metrics = trainer.step(prompts, batches)
                 runtime.tracking.log(metrics, trainer.global_step)
                 wall = time.perf_counter() - start
+                faults = minor_faults(pids) - faults
                 assert metrics["response_length/min"] == w.tokens, (
                     "every completion must have the full length"
                 )
                 if i >= w.warmup:
-                    steps.append(phases(metrics, wall))
+                    counted = {"worker_minor_faults": faults} if faults >= 0 else {}
+                    steps.append(phases(metrics, wall) | counted)
         finally:
             runtime.close()
     peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
@@ -149,6 +153,18 @@ def main() -> None:
             "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
         },
     )
+
+
+def minor_faults(pids: list[int]) -> int:
+    """The worker processes' minor page faults so far (``/proc/<pid>/stat``, field 10); -1 if unreadable."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return -1
+        total += int(stat.rsplit(")", 1)[1].split()[7])  # minflt: 8th after "pid (comm)"
+    return total
 
 
 def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:

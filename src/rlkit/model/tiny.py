@@ -80,7 +80,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
 
 
 def _config(arch: str, vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, tokenizer):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -99,12 +99,16 @@ def _config(arch: str, vocab_size: int, hidden: int, layers: int, heads: int, kv
         return Qwen2Config(**common)
     if arch == "llama":
         return LlamaConfig(**common)
-    raise ValueError(f"build_tiny_model: arch must be 'qwen2' or 'llama', got {arch!r}.")
+    if arch == "qwen3":  # q/k RMSNorms per head
+        return Qwen3Config(**common, head_dim=hidden // heads)
+    if arch == "mistral":
+        return MistralConfig(**common, sliding_window=None)
+    raise ValueError(f"build_tiny_model: arch must be 'qwen2', 'llama', 'qwen3' or 'mistral', got {arch!r}.")
 
 
 def build_tiny_model(
     out_dir: str | Path,
-    arch: Literal["qwen2", "llama"] = "qwen2",
+    arch: Literal["qwen2", "llama", "qwen3", "mistral"] = "qwen2",
     *,
     hidden: int = 64,
     layers: int = 2,
@@ -150,7 +154,7 @@ def build_tiny_model(
 
 def build_tiny_reward_model(
     out_dir: str | Path,
-    arch: Literal["qwen2", "llama"] = "qwen2",
+    arch: Literal["qwen2", "llama", "qwen3", "mistral"] = "qwen2",
     *,
     hidden: int = 64,
     layers: int = 2,

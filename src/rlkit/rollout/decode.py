@@ -41,7 +41,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
-from rlkit.rollout.lean_step import lean_step_for
+from rlkit.rollout.lean_step import LeanStep, lean_step_for
 from rlkit.rollout.sampling import sample_next
 
 __all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
@@ -221,14 +221,18 @@ def decode(
     responses: torch.Tensor,
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
-) -> None:
+) -> str:
     """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
-    ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names."""
+    ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names. Returns the
+    path taken: ``"plain"`` (the model's own cache), ``"slab"`` (the fast loop through the model's forward) or
+    ``"lean"`` (the fast loop, tokens after the prefill by the lean step)."""
     layers = slab_layers(module) if run.plan.slab_cache else None
     if layers is None:
         _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
-    else:
-        _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers)
+        return "plain"
+    lean = lean_step_for(module) if run.plan.lean_step else None
+    _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers, lean)
+    return "slab" if lean is None else "lean"
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:
@@ -246,8 +250,10 @@ def _decode_slab(
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     num_layers: int,
+    lean: LeanStep | None,
 ) -> None:
-    """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws."""
+    """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws; ``lean``:
+    the step that decodes every token after the prefill (None: the model's forward)."""
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
@@ -255,7 +261,6 @@ def _decode_slab(
     mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(num_layers, width + max_new)
-    lean = lean_step_for(module) if run.plan.lean_step else None
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
     last_pos = pos[:, -1]  # [A]
     rows = torch.arange(b, device=device)  # [A]: each batch row's index among the B rows

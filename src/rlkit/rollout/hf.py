@@ -237,7 +237,7 @@ class HFRollout:
             stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
         )
         try:
-            decode(
+            path = decode(
                 run,
                 module,
                 prompt_ids,
@@ -253,6 +253,7 @@ class HFRollout:
             "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
             "do_sample": bool(do_sample),
         }
+        meta["metrics"] = {"rollout/lean_step": float(path == "lean")}
         if self._fp16_copy is not None and module is self._fp16_copy.module:
-            meta["metrics"] = {"rollout/fp16_repacked_linears": float(self._fp16_copy.repacked)}
+            meta["metrics"]["rollout/fp16_repacked_linears"] = float(self._fp16_copy.repacked)
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

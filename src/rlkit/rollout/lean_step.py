@@ -14,10 +14,11 @@ Measured on SmolLM2-135M, one AVX2 core (docs/benchmarks.md, "A lean decode forw
 Not bit-identical (other op order, SDPA over GQA heads), so the rollout's log-probs agree with the model
 forward's to float rounding (``tests/unit/rollout/test_lean_step.py``).
 
-Accepted: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` as plain modules (not FSDP-sharded: a
-sharded layer gathers its weights in its own forward, which this step does not call), every layer full
-attention, no tensor-parallel split of the Llama projections (``pretraining_tp`` 1). Any other model
-decodes through its own forward.
+Accepted: transformers' ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` (its per-head q/k
+RMSNorms run before the rotation, as in its attention) and ``MistralForCausalLM`` as plain modules (not
+FSDP-sharded: a sharded layer gathers its weights in its own forward, which this step does not call), every
+layer full attention (no sliding window), no tensor-parallel split of the Llama projections
+(``pretraining_tp`` 1). Any other model decodes through its own forward.
 
 Shapes: ``A`` rows in the batch, ``L`` filled cache positions after the step, ``H``/``Hkv`` query/KV heads,
 ``D`` head size, ``V`` vocabulary.
@@ -28,11 +29,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same function
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2/3's, Mistral's: the same
 
 __all__ = ["LeanStep", "lean_step_for"]
 
-_ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+_ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
 
 def lean_step_for(module: nn.Module) -> LeanStep | None:
@@ -44,6 +45,8 @@ def lean_step_for(module: nn.Module) -> LeanStep | None:
         return None
     config = module.config
     if getattr(config, "pretraining_tp", 1) != 1 or getattr(config, "use_sliding_window", False):
+        return None
+    if cls.__name__ == "MistralForCausalLM" and config.sliding_window is not None:  # every layer slides
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return None
@@ -60,6 +63,7 @@ class LeanStep:
         self.model, self.head = module.model, module.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.qk_norms = hasattr(self.model.layers[0].self_attn, "q_norm")
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
@@ -72,8 +76,11 @@ class LeanStep:
         for layer, slab in zip(self.model.layers, cache.layers, strict=True):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(a, 1, self.heads, self.dim).transpose(1, 2)  # [A, H, 1, D]
-            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)  # [A, Hkv, 1, D]
+            q = attn.q_proj(h).view(a, 1, self.heads, self.dim)
+            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim)
+            if self.qk_norms:  # Qwen3: RMSNorm over each head's D
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [A, H, 1, D], [A, Hkv, 1, D]
             v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)  # cos/sin broadcast over the heads
             keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix

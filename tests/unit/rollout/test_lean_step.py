@@ -1,7 +1,7 @@
 """The lean decode step (rlkit.rollout.lean_step) against the model's own forward in the fast loop: the same
 tokens and log-probs to float rounding, with rows ending at different steps (dropped mid-way), left-padded
-prompts of different lengths and grouped KV heads; on the tiny Qwen2 and a tiny Llama, fp32 and through the
-fp16 decode copy. Only the prefill runs the model's forward on the lean path."""
+prompts of different lengths and grouped KV heads; on the tiny Qwen2 and a tiny Llama, Qwen3 (q/k norms) and
+Mistral, fp32 and through the fp16 decode copy. Only the prefill runs the model's forward on the lean path."""
 
 from __future__ import annotations
 
@@ -17,14 +17,26 @@ from rlkit.rollout.lean_step import lean_step_for
 
 
 @pytest.fixture(scope="module")
-def llama_tok_and_model(tmp_path_factory):
-    return perturbed_model(
-        build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", seed=1), seed=1
-    )
+def other_archs(tmp_path_factory):
+    """(tokenizer, model) per architecture other than the shared tiny Qwen2, built on first use."""
+    built: dict = {}
+
+    def get(arch: str):
+        if arch not in built:
+            path = build_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch, seed=1)
+            built[arch] = perturbed_model(path, seed=1)
+        return built[arch]
+
+    return get
 
 
 def _models(request, arch: str):
-    return request.getfixturevalue("tok_and_model" if arch == "qwen2" else "llama_tok_and_model")
+    if arch == "qwen2":
+        return request.getfixturevalue("tok_and_model")
+    return request.getfixturevalue("other_archs")(arch)
+
+
+ARCHS = ["qwen2", "llama", "qwen3", "mistral"]
 
 
 def assert_close_rollouts(lean, full) -> None:
@@ -33,7 +45,7 @@ def assert_close_rollouts(lean, full) -> None:
     torch.testing.assert_close(lean["rollout_log_probs"], full["rollout_log_probs"], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", ["greedy", "sampled", "temperature_top_k_top_p"])
 def test_the_lean_step_decodes_what_the_models_forward_decodes(request, arch, case):
     tok, model = _models(request, arch)
@@ -48,6 +60,8 @@ def test_the_lean_step_decodes_what_the_models_forward_decodes(request, arch, ca
     assert lengths.min() < lengths.max()  # rows ended at different steps: the batch was compacted
     assert min(full_rows[1:]) < len(full)
     assert len(lean_rows) == 1 < len(full_rows)  # on the lean path the model's forward ran the prefill only
+    assert lean.meta["metrics"]["rollout/lean_step"] == 1.0
+    assert full.meta["metrics"]["rollout/lean_step"] == 0.0
 
 
 def test_the_lean_step_decodes_through_the_fp16_decode_copy(tok_and_model):
@@ -70,6 +84,8 @@ def test_the_lean_step_decodes_through_the_fp16_decode_copy(tok_and_model):
         ("llama", {"pretraining_tp": 2}),
         ("qwen2", {"use_sliding_window": True}),
         ("qwen2", {"sliding_window": 8, "layer_types": None}),
+        ("qwen3", {"use_sliding_window": True}),
+        ("mistral", {"sliding_window": 8}),
     ],
 )
 def test_models_the_step_does_not_fit_decode_through_their_forward(request, arch, setting):
@@ -84,8 +100,9 @@ def test_models_the_step_does_not_fit_decode_through_their_forward(request, arch
         setattr(other.config, name, value)
     assert lean_step_for(other) is None
     if "layer_types" not in setting:  # (the model maps its masks per layer type when it is built)
-        _, rows = generate(tok, other, fast=True, lean=True, n=2, do_sample=False)
+        out, rows = generate(tok, other, fast=True, lean=True, n=2, do_sample=False)
         assert len(rows) > 1  # every token through the model's forward
+        assert out.meta["metrics"]["rollout/lean_step"] == 0.0
 
 
 def test_an_fsdp_sharded_model_decodes_through_its_forward(tok_and_model, gloo_world1):
