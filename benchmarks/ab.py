@@ -19,6 +19,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          shared/padded
   fusedhead  actor: log-prob / entropy from hidden states in row chunks (rlkit.algos.fused_head) vs [b, t, V]
          logits
+  headkeep  actor, fused head: each vocabulary slice's logits kept from forward to backward (within
+         ``KEEP_LOGITS_BYTES``) vs recomputed in backward
   lean   rollout: tokens after the prefill through the lean decode step (rlkit.rollout.lean_step) vs the
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -75,6 +77,7 @@ def plans(change: str, on: bool):
         share_prefix=not (change == "prefix" and off),
         pack=not (change == "pack" and off),
         fused_head=not (change == "fusedhead" and off),
+        keep_head_logits=not (change == "headkeep" and off),
         plain_at_world_size_1=not (change == "fsdp" and off),
     )
     return forward, DecodePlan(

@@ -6,10 +6,13 @@ is walked in slices of ``chunk`` columns, each slice's logits [N, v] made by one
 every weight is read once per pass) and folded into running row statistics (online log-sum-exp):
   m   = running max,  s = Σ exp(z − m),  a = Σ exp(z − m) z,  q = Σ exp(2 (z − m)),  z_label picked in its
   slice lse = m + log s,  log_prob = z_label − lse,  entropy = lse − a / s,  Σπ² = q / s²
-Backward walks the slices again: it recomputes a slice's logits, turns them in place into the gradient of the
-logits with the saved log-sum-exp and entropy, and adds that slice's share to the hidden states' gradient and
-writes the slice's rows of the weight's gradient (each written once). Saved for backward: the hidden rows, the
-weight (a parameter: no copy), labels, log-sum-exp and entropy, O(N) floats. Per slice, p = softmax(z):
+Backward walks the slices again: it recomputes a slice's logits, turns them into the gradient of the logits
+with the saved log-sum-exp and entropy, and adds that slice's share to the hidden states' gradient and writes
+the slice's rows of the weight's gradient (each written once). Saved for backward: the hidden rows, the weight
+(a parameter: no copy), labels, log-sum-exp and entropy, O(N) floats, and, where the [N, V] float32 logits fit
+in ``keep_logits_bytes``, the forward's logit slices themselves: backward then skips the recompute, one of
+the head's three [N, H] x [H, V] matmuls (``KEEP_LOGITS_BYTES``, the budget the actor passes). Per slice,
+p = softmax(z):
   ∂log_prob/∂z_v = 1[v = label] − p_v,      ∂entropy/∂z_v = −p_v (log p_v + H)
   ∂/∂h = (∂/∂z) W / T,                       ∂/∂W = (∂/∂z)^T h / T
 
@@ -25,10 +28,16 @@ import torch
 
 from rlkit.algos._util import AlgoError
 
-__all__ = ["head_outputs", "default_chunk", "CHUNK_ELEMENTS"]
+__all__ = ["head_outputs", "default_chunk", "CHUNK_ELEMENTS", "KEEP_LOGITS_BYTES"]
 
 # Elements of one slice's [N, v] float32 logits: 2^22 = 16 MiB (its exp is a second such block).
 CHUNK_ELEMENTS = 1 << 22
+# The actor's budget for keeping the [N, V] float32 logits from forward to backward (``keep_logits_bytes``):
+# 128 MiB holds SmolLM2's 49,152-word logits for 682 response tokens. Measured on one AVX2 core
+# (docs/benchmarks.md, "The head's logits kept for backward"): 0.966x the update at 512 tokens (100 MB kept),
+# no gain at 2,048 tokens (403 MB: writing and faulting in that much memory costs what the skipped matmul
+# saved), so larger micro-batches recompute.
+KEEP_LOGITS_BYTES = 128 * 2**20
 
 
 def default_chunk(rows: int) -> int:
@@ -69,6 +78,7 @@ class _HeadOutputs(torch.autograd.Function):
         with_spsq: bool,
         chunk: int,
         dtype,
+        keep: bool,
     ):
         n_rows, vocab = hidden.shape[0], weight.shape[0]
         f32 = dict(dtype=torch.float32, device=hidden.device)
@@ -78,8 +88,11 @@ class _HeadOutputs(torch.autograd.Function):
         square = torch.zeros(n_rows, **f32) if with_spsq else None  # q
         picked = torch.zeros(n_rows, **f32)
         h = _scaled(hidden, dtype, inv_temp)  # [N, H]
+        kept = []  # each slice's logits, where ``keep``
         for start in range(0, vocab, chunk):
             z = torch.mm(h, weight[start : start + chunk].to(dtype).t()).float()  # [N, v]
+            if keep:
+                kept.append(z)
             rows, cols = _in_slice(labels, start, z.shape[1])
             picked[rows] = z[rows, cols]
             new_top = torch.maximum(top, z.amax(dim=-1))
@@ -95,7 +108,7 @@ class _HeadOutputs(torch.autograd.Function):
         log_prob = picked - lse
         entropy = lse - dot / total if with_entropy else torch.zeros(0, **f32)
         spsq = square / (total * total) if with_spsq else torch.zeros(0, **f32)
-        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy, *kept)
         ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
         ctx.entropy_grad = with_entropy and entropy_grad
         ctx.mark_non_differentiable(spsq)
@@ -106,18 +119,19 @@ class _HeadOutputs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent, _g_spsq):
-        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        hidden, weight, labels, lse, entropy, *kept = ctx.saved_tensors
         g_ent = g_ent if ctx.entropy_grad else None
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (g_lp is None and g_ent is None) or not (want_h or want_w):
-            return (None,) * 9
+            return (None,) * 10
         dtype, inv_temp, chunk = ctx.dtype, ctx.inv_temp, ctx.chunk
         h = _scaled(hidden, dtype, inv_temp)  # [N, H]
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if want_h else None
         grad_w = torch.empty_like(weight) if want_w else None
-        for start in range(0, weight.shape[0], chunk):
+        for index, start in enumerate(range(0, weight.shape[0], chunk)):
             w = weight[start : start + chunk].to(dtype)  # [v, H]
-            logp = torch.mm(h, w.t()).float().sub_(lse[:, None])  # log p, [N, v]
+            z = kept[index] if kept else torch.mm(h, w.t()).float()  # [N, v]
+            logp = z.sub(lse[:, None]) if kept else z.sub_(lse[:, None])  # log p; kept logits stay as saved
             rows, cols = _in_slice(labels, start, logp.shape[1])
             g = _logit_grad(logp, rows, cols, g_lp, None if g_ent is None else (g_ent, entropy)).to(dtype)
             if want_h:
@@ -129,7 +143,7 @@ class _HeadOutputs(torch.autograd.Function):
                 grad_w[start : start + chunk] = torch.mm(g.t(), h).to(weight.dtype)
         if want_h:
             grad_h = (grad_h * inv_temp if inv_temp != 1.0 else grad_h).to(hidden.dtype)
-        return grad_h, grad_w, None, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None
 
 
 def _logit_grad(
@@ -169,6 +183,7 @@ def head_outputs(
     entropy_grad: bool = False,
     with_sum_pi_squared: bool = False,
     chunk: int | None = None,
+    keep_logits_bytes: int = 0,
 ) -> dict[str, torch.Tensor]:
     """``log_prob`` [N] (and ``entropy``, ``sum_pi_squared`` [N]) of ``labels`` under ``softmax(hidden @
     weight.T / temperature)``, float32, in vocabulary slices of ``chunk`` columns (default ``default_chunk``;
@@ -177,7 +192,9 @@ def head_outputs(
     hidden [N, H] (any float dtype; gradients flow to it), weight [V, H] (the LM head, e.g. a tied embedding;
     gradients flow to it when it requires grad), labels [N] (long). ``entropy_grad``: the entropy carries a
     gradient (else it is returned detached); ``sum_pi_squared`` never does. Autocast, when active on the
-    tensors' device, sets the matmuls' dtype.
+    tensors' device, sets the matmuls' dtype. ``keep_logits_bytes``: where the [N, V] float32 logits fit in
+    this many bytes and a gradient will flow, they are kept from forward to backward instead of recomputed
+    (the same numbers; the actor passes ``KEEP_LOGITS_BYTES``).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise AlgoError(
@@ -194,6 +211,8 @@ def head_outputs(
     if columns <= 0:
         raise AlgoError(f"head_outputs: chunk must be > 0, got {columns}")
     dtype = _autocast_dtype(hidden.device) or weight.dtype
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    keep = grad and hidden.shape[0] * weight.shape[0] * 4 <= keep_logits_bytes
     with torch.autocast(hidden.device.type, enabled=False):
         lp, ent, spsq = _HeadOutputs.apply(
             hidden,
@@ -205,6 +224,7 @@ def head_outputs(
             with_sum_pi_squared,
             columns,
             dtype,
+            keep,
         )
     out = {"log_prob": lp}
     if with_entropy:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rlkit.algos.entropy import entropy_from_logits, log_probs_from_logits
-from rlkit.algos.fused_head import head_outputs
+from rlkit.algos.fused_head import KEEP_LOGITS_BYTES, head_outputs
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.hardware import concrete_mixed_precision
@@ -53,6 +53,7 @@ class ForwardPlan:
         True  # a group's prompt runs once (not under FSDP sharding or gradient checkpointing)
     )
     pack: bool = True  # with the fused head: one padding-free row per group where that executes fewer FLOPs
+    keep_head_logits: bool = True  # with the fused head: logits kept for backward within KEEP_LOGITS_BYTES
     plain_at_world_size_1: bool = (
         True  # one rank: the plain module, not FSDP2-wrapped (rlkit.model.fsdp.fsdp_wrap)
     )
@@ -139,6 +140,7 @@ def response_outputs(
     }
     with autocast(device, mixed_precision):
         if head is not None:
+            want["keep_logits_bytes"] = KEEP_LOGITS_BYTES if plan.keep_head_logits else 0
             rows = keep_mask[:, :t].bool()
             outs = _fused_outputs(module, head, ids, mask, pos, p_keep, t, labels, rows, want, plan, tally)
         else:

@@ -32,7 +32,8 @@ def inputs(n=13, h=8, v=37, dtype=torch.float64):
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("entropy_grad", [True, False])
-def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_grad):
+@pytest.mark.parametrize("keep_logits_bytes", [0, 2**20])  # backward recomputes the logits / keeps them
+def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_grad, keep_logits_bytes):
     hidden, weight, labels = inputs()
     got = head_outputs(
         hidden,
@@ -43,6 +44,7 @@ def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_
         entropy_grad=entropy_grad,
         with_sum_pi_squared=True,
         chunk=chunk,
+        keep_logits_bytes=keep_logits_bytes,
     )
     want_lp, want_h, want_s = reference(hidden, weight, labels, temperature)
     assert got["log_prob"].dtype == torch.float32 and got["log_prob"].shape == (13,)
@@ -63,6 +65,41 @@ def test_values_and_gradients_match_the_full_logits(chunk, temperature, entropy_
     for a, b in zip(g_got, g_want, strict=True):
         assert a.dtype == torch.float64  # gradients come back in the inputs' dtype
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _backward_matmul_flops(keep_logits_bytes: int, chunk: int) -> tuple[float, tuple[torch.Tensor, ...]]:
+    """(FLOPs of backward's matmuls, the gradients of hidden and weight) for the default float64 inputs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hidden, weight, labels = inputs()
+    got = head_outputs(
+        hidden,
+        weight,
+        labels,
+        with_entropy=True,
+        entropy_grad=True,
+        chunk=chunk,
+        keep_logits_bytes=keep_logits_bytes,
+    )
+    loss = (torch.linspace(-1, 2, 13, dtype=torch.float64) * got["log_prob"]).sum() + got["entropy"].sum()
+    with FlopCounterMode(display=False) as counter:
+        grads = torch.autograd.grad(loss, (hidden, weight))
+    return counter.get_total_flops(), grads
+
+
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_kept_logits_skip_backwards_recompute_and_give_the_same_gradients(chunk):
+    """Within the budget backward runs two [N, H] x [H, V] matmuls (the hidden states' and the weight's
+    gradients) instead of three; one byte short of the [N, V] float32 logits it recomputes them."""
+    n, h, v = 13, 8, 37
+    matmul = 2 * n * h * v
+    needed = n * v * 4
+    recomputed, want = _backward_matmul_flops(0, chunk)
+    kept, got = _backward_matmul_flops(needed, chunk)
+    short, _ = _backward_matmul_flops(needed - 1, chunk)
+    assert (recomputed, kept, short) == (3 * matmul, 2 * matmul, 3 * matmul)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_frozen_weight_gets_no_gradient_and_log_prob_alone_needs_no_entropy():

@@ -118,7 +118,8 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
     )
     batch = global_batch(tok)  # 4 prompts × 2, left-padded prompts, response lengths 1..8
     results = {}
-    for fused in (True, False):
+    # the fused head keeping its logits for backward (the default), recomputing them, and the logits path
+    for fused in ("kept", True, False):
         module.zero_grad(set_to_none=True)
         out = response_outputs(
             module,
@@ -129,7 +130,7 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
             with_sum_pi_squared=True,
             mixed_precision=mixed_precision,
             device=torch.device("cpu"),
-            plan=ForwardPlan(fused_head=fused, share_prefix=share),
+            plan=ForwardPlan(fused_head=bool(fused), keep_head_logits=fused == "kept", share_prefix=share),
         )
         (out["log_prob"] * batch["advantages"]).sum().add(0.1 * out["entropy"].sum()).backward()
         results[fused] = (
@@ -138,12 +139,13 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
         )
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
     assert results[True][0].keys() == {"log_prob", "entropy", "sum_pi_squared"}
-    for name, value in results[True][0].items():
-        assert value.shape == batch["responses"].shape
-        assert (value[batch["response_mask"] == 0] == 0).all()
-        torch.testing.assert_close(value, results[False][0][name], **tol, msg=name)
-    for got, want in zip(results[True][1], results[False][1], strict=True):
-        torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
+    for fused in ("kept", True):
+        for name, value in results[fused][0].items():
+            assert value.shape == batch["responses"].shape
+            assert (value[batch["response_mask"] == 0] == 0).all()
+            torch.testing.assert_close(value, results[False][0][name], **tol, msg=name)
+        for got, want in zip(results[fused][1], results[False][1], strict=True):
+            torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

@@ -1,0 +1,92 @@
+"""Does the C allocator of rlkit's Ray workers cost step time? rlkit's harness step (``rlkit_grpo.py``: the
+real Runtime, the Ray worker, Trainer.step) under different allocator environments, one process per run,
+variants alternating, with the worker's minor page faults per step (``/proc/<pid>/stat``).
+
+    python benchmarks/worker_malloc.py --reps 2 [--mimalloc /path/to/libmimalloc.so]
+
+Variants: ``glibc`` (the defaults), ``keep-freed`` (``GLIBC_TUNABLES``: one arena, no mmap'd blocks, no heap
+trim), and with ``--mimalloc`` the library preloaded (``LD_PRELOAD``, ``MIMALLOC_PURGE_DELAY=-1``: freed
+memory kept). The driver's environment is the workers' (a local Ray cluster inherits it). Workload: smollm2
+(4 prompts x 4 samples x 32 tokens, fp32), 1 warm-up and ``--steps`` measured steps per run. Writes
+``benchmarks/results/<stamp>-worker-malloc.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
+
+KEEP_FREED = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
+
+
+def variants(mimalloc: str | None) -> dict[str, dict[str, str]]:
+    out = {"glibc": {}, "keep-freed": {"GLIBC_TUNABLES": KEEP_FREED}}
+    if mimalloc:
+        out["mimalloc"] = {"LD_PRELOAD": mimalloc, "MIMALLOC_PURGE_DELAY": "-1"}
+    return out
+
+
+def one_run(model: str, data: str, steps: int, extra: dict[str, str]) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} | extra
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, str(HERE / "rlkit_grpo.py"), "--model", model, "--model-name", "smollm2"]
+        cmd += ["--dtype", "fp32", "--data", data, "--prompts", "4", "--group", "4", "--tokens", "32"]
+        cmd += ["--max-prompt-length", "1024", "--steps", str(steps), "--warmup", "1", "--out", str(out)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"run failed ({extra}):\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())["steps"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=2, help="runs per variant, alternating")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
+    parser.add_argument("--mimalloc", default=None, help="libmimalloc.so to preload, a third variant")
+    args = parser.parse_args()
+    from rlkit.model.smollm2 import smollm2_dir
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    data = HERE / ".work" / "arithmetic" / "train.parquet"
+    if not data.exists():
+        raise SystemExit(f"{data} is missing: run benchmarks/run.py once (it writes the workload's data)")
+    report = Report("worker-malloc")
+    report(machine_line(matmul_peak_flops("fp32"), memory_bandwidth()))
+    runs: dict[str, list[list[dict]]] = {name: [] for name in variants(args.mimalloc)}
+    for rep in range(args.reps):
+        for name, extra in variants(args.mimalloc).items():
+            steps = one_run(str(smollm2_dir()), str(data), args.steps, extra)
+            runs[name].append(steps)
+            cells = [f"{s['step']:.2f} s / {s.get('worker_minor_faults', -1)}" for s in steps]
+            report(f"rep {rep + 1} {name}: step s / worker faults: {', '.join(cells)}")
+    report("| allocator | step s (median) | gen s | update s | worker faults per step (median) | runs |")
+    report("|---|---:|---:|---:|---:|---:|")
+    summary = {}
+    for name, per_run in runs.items():
+        steps = [s for run in per_run for s in run]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "update_actor")}
+        med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
+        summary[name] = med
+        report(
+            f"| {name} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
+            f"{med['faults']:.0f} | {len(per_run)} |"
+        )
+    report.save({"variants": variants(args.mimalloc), "runs": runs, "median": summary})
+
+
+if __name__ == "__main__":
+    main()
