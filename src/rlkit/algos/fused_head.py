@@ -34,7 +34,7 @@ __all__ = ["head_outputs", "default_chunk", "CHUNK_ELEMENTS", "KEEP_LOGITS_BYTES
 CHUNK_ELEMENTS = 1 << 22
 # The actor's budget for keeping the [N, V] float32 logits from forward to backward (``keep_logits_bytes``):
 # 128 MiB holds SmolLM2's 49,152-word logits for 682 response tokens. Measured on one AVX2 core
-# (docs/benchmarks.md, "The head's logits kept for backward"): 0.966x the update at 512 tokens (100 MB kept),
+# (docs/benchmarks.md, "Session 10"): 0.966x the update at 512 tokens (100 MB kept),
 # no gain at 2,048 tokens (403 MB: writing and faulting in that much memory costs what the skipped matmul
 # saved), so larger micro-batches recompute.
 KEEP_LOGITS_BYTES = 128 * 2**20
