@@ -90,7 +90,8 @@ def _grouped_batch(tok, module):
 
 def _counted(module, batch, layout, monkeypatch, *, fused=True):
     """(tally, linear FLOPs, attention FLOPs) of one forward + backward in ``layout``, the latter two as
-    ``torch.utils.flop_counter.FlopCounterMode`` counts the ops that ran."""
+    ``torch.utils.flop_counter.FlopCounterMode`` counts the ops that ran (with in-place ``addmm_``, which the
+    fused head's backward runs for the hidden states' gradient and FlopCounterMode has no formula for)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from rlkit.model import forward
@@ -99,7 +100,10 @@ def _counted(module, batch, layout, monkeypatch, *, fused=True):
     monkeypatch.setattr(forward, "layout_of", lambda *a, **k: layout)
     plan = forward.ForwardPlan(fused_head=fused, share_prefix=layout == "shared")
     tally = FlopTally(model_dims(module))
-    with FlopCounterMode(display=False) as counter:
+    def addmm_(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> int:  # [m, k] @ [k, n] added in
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: addmm_}) as counter:
         lp, ent = forward.forward_response(
             module,
             batch,

@@ -15,8 +15,8 @@ layout the actor ran it (``rlkit.workers.actor``: padded rows, one shared prompt
 * backward, only where gradients flow: a trainable linear map 2× its forward (input and weight gradients);
   a frozen one whose input needs a gradient 1× (LoRA's base weights and head), 0× where its input needs none
   (LoRA's first layer: ``model_dims``); attention 2× its forward in every layer whose input needs a gradient.
-  Recomputation (gradient checkpointing, the fused head's backward)
-  is executed but not counted.
+  Recomputation (gradient checkpointing, the fused head's backward where its logits exceed
+  ``KEEP_LOGITS_BYTES`` and are recomputed) is executed but not counted.
 
 Norms, activations, softmax and the optimizer are left out, so the count is a lower bound of the work run.
 The *model* FLOPs of the literature (``6 · N · tokens``) are a different number and are not reported as MFU.
