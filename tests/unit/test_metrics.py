@@ -100,6 +100,7 @@ def _counted(module, batch, layout, monkeypatch, *, fused=True):
     monkeypatch.setattr(forward, "layout_of", lambda *a, **k: layout)
     plan = forward.ForwardPlan(fused_head=fused, share_prefix=layout == "shared")
     tally = FlopTally(model_dims(module))
+
     def addmm_(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> int:  # [m, k] @ [k, n] added in
         return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
