@@ -118,8 +118,12 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
     )
     batch = global_batch(tok)  # 4 prompts × 2, left-padded prompts, response lengths 1..8
     results = {}
-    # the fused head keeping its logits for backward (the default), recomputing them, and the logits path
-    for fused in ("kept", True, False):
+    plans = {  # fused head keeping its logits for backward (the default), recomputing them; logits path
+        "kept": ForwardPlan(share_prefix=share),
+        "recomputed": ForwardPlan(keep_head_logits=False, share_prefix=share),
+        "logits": ForwardPlan(fused_head=False, share_prefix=share),
+    }
+    for name, plan in plans.items():
         module.zero_grad(set_to_none=True)
         out = response_outputs(
             module,
@@ -130,21 +134,21 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
             with_sum_pi_squared=True,
             mixed_precision=mixed_precision,
             device=torch.device("cpu"),
-            plan=ForwardPlan(fused_head=bool(fused), keep_head_logits=fused == "kept", share_prefix=share),
+            plan=plan,
         )
         (out["log_prob"] * batch["advantages"]).sum().add(0.1 * out["entropy"].sum()).backward()
-        results[fused] = (
+        results[name] = (
             {k: v.detach() for k, v in out.items()},
             [p.grad.clone() for p in module.parameters()],
         )
     tol = {"rtol": 1e-4, "atol": 1e-5} if mixed_precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
-    assert results[True][0].keys() == {"log_prob", "entropy", "sum_pi_squared"}
-    for fused in ("kept", True):
+    assert results["kept"][0].keys() == {"log_prob", "entropy", "sum_pi_squared"}
+    for fused in ("kept", "recomputed"):
         for name, value in results[fused][0].items():
             assert value.shape == batch["responses"].shape
             assert (value[batch["response_mask"] == 0] == 0).all()
-            torch.testing.assert_close(value, results[False][0][name], **tol, msg=name)
-        for got, want in zip(results[fused][1], results[False][1], strict=True):
+            torch.testing.assert_close(value, results["logits"][0][name], **tol, msg=name)
+        for got, want in zip(results[fused][1], results["logits"][1], strict=True):
             torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
 
 
