@@ -122,6 +122,12 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
+        "--worker-thread",
+        action="store_true",
+        help="run every rep on one second thread, as a Ray worker runs its methods (glibc reuses freed "
+        "memory differently there: docs/benchmarks.md, 'Three more levers on AVX2')",
+    )
+    parser.add_argument(
         "--decode-dtype",
         choices=("float32", "bfloat16", "float16"),
         default="float32",
@@ -251,12 +257,19 @@ def main() -> None:
                 rss[on].append(resident_mib())
             return time.perf_counter() - start
 
+    from concurrent.futures import ThreadPoolExecutor
+
+    thread = ThreadPoolExecutor(1, thread_name_prefix="ab-worker") if args.worker_thread else None
+
+    def call(on: bool, small: bool = False, record: bool = True) -> float:
+        return thread.submit(run, on, small, record).result() if thread else run(on, small, record)
+
     for on in variants:
-        run(on, bool(args.warmup_tokens), False)  # warm-up
+        call(on, bool(args.warmup_tokens), False)  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.reps):
         for on in variants if r % 2 == 0 else variants[::-1]:
-            times[on].append(run(on))
+            times[on].append(call(on))
     report: list[str] = []
 
     def emit(text: str) -> None:

@@ -1,0 +1,99 @@
+"""The harness step of two rlkit source trees, one process per run, alternating: an earlier commit (A) against
+the working tree (B), through the real Runtime and Ray worker (``rlkit_grpo.py``), with the worker's minor
+page faults per step.
+
+    python benchmarks/ab_trees.py --base HEAD --reps 3
+
+Where ``ab.py`` toggles one change in-process on the main thread, this measures it where a run executes it:
+in a Ray worker's method thread, whose allocations glibc reuses differently (docs/benchmarks.md, "Three more
+levers on AVX2"). A's tree is ``git worktree add`` of ``--base`` in a temporary folder; each run puts its
+tree's ``src`` first on ``PYTHONPATH``, which the local Ray cluster's workers inherit (a Ray task started
+so imported ``rlkit`` from that tree). Workload: smollm2 (4 prompts x 4 samples x 32 tokens, fp32), 1
+warm-up and ``--steps`` measured steps per run. Writes ``benchmarks/results/<stamp>-ab-trees.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
+from worker_malloc import one_run  # noqa: E402
+
+
+def _rev(tree: Path, rev: str = "HEAD") -> str:
+    return subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base", default="HEAD", help="A: this commit (B: the working tree)")
+    parser.add_argument("--reps", type=int, default=3, help="runs per tree, alternating A B, B A, ...")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
+    args = parser.parse_args()
+    from rlkit.model.smollm2 import smollm2_dir
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    data = HERE / ".work" / "arithmetic" / "train.parquet"
+    if not data.exists():
+        raise SystemExit(f"{data} is missing: run benchmarks/run.py once (it writes the workload's data)")
+    repo = HERE.parent
+    dirty = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain", "src"], capture_output=True, text=True
+    )
+    report = Report("ab-trees")
+    report(machine_line(matmul_peak_flops("fp32"), memory_bandwidth()))
+    names = {
+        "A": f"{_rev(repo, args.base)}",
+        "B": f"{_rev(repo)}{' + changes' if dirty.stdout.strip() else ''}",
+    }
+    report(f"A: commit {names['A']}; B: the working tree, {names['B']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", str(base), args.base],
+            check=True,
+            capture_output=True,
+        )
+        trees = {"A": base, "B": repo}
+        runs: dict[str, list[list[dict]]] = {"A": [], "B": []}
+        try:
+            for rep in range(args.reps):
+                for name in ("A", "B") if rep % 2 == 0 else ("B", "A"):
+                    env = {"PYTHONPATH": str(trees[name] / "src")}
+                    steps = one_run(str(smollm2_dir()), str(data), args.steps, env)
+                    runs[name].append(steps)
+                    cells = [f"{s['step']:.2f} s / {s.get('worker_minor_faults', -1)}" for s in steps]
+                    report(f"rep {rep + 1} {name}: step s / worker faults: {', '.join(cells)}")
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)], check=False)
+    report("| tree | step s (median) | gen s | update s | worker faults per step (median) | runs |")
+    report("|---|---:|---:|---:|---:|---:|")
+    summary = {}
+    for name, per_run in runs.items():
+        steps = [s for run in per_run for s in run]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "update_actor")}
+        med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
+        summary[name] = med
+        report(
+            f"| {name}: {names[name]} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
+            f"{med['faults']:.0f} | {len(per_run)} |"
+        )
+    ratio = summary["B"]["update_actor"] / summary["A"]["update_actor"]
+    report(f"B/A: step {summary['B']['step'] / summary['A']['step']:.3f}, update {ratio:.3f}")
+    report.save({"trees": names, "runs": runs, "median": summary})
+
+
+if __name__ == "__main__":
+    main()
