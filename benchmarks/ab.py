@@ -21,6 +21,10 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          logits
   headkeep  actor, fused head: each vocabulary slice's logits kept from forward to backward (within
          ``KEEP_LOGITS_BYTES``) vs recomputed in backward
+  mlas   rollout: the decode copy's linears on ONNX Runtime's MLAS fp32 GEMM over weights it prepacks
+         (``rollout.backend.linears=onnxruntime``, rlkit.rollout.mlas_weights) vs torch's F.linear (or, with
+         ``--decode-dtype float16``, fbgemm's fp16 weights); the step phase hands the rollout the weights
+         after each update, so B (and an fp16 A) repacks them
   lean   rollout: tokens after the prefill through the lean decode step (rlkit.rollout.lean_step) vs the
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -193,6 +197,8 @@ def main() -> None:
                 ppo_mini_batch_size=1,
             )
             backend = {"name": "hf", "dtype": decode}
+            if args.change == "mlas" and on:  # fp32 (against A's --decode-dtype: float32, or float16)
+                backend |= {"dtype": "float32", "linears": "onnxruntime"}
             # components resolved as the driver resolves them (rlkit.recipe.compose), built as the worker
             # builds them
             (loss, p1), (engine, p2) = (

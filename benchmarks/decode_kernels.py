@@ -16,7 +16,12 @@ decode step does (a loop over one matrix would read it from cache and overstate 
 - ``fbgemm_fp16_fused``: the same with q/k/v packed as one matrix and gate/up as another (4 GEMMs per layer
   instead of 7; the outputs split), the "fewer ops per layer" idea of issue 30, measured before building it;
 - ``int8_weight_only``: int8 weights with a per-row scale, fp32 activations (``torch._weight_int8pack_mm``,
-  torchao's weight-only int8 path; no packing step).
+  torchao's weight-only int8 path; no packing step);
+- ``mlas``: ONNX Runtime's MLAS fp32 GEMM on weights it prepacked (``rlkit.rollout.mlas_weights.MlasLinear``,
+  what ``rollout.backend.linears=onnxruntime`` decodes with; needs onnxruntime).
+
+Also prints the seconds fbgemm's fp16 packing and MLAS's prepacking take for all 210 weights, the cost a
+decode with either pays once per weight sync.
 
 ``--kernels`` picks some (default: all).
 
@@ -63,7 +68,9 @@ def _int8(flat: list) -> list:
     return out
 
 
-def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list, int8: list) -> dict:
+def _kernels(
+    flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list, int8: list, mlas: list
+) -> dict:
     """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m,
     in]}``)."""
     import torch
@@ -88,6 +95,7 @@ def _kernels(flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list
             torch.ops.quantized.linear_dynamic_fp16(xs[k], p).split(sizes, -1) for p, k, sizes in fused
         ],
         "int8_weight_only": lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in int8],
+        "mlas": lambda: [lin(xs[lin.in_features]) for lin in mlas],
     }
 
 
@@ -108,9 +116,22 @@ def main() -> None:
     weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(LAYERS)]
     flat = [w for layer in weights for w in layer]
     nbytes = sum(w.numel() * 4 for w in flat)
+    start = time.perf_counter()
     fp16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in flat]
+    packing = {"fbgemm_fp16": time.perf_counter() - start}
     onednn = [w.to_mkldnn() for w in flat]
     wanted = set(args.kernels.split(",")) if args.kernels else None  # None: every kernel
+    mlas = []
+    if wanted is None or "mlas" in wanted:
+        from types import SimpleNamespace
+
+        from rlkit.rollout.mlas_weights import MlasLinear
+
+        start = time.perf_counter()
+        for w in flat:
+            view = SimpleNamespace(weight=w, bias=None, out_features=w.shape[0], in_features=w.shape[1])
+            mlas.append(MlasLinear(view))
+        packing["mlas"] = time.perf_counter() - start
     fused = _fused(weights) if wanted is None or "fbgemm_fp16_fused" in wanted else []
     int8 = _int8(flat) if wanted is None or "int8_weight_only" in wanted else []
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
@@ -118,11 +139,12 @@ def main() -> None:
         f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth "
         f"{machine['bandwidth'] / 1e9:.1f} GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32"
     )
-    print(head, flush=True)
-    lines, medians = [head], {}
+    packed = "packing all weights once: " + ", ".join(f"{k} {v:.2f} s" for k, v in packing.items())
+    print(head, packed, sep="\n", flush=True)
+    lines, medians = [head, packed], {}
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
-        kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8)
+        kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8, mlas)
         if args.kernels:
             kernels = {name: kernels[name] for name in args.kernels.split(",")}
         times: dict[str, list[float]] = {name: [] for name in kernels}
@@ -146,7 +168,7 @@ def main() -> None:
         "results:",
         save_results(
             "decode-kernels",
-            {"args": vars(args), "weight_bytes": nbytes, "median_s": medians},
+            {"args": vars(args), "weight_bytes": nbytes, "median_s": medians, "packing_s": packing},
             "\n\n".join(lines),
             machine=machine,
         ),

@@ -396,7 +396,8 @@ def main() -> None:
         "--dtypes",
         default="fp32,bf16",
         help="of: fp32, bf16 (autocast in both toolkits), fp16w "
-        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32)",
+        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32), fp32mlas "
+        "(rlkit decodes in fp32 on ONNX Runtime's linears, rollout.backend.linears=onnxruntime; TRL: fp32)",
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")

@@ -221,3 +221,26 @@ def test_auto_decode_dtype_of_a_sharded_hybrid_actor_is_its_own(registries):
     )
     recipe = validate(registries, *async_run)
     assert _hybrid_ranks(recipe, compose(recipe, registries)) == 0
+
+
+def test_onnxruntime_linears_decode_in_float32_and_are_refused_where_they_cannot_run(registries, monkeypatch):
+    """``rollout.backend.linears: onnxruntime`` (rlkit.rollout.mlas_weights): auto resolves to float32 with
+    the reason (no fp16 probe: this recipe's model path does not exist); an fp16/bf16 copy, cuda, a sharded
+    hybrid actor and a missing onnxruntime are validation errors on the key."""
+    from rlkit.runtime.build import _plan_hardware
+
+    mlas = "rollout.backend={name: hf, linears: onnxruntime}"
+    recipe = validate(registries, mlas)
+    hw = _plan_hardware(recipe, compose(recipe, registries))
+    assert hw.precision.decode_dtype == "float32"
+    assert "linears=onnxruntime decodes with fp32 weights" in hw.precision.decode_reason
+    assert compose(recipe, registries).rollout_backend.params.linears == "onnxruntime"
+    key = "rollout.backend.linears"
+    found = problems(registries, "rollout.backend={name: hf, linears: onnxruntime, dtype: float16}")
+    assert "decode in float32, not float16" in found[key]
+    assert "run on the CPU" in problems(registries, mlas, "resources.device=cuda")[key]
+    sharded = problems(registries, mlas, "resources.pools={global: {bundles_per_node: 2}}")
+    assert "pool has 2 ranks" in sharded[key]
+    monkeypatch.setattr("rlkit.hardware.onnxruntime_unavailable", lambda: "no onnxruntime here")
+    # the rule reads rlkit.hardware's function at call time
+    assert "no onnxruntime here; or set rollout.backend.linears=torch" in problems(registries, mlas)[key]

@@ -64,6 +64,7 @@ from rlkit.hardware.precision import (
     concrete_decode_dtype,
     concrete_mixed_precision,
     fp16_weights_unavailable,
+    onnxruntime_unavailable,
     resolve_precision,
 )
 from rlkit.hardware.threads import (
@@ -108,6 +109,7 @@ __all__ = [
     "concrete_decode_dtype",
     "auto_decode_dtype",
     "fp16_weights_unavailable",
+    "onnxruntime_unavailable",
     "ResolvedPrecision",
     "resolve_precision",
     "worker_threads",

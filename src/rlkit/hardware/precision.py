@@ -18,6 +18,7 @@ __all__ = [
     "concrete_decode_dtype",
     "auto_decode_dtype",
     "fp16_weights_unavailable",
+    "onnxruntime_unavailable",
     "ResolvedPrecision",
     "resolve_precision",
 ]
@@ -103,6 +104,16 @@ def fp16_weights_unavailable() -> str | None:
             f"this torch build has no fbgemm (quantized engines: {engines}); fbgemm's fp16-weight GEMM needs "
             "an x86-64 CPU with AVX2"
         )
+    return None
+
+
+def onnxruntime_unavailable() -> str | None:
+    """Why the hf backend's ``linears: onnxruntime`` (``rlkit.rollout.mlas_weights``) cannot run here, or
+    None."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        return "the onnxruntime and onnx packages are not both installed (pip install onnxruntime onnx)"
     return None
 
 

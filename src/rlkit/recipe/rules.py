@@ -345,6 +345,41 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
                 f"{slot} a pool of 1 bundle",
             )
         )
+    if name == "hf" and recipe.rollout.backend.params.get("linears") == "onnxruntime":
+        problems += _check_onnxruntime_linears(recipe, copy_dtype, ranks, slot)
+    return problems
+
+
+def _check_onnxruntime_linears(
+    recipe: Recipe, copy_dtype: Any, ranks: int, slot: str
+) -> list[tuple[str, str]]:
+    """``rollout.backend.linears: onnxruntime`` (rlkit.rollout.mlas_weights): an fp32 decode copy of an
+    unsharded module on the CPU, with onnxruntime installed."""
+    from rlkit.hardware import onnxruntime_unavailable
+
+    key, problems = "rollout.backend.linears", []
+    if copy_dtype in ("bfloat16", "float16"):
+        problems.append(
+            (
+                key,
+                f"the onnxruntime linears decode in float32, not {copy_dtype}; set rollout.backend.dtype="
+                "float32 (or auto), or rollout.backend.linears=torch",
+            )
+        )
+    if recipe.resources.device == "cuda":
+        problems.append(
+            (key, "the onnxruntime linears run on the CPU; set rollout.backend.linears=torch on cuda")
+        )
+    if ranks > 1 and slot == "actor_rollout_ref":
+        problems.append(
+            (
+                key,
+                f"the onnxruntime linears pack an unsharded module's weights; the {slot} pool has {ranks} "
+                f"ranks (FSDP-sharded). Give {slot} a pool of 1 bundle, or set rollout.backend.linears=torch",
+            )
+        )
+    if reason := onnxruntime_unavailable():
+        problems.append((key, f"{reason}; or set rollout.backend.linears=torch"))
     return problems
 
 

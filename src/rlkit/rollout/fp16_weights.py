@@ -37,7 +37,7 @@ from torch import nn
 from rlkit.errors import RlkitError
 from rlkit.hardware import fp16_weights_unavailable
 
-__all__ = ["Fp16DecodeCopy", "Fp16Linear"]
+__all__ = ["Fp16DecodeCopy", "Fp16Linear", "PackedDecodeCopy"]
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 
@@ -79,11 +79,11 @@ def _packable(name: str, module: nn.Module) -> bool:
     return type(module) is nn.Linear and "lora_" not in name
 
 
-def _pack_all(jobs: list[tuple[Fp16Linear, nn.Linear, str]]) -> None:
+def _pack_all(jobs: list[tuple[nn.Module, nn.Linear, str]]) -> None:
     """``target.pack(linear, name)`` for each job, on as many threads as torch's intra-op count (the worker's
-    ``threads_per_worker``): fbgemm packs one matrix on one thread, and on a pool the packing runs partly in
-    parallel (SmolLM2 on 2 threads: 0.72x the packing time, 0.84x the refresh; docs/benchmarks.md). The
-    packed weights are the same either way."""
+    ``threads_per_worker``): fbgemm (and MLAS) packs one matrix on one thread, and on a pool the packing
+    runs partly in parallel (SmolLM2 on 2 threads: 0.72x the packing time, 0.84x the refresh;
+    docs/benchmarks.md). The packed weights are the same either way."""
     threads = min(torch.get_num_threads(), len(jobs))
     if threads <= 1:
         for target, linear, name in jobs:
@@ -100,25 +100,23 @@ def _version(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t._version
 
 
-class Fp16DecodeCopy:
-    """A copy of ``source`` for decoding, its linears packed in fp16; :meth:`refresh` brings it to
-    ``source`` 's current weights (repacking the trainable linears and the frozen ones written since)."""
+class PackedDecodeCopy:
+    """A copy of ``source`` for decoding whose ``nn.Linear`` s are ``linear_cls(linear, name)`` (a packed
+    weight with a ``pack(linear, name)`` method: :class:`Fp16Linear`,
+    ``rlkit.rollout.mlas_weights.MlasLinear``); :meth:`refresh` brings it to ``source`` 's current weights
+    (repacking the trainable linears and the frozen ones written since). ``setting``: the recipe setting
+    that asked for it, for errors."""
 
-    def __init__(self, source: nn.Module):
-        reason = fp16_weights_unavailable()
-        if reason:
-            raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32.")
+    def __init__(self, source: nn.Module, linear_cls: type[nn.Module], setting: str):
         self.names = [name for name, m in source.named_modules() if _packable(name, m)]
         if not self.names:
-            raise RlkitError(
-                "rollout.backend.dtype=float16: the model has no nn.Linear to pack; use float32."
-            )
+            raise RlkitError(f"{setting}: the model has no nn.Linear to pack; decode in float32 instead.")
         self.module = copy.deepcopy(source).requires_grad_(False)  # its fp32 linears are dropped just below
         self.packed_at: dict[str, tuple[int, int]] = {}
         for name in self.names:
             parent, _, child = name.rpartition(".")
             owner = self.module.get_submodule(parent) if parent else self.module
-            setattr(owner, child, Fp16Linear(source.get_submodule(name), name))
+            setattr(owner, child, linear_cls(source.get_submodule(name), name))
             self.packed_at[name] = _version(source.get_submodule(name).weight)
         self._repacked = self._built = len(self.names)  # the first refresh packs nothing more, reports these
 
@@ -151,3 +149,13 @@ class Fp16DecodeCopy:
     def repacked(self) -> int:
         """How many linears were packed for the last refresh (the construction's count with the first)."""
         return self._repacked
+
+
+class Fp16DecodeCopy(PackedDecodeCopy):
+    """The decode copy with fbgemm fp16 weights (:class:`Fp16Linear`): ``rollout.backend.dtype: float16``."""
+
+    def __init__(self, source: nn.Module):
+        reason = fp16_weights_unavailable()
+        if reason:
+            raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32.")
+        super().__init__(source, Fp16Linear, "rollout.backend.dtype=float16")

@@ -20,6 +20,9 @@ bf16 a bf16 copy decodes much slower (docs/concepts.md). ``float16`` on the CPU 
 packed for fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow,
 measured in docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy); its trainable weights are
 repacked once per ``update_weights``. Not given at all (a backend built directly): the weights' own dtype.
+``rollout.backend.linears: onnxruntime`` decodes in fp32 with the copy's linears on ONNX Runtime's MLAS GEMM
+over weights it prepacks once per ``update_weights`` (``rlkit.rollout.mlas_weights``: MKL's sgemm is slow at a
+decode step's few rows on AMD CPUs).
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -40,7 +43,8 @@ from rlkit.hardware import concrete_decode_dtype, layer_shapes
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.decode import DecodePlan, Decoding, decode
-from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+from rlkit.rollout.fp16_weights import Fp16DecodeCopy, PackedDecodeCopy
+from rlkit.rollout.mlas_weights import MlasDecodeCopy
 
 __all__ = ["HFRollout"]
 
@@ -84,9 +88,16 @@ class HFRollout:
             lambda: layer_shapes(module.config.to_dict()) if hasattr(module, "config") else None,
         )
         self.decode_dtype = getattr(torch, dtype) if dtype else None
+        self.linears = getattr(params, "linears", "torch")  # onnxruntime: rlkit.rollout.mlas_weights
+        if self.linears == "onnxruntime" and (self.device.type != "cpu" or dtype not in (None, "float32")):
+            raise RlkitError(
+                f"rollout.backend.linears=onnxruntime decodes on the CPU in float32, not on {self.device} in "
+                f"{dtype}; set rollout.backend.linears=torch there."
+            )
         self._decode_copy: nn.Module | None = None
-        self._fp16_copy: Fp16DecodeCopy | None = None  # float16 on the CPU (rlkit.rollout.fp16_weights)
-        self._weights_handed = True  # update_weights since the fp16 copy's last refresh: repack its weights
+        # packed linears: fbgemm fp16 (float16 on the CPU) or MLAS fp32 (linears=onnxruntime)
+        self._packed_copy: PackedDecodeCopy | None = None
+        self._weights_handed = True  # update_weights since the packed copy's last refresh: repack its weights
 
     def _decoder(self) -> nn.Module:
         """The module to decode with: the actor's own, or (``rollout.backend.dtype``) a copy in that dtype
@@ -94,19 +105,21 @@ class HFRollout:
         from torch.distributed.fsdp import FSDPModule
 
         params = list(self.module.parameters())
-        if (
+        mlas = self.linears == "onnxruntime" and not isinstance(self.module, FSDPModule)
+        if not mlas and (
             self.decode_dtype is None
             or isinstance(self.module, FSDPModule)
             or params[0].dtype == self.decode_dtype
         ):
             return self.module
-        if self.decode_dtype == torch.float16 and self.device.type == "cpu":  # fbgemm's fp16-weight GEMM
-            if self._fp16_copy is None:
-                self._fp16_copy = Fp16DecodeCopy(self.module)
+        fp16 = self.decode_dtype == torch.float16 and self.device.type == "cpu"  # fbgemm's fp16-weight GEMM
+        if mlas or fp16:
+            if self._packed_copy is None:
+                self._packed_copy = MlasDecodeCopy(self.module) if mlas else Fp16DecodeCopy(self.module)
             # trainable weights are repacked once per weight hand-over (the hybrid engine's sync_weights after
             # each update), not at every generate: a multi-turn step generates once per turn
             moved, self._weights_handed = self._weights_handed, False
-            return self._fp16_copy.refresh(self.module, trainable_moved=moved)
+            return self._packed_copy.refresh(self.module, trainable_moved=moved)
         if self._decode_copy is None:
             self._decode_copy = copy.deepcopy(self.module).requires_grad_(False)
             for p in self._decode_copy.parameters():  # parameters only: buffers (rotary inv_freq) stay fp32
@@ -132,7 +145,7 @@ class HFRollout:
         self._weights_handed = True
         if isinstance(weights, nn.Module):
             if weights is not self.module:
-                self._decode_copy = self._fp16_copy = None
+                self._decode_copy = self._packed_copy = None
             self.module = weights
             return
         from torch.distributed.fsdp import FSDPModule
@@ -254,6 +267,7 @@ class HFRollout:
             "do_sample": bool(do_sample),
         }
         meta["metrics"] = {"rollout/lean_step": float(path == "lean")}
-        if self._fp16_copy is not None and module is self._fp16_copy.module:
-            meta["metrics"]["rollout/fp16_repacked_linears"] = float(self._fp16_copy.repacked)
+        if self._packed_copy is not None and module is self._packed_copy.module:
+            kind = "mlas" if isinstance(self._packed_copy, MlasDecodeCopy) else "fp16"
+            meta["metrics"][f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

@@ -414,6 +414,8 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
     backend = pipeline.rollout_backend
     decode = getattr(backend.params, "dtype", None)  # a backend with a decode-dtype parameter (hf)
     hf = backend.name == "hf"  # fbgemm fp16 weights are its own (an engine plugin's dtype is its engine's)
+    mlas = hf and getattr(backend.params, "linears", "torch") == "onnxruntime" and decode == "auto"
+    decode = "float32" if mlas else decode  # the onnxruntime linears are fp32 (rlkit.rollout.mlas_weights)
     sharded = _hybrid_ranks(recipe, pipeline) if hf else 0
     hw = plan_run(
         recipe,
@@ -428,6 +430,9 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
             f"the hybrid actor is FSDP-sharded over {sharded} ranks and decodes with its own {own} weights"
         )
         hw = replace(hw, precision=replace(hw.precision, decode_dtype=own, decode_reason=reason))
+    elif mlas:
+        reason = "rollout.backend.linears=onnxruntime decodes with fp32 weights (rlkit.rollout.mlas_weights)"
+        hw = replace(hw, precision=replace(hw.precision, decode_reason=reason))
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)
