@@ -96,6 +96,17 @@ def _pack_all(jobs: list[tuple[nn.Module, nn.Linear, str]]) -> None:
             done.result()  # a weight beyond fp16's range raises here, naming the linear
 
 
+def _skipped(source: nn.Module, names: list[str]) -> dict[int, nn.Parameter]:
+    """A ``copy.deepcopy`` memo that leaves out the weights only the linears ``names`` use (they are replaced
+    by packed ones right after the copy; an empty stand-in instead of a full fp32 copy of each). A weight
+    another module shares (a head tied to the embedding) is copied."""
+    packed = {id(p) for name in names for p in source.get_submodule(name).parameters(recurse=False)}
+    shared = {
+        id(p) for name, m in source.named_modules() if name not in names for p in m.parameters(recurse=False)
+    }
+    return {i: nn.Parameter(torch.empty(0), requires_grad=False) for i in packed - shared}
+
+
 def _version(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t._version
 
@@ -111,7 +122,7 @@ class PackedDecodeCopy:
         self.names = [name for name, m in source.named_modules() if _packable(name, m)]
         if not self.names:
             raise RlkitError(f"{setting}: the model has no nn.Linear to pack; decode in float32 instead.")
-        self.module = copy.deepcopy(source).requires_grad_(False)  # its fp32 linears are dropped just below
+        self.module = copy.deepcopy(source, _skipped(source, self.names)).requires_grad_(False)
         self.packed_at: dict[str, tuple[int, int]] = {}
         for name in self.names:
             parent, _, child = name.rpartition(".")
