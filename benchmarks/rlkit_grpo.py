@@ -63,8 +63,9 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
             "backend": {
                 "name": "hf",
                 "dtype": {"bf16": "bfloat16", "fp16w": "float16"}.get(w.dtype, "float32"),
-                # fp32mlas: fp32 decode on ONNX Runtime's prepacked GEMM (rlkit.rollout.mlas_weights)
-                **({"linears": "onnxruntime"} if w.dtype == "fp32mlas" else {}),
+                # fp32mlas: fp32 decode on ONNX Runtime's prepacked GEMM (rlkit.rollout.mlas_weights);
+                # set, not left to auto, as the dtype is
+                "linears": "onnxruntime" if w.dtype == "fp32mlas" else "torch",
             },
         },
         "resources": {

@@ -92,13 +92,16 @@ class HFRolloutParams(Params):
             "activations: faster where bf16 is slow; needs x86 AVX2)"
         ),
     )
-    linears: Literal["torch", "onnxruntime"] = Field(
-        "torch",
+    linears: Literal["auto", "torch", "onnxruntime"] = Field(
+        "auto",
         description=(
             "the CPU decode's linear layers: torch (F.linear: MKL, or fbgemm with float16) or onnxruntime "
-            "(ONNX Runtime's MLAS fp32 GEMM on weights it prepacks after each update: exact fp32, about 2x "
-            "MKL at 8-64 rows on AVX2; decodes in float32, so dtype must be auto or float32; needs pip "
-            "install onnxruntime; rlkit.rollout.mlas_weights)"
+            "(ONNX Runtime's MLAS fp32 GEMM on weights it prepacks after each update: exact fp32, 1.4-2x "
+            "MKL at 8-64 rows on an AMD EPYC; decodes in float32, so dtype must be auto or float32; needs "
+            "pip install onnxruntime onnx; rlkit.rollout.mlas_weights); auto = onnxruntime where the run "
+            "decodes in float32 on a CPU, onnxruntime is installed and a timed probe says its packing pays "
+            "back within data.max_response_length (rlkit.hardware.mlas), else torch (logged as "
+            "resolved.decode_linears, resolved.decode_linears_reason)"
         ),
     )
 

@@ -9,6 +9,9 @@ driver (``rlkit.runtime.build``), and the concrete value goes to the workers. Th
   path in TRL's environment, which has no rlkit.
 - ``rlkit.hardware.fp16``: whether fp16 decode weights pay for their packing on this CPU (a timed probe,
   cached beside the matmul probe, and the rule ``auto`` applies to it).
+- ``rlkit.hardware.mlas``: ONNX Runtime's fp32 GEMM session for one decode linear, and whether it pays for its
+  packing on this CPU (a timed probe, cached the same way, and the rule ``rollout.backend.linears: auto``
+  applies to it).
 - ``rlkit.hardware.precision``: ``auto`` and explicit values made concrete, with their checks and warnings.
 - ``rlkit.hardware.threads``: threads per worker, crowding, and one run's plan (``plan_run``).
 - ``rlkit.hardware.devices``: device, torch.distributed backend, GPU memory metrics.
@@ -56,15 +59,23 @@ from rlkit.hardware.fp16 import (
     layer_shapes,
     probe_fp16_decode,
 )
+from rlkit.hardware.mlas import (
+    MLAS_PAYBACK_MARGIN,
+    MlasProbe,
+    cached_mlas_probe,
+    mlas_decode_pays,
+    onnxruntime_unavailable,
+    probe_mlas_decode,
+)
 from rlkit.hardware.precision import (
     DECODE_DTYPES,
     MIXED_PRECISION,
     ResolvedPrecision,
     auto_decode_dtype,
+    auto_decode_linears,
     concrete_decode_dtype,
     concrete_mixed_precision,
     fp16_weights_unavailable,
-    onnxruntime_unavailable,
     resolve_precision,
 )
 from rlkit.hardware.threads import (
@@ -109,7 +120,13 @@ __all__ = [
     "concrete_decode_dtype",
     "auto_decode_dtype",
     "fp16_weights_unavailable",
+    "auto_decode_linears",
     "onnxruntime_unavailable",
+    "MLAS_PAYBACK_MARGIN",
+    "MlasProbe",
+    "cached_mlas_probe",
+    "mlas_decode_pays",
+    "probe_mlas_decode",
     "ResolvedPrecision",
     "resolve_precision",
     "worker_threads",

@@ -17,8 +17,8 @@ __all__ = [
     "concrete_mixed_precision",
     "concrete_decode_dtype",
     "auto_decode_dtype",
+    "auto_decode_linears",
     "fp16_weights_unavailable",
-    "onnxruntime_unavailable",
     "ResolvedPrecision",
     "resolve_precision",
 ]
@@ -65,6 +65,31 @@ def auto_decode_dtype(
     return ("float16" if pays else "float32"), why
 
 
+def auto_decode_linears(
+    decision: PrecisionDecision,
+    decode_dtype: str | None,
+    max_new_tokens: int | None = None,
+    layer: Callable[[], Layer | None] | None = None,
+) -> tuple[str, str]:
+    """(``auto``'s decode linears, why): ``onnxruntime`` where the run decodes in float32 on a CPU,
+    onnxruntime is installed and the cached probe of the model's decoder layer (``layer()``; None: a generic
+    layer) says its prepacked GEMM pays back well within ``max_new_tokens`` (``rlkit.hardware.mlas``); else
+    ``torch``, with an empty reason where nothing was weighed."""
+    from rlkit.hardware.mlas import cached_mlas_probe, mlas_decode_pays, onnxruntime_unavailable
+
+    if (
+        decision.device != "cpu"
+        or decode_dtype != "float32"
+        or max_new_tokens is None
+        or layer is None
+        or onnxruntime_unavailable()
+    ):
+        return "torch", ""
+    probe = cached_mlas_probe(decision.cpu or cpu_info(), layer=layer() or PROBE_LAYER)
+    pays, why = mlas_decode_pays(probe, max_new_tokens)
+    return ("onnxruntime" if pays else "torch"), why
+
+
 def concrete_decode_dtype(
     value: str | None,
     device: Any = "cpu",
@@ -107,16 +132,6 @@ def fp16_weights_unavailable() -> str | None:
     return None
 
 
-def onnxruntime_unavailable() -> str | None:
-    """Why the hf backend's ``linears: onnxruntime`` (``rlkit.rollout.mlas_weights``) cannot run here, or
-    None."""
-    import importlib.util
-
-    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
-        return "the onnxruntime and onnx packages are not both installed (pip install onnxruntime onnx)"
-    return None
-
-
 @dataclass(frozen=True)
 class ResolvedPrecision:
     mixed_precision: str  # what the actor, critic and reference use
@@ -125,6 +140,9 @@ class ResolvedPrecision:
     warnings: tuple[str, ...] = ()
     explicit: tuple[str, ...] = ()  # which of the two the recipe set itself (not auto)
     decode_reason: str = ""  # why auto chose float16 or float32 on a CPU without fast bf16 ("" otherwise)
+    # the hf backend's CPU decode linears (torch / onnxruntime; None: no such option) and why auto chose them
+    decode_linears: str | None = None
+    linears_reason: str = ""
 
     def params(self) -> dict[str, Any]:
         """Run parameters (logged under ``resolved.``)."""
@@ -135,6 +153,10 @@ class ResolvedPrecision:
         }
         if self.decode_reason:
             out["decode_reason"] = self.decode_reason
+        if self.decode_linears:
+            out["decode_linears"] = self.decode_linears
+        if self.linears_reason:
+            out["decode_linears_reason"] = self.linears_reason
         d = self.decision
         if d.cpu is not None and d.probe is not None:
             out |= {
@@ -157,21 +179,29 @@ def resolve_precision(
     decision: PrecisionDecision | None = None,
     max_new_tokens: int | None = None,
     layer: Callable[[], Layer | None] | None = None,
+    linears: str | None = None,
 ) -> ResolvedPrecision:
-    """Concrete actor precision and decode dtype for a run; ``decode_dtype`` None = not applicable;
-    ``max_new_tokens``: the run's longest decode (``data.max_response_length``) and ``layer``: the model's
-    decoder layer (asked only where it matters), which ``auto`` weighs against the cost of packing fp16
-    weights (:func:`auto_decode_dtype`).
+    """Concrete actor precision, decode dtype and decode linears for a run; ``decode_dtype`` / ``linears``
+    None = not applicable; ``max_new_tokens``: the run's longest decode (``data.max_response_length``) and
+    ``layer``: the model's decoder layer (asked only where it matters), which ``auto`` weighs against the cost
+    of packing fp16 weights (:func:`auto_decode_dtype`) or ONNX Runtime's (:func:`auto_decode_linears`).
+    Explicit ``onnxruntime`` linears decode in float32, so they make an ``auto`` dtype float32.
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""
     d = decision or precision_decision(device_type(device))
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
     decode_reason = ""
-    if decode_dtype == "auto":
+    if decode_dtype == "auto" and linears == "onnxruntime":
+        dd = "float32"
+        decode_reason = "rollout.backend.linears=onnxruntime decodes with fp32 weights"
+    elif decode_dtype == "auto":
         dd, decode_reason = auto_decode_dtype(d, max_new_tokens, layer)
     else:
         dd = concrete_decode_dtype(decode_dtype, d.device)
+    linears_reason = ""
+    if linears == "auto":
+        linears, linears_reason = auto_decode_linears(d, dd, max_new_tokens, layer)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only
     # below 2x
@@ -194,4 +224,4 @@ def resolve_precision(
         for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
         if asked not in ("auto", None)
     )
-    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit, decode_reason)
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit, decode_reason, linears, linears_reason)

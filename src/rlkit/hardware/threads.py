@@ -82,11 +82,13 @@ class RunHardware:
             k: " (set in the recipe)" if k in p.explicit else "" for k in ("mixed_precision", "decode_dtype")
         }
         decode = f", rollout decode {p.decode_dtype}{mark['decode_dtype']}" if p.decode_dtype else ""
+        decode += " on onnxruntime linears" if p.decode_linears == "onnxruntime" else ""
         threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
         return (
             f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per "
             f"worker: {threads}. auto: {p.decision.reason}"
             + (f"; decode: {p.decode_reason}" if p.decode_reason else "")
+            + (f"; linears: {p.linears_reason}" if p.linears_reason else "")
         )
 
 
@@ -97,6 +99,7 @@ def plan_run(
     placed: Mapping[str, str],
     decode_dtype: str | None,
     layer: Callable[[], Layer | None] | None = None,
+    decode_linears: str | None = None,
 ) -> RunHardware:
     """Resolve ``recipe``'s ``auto`` precision and threads for ``device``; ``layer``: the model's decoder
     layer shapes, asked only where ``auto`` weighs fp16 decode weights (``rlkit.hardware.fp16``; None: the
@@ -105,7 +108,8 @@ def plan_run(
     ``placed``: step slot → pool of every role the run builds (``Pipeline.roles``); roles on one pool
     share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's
     requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such
-    option."""
+    option; ``decode_linears`` its requested CPU decode linears (``auto`` / ``torch`` / ``onnxruntime``), the
+    same."""
     res = recipe.resources
     per_pool: dict[str, int] = {}
     for pool in placed.values():
@@ -129,6 +133,7 @@ def plan_run(
         device,
         max_new_tokens=recipe.data.max_response_length,
         layer=layer,
+        linears=decode_linears,
     )
     return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
 

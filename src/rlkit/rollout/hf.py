@@ -88,7 +88,10 @@ class HFRollout:
             lambda: layer_shapes(module.config.to_dict()) if hasattr(module, "config") else None,
         )
         self.decode_dtype = getattr(torch, dtype) if dtype else None
-        self.linears = getattr(params, "linears", "torch")  # onnxruntime: rlkit.rollout.mlas_weights
+        # onnxruntime: rlkit.rollout.mlas_weights; auto is the driver's to resolve (a backend built directly
+        # without a run: torch)
+        self.linears = getattr(params, "linears", "torch")
+        self.linears = "torch" if self.linears == "auto" else self.linears
         if self.linears == "onnxruntime" and (self.device.type != "cpu" or dtype not in (None, "float32")):
             raise RlkitError(
                 f"rollout.backend.linears=onnxruntime decodes on the CPU in float32, not on {self.device} in "

@@ -414,8 +414,6 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
     backend = pipeline.rollout_backend
     decode = getattr(backend.params, "dtype", None)  # a backend with a decode-dtype parameter (hf)
     hf = backend.name == "hf"  # fbgemm fp16 weights are its own (an engine plugin's dtype is its engine's)
-    mlas = hf and getattr(backend.params, "linears", "torch") == "onnxruntime" and decode == "auto"
-    decode = "float32" if mlas else decode  # the onnxruntime linears are fp32 (rlkit.rollout.mlas_weights)
     sharded = _hybrid_ranks(recipe, pipeline) if hf else 0
     hw = plan_run(
         recipe,
@@ -423,6 +421,8 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
         placed={slot: role.pool for slot, role in pipeline.roles.items()},
         decode_dtype=decode,
         layer=(lambda: _decoder_layer(recipe)) if hf and sharded <= 1 else None,
+        # a sharded hybrid actor decodes its own module with torch (validation refuses onnxruntime there)
+        decode_linears=("torch" if sharded > 1 else backend.params.linears) if hf else None,
     )
     if sharded > 1 and decode == "auto":  # no decode copy of an FSDP-sharded module: say what it decodes in
         own = recipe.model.dtype
@@ -430,9 +430,6 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
             f"the hybrid actor is FSDP-sharded over {sharded} ranks and decodes with its own {own} weights"
         )
         hw = replace(hw, precision=replace(hw.precision, decode_dtype=own, decode_reason=reason))
-    elif mlas:
-        reason = "rollout.backend.linears=onnxruntime decodes with fp32 weights (rlkit.rollout.mlas_weights)"
-        hw = replace(hw, precision=replace(hw.precision, decode_reason=reason))
     print(hw.summary(), flush=True)
     for message in hw.precision.warnings:
         log.warning(message)
@@ -466,8 +463,11 @@ def _decoder_layer(recipe: Recipe):
 
 
 def _concrete_backend(backend: Resolved, hw: RunHardware) -> Resolved:
-    """The rollout backend with ``dtype: auto`` replaced by what ``hw`` resolved (workers never see
-    ``auto``)."""
+    """The rollout backend with ``dtype: auto`` and ``linears: auto`` replaced by what ``hw`` resolved
+    (workers never see ``auto``)."""
     if hw.precision.decode_dtype is None or getattr(backend.params, "dtype", None) is None:
         return backend
-    return replace(backend, params=backend.params.model_copy(update={"dtype": hw.precision.decode_dtype}))
+    update = {"dtype": hw.precision.decode_dtype}
+    if hw.precision.decode_linears is not None and hasattr(backend.params, "linears"):
+        update["linears"] = hw.precision.decode_linears
+    return replace(backend, params=backend.params.model_copy(update=update))

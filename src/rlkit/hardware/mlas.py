@@ -1,0 +1,227 @@
+"""ONNX Runtime's MLAS fp32 GEMM for the CPU decode: the session one linear runs in, and whether it pays for
+its packing on this CPU (a timed probe, cached per machine and layer shape, and the rule
+``rollout.backend.linears: auto`` applies to it).
+
+``rlkit.rollout.mlas_weights`` decodes with each linear in its own ONNX Runtime session
+(:func:`gemm_session`): one ``Gemm(x, W, transB=1)`` whose weight MLAS prepacks when the session is built.
+Where MKL's sgemm is weak at a decode step's few rows (AMD CPUs: docs/benchmarks.md, "ONNX Runtime's fp32
+GEMM") the step is faster, in exact fp32; but every weight sync rebuilds every trainable linear's session, and
+each call costs ~30 µs more than ``F.linear``, which tiny layers never earn back. So where the run decodes in
+float32 on the CPU and onnxruntime is installed, ``auto`` picks ``onnxruntime`` when
+
+    max_response_length >= MLAS_PAYBACK_MARGIN × break-even tokens
+
+and ``torch`` otherwise. The probe times one decoder layer of the run's model (q, k, v, o, gate, up, down at
+its shapes, as ``rlkit.hardware.fp16`` does) at ``MLAS_PROBE_ROWS`` rows on one thread: ``F.linear`` against
+the layer's sessions, and building them; the best of ``MLAS_PROBE_ROUNDS`` rounds each. Its numbers go into
+the run's ``resolved.decode_linears_reason``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rlkit.hardware.cpu import CpuInfo, cached_entry
+from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, PROBE_LAYER, Layer
+
+__all__ = [
+    "MLAS_PAYBACK_MARGIN",
+    "MLAS_PROBE_ROWS",
+    "MLAS_PROBE_ROUNDS",
+    "MlasProbe",
+    "cached_mlas_probe",
+    "gemm_session",
+    "mlas_decode_pays",
+    "onnxruntime_unavailable",
+    "probe_mlas_decode",
+]
+
+MLAS_PAYBACK_MARGIN = (
+    FP16_PAYBACK_MARGIN  # the same reasons: rows that end early, the prefill, the probe's noise
+)
+
+
+MLAS_PROBE_ROWS = 16
+
+
+MLAS_PROBE_ROUNDS = 3
+
+
+def onnxruntime_unavailable() -> str | None:
+    """Why ONNX Runtime's linears (``rlkit.rollout.mlas_weights``) cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        return "the onnxruntime and onnx packages are not both installed (pip install onnxruntime onnx)"
+    return None
+
+
+@functools.cache
+def _gemm_model(out_features: int, in_features: int, bias: bool) -> bytes:
+    """A serialized ONNX model ``y = Gemm(x, w, b, transB=1)``, x [M, in] float, w [out, in] and b [out] as
+    initializers whose data the session gets from memory (``add_external_initializers``)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def placeholder(name: str, dims: list[int]) -> onnx.TensorProto:
+        tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", "memory"), ("offset", "0"), ("length", str(4 * math.prod(dims)))):
+            tensor.external_data.add(key=key, value=value)
+        return tensor
+
+    inputs = ["x", "w"] + (["b"] if bias else [])
+    inits = [placeholder("w", [out_features, in_features])]
+    if bias:
+        inits.append(placeholder("b", [out_features]))
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", inputs, ["y"], transB=1)],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", in_features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", out_features])],
+        inits,
+    )
+    # IR version 9: what onnxruntime releases from 1.17 on read
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+@functools.cache
+def _threads_shared() -> bool:
+    """Sessions share one process-wide thread pool of torch's intra-op size (a pool per session would start
+    threads for each of a model's hundreds of linears); False where the runtime already started without."""
+    import torch
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    try:
+        state.set_global_thread_pool_sizes(torch.get_num_threads(), 1)
+    except Exception:  # noqa: BLE001 - the environment exists already (another onnxruntime user here)
+        return False
+    return True
+
+
+def gemm_session(weight, bias=None):
+    """An ONNX Runtime session computing ``x @ weight.T + bias`` for x [M, in] float32 (``session.run(None,
+    {"x": x})[0]``), ``weight`` [out, in] and ``bias`` [out] float32 contiguous CPU tensors that must stay
+    alive as long as the session (it reads them at build time: MLAS prepacks the weight)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3  # errors only
+    if _threads_shared():
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    names, values = ["w"], [ort.OrtValue.ortvalue_from_numpy(weight.numpy())]
+    if bias is not None:
+        names.append("b")
+        values.append(ort.OrtValue.ortvalue_from_numpy(bias.numpy()))
+    options.add_external_initializers(names, values)
+    out_features, in_features = weight.shape
+    model = _gemm_model(out_features, in_features, bias is not None)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class MlasProbe:
+    fp32_s: float  # one decode step of the probe layer's linears with F.linear (best round)
+    mlas_s: float  # the same through their ONNX Runtime sessions
+    pack_s: float  # building the layer's sessions (MLAS packs the weights) once
+    rows: int = MLAS_PROBE_ROWS
+    params: int = 0  # the probe layer's weights
+
+    @property
+    def speedup(self) -> float:
+        """F.linear step time / MLAS step time (> 1: MLAS is faster)."""
+        return self.fp32_s / self.mlas_s if self.mlas_s > 0 else 0.0
+
+    @property
+    def break_even_tokens(self) -> float:
+        """Decode steps after which the saving equals one packing (inf: MLAS saves nothing)."""
+        saving = self.fp32_s - self.mlas_s
+        return self.pack_s / saving if saving > 0 else math.inf
+
+
+def probe_mlas_decode(
+    layer: Layer = PROBE_LAYER, rounds: int = MLAS_PROBE_ROUNDS, rows: int = MLAS_PROBE_ROWS, reps: int = 3
+) -> MlasProbe:
+    """Time ``layer`` 's linears at ``rows`` rows with ``F.linear`` and through their sessions (``reps``
+    steps a round, the mean; a call as ``MlasLinear`` makes it), and building the sessions, on one thread; the
+    best round of each."""
+    import torch
+    import torch.nn.functional as F
+
+    from rlkit.hardware.fp16 import _step_seconds
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in layer]
+        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in layer}
+        fp32_s = mlas_s = pack_s = math.inf
+        for _ in range(rounds):
+            start = time.perf_counter()
+            sessions = [gemm_session(w) for w in weights]
+            pack_s = min(pack_s, time.perf_counter() - start)
+            fp32_s = min(
+                fp32_s, _step_seconds(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights], reps)
+            )
+            mlas_s = min(
+                mlas_s,
+                _step_seconds(
+                    lambda sessions=sessions: [
+                        torch.from_numpy(s.run(None, {"x": inputs[w.shape[1]].numpy()})[0])
+                        for w, s in zip(weights, sessions, strict=True)
+                    ],
+                    reps,
+                ),
+            )
+        params = sum(n * k for n, k in layer)
+        return MlasProbe(fp32_s=fp32_s, mlas_s=mlas_s, pack_s=pack_s, rows=rows, params=params)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _mlas_probe(entry: dict[str, Any]) -> MlasProbe:
+    return MlasProbe(
+        fp32_s=float(entry["fp32_s"]),
+        mlas_s=float(entry["mlas_s"]),
+        pack_s=float(entry["pack_s"]),
+        rows=int(entry["rows"]),
+        params=int(entry["params"]),
+    )
+
+
+def cached_mlas_probe(
+    cpu: CpuInfo, cache_path: Path | None = None, *, layer: Layer = PROBE_LAYER, probe=probe_mlas_decode
+) -> MlasProbe:
+    """The MLAS probe of ``layer`` for this CPU and torch version from the cache
+    (``$RLKIT_CACHE/hardware.json``), or measured now (``probe(layer)``) and added to it."""
+    kind = "mlas-decode-" + ",".join(f"{n}x{k}" for n, k in layer)
+    return cached_entry(kind, cpu, lambda: asdict(probe(layer)), _mlas_probe, cache_path)
+
+
+def mlas_decode_pays(probe: MlasProbe, max_new_tokens: int) -> tuple[bool, str]:
+    """(ONNX Runtime's linears?, why in one line) for fp32 decodes of up to ``max_new_tokens`` tokens (module
+    docstring)."""
+    measured = (
+        f"onnxruntime linears of one decoder layer ({probe.params / 1e6:.1f} M parameters) measured "
+        f"{probe.speedup:.2f}x F.linear at {probe.rows} rows, packing {probe.pack_s * 1e3:.0f} ms"
+    )
+    even = probe.break_even_tokens
+    if not math.isfinite(even):
+        return False, f"{measured}: no saving -> torch"
+    need = MLAS_PAYBACK_MARGIN * even
+    pays = max_new_tokens >= need
+    choice = "onnxruntime" if pays else "torch"
+    return pays, (
+        f"{measured}: pays back after {even:.0f} tokens; max_response_length {max_new_tokens} "
+        f"{'>=' if pays else '<'} {MLAS_PAYBACK_MARGIN:g} x {even:.0f} -> {choice}"
+    )
