@@ -96,7 +96,7 @@ class HFRolloutParams(Params):
         "auto",
         description=(
             "the CPU decode's linear layers: torch (F.linear: MKL, or fbgemm with float16) or onnxruntime "
-            "(ONNX Runtime's MLAS fp32 GEMM on weights it prepacks after each update: exact fp32, 1.4-2x "
+            "(ONNX Runtime's MLAS fp32 GEMM on weights it prepacks after each update: exact fp32, 1.4-1.5x "
             "MKL at 8-64 rows on an AMD EPYC; decodes in float32, so dtype must be auto or float32; needs "
             "pip install onnxruntime onnx; rlkit.rollout.mlas_weights); auto = onnxruntime where the run "
             "decodes in float32 on a CPU, onnxruntime is installed and a timed probe says its packing pays "

@@ -2,19 +2,19 @@
 onnxruntime}``.
 
 At the 8–64 rows of a decode step, MKL's fp32 sgemm (what ``F.linear`` runs) reaches a fraction of the
-CPU's matmul peak; on an AMD EPYC Zen 3 it ran SmolLM2's linears at 16–21 GFLOP/s at 16 rows, against 60–97
-GFLOP/s for a 1024² matmul. ONNX Runtime's MLAS GEMM, given a weight that stays constant, packs it once into
-the panels its kernel streams, and then ran the same linears 1.9–2.2x faster, in exact fp32 (max |diff| 1e-6
-on the outputs; docs/benchmarks.md, "ONNX Runtime's fp32 GEMM"). That is the fbgemm fp16 path's speed
-(``rlkit.rollout.fp16_weights``) without rounding the weights to fp16: the rollout's log-probs stay those of
-the fp32 actor.
+CPU's matmul peak: on an AMD EPYC Zen 3 it ran SmolLM2's linears at 10–33 GFLOP/s, against 50–97 GFLOP/s for a
+1024² matmul. ONNX Runtime's MLAS GEMM, given a weight that stays constant, packs it once into the panels its
+kernel streams. Through one session per linear it then ran the same linears 1.4–1.5x faster, in exact fp32
+(docs/benchmarks.md, "ONNX Runtime's fp32 GEMM"): between MKL and fbgemm's fp16 weights
+(``rlkit.rollout.fp16_weights``), without rounding the weights, so the rollout's log-probs stay those of the
+fp32 actor, and with a cheaper repack than fbgemm's.
 
 Each ``nn.Linear`` of the decode copy becomes an :class:`MlasLinear`: one ONNX Runtime session holding a
 single ``Gemm(x, W, transB=1)`` node, whose weight (torch's own [out, in] layout, no transpose) is a constant
 initializer that MLAS prepacks when the session is built. The copy is a :class:`PackedDecodeCopy`, so a weight
 is repacked (its session rebuilt) only when it may have moved: every trainable one once per weight hand-over.
-Packing costs about 10 ns per weight, ~1.3 s for SmolLM2's 135 M on one thread, so it pays for decodes of
-more than a few tokens (the measurement in docs/benchmarks.md).
+Packing costs 7–12 ns per weight (1.0–1.6 s for SmolLM2's 135 M on one thread), so it pays only for decodes
+long enough: ``linears: auto`` weighs that with a probe (``rlkit.hardware.mlas``).
 
 ``onnxruntime`` and ``onnx`` are optional dependencies (``pip install onnxruntime onnx``); validation names
 them when missing.
