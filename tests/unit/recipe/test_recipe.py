@@ -75,7 +75,10 @@ def test_overrides_are_typed_by_the_schema(recipe_file, registries):
     )
     assert recipe.actor.optim.lr == 3e-6 and recipe.rollout.stop == ["a", "b"]
     assert recipe.trainer.total_steps == 7
-    assert recipe.rollout.backend.name == "hf" and recipe.rollout.backend.params == {"dtype": "bfloat16"}
+    assert recipe.rollout.backend.name == "hf" and recipe.rollout.backend.params == {
+        "dtype": "bfloat16",
+        "linears": "auto",
+    }
     assert recipe.algorithm.estimator.name == "grpo" and recipe.algorithm.estimator.params["epsilon"] == 1e-4
 
 
