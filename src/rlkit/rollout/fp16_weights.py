@@ -9,8 +9,9 @@ docs/benchmarks.md, "fp16 decode weights".
 
 The decode copy (:class:`Fp16DecodeCopy`) is a deep copy of the actor's module whose ``nn.Linear`` s are
 :class:`Fp16Linear` (the packed weight, bias kept fp32) and whose other parameters (embeddings, norms,
-LoRA adapters) stay fp32 and are copied at every refresh. Packing is not free (docs/benchmarks.md), so a
-weight is repacked only when it may have moved:
+LoRA adapters) stay fp32 and are copied at every refresh. The copy's machinery, :class:`PackedDecodeCopy`,
+takes any packed linear: ``rlkit.rollout.mlas_weights`` uses it with ONNX Runtime's fp32 GEMM. Packing is
+not free (docs/benchmarks.md), so a weight is repacked only when it may have moved:
 
 - any weight written since its last packing (``load_state_dict`` and ``copy_`` bump the tensor's version
   counter), a LoRA run's frozen base included;
