@@ -94,3 +94,36 @@ def test_the_probe_measures_a_real_layer_and_is_cached(tmp_path):
         cached_mlas_probe(AVX2, path, layer=tiny, probe=lambda layer: calls.append(layer) or SLOWER) == PAYS
     )
     assert calls == [tiny]  # measured once, then read from the cache
+
+
+@pytest.mark.skipif(onnxruntime_unavailable() is not None, reason="onnxruntime not installed")
+@pytest.mark.parametrize(
+    ("mlas_step_s", "want"),
+    # fp16 weights: (2 x 100 ms + 64 x 6 ms) / 10 ms = 58.4 fp32 steps; MLAS at 6 ms a step: (2 x 20 ms +
+    # 64 x 6 ms) / 10 ms = 42.4 -> MLAS; at 9 ms a step: 61.6 -> fp16 stays
+    [(0.006, ("float32", "onnxruntime")), (0.009, ("float16", "torch"))],
+)
+def test_where_fp16_weights_pay_auto_weighs_onnxruntime_against_them(
+    tmp_path, monkeypatch, mlas_step_s, want
+):
+    from rlkit.hardware import Fp16Probe, cached_fp16_probe, mlas_beats_fp16
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))
+    fp16 = Fp16Probe(fp32_s=0.010, fp16_s=0.006, pack_s=0.100, rows=16, params=1)
+    mlas = MlasProbe(fp32_s=0.010, mlas_s=mlas_step_s, pack_s=0.020, rows=16, params=1)
+    cached_fp16_probe(AVX2, tmp_path / "hardware.json", probe=lambda layer: fp16)
+    cached_mlas_probe(AVX2, tmp_path / "hardware.json", probe=lambda layer: mlas)
+    slow = decide_cpu(AVX2, SLOW_BF16)
+    resolved = resolve_precision(
+        "auto", "auto", "cpu", decision=slow, max_new_tokens=64, layer=generic, linears="auto"
+    )
+    assert (resolved.decode_dtype, resolved.decode_linears) == want
+    assert resolved.linears_reason == mlas_beats_fp16(mlas, fp16, 64)[1]
+    assert resolved.linears_reason.endswith(
+        "float32 on onnxruntime" if want[1] == "onnxruntime" else "float16"
+    )
+    # linears: torch keeps fbgemm's fp16 weights, whatever MLAS measured
+    kept = resolve_precision(
+        "auto", "auto", "cpu", decision=slow, max_new_tokens=64, layer=generic, linears="torch"
+    )
+    assert (kept.decode_dtype, kept.decode_linears) == ("float16", "torch")

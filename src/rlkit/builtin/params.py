@@ -100,7 +100,8 @@ class HFRolloutParams(Params):
             "MKL at 8-64 rows on an AMD EPYC; decodes in float32, so dtype must be auto or float32; needs "
             "pip install onnxruntime onnx; rlkit.rollout.mlas_weights); auto = onnxruntime where the run "
             "decodes in float32 on a CPU, onnxruntime is installed and a timed probe says its packing pays "
-            "back within data.max_response_length (rlkit.hardware.mlas), else torch (logged as "
+            "back within data.max_response_length, or costs less than fp16 weights where those pay too "
+            "(then it decodes in float32; rlkit.hardware.mlas), else torch (logged as "
             "resolved.decode_linears, resolved.decode_linears_reason)"
         ),
     )

@@ -11,10 +11,11 @@ float32 on the CPU and onnxruntime is installed, ``auto`` picks ``onnxruntime`` 
 
     max_response_length >= MLAS_PAYBACK_MARGIN × break-even tokens
 
-and ``torch`` otherwise. The probe times one decoder layer of the run's model (q, k, v, o, gate, up, down at
-its shapes, as ``rlkit.hardware.fp16`` does) at ``MLAS_PROBE_ROWS`` rows on one thread: ``F.linear`` against
-the layer's sessions, and building them; the best of ``MLAS_PROBE_ROUNDS`` rounds each. Its numbers go into
-the run's ``resolved.decode_linears_reason``.
+and ``torch`` otherwise. Where ``auto`` chose fp16 weights (they pay too), :func:`mlas_beats_fp16` weighs the
+two and an ``onnxruntime`` win makes the decode float32. The probe times one decoder layer of the run's model
+(q, k, v, o, gate, up, down at its shapes, as ``rlkit.hardware.fp16`` does) at ``MLAS_PROBE_ROWS`` rows on
+one thread: ``F.linear`` against the layer's sessions, and building them; the best of ``MLAS_PROBE_ROUNDS``
+rounds each. Its numbers go into the run's ``resolved.decode_linears_reason``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.hardware.cpu import CpuInfo, cached_entry
-from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, PROBE_LAYER, Layer
+from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, PROBE_LAYER, Fp16Probe, Layer
 
 __all__ = [
     "MLAS_PAYBACK_MARGIN",
@@ -36,6 +37,7 @@ __all__ = [
     "MlasProbe",
     "cached_mlas_probe",
     "gemm_session",
+    "mlas_beats_fp16",
     "mlas_decode_pays",
     "onnxruntime_unavailable",
     "probe_mlas_decode",
@@ -224,4 +226,24 @@ def mlas_decode_pays(probe: MlasProbe, max_new_tokens: int) -> tuple[bool, str]:
     return pays, (
         f"{measured}: pays back after {even:.0f} tokens; max_response_length {max_new_tokens} "
         f"{'>=' if pays else '<'} {MLAS_PAYBACK_MARGIN:g} x {even:.0f} -> {choice}"
+    )
+
+
+def mlas_beats_fp16(mlas: MlasProbe, fp16: Fp16Probe, max_new_tokens: int) -> tuple[bool, str]:
+    """(ONNX Runtime's fp32 linears rather than fbgemm's fp16 weights?, why) for decodes of up to
+    ``max_new_tokens`` tokens, where fp16 weights already pay against ``F.linear``: each path's cost is
+    ``margin × packing + tokens × step``, over its own probe's ``F.linear`` step (the two probes ran apart, so
+    each is read against its own fp32 baseline); the cheaper one wins, a tie goes to fp16."""
+    tokens = max_new_tokens
+
+    def cost(pack_s: float, step_s: float, fp32_s: float) -> float:
+        return (MLAS_PAYBACK_MARGIN * pack_s + tokens * step_s) / fp32_s
+
+    mine = cost(mlas.pack_s, mlas.mlas_s, mlas.fp32_s)
+    theirs = cost(fp16.pack_s, fp16.fp16_s, fp16.fp32_s)
+    wins = mine < theirs
+    return wins, (
+        f"for {tokens} tokens, onnxruntime linears ({mlas.speedup:.2f}x F.linear, packing "
+        f"{mlas.pack_s * 1e3:.0f} ms) cost {mine:.1f} fp32 steps, fp16 weights ({fp16.speedup:.2f}x, packing "
+        f"{fp16.pack_s * 1e3:.0f} ms) {theirs:.1f} -> {'float32 on onnxruntime' if wins else 'float16'}"
     )

@@ -90,6 +90,23 @@ def auto_decode_linears(
     return ("onnxruntime" if pays else "torch"), why
 
 
+def _mlas_or_fp16(
+    decision: PrecisionDecision, max_new_tokens: int | None, layer: Callable[[], Layer | None] | None
+) -> tuple[str, str]:
+    """Where ``auto`` chose fp16 weights: ``onnxruntime`` (decoding in float32) if its cached probe says it
+    costs less over ``max_new_tokens`` than fp16 weights (``rlkit.hardware.mlas.mlas_beats_fp16``), else
+    ``torch``."""
+    from rlkit.hardware.mlas import cached_mlas_probe, mlas_beats_fp16, onnxruntime_unavailable
+
+    if max_new_tokens is None or layer is None or onnxruntime_unavailable():
+        return "torch", ""
+    cpu, shapes = decision.cpu or cpu_info(), layer() or PROBE_LAYER
+    wins, why = mlas_beats_fp16(
+        cached_mlas_probe(cpu, layer=shapes), cached_fp16_probe(cpu, layer=shapes), max_new_tokens
+    )
+    return ("onnxruntime" if wins else "torch"), why
+
+
 def concrete_decode_dtype(
     value: str | None,
     device: Any = "cpu",
@@ -200,7 +217,10 @@ def resolve_precision(
     else:
         dd = concrete_decode_dtype(decode_dtype, d.device)
     linears_reason = ""
-    if linears == "auto":
+    if linears == "auto" and decode_dtype == "auto" and dd == "float16":  # fp16 paid: weigh MLAS against it
+        linears, linears_reason = _mlas_or_fp16(d, max_new_tokens, layer)
+        dd = "float32" if linears == "onnxruntime" else dd
+    elif linears == "auto":
         linears, linears_reason = auto_decode_linears(d, dd, max_new_tokens, layer)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only
