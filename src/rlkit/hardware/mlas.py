@@ -13,22 +13,22 @@ float32 on the CPU and onnxruntime is installed, ``auto`` picks ``onnxruntime`` 
 
 and ``torch`` otherwise. Where ``auto`` chose fp16 weights (they pay too), :func:`mlas_beats_fp16` weighs the
 two and an ``onnxruntime`` win makes the decode float32. The probe times one decoder layer of the run's model
-(q, k, v, o, gate, up, down at its shapes, as ``rlkit.hardware.fp16`` does) at ``MLAS_PROBE_ROWS`` rows on
-one thread: ``F.linear`` against the layer's sessions, and building them; the best of ``MLAS_PROBE_ROUNDS``
-rounds each. Its numbers go into the run's ``resolved.decode_linears_reason``.
+(q, k, v, o, gate, up, down at its shapes; ``rlkit.hardware.packed_probe``, shared with
+``rlkit.hardware.fp16``) at ``MLAS_PROBE_ROWS`` rows on one thread: ``F.linear`` against the layer's sessions,
+and building them; the best of ``MLAS_PROBE_ROUNDS`` rounds each. Its numbers go into the run's
+``resolved.decode_linears_reason``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from rlkit.hardware.cpu import CpuInfo, cached_entry
-from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, PROBE_LAYER, Fp16Probe, Layer
+from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, Fp16Probe
+from rlkit.hardware.packed_probe import PROBE_LAYER, Layer, PackedProbe, payback_choice, time_packed_layer
 
 __all__ = [
     "MLAS_PAYBACK_MARGIN",
@@ -131,23 +131,21 @@ def gemm_session(weight, bias=None):
 
 
 @dataclass(frozen=True)
-class MlasProbe:
+class MlasProbe(PackedProbe):
+    PACKED_FIELD = "mlas_s"
+
     fp32_s: float  # one decode step of the probe layer's linears with F.linear (best round)
     mlas_s: float  # the same through their ONNX Runtime sessions
     pack_s: float  # building the layer's sessions (MLAS packs the weights) once
     rows: int = MLAS_PROBE_ROWS
     params: int = 0  # the probe layer's weights
 
-    @property
-    def speedup(self) -> float:
-        """F.linear step time / MLAS step time (> 1: MLAS is faster)."""
-        return self.fp32_s / self.mlas_s if self.mlas_s > 0 else 0.0
 
-    @property
-    def break_even_tokens(self) -> float:
-        """Decode steps after which the saving equals one packing (inf: MLAS saves nothing)."""
-        saving = self.fp32_s - self.mlas_s
-        return self.pack_s / saving if saving > 0 else math.inf
+def _session_linear(x, session):
+    """``x`` through one :func:`gemm_session`, as ``MlasLinear`` calls it."""
+    import torch
+
+    return torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
 
 
 def probe_mlas_decode(
@@ -156,48 +154,13 @@ def probe_mlas_decode(
     """Time ``layer`` 's linears at ``rows`` rows with ``F.linear`` and through their sessions (``reps``
     steps a round, the mean; a call as ``MlasLinear`` makes it), and building the sessions, on one thread; the
     best round of each."""
-    import torch
-    import torch.nn.functional as F
-
-    from rlkit.hardware.fp16 import _step_seconds
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        gen = torch.Generator().manual_seed(0)
-        weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in layer]
-        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in layer}
-        fp32_s = mlas_s = pack_s = math.inf
-        for _ in range(rounds):
-            start = time.perf_counter()
-            sessions = [gemm_session(w) for w in weights]
-            pack_s = min(pack_s, time.perf_counter() - start)
-            fp32_s = min(
-                fp32_s, _step_seconds(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights], reps)
-            )
-            mlas_s = min(
-                mlas_s,
-                _step_seconds(
-                    lambda sessions=sessions: [
-                        torch.from_numpy(s.run(None, {"x": inputs[w.shape[1]].numpy()})[0])
-                        for w, s in zip(weights, sessions, strict=True)
-                    ],
-                    reps,
-                ),
-            )
-        params = sum(n * k for n, k in layer)
-        return MlasProbe(fp32_s=fp32_s, mlas_s=mlas_s, pack_s=pack_s, rows=rows, params=params)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _mlas_probe(entry: dict[str, Any]) -> MlasProbe:
+    timed = time_packed_layer(layer, gemm_session, _session_linear, rounds=rounds, rows=rows, reps=reps)
     return MlasProbe(
-        fp32_s=float(entry["fp32_s"]),
-        mlas_s=float(entry["mlas_s"]),
-        pack_s=float(entry["pack_s"]),
-        rows=int(entry["rows"]),
-        params=int(entry["params"]),
+        fp32_s=timed["fp32_s"],
+        mlas_s=timed["packed_s"],
+        pack_s=timed["pack_s"],
+        rows=rows,
+        params=int(timed["params"]),
     )
 
 
@@ -207,25 +170,19 @@ def cached_mlas_probe(
     """The MLAS probe of ``layer`` for this CPU and torch version from the cache
     (``$RLKIT_CACHE/hardware.json``), or measured now (``probe(layer)``) and added to it."""
     kind = "mlas-decode-" + ",".join(f"{n}x{k}" for n, k in layer)
-    return cached_entry(kind, cpu, lambda: asdict(probe(layer)), _mlas_probe, cache_path)
+    return cached_entry(kind, cpu, lambda: asdict(probe(layer)), MlasProbe.from_entry, cache_path)
 
 
 def mlas_decode_pays(probe: MlasProbe, max_new_tokens: int) -> tuple[bool, str]:
     """(ONNX Runtime's linears?, why in one line) for fp32 decodes of up to ``max_new_tokens`` tokens (module
     docstring)."""
-    measured = (
-        f"onnxruntime linears of one decoder layer ({probe.params / 1e6:.1f} M parameters) measured "
-        f"{probe.speedup:.2f}x F.linear at {probe.rows} rows, packing {probe.pack_s * 1e3:.0f} ms"
-    )
-    even = probe.break_even_tokens
-    if not math.isfinite(even):
-        return False, f"{measured}: no saving -> torch"
-    need = MLAS_PAYBACK_MARGIN * even
-    pays = max_new_tokens >= need
-    choice = "onnxruntime" if pays else "torch"
-    return pays, (
-        f"{measured}: pays back after {even:.0f} tokens; max_response_length {max_new_tokens} "
-        f"{'>=' if pays else '<'} {MLAS_PAYBACK_MARGIN:g} x {even:.0f} -> {choice}"
+    return payback_choice(
+        probe,
+        max_new_tokens,
+        margin=MLAS_PAYBACK_MARGIN,
+        kernel="onnxruntime linears",
+        baseline="F.linear",
+        choices=("onnxruntime", "torch"),
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.hardware.cpu import log, usable_cpus
-from rlkit.hardware.fp16 import Layer
+from rlkit.hardware.packed_probe import Layer
 from rlkit.hardware.precision import ResolvedPrecision, resolve_precision
 
 __all__ = [
