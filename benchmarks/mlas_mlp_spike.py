@@ -13,7 +13,6 @@ Prints the sessions' build times, the largest |difference| from the torch MLP, a
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -28,15 +27,9 @@ H, F_, LAYERS = 576, 1536, 30
 
 def mlp_model() -> bytes:
     """``y = Gemm(silu(Gemm(x, wg)) * Gemm(x, wu), wd)``, all transB=1, weights from memory."""
-    import onnx
     from onnx import TensorProto, helper
 
-    def placeholder(name: str, dims: list[int]) -> onnx.TensorProto:
-        tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", "memory"), ("offset", "0"), ("length", str(4 * math.prod(dims)))):
-            tensor.external_data.add(key=key, value=value)
-        return tensor
+    from rlkit.hardware.mlas import memory_initializer
 
     nodes = [
         helper.make_node("Gemm", ["x", "wg"], ["g"], transB=1),
@@ -51,7 +44,11 @@ def mlp_model() -> bytes:
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", H])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", H])],
-        [placeholder("wg", [F_, H]), placeholder("wu", [F_, H]), placeholder("wd", [H, F_])],
+        [
+            memory_initializer("wg", [F_, H]),
+            memory_initializer("wu", [F_, H]),
+            memory_initializer("wd", [H, F_]),
+        ],
     )
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9
@@ -66,11 +63,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
-    import onnxruntime as ort
     import torch
     import torch.nn.functional as F
 
-    from rlkit.hardware.mlas import _threads_shared
+    from rlkit.hardware.mlas import memory_session
     from rlkit.rollout.mlas_weights import MlasLinear
 
     torch.set_num_threads(1)
@@ -83,13 +79,7 @@ def main() -> None:
     model = mlp_model()
 
     def session(wg, wu, wd):
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if _threads_shared():
-            options.use_per_session_threads = False
-        values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in (wg, wu, wd)]
-        options.add_external_initializers(["wg", "wu", "wd"], values)
-        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        return memory_session(model, {"wg": wg, "wu": wu, "wd": wd}, optimization="all")
 
     def linear(w):
         return MlasLinear(

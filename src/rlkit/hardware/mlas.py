@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkit.hardware.cpu import CpuInfo, cached_entry
 from rlkit.hardware.fp16 import FP16_PAYBACK_MARGIN, Fp16Probe
@@ -37,6 +39,8 @@ __all__ = [
     "MlasProbe",
     "cached_mlas_probe",
     "gemm_session",
+    "memory_initializer",
+    "memory_session",
     "mlas_beats_fp16",
     "mlas_decode_pays",
     "onnxruntime_unavailable",
@@ -63,24 +67,28 @@ def onnxruntime_unavailable() -> str | None:
     return None
 
 
+def memory_initializer(name: str, dims: list[int]):
+    """An ONNX float32 initializer ``name`` of shape ``dims`` whose data the session gets from memory at
+    build time (:func:`memory_session`: ``add_external_initializers``), so the model carries no weights."""
+    import onnx
+
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=dims)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "memory"), ("offset", "0"), ("length", str(4 * math.prod(dims)))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
 @functools.cache
 def _gemm_model(out_features: int, in_features: int, bias: bool) -> bytes:
     """A serialized ONNX model ``y = Gemm(x, w, b, transB=1)``, x [M, in] float, w [out, in] and b [out] as
-    initializers whose data the session gets from memory (``add_external_initializers``)."""
-    import onnx
+    initializers whose data the session gets from memory (:func:`memory_initializer`)."""
     from onnx import TensorProto, helper
 
-    def placeholder(name: str, dims: list[int]) -> onnx.TensorProto:
-        tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", "memory"), ("offset", "0"), ("length", str(4 * math.prod(dims)))):
-            tensor.external_data.add(key=key, value=value)
-        return tensor
-
     inputs = ["x", "w"] + (["b"] if bias else [])
-    inits = [placeholder("w", [out_features, in_features])]
+    inits = [memory_initializer("w", [out_features, in_features])]
     if bias:
-        inits.append(placeholder("b", [out_features]))
+        inits.append(memory_initializer("b", [out_features]))
     graph = helper.make_graph(
         [helper.make_node("Gemm", inputs, ["y"], transB=1)],
         "linear",
@@ -107,27 +115,35 @@ def _threads_shared() -> bool:
     return True
 
 
-def gemm_session(weight, bias=None):
-    """An ONNX Runtime session computing ``x @ weight.T + bias`` for x [M, in] float32 (``session.run(None,
-    {"x": x})[0]``), ``weight`` [out, in] and ``bias`` [out] float32 contiguous CPU tensors that must stay
-    alive as long as the session (it reads them at build time: MLAS prepacks the weight)."""
+def memory_session(model: bytes, initializers: Mapping[str, Any], *, optimization: str = "basic"):
+    """An ONNX Runtime CPU session of the serialized ``model`` whose :func:`memory_initializer` s read the
+    float32 contiguous CPU tensors of ``initializers`` (name → tensor; they must stay alive as long as the
+    session), on the process-wide thread pool where it can share it; ``optimization`` is ONNX Runtime's graph
+    optimization level ("basic" or "all")."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
     options.log_severity_level = 3  # errors only
     if _threads_shared():
         options.use_per_session_threads = False
     else:
         options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    names, values = ["w"], [ort.OrtValue.ortvalue_from_numpy(weight.numpy())]
-    if bias is not None:
-        names.append("b")
-        values.append(ort.OrtValue.ortvalue_from_numpy(bias.numpy()))
-    options.add_external_initializers(names, values)
-    out_features, in_features = weight.shape
-    model = _gemm_model(out_features, in_features, bias is not None)
+    values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in initializers.values()]
+    options.add_external_initializers(list(initializers), values)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def gemm_session(weight, bias=None):
+    """An ONNX Runtime session computing ``x @ weight.T + bias`` for x [M, in] float32 (``session.run(None,
+    {"x": x})[0]``), ``weight`` [out, in] and ``bias`` [out] float32 contiguous CPU tensors that must stay
+    alive as long as the session (it reads them at build time: MLAS prepacks the weight)."""
+    initializers = {"w": weight} | ({} if bias is None else {"b": bias})
+    out_features, in_features = weight.shape
+    return memory_session(_gemm_model(out_features, in_features, bias is not None), initializers)
 
 
 @dataclass(frozen=True)
