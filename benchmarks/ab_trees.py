@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
-from worker_malloc import one_run  # noqa: E402
+from worker_malloc import one_run, report_medians, report_run  # noqa: E402
 
 
 def _rev(tree: Path, rev: str = "HEAD") -> str:
@@ -74,22 +73,10 @@ def main() -> None:
                     env = {"PYTHONPATH": str(trees[name] / "src")}
                     steps = one_run(str(smollm2_dir()), str(data), args.steps, env)
                     runs[name].append(steps)
-                    cells = [f"{s['step']:.2f} s / {s.get('worker_minor_faults', -1)}" for s in steps]
-                    report(f"rep {rep + 1} {name}: step s / worker faults: {', '.join(cells)}")
+                    report_run(report, rep, name, steps)
         finally:
             subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)], check=False)
-    report("| tree | step s (median) | gen s | update s | worker faults per step (median) | runs |")
-    report("|---|---:|---:|---:|---:|---:|")
-    summary = {}
-    for name, per_run in runs.items():
-        steps = [s for run in per_run for s in run]
-        med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "update_actor")}
-        med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
-        summary[name] = med
-        report(
-            f"| {name}: {names[name]} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
-            f"{med['faults']:.0f} | {len(per_run)} |"
-        )
+    summary = report_medians(report, runs, "tree", {name: f"{name}: {names[name]}" for name in runs})
     ratio = summary["B"]["update_actor"] / summary["A"]["update_actor"]
     report(f"B/A: step {summary['B']['step'] / summary['A']['step']:.3f}, update {ratio:.3f}")
     report.save({"trees": names, "runs": runs, "median": summary})

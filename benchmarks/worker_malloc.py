@@ -50,6 +50,32 @@ def one_run(model: str, data: str, steps: int, extra: dict[str, str]) -> list[di
         return json.loads(out.read_text())["steps"]
 
 
+def report_run(report: Report, rep: int, name: str, steps: list[dict]) -> None:
+    """One run's line: each measured step's seconds and the worker's minor faults."""
+    cells = [f"{s['step']:.2f} s / {s.get('worker_minor_faults', -1)}" for s in steps]
+    report(f"rep {rep + 1} {name}: step s / worker faults: {', '.join(cells)}")
+
+
+def report_medians(
+    report: Report, runs: dict[str, list[list[dict]]], column: str, labels: dict[str, str]
+) -> dict:
+    """The table of each variant's medians over all its runs' steps (step, gen, update, worker faults), its
+    first column headed ``column`` with ``labels[name]``; returns {name: medians}."""
+    report(f"| {column} | step s (median) | gen s | update s | worker faults per step (median) | runs |")
+    report("|---|---:|---:|---:|---:|---:|")
+    summary = {}
+    for name, per_run in runs.items():
+        steps = [s for run in per_run for s in run]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "update_actor")}
+        med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
+        summary[name] = med
+        report(
+            f"| {labels[name]} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
+            f"{med['faults']:.0f} | {len(per_run)} |"
+        )
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,20 +97,8 @@ def main() -> None:
         for name, extra in variants(args.mimalloc).items():
             steps = one_run(str(smollm2_dir()), str(data), args.steps, extra)
             runs[name].append(steps)
-            cells = [f"{s['step']:.2f} s / {s.get('worker_minor_faults', -1)}" for s in steps]
-            report(f"rep {rep + 1} {name}: step s / worker faults: {', '.join(cells)}")
-    report("| allocator | step s (median) | gen s | update s | worker faults per step (median) | runs |")
-    report("|---|---:|---:|---:|---:|---:|")
-    summary = {}
-    for name, per_run in runs.items():
-        steps = [s for run in per_run for s in run]
-        med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "update_actor")}
-        med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
-        summary[name] = med
-        report(
-            f"| {name} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
-            f"{med['faults']:.0f} | {len(per_run)} |"
-        )
+            report_run(report, rep, name, steps)
+    summary = report_medians(report, runs, "allocator", {name: name for name in runs})
     report.save({"variants": variants(args.mimalloc), "runs": runs, "median": summary})
 
 
