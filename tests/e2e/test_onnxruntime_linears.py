@@ -1,6 +1,7 @@
 """``rollout.backend.linears: onnxruntime`` through ``rlkit run``: the Ray worker decodes in fp32 on ONNX
-Runtime's MLAS GEMM (rlkit.rollout.mlas_weights), repacks every linear after each weight sync, and the
-rollout's log-probs are the actor's to float rounding while the update trains on them."""
+Runtime's MLAS GEMM (the tiny Qwen2: one graph per step, rlkit.rollout.ort_step), repacks every linear after
+each weight sync, and the rollout's log-probs are the actor's to float rounding while the update trains on
+them."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_a_run_decodes_on_onnxruntime_linears(tiny_assets, tmp_path):
         # every linear packed at step 1 (the copy is made) and again after the weight sync that followed it
         assert step["rollout/mlas_repacked_linears"] == linears
         assert step["rollout/lean_step"] == 1.0
+        assert step["rollout/onnxruntime_graph_step"] == 1.0  # every token after the prefill: one graph
         assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
         assert step["critic/score/min"] < step["critic/score/max"]  # graded rewards vary: a real gradient
         # fp32 on either side: the rollout's probabilities are the actor's recompute's to float rounding
@@ -95,4 +97,5 @@ def test_auto_picks_onnxruntime_linears_where_they_pay(tiny_assets, tmp_path):
     assert (resolved["decode_linears"], resolved["decode_linears_reason"]) == ("onnxruntime", why)
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/mlas_repacked_linears"] > 0 for r in steps)
+    assert all(r["rollout/onnxruntime_graph_step"] == 1.0 for r in steps)
     assert all(r["actor/grad_norm"] > 0 for r in steps)

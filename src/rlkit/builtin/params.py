@@ -97,8 +97,10 @@ class HFRolloutParams(Params):
         description=(
             "the CPU decode's linear layers: torch (F.linear: MKL, or fbgemm with float16) or onnxruntime "
             "(ONNX Runtime's MLAS fp32 GEMM on weights it prepacks after each update: exact fp32, 1.4-1.5x "
-            "MKL at 8-64 rows on an AMD EPYC; decodes in float32, so dtype must be auto or float32; needs "
-            "pip install onnxruntime onnx; rlkit.rollout.mlas_weights); auto = onnxruntime where the run "
+            "MKL at 8-64 rows on an AMD EPYC; a Llama-family model decodes every token after the prefill as "
+            "one ONNX Runtime graph, rlkit.rollout.ort_step, any other on per-linear sessions, "
+            "rlkit.rollout.mlas_weights; decodes in float32, so dtype must be auto or float32; needs "
+            "pip install onnxruntime onnx); auto = onnxruntime where the run "
             "decodes in float32 on a CPU, onnxruntime is installed and a timed probe says its packing pays "
             "back within data.max_response_length, or costs less than fp16 weights where those pay too "
             "(then it decodes in float32; rlkit.hardware.mlas), else torch (logged as "

@@ -22,7 +22,9 @@ does not fit. With ``lean_step=False`` both give the same tokens and log-probs u
   cache is copied to every row.
 - **Lean step** (``DecodePlan.lean_step``, ``rlkit.rollout.lean_step``): after the prefill, a Llama-family
   plain module decodes each token through its own modules without transformers' forward plumbing (a
-  whole generate 0.87-0.95× as long); other models through their forward.
+  whole generate 0.87-0.95× as long); other models through their forward. ``rollout.backend.linears:
+  onnxruntime`` replaces it with one ONNX Runtime graph per step (``rlkit.rollout.ort_step``, the
+  ``graph_step`` argument of :func:`decode`) over the same cache.
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
@@ -33,6 +35,7 @@ heads, ``D`` head size, ``A`` rows still in the batch.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +44,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
-from rlkit.rollout.lean_step import LeanStep, lean_step_for
+from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 
 __all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
@@ -50,8 +53,8 @@ _COMPACT_FRACTION = 8  # compact once 1/8 of the rows in the batch have finished
 
 
 class SlabLayer(DynamicLayer):
-    """One layer's keys and values in a buffer allocated once, ``[B, H, capacity, D]``; ``update`` writes
-    the new positions in place and returns views ``[B, H, length, D]`` of the filled prefix."""
+    """One layer's keys and values in a zeroed buffer allocated once, ``[B, H, capacity, D]``; ``update``
+    writes the new positions in place and returns views ``[B, H, length, D]`` of the filled prefix."""
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -61,8 +64,10 @@ class SlabLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, _ = key_states.shape
-        self.key_slab = key_states.new_empty(b, h, self.capacity, key_states.shape[-1])
-        self.value_slab = value_states.new_empty(
+        # zeros, not garbage, past the filled prefix: the ONNX Runtime step (rlkit.rollout.ort_step) reads the
+        # whole buffer under a mask, and a NaN there would survive a zero attention weight
+        self.key_slab = key_states.new_zeros(b, h, self.capacity, key_states.shape[-1])
+        self.value_slab = value_states.new_zeros(
             b, value_states.shape[1], self.capacity, value_states.shape[-1]
         )
         self.is_initialized = True
@@ -94,7 +99,7 @@ class SlabLayer(DynamicLayer):
             return
         for name in ("key_slab", "value_slab"):
             slab = getattr(self, name)
-            new = slab.new_empty(len(indices), *slab.shape[1:])
+            new = slab.new_zeros(len(indices), *slab.shape[1:])
             new[:, :, : self.length] = slab[indices, :, : self.length]
             setattr(self, name, new)
         self.keys, self.values = self.key_slab[:, :, : self.length], self.value_slab[:, :, : self.length]
@@ -221,18 +226,23 @@ def decode(
     responses: torch.Tensor,
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
+    graph_step: Callable | None = None,
 ) -> str:
     """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
-    ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names. Returns the
-    path taken: ``"plain"`` (the model's own cache), ``"slab"`` (the fast loop through the model's forward) or
-    ``"lean"`` (the fast loop, tokens after the prefill by the lean step)."""
+    ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names.
+    ``graph_step``: a step with the lean step's contract that replaces it (``rlkit.rollout.ort_step``), where
+    the plan takes the lean step. Returns the path taken: ``"plain"`` (the model's own cache), ``"slab"`` (the
+    fast loop through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean
+    step) or ``"graph"`` (by ``graph_step``)."""
     layers = slab_layers(module) if run.plan.slab_cache else None
     if layers is None:
         _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
         return "plain"
     lean = lean_step_for(module) if run.plan.lean_step else None
+    if lean is not None and graph_step is not None:
+        lean = graph_step
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers, lean)
-    return "slab" if lean is None else "lean"
+    return "slab" if lean is None else "graph" if lean is graph_step else "lean"
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:
@@ -250,7 +260,7 @@ def _decode_slab(
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     num_layers: int,
-    lean: LeanStep | None,
+    lean: Callable | None,
 ) -> None:
     """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws; ``lean``:
     the step that decodes every token after the prefill (None: the model's forward)."""

@@ -20,9 +20,11 @@ bf16 a bf16 copy decodes much slower (docs/concepts.md). ``float16`` on the CPU 
 packed for fbgemm and fp32 activations (``rlkit.rollout.fp16_weights``: faster linears where bf16 is slow,
 measured in docs/benchmarks.md, "fp16 decode weights"; on CUDA a plain fp16 copy); its trainable weights are
 repacked once per ``update_weights``. Not given at all (a backend built directly): the weights' own dtype.
-``rollout.backend.linears: onnxruntime`` decodes in fp32 with the copy's linears on ONNX Runtime's MLAS GEMM
-over weights it prepacks once per ``update_weights`` (``rlkit.rollout.mlas_weights``: MKL's sgemm is slow at a
-decode step's few rows on AMD CPUs).
+``rollout.backend.linears: onnxruntime`` decodes in fp32 on ONNX Runtime's MLAS GEMM over weights it prepacks
+once per ``update_weights`` (MKL's sgemm is slow at a decode step's few rows on AMD CPUs): on a model the lean
+step accepts, every token after the prefill is one ONNX Runtime graph (``rlkit.rollout.ort_step``) and the
+prefill runs the module itself; on any other, a copy's linears run one session each
+(``rlkit.rollout.mlas_weights``).
 
 Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n, ``P`` prompt width,
 ``T`` response width, ``V`` vocabulary.
@@ -45,6 +47,7 @@ from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.decode import DecodePlan, Decoding, decode
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy, PackedDecodeCopy
 from rlkit.rollout.mlas_weights import MlasDecodeCopy
+from rlkit.rollout.ort_step import OrtDecodeStep, ort_step_for
 
 __all__ = ["HFRollout"]
 
@@ -100,6 +103,10 @@ class HFRollout:
         self._decode_copy: nn.Module | None = None
         # packed linears: fbgemm fp16 (float16 on the CPU) or MLAS fp32 (linears=onnxruntime)
         self._packed_copy: PackedDecodeCopy | None = None
+        # linears=onnxruntime on a model the lean step accepts: the whole step in one ONNX Runtime graph
+        # (rlkit.rollout.ort_step); False: the model has none (per-linear sessions instead)
+        self._graph_step: OrtDecodeStep | bool | None = None
+        self._graph_repacked = 0
         self._weights_handed = True  # update_weights since the packed copy's last refresh: repack its weights
 
     def _decoder(self) -> nn.Module:
@@ -109,6 +116,12 @@ class HFRollout:
 
         params = list(self.module.parameters())
         mlas = self.linears == "onnxruntime" and not isinstance(self.module, FSDPModule)
+        if mlas and self._graph() is not None:
+            # the prefill runs the module itself (fp32, torch); every later token the graph, repacked once per
+            # weight hand-over as the per-linear sessions are
+            moved, self._weights_handed = self._weights_handed, False
+            self._graph_repacked = self._graph_step.refresh(self.module, trainable_moved=moved)
+            return self.module
         if not mlas and (
             self.decode_dtype is None
             or isinstance(self.module, FSDPModule)
@@ -141,6 +154,12 @@ class HFRollout:
                 mine.copy_(source)
         return self._decode_copy
 
+    def _graph(self) -> OrtDecodeStep | None:
+        """The module's one-graph ONNX Runtime step, built on first use; None where it has none."""
+        if self._graph_step is None:
+            self._graph_step = ort_step_for(self.module) or False
+        return self._graph_step or None
+
     # ----- weights ------------------------------------------------------------------------------
     def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> None:
         """Hybrid engine: the actor's module itself (shared, nothing copied), a full state dict, or (LoRA:
@@ -148,7 +167,7 @@ class HFRollout:
         self._weights_handed = True
         if isinstance(weights, nn.Module):
             if weights is not self.module:
-                self._decode_copy = self._packed_copy = None
+                self._decode_copy = self._packed_copy = self._graph_step = None
             self.module = weights
             return
         from torch.distributed.fsdp import FSDPModule
@@ -252,6 +271,7 @@ class HFRollout:
         run = self._decoding(
             stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
         )
+        graph = self._graph_step if module is self.module and self._graph_step else None
         try:
             path = decode(
                 run,
@@ -261,6 +281,7 @@ class HFRollout:
                 responses=responses,
                 log_probs=log_probs,
                 response_mask=response_mask,
+                graph_step=graph,
             )
         finally:
             self.module.train(was_training)
@@ -269,8 +290,12 @@ class HFRollout:
             "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
             "do_sample": bool(do_sample),
         }
-        meta["metrics"] = {"rollout/lean_step": float(path == "lean")}
+        metrics = {"rollout/lean_step": float(path in ("lean", "graph"))}
+        if graph is not None:
+            metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")
+            metrics["rollout/mlas_repacked_linears"] = float(self._graph_repacked)
         if self._packed_copy is not None and module is self._packed_copy.module:
             kind = "mlas" if isinstance(self._packed_copy, MlasDecodeCopy) else "fp16"
-            meta["metrics"][f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)
+            metrics[f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)
+        meta["metrics"] = metrics
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

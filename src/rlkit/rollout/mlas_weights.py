@@ -16,6 +16,10 @@ is repacked (its session rebuilt) only when it may have moved: every trainable o
 Packing costs 7–12 ns per weight (1.0–1.6 s for SmolLM2's 135 M on one thread), so it pays only for decodes
 long enough: ``linears: auto`` weighs that with a probe (``rlkit.hardware.mlas``).
 
+A model the lean step accepts (Llama, Qwen2, Qwen3, Mistral without a sliding window) decodes every token
+after the prefill on one ONNX Runtime graph per step instead (``rlkit.rollout.ort_step``), which runs the same
+GEMMs without a session call per linear; this copy serves every other model.
+
 ``onnxruntime`` and ``onnx`` are optional dependencies (``pip install onnxruntime onnx``); validation names
 them when missing.
 Shapes: ``[..., in]`` inputs, ``[out, in]`` weights, ``[..., out]`` outputs.

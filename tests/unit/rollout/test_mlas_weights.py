@@ -55,16 +55,21 @@ def test_mlas_linear_is_the_plain_sum(bias):
     assert not torch.allclose(got, linear(x), atol=1e-3)
 
 
-def test_mlas_decode_copy_matches_fp32_and_repacks_once_per_hand_over(tiny_model_dir):
+@pytest.mark.parametrize("graph", [True, False], ids=["one-graph-step", "per-linear-sessions"])
+def test_onnxruntime_linears_match_fp32_and_repack_once_per_hand_over(tiny_model_dir, graph):
     """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop and
     log-probs within float rounding, before and after a fused AdamW step handed over by update_weights; a
-    second generate before the next hand-over repacks nothing."""
+    second generate before the next hand-over repacks nothing. The tiny Qwen2 decodes on one ONNX Runtime
+    graph per step (rlkit.rollout.ort_step); told its MLP is not SiLU, on the copy's per-linear sessions
+    (MlasDecodeCopy)."""
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
     from rlkit.recipe.compose import resolve
 
     tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     model = load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval()
+    if not graph:
+        model.config.hidden_act = "gelu"  # the graph declines it; the module itself still runs SiLU
     backend = {"name": "hf", "dtype": "float32", "linears": "onnxruntime"}
     spec, problems = resolve(
         "rollout.backend",
@@ -93,7 +98,8 @@ def test_mlas_decode_copy_matches_fp32_and_repacks_once_per_hand_over(tiny_model
         assert torch.equal(got["responses"], want["responses"])
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-5, rtol=1e-5)
         assert got.meta["metrics"]["rollout/mlas_repacked_linears"] == float(linears)
-        assert got.meta["metrics"]["rollout/lean_step"] == 1.0  # the lean decode step runs on the copy
+        assert got.meta["metrics"]["rollout/lean_step"] == 1.0
+        assert got.meta["metrics"].get("rollout/onnxruntime_graph_step") == (1.0 if graph else None)
         fast.generator.manual_seed(3)
         again = fast.generate(p)
         assert again.meta["metrics"]["rollout/mlas_repacked_linears"] == 0.0

@@ -1,0 +1,66 @@
+"""One ONNX Runtime graph per decode step (rlkit.rollout.ort_step: ``rollout.backend.linears: onnxruntime``
+on a model the lean step accepts) against the fp32 lean step: the same tokens and log-probs to float
+rounding, with rows ending at different steps (the batch compacted mid-way), left-padded prompts of different
+lengths and grouped KV heads, on the tiny Qwen2 and a tiny Llama, Qwen3 (q/k norms) and Mistral. The model's
+forward runs the prefill only; a model the graph does not take decodes on per-linear sessions instead."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from test_decode import CASES, ending_tokens, generate
+from test_lean_step import ARCHS, _models, assert_close_rollouts, other_archs  # noqa: F401 - a fixture
+
+from rlkit.builtin.params import HFRolloutParams
+from rlkit.hardware import onnxruntime_unavailable
+from rlkit.rollout.hf import HFRollout
+
+pytestmark = pytest.mark.skipif(onnxruntime_unavailable() is not None, reason="onnxruntime not installed")
+
+ON_ORT = functools.partial(HFRollout, params=HFRolloutParams(dtype="float32", linears="onnxruntime"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", ["greedy", "sampled", "temperature_top_k_top_p"])
+def test_the_graph_step_decodes_what_the_fp32_lean_step_decodes(request, arch, case):
+    tok, model = _models(request, arch)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped KV heads
+    kw = {"n": 4, **CASES[case]}
+    eos = ending_tokens(tok, model, **kw)
+    (graph, graph_rows), (lean, _) = (
+        generate(tok, model, fast=True, lean=True, eos=eos, cls=cls, **kw) for cls in (ON_ORT, HFRollout)
+    )
+    assert_close_rollouts(graph, lean)
+    lengths = graph["response_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # rows ended at different steps: the batch was compacted
+    assert len(graph_rows) == 1  # the model's forward ran the prefill only
+    metrics = graph.meta["metrics"]
+    assert metrics["rollout/onnxruntime_graph_step"] == 1.0 and metrics["rollout/lean_step"] == 1.0
+    assert metrics["rollout/mlas_repacked_linears"] == 7 * model.config.num_hidden_layers + 1
+    assert "rollout/onnxruntime_graph_step" not in lean.meta["metrics"]
+
+
+def test_the_graph_step_follows_the_plan_off_the_lean_step(tok_and_model):
+    """``DecodePlan(lean_step=False)`` decodes through the model's forward, graph or not."""
+    tok, model = tok_and_model
+    slab, rows = generate(tok, model, fast=True, lean=False, cls=ON_ORT, n=2, do_sample=False)
+    assert slab.meta["metrics"]["rollout/onnxruntime_graph_step"] == 0.0 and len(rows) > 1
+
+
+def test_a_model_the_graph_does_not_take_decodes_on_per_linear_sessions(tok_and_model):
+    tok, model = tok_and_model
+    model = copy.deepcopy(model)
+    model.config.hidden_act = "gelu"  # not the graph's SiLU (the module itself still runs SiLU)
+    kw = {"n": 3, **CASES["sampled"]}
+    (got, _), (want, _) = (
+        generate(tok, model, fast=True, lean=True, cls=cls, **kw) for cls in (ON_ORT, HFRollout)
+    )
+    assert_close_rollouts(got, want)
+    metrics = got.meta["metrics"]
+    assert "rollout/onnxruntime_graph_step" not in metrics
+    assert metrics["rollout/mlas_repacked_linears"] == sum(
+        type(m) is torch.nn.Linear for m in model.modules()
+    )
