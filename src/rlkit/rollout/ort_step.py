@@ -42,15 +42,28 @@ SETTING = "rollout.backend.linears=onnxruntime"
 
 def ort_step_for(module: nn.Module) -> OrtDecodeStep | None:
     """The one-graph step for ``module`` (built, not yet packed: :meth:`OrtDecodeStep.refresh`), or None where
-    the lean step does not accept it or its MLP is not SiLU (it then decodes with per-linear sessions)."""
+    it decodes with per-linear sessions instead: the lean step does not accept it, its MLP is not SiLU, a
+    projection is not a plain ``nn.Linear`` (a LoRA adapter's layer: the graph would leave the adapter out) or
+    a weight is not on the CPU."""
     if lean_step_for(module) is None or getattr(module.config, "hidden_act", "silu") != "silu":
+        return None
+    if any(type(m) is not nn.Linear for m in _projections(module)):
+        return None
+    if any(p.device.type != "cpu" for p in module.parameters()):
         return None
     reason = onnxruntime_unavailable()
     if reason:
         raise RlkitError(f"{SETTING}: {reason}. Or use rollout.backend.linears=torch.")
-    if any(p.device.type != "cpu" for p in module.parameters()):
-        return None
     return OrtDecodeStep(module)
+
+
+def _projections(module: nn.Module) -> list[nn.Module]:
+    """Every linear the graph computes: each layer's q, k, v, o, gate, up and down, and the LM head."""
+    out = [module.lm_head]
+    for layer in module.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return out
 
 
 class _Graph:
@@ -176,7 +189,7 @@ class OrtDecodeStep:
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.vocab, self.hidden = module.lm_head.out_features, config.hidden_size
         self.layers = len(self.model.layers)
-        self.linears = 7 * self.layers + 1  # q k v o gate up down per layer, the head
+        self.linears = len(_projections(module))
         self._graph, self._names = self._build_graph(module)
         self.session = None
         self.packed_at: tuple | None = None

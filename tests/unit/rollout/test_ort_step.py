@@ -64,3 +64,27 @@ def test_a_model_the_graph_does_not_take_decodes_on_per_linear_sessions(tok_and_
     assert metrics["rollout/mlas_repacked_linears"] == sum(
         type(m) is torch.nn.Linear for m in model.modules()
     )
+
+
+def test_a_lora_model_decodes_its_adapter_on_per_linear_sessions(tok_and_model):
+    """PEFT's layers in the projections: the graph would compute the base weights alone, so the model decodes
+    on per-linear sessions, the adapter in torch, and the adapter shapes what it decodes."""
+    from rlkit.model.lora import apply_lora
+    from rlkit.recipe.schema import LoraConfig
+
+    tok, model = tok_and_model
+    torch.manual_seed(0)
+    lora, _ = apply_lora(copy.deepcopy(model), LoraConfig(rank=4))
+    with torch.no_grad():  # lora_B starts at 0 (no change); move it so the adapter matters
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    kw = {"n": 2, **CASES["sampled"]}
+    (got, _), (want, _) = (
+        generate(tok, lora.eval(), fast=True, lean=True, cls=cls, **kw) for cls in (ON_ORT, HFRollout)
+    )
+    assert_close_rollouts(got, want)
+    assert "rollout/onnxruntime_graph_step" not in got.meta["metrics"]
+    assert got.meta["metrics"]["rollout/mlas_repacked_linears"] > 0
+    base = generate(tok, model, fast=True, lean=True, cls=ON_ORT, **kw)[0]
+    assert not torch.equal(base["rollout_log_probs"], got["rollout_log_probs"])  # the adapter took part
