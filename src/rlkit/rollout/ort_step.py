@@ -44,12 +44,13 @@ def ort_step_for(module: nn.Module) -> OrtDecodeStep | None:
     """The one-graph step for ``module`` (built, not yet packed: :meth:`OrtDecodeStep.refresh`), or None where
     it decodes with per-linear sessions instead: the lean step does not accept it, its MLP is not SiLU, a
     projection is not a plain ``nn.Linear`` (a LoRA adapter's layer: the graph would leave the adapter out) or
-    a weight is not on the CPU."""
+    a weight is not fp32 on the CPU (the prefill runs the module itself and fills the cache the graph reads as
+    fp32)."""
     if lean_step_for(module) is None or getattr(module.config, "hidden_act", "silu") != "silu":
         return None
     if any(type(m) is not nn.Linear for m in _projections(module)):
         return None
-    if any(p.device.type != "cpu" for p in module.parameters()):
+    if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in module.parameters()):
         return None
     reason = onnxruntime_unavailable()
     if reason:

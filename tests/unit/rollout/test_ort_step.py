@@ -88,3 +88,13 @@ def test_a_lora_model_decodes_its_adapter_on_per_linear_sessions(tok_and_model):
     assert got.meta["metrics"]["rollout/mlas_repacked_linears"] > 0
     base = generate(tok, model, fast=True, lean=True, cls=ON_ORT, **kw)[0]
     assert not torch.equal(base["rollout_log_probs"], got["rollout_log_probs"])  # the adapter took part
+
+
+def test_a_bf16_module_decodes_on_per_linear_sessions(tok_and_model):
+    """The prefill runs the module itself, so a bf16 module would fill a bf16 cache the fp32 graph cannot
+    read (it ran on it unnoticed before the check): it decodes on the copy's per-linear sessions instead."""
+    tok, model = tok_and_model
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    got, _ = generate(tok, half, fast=True, lean=True, cls=ON_ORT, n=2, do_sample=False)
+    assert "rollout/onnxruntime_graph_step" not in got.meta["metrics"]
+    assert got.meta["metrics"]["rollout/mlas_repacked_linears"] > 0 and got["response_mask"].sum() > 0
