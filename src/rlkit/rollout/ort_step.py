@@ -258,6 +258,10 @@ class OrtDecodeStep:
         x = self.model.embed_tokens(ids)  # [A, 1, h]
         cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D]
         slabs = cache.layers
+        if slabs[0].key_slab.dtype != torch.float32:  # ort_step_for takes fp32 modules only
+            raise RlkitError(
+                f"{SETTING}: the graph step got a {slabs[0].key_slab.dtype} cache; a bug in rlkit."
+            )
         capacity = slabs[0].key_slab.shape[2]
         additive = torch.full((a, 1, 1, capacity), float("-inf"))
         additive[:, 0, 0, :filled].masked_fill_(mask[:, :filled].bool(), 0.0)
