@@ -106,7 +106,6 @@ class HFRollout:
         # linears=onnxruntime on a model the lean step accepts: the whole step in one ONNX Runtime graph
         # (rlkit.rollout.ort_step); False: the model has none (per-linear sessions instead)
         self._graph_step: OrtDecodeStep | bool | None = None
-        self._graph_repacked = 0
         self._weights_handed = True  # update_weights since the packed copy's last refresh: repack its weights
 
     def _decoder(self) -> nn.Module:
@@ -120,7 +119,7 @@ class HFRollout:
             # the prefill runs the module itself (fp32, torch); every later token the graph, repacked once per
             # weight hand-over as the per-linear sessions are
             moved, self._weights_handed = self._weights_handed, False
-            self._graph_repacked = self._graph_step.refresh(self.module, trainable_moved=moved)
+            self._graph_step.refresh(self.module, trainable_moved=moved)
             return self.module
         if not mlas and (
             self.decode_dtype is None
@@ -293,7 +292,7 @@ class HFRollout:
         metrics = {"rollout/lean_step": float(path in ("lean", "graph"))}
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")
-            metrics["rollout/mlas_repacked_linears"] = float(self._graph_repacked)
+            metrics["rollout/mlas_repacked_linears"] = float(graph.repacked)
         if self._packed_copy is not None and module is self._packed_copy.module:
             kind = "mlas" if isinstance(self._packed_copy, MlasDecodeCopy) else "fp16"
             metrics[f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)

@@ -194,6 +194,7 @@ class OrtDecodeStep:
         self._graph, self._names = self._build_graph(module)
         self.session = None
         self.packed_at: tuple | None = None
+        self.repacked = 0  # linears packed by the last refresh (as PackedDecodeCopy.repacked)
         self._sources: dict[str, torch.Tensor] = {}
 
     def _build_graph(self, module: nn.Module) -> tuple[bytes, dict[str, str]]:
@@ -235,6 +236,7 @@ class OrtDecodeStep:
         weights = {name: params[path] for name, path in self._names.items()}
         versions = tuple((t.data_ptr(), t._version) for t in weights.values())
         if self.session is not None and not trainable_moved and versions == self.packed_at:
+            self.repacked = 0
             return 0
         with torch.no_grad():  # fp32 contiguous: the parameters themselves where they are
             sources = {name: t.detach().float().contiguous() for name, t in weights.items()}
@@ -245,6 +247,7 @@ class OrtDecodeStep:
                 f"{SETTING}: onnxruntime could not build the decode step's graph: {exc}"
             ) from exc
         self._sources, self.packed_at = sources, versions  # the memory the initializers were read from
+        self.repacked = self.linears
         return self.linears
 
     @torch.no_grad()
