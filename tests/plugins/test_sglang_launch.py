@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,15 @@ import pytest
 pytest.importorskip("rlkit_sglang", reason="pip install -e plugins/rlkit-sglang")
 
 from rlkit_sglang import SglangClient, SglangServerError  # noqa: E402
-from rlkit_sglang.launch import GUARD, LocalServer, _free_port, server_command  # noqa: E402
+from rlkit_sglang.launch import (  # noqa: E402
+    GUARD,
+    LocalServer,
+    PortTakenError,
+    _ephemeral_range,
+    _free_port,
+    server_command,
+    start_on_a_free_port,
+)
 from rlkit_sglang.params import SglangLaunchParams, SglangParams  # noqa: E402
 
 
@@ -210,8 +219,80 @@ def test_server_dies_with_a_killed_guard():
             pass
 
 
-def test_launch_ports_leave_room_for_sglangs_derived_grpc_port():
+def test_launch_ports_leave_room_for_sglangs_derived_grpc_port_and_miss_the_ephemeral_range():
     """SGLang refuses to start when --port + 10000 (its gRPC port) is above 65535: seen with an OS-chosen
-    58691."""
-    ports = [_free_port() for _ in range(50)]
-    assert all(20000 <= p <= 55535 for p in ports), ports
+    58691. A port in the kernel's ephemeral range can be taken by an outgoing connection before the server
+    binds it (CI lost a run to it)."""
+    ports = [_free_port() for _ in range(200)]
+    assert all(10000 <= p <= 55535 for p in ports), ports
+    low, high = _ephemeral_range()
+    assert not [p for p in ports if low <= p <= high or low <= p + 10000 <= high]
+
+
+# SGLang when its port is taken: uvicorn logs the failed bind, and SGLang's warmup thread keeps the process
+# alive ~120 s before it ends it.
+PORT_CHECKING_SERVER = """# rlkit-port-checking-stand-in
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+try:
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+except OSError as err:
+    print("ERROR:", err, flush=True)
+    time.sleep(600)
+server.serve_forever()
+"""
+
+
+class _PortThief:
+    """Takes each port it is shown the way an outgoing connection does: a connected socket bound to it."""
+
+    def __init__(self, times: int):
+        self.times = times
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.taken: list[socket.socket] = []
+
+    def __call__(self, port: int) -> tuple[list[str], dict]:
+        if len(self.taken) < self.times:
+            client = socket.socket()
+            client.bind(("127.0.0.1", port))
+            client.connect(self.listener.getsockname())
+            self.taken.append(client)
+        return [sys.executable, "-c", PORT_CHECKING_SERVER, str(port)], {}
+
+    def close(self):
+        for s in (*self.taken, self.listener):
+            s.close()
+
+
+def test_a_server_whose_port_was_taken_starts_again_on_another_at_once(tmp_path):
+    thief = _PortThief(times=1)
+    start = time.monotonic()
+    try:
+        server = start_on_a_free_port(
+            thief, host="127.0.0.1", log_dir=tmp_path, startup_timeout_s=120, separate_python=False
+        )
+        try:
+            assert SglangClient(server.url, retries=0).health()
+            lost = thief.taken[0].getsockname()[1]
+            assert server.url != f"http://127.0.0.1:{lost}"
+            assert "address already in use" in (tmp_path / f"sglang-{lost}.log").read_text().lower()
+        finally:
+            server.stop()
+    finally:
+        thief.close()
+    assert time.monotonic() - start < 60  # not SGLang's ~120 s linger
+
+
+def test_a_port_taken_at_every_attempt_is_an_error_that_says_so(tmp_path):
+    thief = _PortThief(times=3)
+    try:
+        with pytest.raises(PortTakenError, match="3 ports tried"):
+            start_on_a_free_port(
+                thief, host="127.0.0.1", log_dir=tmp_path, startup_timeout_s=120, separate_python=False
+            )
+    finally:
+        thief.close()
+    assert len(thief.taken) == 3
+    assert not subprocess.run(["pgrep", "-f", "rlkit-port-checking-stand-in"], capture_output=True).stdout

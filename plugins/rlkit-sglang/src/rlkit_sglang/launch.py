@@ -15,27 +15,72 @@ scheduler spins a core), float32, a bounded KV pool, ``SGLANG_USE_CPU_ENGINE=1``
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlkit_sglang.client import SglangClient, SglangServerError
 from rlkit_sglang.params import SglangLaunchParams
 
-__all__ = ["server_command", "LocalServer", "launch_servers", "CPU_DEFAULTS"]
+__all__ = [
+    "server_command",
+    "LocalServer",
+    "PortTakenError",
+    "start_on_a_free_port",
+    "launch_servers",
+    "CPU_DEFAULTS",
+]
+
+logger = logging.getLogger(__name__)
 
 GUARD = str(Path(__file__).with_name("_guard.py"))
 CPU_DEFAULTS = {"context_length": 1024, "max_total_tokens": 8192, "max_running_requests": 64}
 
 
-# SGLang opens more ports derived from --port (its gRPC port is --port + 10000, which it refuses above 65535):
-# the server's port is drawn below 55536, with that derived port free too.
+# SGLang opens more ports derived from --port (its gRPC port is --port + 10000, which it refuses above 65535).
 _DERIVED_PORT_OFFSETS = (0, 10000)
-_PORT_RANGE = (20000, 55536)
+_PORT_FLOOR = 10000
+_FALLBACK_RANGE = (20000, 55536)
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+class PortTakenError(SglangServerError):
+    """The server could not bind its port: another socket took it between the draw and the bind."""
+
+
+def _ephemeral_range() -> tuple[int, int] | None:
+    """The kernel's range for outgoing connections' local ports (inclusive), or None where unreadable."""
+    try:
+        low, high = (int(v) for v in open(_EPHEMERAL_RANGE_FILE).read().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def _port_ranges() -> list[tuple[int, int]]:
+    """Half-open ranges to draw a server's ``--port`` from: the port and its derived ports lie outside the
+    kernel's ephemeral range. A port inside it can be taken by any outgoing connection (Ray, gloo, zmq make
+    many) during the minute a server loads before it binds; a connected socket's local port refuses the bind
+    even with SO_REUSEADDR (CI lost a run to it). Where no such room exists, the old fixed range."""
+    top = 65536 - max(_DERIVED_PORT_OFFSETS)
+    ephemeral = _ephemeral_range()
+    if ephemeral is None:
+        return [_FALLBACK_RANGE]
+    low, high = ephemeral
+    ranges = []
+    span = max(_DERIVED_PORT_OFFSETS)
+    below = (_PORT_FLOOR, min(top, low - span))  # port + span < low
+    above = (max(_PORT_FLOOR, high + 1), top)  # port > high
+    for start, stop in (below, above):
+        if stop - start >= 100:
+            ranges.append((start, stop))
+    return ranges or [_FALLBACK_RANGE]
 
 
 def _bindable(port: int) -> bool:
@@ -48,18 +93,21 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port(attempts: int = 200) -> int:
-    """A port for a server's ``--port`` whose SGLang-derived ports (``_DERIVED_PORT_OFFSETS``) are free as
-    well."""
+    """A port for a server's ``--port`` (see ``_port_ranges``) whose SGLang-derived ports
+    (``_DERIVED_PORT_OFFSETS``) are free as well."""
     import random
 
     rng = random.Random()
+    ranges = _port_ranges()
     for _ in range(attempts):
-        port = rng.randrange(*_PORT_RANGE)
+        start, stop = rng.choice(ranges)
+        port = rng.randrange(start, stop)
         if all(_bindable(port + offset) for offset in _DERIVED_PORT_OFFSETS):
             return port
+    where = ", ".join(f"{a}-{b - 1}" for a, b in ranges)
     raise SglangServerError(
-        f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1] - 1} with port + 10000 free too "
-        f"(SGLang's gRPC port) after {attempts} tries; free some ports or pass urls of running servers"
+        f"no free port in {where} with port + 10000 free too (SGLang's gRPC port) after {attempts} tries; "
+        "free some ports or pass urls of running servers"
     )
 
 
@@ -154,6 +202,7 @@ class LocalServer:
     ):
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
+        self._log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
         full_env = {**os.environ, **env}
         if separate_python:  # our source paths must not shadow the SGLang venv's packages
             full_env.pop("PYTHONPATH", None)
@@ -182,6 +231,11 @@ class LocalServer:
                 raise SglangServerError(
                     f"{problem} while starting. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
                 )
+            if self._port_taken():  # SGLang lingers ~120 s after a failed bind before it ends itself
+                raise PortTakenError(
+                    f"SGLang server {self.url} could not bind its port (address already in use; log "
+                    f"{self.log_path})"
+                )
             if client.health(timeout_s=2.0):
                 return
             time.sleep(0.5)
@@ -189,6 +243,16 @@ class LocalServer:
             f"SGLang server {self.url} was not healthy (GET /health) within {timeout_s:.0f} s "
             f"(launch.startup_timeout_s). Last lines of {self.log_path}:\n{_tail(self.log_path)}"
         )
+
+    def _port_taken(self) -> bool:
+        """Whether this launch's part of the log reports a failed bind (uvicorn: ``[Errno 98] error while
+        attempting to bind on address (...): address already in use``)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return b"address already in use" in f.read().lower()
+        except OSError:
+            return False
 
     def problem(self) -> str | None:
         """None while the server process lives; else what happened (the client's liveness watch)."""
@@ -220,6 +284,42 @@ class LocalServer:
             self.proc.wait(timeout=5)
 
 
+def start_on_a_free_port(
+    command_for: Callable[[int], tuple[list[str], dict]],
+    *,
+    host: str,
+    log_dir: Path,
+    startup_timeout_s: float,
+    separate_python: bool,
+    remove: tuple[str, ...] = (),
+    attempts: int = 3,
+) -> LocalServer:
+    """One healthy server of ``command_for(port)`` (``(argv, extra environment)``) on a port drawn by
+    ``_free_port``; drawn again, up to ``attempts`` times, when another socket took the port before the
+    server bound it (``PortTakenError``). Logs go to ``log_dir/sglang-PORT.log``."""
+    for attempt in range(1, attempts + 1):
+        port = _free_port()
+        cmd, env = command_for(port)
+        try:
+            return LocalServer(
+                cmd,
+                env,
+                host=host,
+                port=port,
+                log_path=str(log_dir / f"sglang-{port}.log"),
+                startup_timeout_s=startup_timeout_s,
+                separate_python=separate_python,
+                remove=remove,
+            )
+        except PortTakenError as err:
+            if attempt == attempts:
+                raise PortTakenError(
+                    f"{err}; {attempts} ports tried, each taken before the server bound it"
+                ) from err
+            logger.warning("%s; starting it again on another port", err)
+    raise AssertionError("unreachable")
+
+
 def launch_servers(
     params: SglangLaunchParams,
     model_path: str,
@@ -235,15 +335,11 @@ def launch_servers(
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         for _ in range(params.num_replicas):
-            port = _free_port()
-            cmd, env = server_command(params, model_path, device, port, lora)
             servers.append(
-                LocalServer(
-                    cmd,
-                    env,
+                start_on_a_free_port(
+                    lambda port: server_command(params, model_path, device, port, lora),
                     host=params.host,
-                    port=port,
-                    log_path=str(log_dir / f"sglang-{port}.log"),
+                    log_dir=log_dir,
                     startup_timeout_s=params.startup_timeout_s,
                     separate_python=params.python is not None,
                     remove=remove,
