@@ -115,11 +115,14 @@ def _threads_shared() -> bool:
     return True
 
 
-def memory_session(model: bytes, initializers: Mapping[str, Any], *, optimization: str = "basic"):
+def memory_session(
+    model: bytes, initializers: Mapping[str, Any], *, optimization: str = "basic", profile: str | None = None
+):
     """An ONNX Runtime CPU session of the serialized ``model`` whose :func:`memory_initializer` s read the
     float32 contiguous CPU tensors of ``initializers`` (name → tensor; they must stay alive as long as the
     session), on the process-wide thread pool where it can share it; ``optimization`` is ONNX Runtime's graph
-    optimization level ("basic" or "all")."""
+    optimization level ("basic" or "all"); ``profile``: a file prefix for ONNX Runtime's per-node profile
+    (``session.end_profiling()`` writes it; ``benchmarks/ort_step_profile.py``)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -128,6 +131,8 @@ def memory_session(model: bytes, initializers: Mapping[str, Any], *, optimizatio
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
     options.log_severity_level = 3  # errors only
+    if profile is not None:
+        options.enable_profiling, options.profile_file_prefix = True, profile
     if _threads_shared():
         options.use_per_session_threads = False
     else:

@@ -12,12 +12,15 @@ lean step's (``benchmarks/ort_step_spike.py``; docs/benchmarks.md, "One ONNX Run
 step").
 
 The step keeps :class:`~rlkit.rollout.lean_step.LeanStep`'s contract, so the decode loop and its cache are
-the same: the embedding lookup, rotary cos/sin and sampling stay in torch; the graph reads the cache's K/V
-buffers ``[A, Hkv, C, D]`` at their full capacity ``C`` with an additive mask over positions not yet filled
-or padded, scores the new token's own key separately (so the cache is neither concatenated nor copied), and
-returns the new token's rotated key and value, which the loop writes into the cache (``SlabLayer.update``).
-Outputs are the fp32 lean step's to float rounding (logits within 1e-4 on SmolLM2), so the rollout's
-log-probs stay the actor's.
+the same: the embedding lookup, rotary cos/sin and sampling stay in torch. Attention is ONNX Runtime's
+``GroupQueryAttention`` (com.microsoft) with the cache's K/V buffers ``[A, Hkv, C, D]`` bound as its past and
+its present at once: it writes the new token's rotated key and value at position ``L - 1`` and attends
+positions ``[0, L)`` only, under an additive bias that is -inf over left padding. So the cache is neither
+concatenated nor copied, and a step's attention grows with ``L``, not with the capacity ``C`` (it replaced a
+hand-built attention over the full capacity: ``benchmarks/ort_attention_ab.py``, docs/benchmarks.md). The
+graph also returns the new key and value, which the loop hands to ``SlabLayer.update`` (its count of filled
+positions; the values are already in place). Outputs are the fp32 lean step's to float rounding (logits
+within 1e-4 on SmolLM2), so the rollout's log-probs stay the actor's.
 
 Shapes: ``A`` rows, ``C`` cache capacity, ``L`` filled positions after the step, ``H``/``Hkv`` query/KV heads,
 ``G = H / Hkv``, ``D`` head size, ``V`` vocabulary.
@@ -79,20 +82,17 @@ class _Graph:
         self.constants: list = []
         self.initializers: list = []
         self.weights: dict[str, torch.Tensor] = {}
-        self.kv_heads, self.dim = kv_heads, dim
+        self.heads, self.kv_heads, self.dim, self.scale = heads, kv_heads, dim, scale
         i64 = functools.partial(np.array, dtype=np.int64)
         for name, value in {
             "two": np.float32(2.0),
             "eps": np.float32(eps),
-            "scale": np.float32(scale),
-            "last_axis": i64([-1]),
             "shape_q": i64([0, kv_heads, heads // kv_heads, dim]),
             "shape_kv": i64([0, kv_heads, 1, dim]),
+            "shape_q3": i64([0, 1, heads * dim]),
+            "shape_kv3": i64([0, 1, kv_heads * dim]),
             "shape_cs": i64([0, 1, 1, dim]),
             "shape_o": i64([0, heads * dim]),
-            "start0": i64([0]),
-            "minus1": i64([-1]),
-            "end": i64([2**62]),
             "halves": i64([dim // 2, dim - dim // 2]),
         }.items():
             self.constants.append(numpy_helper.from_array(np.asarray(value), name))
@@ -149,18 +149,24 @@ class _Graph:
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's D, before the rotation
             q = self.rms(q, name + ".q_norm", attn.q_norm, p + "qn")
             k = self.rms(k, name + ".k_norm", attn.k_norm, p + "kn")
-        qs = self.node("Mul", [self.rope(q, p + "qr"), "scale"], p + "qs")  # [A, Hkv, G, D]
+        q = self.node("Reshape", [self.rope(q, p + "qr"), "shape_q3"], p + "q3")  # [A, 1, H·D]
         k = self.rope(k, f"nk{i}")  # [A, Hkv, 1, D]
-        keys_t = self.node("Transpose", [f"k{i}"], p + "kt", perm=[0, 1, 3, 2])  # fused into the MatMul
-        scores = self.node("MatMul", [qs, keys_t], p + "sp")  # [A, Hkv, G, C]
-        past = self.node("Add", [scores, "mask"], p + "spm")
-        own = self.node("ReduceSum", [self.node("Mul", [qs, k], p + "qk"), "last_axis"], p + "sn", keepdims=1)
-        every = self.node("Concat", [past, own], p + "sc", axis=-1)  # [A, Hkv, G, C + 1]
-        prob = self.node("Softmax", [every], p + "pr", axis=-1)
-        p_past = self.node("Slice", [prob, "start0", "minus1", "last_axis"], p + "pp")  # [A, Hkv, G, C]
-        p_own = self.node("Slice", [prob, "minus1", "end", "last_axis"], p + "pn")  # [A, Hkv, G, 1]
-        from_past = self.node("MatMul", [p_past, f"v{i}"], p + "op")
-        o = self.node("Add", [from_past, self.node("Mul", [p_own, v], p + "on")], p + "o")
+        k = self.node("Reshape", [k, "shape_kv3"], p + "k3")  # [A, 1, Hkv·D]
+        v = self.node("Reshape", [v, "shape_kv3"], p + "v3")
+        # ONNX Runtime's GroupQueryAttention over the cache buffers shared as past and present: it writes the
+        # new key and value at position seqlens + 1 - 1 = L - 1 and attends positions [0, L) only, under bias
+        self.nodes.append(
+            self.helper.make_node(
+                "GroupQueryAttention",
+                [q, k, v, f"k{i}", f"v{i}", "seqlens", "total", "", "", "", "bias"],
+                [p + "o", f"pk{i}", f"pv{i}"],
+                domain="com.microsoft",
+                num_heads=self.heads,
+                kv_num_heads=self.kv_heads,
+                scale=self.scale,
+            )
+        )
+        o = p + "o"
         o = self.node("Reshape", [o, "shape_o"], p + "o2")
         return self.linear(o, name + ".o_proj", attn.o_proj, p + "oo")
 
@@ -210,6 +216,9 @@ class OrtDecodeStep:
         value, f32 = helper.make_tensor_value_info, TensorProto.FLOAT
         cache = [value(f"{kind}{i}", f32, ["A", kv, "C", dim]) for kind in "kv" for i in range(self.layers)]
         new = [value(f"n{kind}{i}", f32, ["A", kv, 1, dim]) for i in range(self.layers) for kind in "kv"]
+        present = [
+            value(f"p{kind}{i}", f32, ["A", kv, "C", dim]) for i in range(self.layers) for kind in "kv"
+        ]
         graph = helper.make_graph(
             g.nodes,
             "decode_step",
@@ -217,13 +226,16 @@ class OrtDecodeStep:
                 value("x", f32, ["A", self.hidden]),
                 value("cos", f32, ["A", dim]),
                 value("sin", f32, ["A", dim]),
-                value("mask", f32, ["A", 1, 1, "C"]),
+                value("seqlens", TensorProto.INT32, ["A"]),
+                value("total", TensorProto.INT32, []),
+                value("bias", f32, ["A", 1, 1, "L"]),
                 *cache,
             ],
-            [value("logits", f32, ["A", self.vocab]), *new],
+            [value("logits", f32, ["A", self.vocab]), *new, *present],
             g.initializers + g.constants,
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
         paths = {id(t): name for name, t in module.named_parameters(remove_duplicate=False)}
         names = {name: paths[id(t)] for name, t in g.weights.items()}
         return model.SerializeToString(), names
@@ -265,12 +277,15 @@ class OrtDecodeStep:
             raise RlkitError(
                 f"{SETTING}: the graph step got a {slabs[0].key_slab.dtype} cache; a bug in rlkit."
             )
-        capacity = slabs[0].key_slab.shape[2]
-        additive = torch.full((a, 1, 1, capacity), float("-inf"))
-        additive[:, 0, 0, :filled].masked_fill_(mask[:, :filled].bool(), 0.0)
+        bias = torch.zeros(a, 1, 1, filled + 1)  # [A, 1, 1, L]: -inf over left padding; the new key attended
+        bias[:, 0, 0, :filled].masked_fill_(~mask[:, :filled].bool(), float("-inf"))
         feeds = {"x": x[:, 0].contiguous(), "cos": cos[:, 0].contiguous(), "sin": sin[:, 0].contiguous()}
-        feeds["mask"] = additive
+        feeds["bias"] = bias
         for i, slab in enumerate(slabs):
+            if slab.length != filled:
+                raise RlkitError(
+                    f"{SETTING}: cache layer {i} holds {slab.length} positions, not {filled}; a bug."
+                )
             feeds[f"k{i}"], feeds[f"v{i}"] = slab.key_slab, slab.value_slab
         logits = torch.empty(a, self.vocab)
         new = [
@@ -279,12 +294,18 @@ class OrtDecodeStep:
         ]
         outputs = {"logits": logits} | {f"nk{i}": k for i, (k, _) in enumerate(new)}
         outputs |= {f"nv{i}": v for i, (_, v) in enumerate(new)}
+        # the cache buffers are GroupQueryAttention's past and present at once (it writes position L - 1)
+        outputs |= {f"p{kind}{i}": feeds[f"{kind}{i}"] for i in range(len(slabs)) for kind in "kv"}
         binding = self.session.io_binding()
         for name, t in feeds.items():
             binding.bind_input(name, "cpu", 0, np.float32, list(t.shape), t.data_ptr())
+        seqlens = torch.full((a,), filled, dtype=torch.int32)  # per row: positions before the new one
+        total = torch.tensor(filled + 1, dtype=torch.int32)
+        binding.bind_input("seqlens", "cpu", 0, np.int32, [a], seqlens.data_ptr())
+        binding.bind_input("total", "cpu", 0, np.int32, [], total.data_ptr())
         for name, t in outputs.items():
             binding.bind_output(name, "cpu", 0, np.float32, list(t.shape), t.data_ptr())
         self.session.run_with_iobinding(binding)
         for slab, (k, v) in zip(slabs, new, strict=True):
-            slab.update(k, v)  # position L - 1, where the loop's lean step writes it
+            slab.update(k, v)  # the slab's count of filled positions (the values are already at L - 1)
         return logits

