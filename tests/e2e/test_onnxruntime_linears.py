@@ -53,10 +53,10 @@ def test_a_run_decodes_on_onnxruntime_linears(tiny_assets, tmp_path):
         assert step["training/rollout_probs_diff_max"] < 1e-4
 
 
-def test_auto_picks_onnxruntime_linears_where_they_pay(tiny_assets, tmp_path):
-    """``linears: auto`` (the default) through ``rlkit run`` on a machine whose probes say bf16 is slow, fp16
-    weights do not pay and ONNX Runtime's linears do (the hardware cache the run reads holds these readings
-    for this machine, as a machine of that kind would have measured them; everything else is real)."""
+def _seed_cpu_probes(model, cache):
+    """The hardware cache the run reads, holding the readings a machine of that kind would have measured: bf16
+    slow, fp16 weights not paying, ONNX Runtime paying (per linear and as one graph). Returns (per-linear
+    probe, graph probe)."""
     from transformers import AutoConfig
 
     from rlkit.hardware import (
@@ -68,17 +68,26 @@ def test_auto_picks_onnxruntime_linears_where_they_pay(tiny_assets, tmp_path):
         cached_probe,
         cpu_info,
         layer_shapes,
-        mlas_decode_pays,
     )
+    from rlkit.rollout.graph_probe import GraphProbe, cached_graph_probe
 
-    model, data = tiny_assets
-    cache = tmp_path / "cache" / "hardware.json"
-    cpu, layer = cpu_info(), layer_shapes(AutoConfig.from_pretrained(model).to_dict())
+    config = AutoConfig.from_pretrained(model).to_dict()
+    cpu, layer = cpu_info(), layer_shapes(config)
     cached_probe(cpu, cache, probe=lambda: MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,)))
     no_fp16 = Fp16Probe(fp32_s=0.010, fp16_s=0.012, pack_s=0.020, rows=16, params=1)
     cached_fp16_probe(cpu, cache, layer=layer, probe=lambda layer: no_fp16)
     pays = MlasProbe(fp32_s=0.010, mlas_s=0.006, pack_s=0.020, rows=16, params=1)  # break-even 5 tokens
     cached_mlas_probe(cpu, cache, layer=layer, probe=lambda layer: pays)
+    # 12 tokens: F.linear 120 ms, fp16 weights 2 x 50 + 12 x 9 = 208 ms, the graph 2 x 20 + 12 x 4 = 88 ms
+    graph = GraphProbe(fp32_s=0.010, fp16_s=0.009, graph_s=0.004, fp16_pack_s=0.050, graph_pack_s=0.020)
+    cached_graph_probe(config, cpu, cache, probe=lambda config: graph)
+    return pays, graph
+
+
+def _run_auto(tiny_assets, tmp_path, extra=None):
+    model, data = tiny_assets
+    cache = tmp_path / "cache" / "hardware.json"
+    pays, graph = _seed_cpu_probes(model, cache)
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
     overrides = {
@@ -87,15 +96,43 @@ def test_auto_picks_onnxruntime_linears_where_they_pay(tiny_assets, tmp_path):
         "rollout.n": 4,
         "trainer.total_steps": 2,
         "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-    }
+    } | (extra or {})
     recipe.write_text(recipe_text(model, data, out, overrides))
     result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache.parent)), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in steps)
+    return result, resolved, steps, pays, graph
+
+
+def test_auto_decodes_as_one_graph_where_the_whole_step_probe_says_it_pays(tiny_assets, tmp_path):
+    """``linears: auto`` and ``dtype: auto`` (the defaults) through ``rlkit run`` on a machine whose probes
+    say bf16 is slow and the one-graph step is the cheapest of the three decodes (the tiny Qwen2 is one the
+    graph takes, so the probe of the whole step decides, not the per-linear ones; everything but the seeded
+    readings is real)."""
+    from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
+    from rlkit.rollout.graph_probe import graph_choice
+
+    result, resolved, steps, _, graph = _run_auto(tiny_assets, tmp_path)
+    why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, fp16=True)[2]
+    assert why.endswith("-> float32 as one onnxruntime graph") and why in result.stdout
+    assert (resolved["decode_dtype"], resolved["decode_linears"]) == ("float32", "onnxruntime")
+    assert resolved["decode_linears_reason"] == why
+    assert all(r["rollout/onnxruntime_graph_step"] == 1.0 for r in steps)
+    assert all(r["rollout/mlas_repacked_linears"] > 0 for r in steps)
+
+
+def test_auto_weighs_per_linear_probes_where_the_graph_cannot_decode(tiny_assets, tmp_path):
+    """With a LoRA adapter the graph would leave the adapter out, so the whole-step probe is not asked: the
+    per-linear probes decide (ONNX Runtime's linears pay) and the run decodes on per-linear sessions."""
+    from rlkit.hardware import mlas_decode_pays
+
+    result, resolved, steps, pays, _ = _run_auto(tiny_assets, tmp_path, {"actor.lora": {"rank": 4}})
     why = mlas_decode_pays(pays, 12)[1]
     assert "rollout decode float32 on onnxruntime linears" in result.stdout and why in result.stdout
-    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
     assert (resolved["decode_linears"], resolved["decode_linears_reason"]) == ("onnxruntime", why)
-    steps = [r for r in records(out) if "training/global_step" in r]
-    assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/mlas_repacked_linears"] > 0 for r in steps)
-    assert all(r["rollout/onnxruntime_graph_step"] == 1.0 for r in steps)
-    assert all(r["actor/grad_norm"] > 0 for r in steps)
+    # the frozen base's linears packed once (at the first generate); the adapter runs in torch
+    assert steps[0]["rollout/mlas_repacked_linears"] > 0 and steps[1]["rollout/mlas_repacked_linears"] == 0
+    assert all(r.get("rollout/onnxruntime_graph_step", 0.0) == 0.0 for r in steps)
+    assert all(r["actor/lora_trainable_params"] > 0 for r in steps)

@@ -107,6 +107,24 @@ def _mlas_or_fp16(
     return ("onnxruntime" if wins else "torch"), why
 
 
+def _graph_decides(
+    decision: PrecisionDecision,
+    decode_dtype: str | None,
+    linears: str | None,
+    max_new_tokens: int | None,
+    graph: Callable[[int, bool], tuple[str, str, str] | None] | None,
+) -> tuple[str, str, str] | None:
+    """``graph`` 's (dtype, linears, why) where it decides (:func:`resolve_precision`), else None."""
+    float32_cpu = decision.device == "cpu" and decision.decode_dtype == "float32"
+    if graph is None or linears != "auto" or not max_new_tokens or not float32_cpu:
+        return None
+    if decode_dtype == "auto":
+        return graph(max_new_tokens, fp16_weights_unavailable() is None)
+    if decode_dtype == "float32":
+        return graph(max_new_tokens, False)
+    return None
+
+
 def concrete_decode_dtype(
     value: str | None,
     device: Any = "cpu",
@@ -197,6 +215,7 @@ def resolve_precision(
     max_new_tokens: int | None = None,
     layer: Callable[[], Layer | None] | None = None,
     linears: str | None = None,
+    graph: Callable[[int, bool], tuple[str, str, str] | None] | None = None,
 ) -> ResolvedPrecision:
     """Concrete actor precision, decode dtype and decode linears for a run; ``decode_dtype`` / ``linears``
     None = not applicable; ``max_new_tokens``: the run's longest decode (``data.max_response_length``) and
@@ -204,23 +223,32 @@ def resolve_precision(
     of packing fp16 weights (:func:`auto_decode_dtype`) or ONNX Runtime's (:func:`auto_decode_linears`).
     Explicit ``onnxruntime`` linears decode in float32, so they make an ``auto`` dtype float32.
 
+    ``graph(max_new_tokens, fp16_allowed)``: for a model the one-graph decode step takes, ``(dtype, linears,
+    why)`` from its probe of the whole step (``rlkit.rollout.graph_probe``: F.linear, fp16 weights where
+    allowed, or the graph), or None; where given, it decides ``auto`` linears (and an ``auto`` dtype with
+    them) on a CPU that decodes in float32, in place of the per-linear probes.
+
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""
     d = decision or precision_decision(device_type(device))
     mp = d.mixed_precision if mixed_precision == "auto" else concrete_mixed_precision(mixed_precision)
-    decode_reason = ""
-    if decode_dtype == "auto" and linears == "onnxruntime":
+    decode_reason = linears_reason = ""
+    whole = _graph_decides(d, decode_dtype, linears, max_new_tokens, graph)
+    if whole is not None:  # the probe of the whole decode step chose dtype and linears together
+        dd, linears, linears_reason = whole
+        decode_reason = linears_reason if decode_dtype == "auto" else ""
+    elif decode_dtype == "auto" and linears == "onnxruntime":
         dd = "float32"
         decode_reason = "rollout.backend.linears=onnxruntime decodes with fp32 weights"
     elif decode_dtype == "auto":
         dd, decode_reason = auto_decode_dtype(d, max_new_tokens, layer)
     else:
         dd = concrete_decode_dtype(decode_dtype, d.device)
-    linears_reason = ""
-    if linears == "auto" and decode_dtype == "auto" and dd == "float16":  # fp16 paid: weigh MLAS against it
+    if whole is None and linears == "auto" and decode_dtype == "auto" and dd == "float16":
+        # fp16 paid: weigh MLAS against it
         linears, linears_reason = _mlas_or_fp16(d, max_new_tokens, layer)
         dd = "float32" if linears == "onnxruntime" else dd
-    elif linears == "auto":
+    elif whole is None and linears == "auto":
         linears, linears_reason = auto_decode_linears(d, dd, max_new_tokens, layer)
     warnings = []
     # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only

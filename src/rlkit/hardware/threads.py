@@ -100,6 +100,7 @@ def plan_run(
     decode_dtype: str | None,
     layer: Callable[[], Layer | None] | None = None,
     decode_linears: str | None = None,
+    graph: Callable[[int, bool], tuple[str, str, str] | None] | None = None,
 ) -> RunHardware:
     """Resolve ``recipe``'s ``auto`` precision and threads for ``device``; ``layer``: the model's decoder
     layer shapes, asked only where ``auto`` weighs fp16 decode weights (``rlkit.hardware.fp16``; None: the
@@ -109,7 +110,8 @@ def plan_run(
     share its bundles equally, as ``rlkit.runtime.build`` places them. ``decode_dtype``: the rollout backend's
     requested decode dtype (``auto`` / ``float32`` / ``bfloat16``), None when the backend has no such
     option; ``decode_linears`` its requested CPU decode linears (``auto`` / ``torch`` / ``onnxruntime``), the
-    same."""
+    same; ``graph``: the one-graph decode step's choice (``resolve_precision``), None where the model has
+    none."""
     res = recipe.resources
     per_pool: dict[str, int] = {}
     for pool in placed.values():
@@ -134,6 +136,7 @@ def plan_run(
         max_new_tokens=recipe.data.max_response_length,
         layer=layer,
         linears=decode_linears,
+        graph=graph,
     )
     return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
 

@@ -1,0 +1,217 @@
+"""Whether the one-graph decode step pays for a model on this CPU: a probe of the whole step, three ways.
+
+``rollout.backend.linears: auto`` (with ``dtype: auto``) on a CPU without fast bf16 chooses how the hf backend
+decodes. For a model the one-graph step takes (``rlkit.rollout.ort_step``: a transformers Llama, Qwen2,
+Qwen3 or Mistral without a sliding window, SiLU MLP, fp32 weights, no LoRA adapter), the per-linear probes
+(``rlkit.hardware.fp16``, ``rlkit.hardware.mlas``) time the layer's linears alone, while the graph also runs
+the norms, rotary, attention and activation in ONNX Runtime: those probes understate it. This probe times
+what each path really runs, on one decoder layer of the run's own architecture (its config with one layer
+and a 256-word vocabulary, random weights), at ``GRAPH_PROBE_ROWS`` rows over a ``GRAPH_PROBE_CONTEXT``-token
+prefill, one thread, the best of ``GRAPH_PROBE_ROUNDS`` rounds:
+
+- ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear``;
+- ``fp16_s``: the same step over fbgemm fp16 weights (``rlkit.rollout.fp16_weights``; inf where this torch
+  has no fbgemm), ``fp16_pack_s`` repacking them once (one weight hand-over);
+- ``graph_s``: the one-graph step (``OrtDecodeStep``), ``graph_pack_s`` rebuilding its session once.
+
+Each path costs ``margin × pack + tokens × step`` for a decode of ``tokens`` (no pack for ``F.linear``;
+``margin``: ``rlkit.hardware.mlas.MLAS_PAYBACK_MARGIN``, the per-linear probes' margin); the cheapest wins
+(:func:`graph_choice`), a tie going to the simpler path (fp32, then fp16). The probe is cached per CPU, torch
+version and architecture (``$RLKIT_CACHE/hardware.json``); its numbers go into the run's
+``resolved.decode_linears_reason``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "GRAPH_PROBE_CONTEXT",
+    "GRAPH_PROBE_ROUNDS",
+    "GRAPH_PROBE_ROWS",
+    "GraphProbe",
+    "cached_graph_probe",
+    "graph_choice",
+    "probe_graph_step",
+]
+
+GRAPH_PROBE_ROWS = 16
+GRAPH_PROBE_CONTEXT = 64
+GRAPH_PROBE_ROUNDS = 3
+_STEPS = 8  # decode steps timed per round and path
+_VOCAB = 256
+_LAYERS = 3  # the probe model's depth; a layer's share is the difference to a one-layer model
+
+
+@dataclass(frozen=True)
+class GraphProbe:
+    fp32_s: float  # one lean decode step of the probe model (one decoder layer) with F.linear (best round)
+    fp16_s: float  # the same over fbgemm fp16 weights (inf: no fbgemm in this torch)
+    graph_s: float  # the same as one ONNX Runtime graph
+    fp16_pack_s: float  # repacking the fp16 weights once
+    graph_pack_s: float  # rebuilding the graph's session once (MLAS prepacks its weights)
+    rows: int = GRAPH_PROBE_ROWS
+    params: int = 0  # the probe layer's weights
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> GraphProbe:
+        """The probe from its cache entry (KeyError, TypeError or ValueError where a field is malformed)."""
+        return cls(**{f.name: (int if f.type in ("int", int) else float)(entry[f.name]) for f in fields(cls)})
+
+
+def _probe_model(config: Mapping[str, Any], layers: int):
+    """The run's architecture with ``layers`` decoder layers and a small vocabulary, random fp32 weights; None
+    where transformers cannot build it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = dict(config)
+    model_type = values.pop("model_type", None)
+    if model_type is None:
+        return None
+    values |= {"num_hidden_layers": layers, "vocab_size": _VOCAB, "tie_word_embeddings": False}
+    for key in ("layer_types", "max_window_layers", "architectures", "torch_dtype", "dtype"):
+        values.pop(key, None)
+    try:
+        small = AutoConfig.for_model(model_type, **values)
+        small.pad_token_id = small.bos_token_id = small.eos_token_id = None
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+    except Exception:  # noqa: BLE001 - transformers' many error types: no probe model, no graph choice
+        return None
+
+
+def _time_steps(step, cache, ids, mask, steps: int) -> float:
+    """Mean seconds of ``steps`` decode steps of ``step`` from a copy of the prefilled ``cache``."""
+    cache = copy.deepcopy(cache)
+    rows, width = mask.shape
+    full = torch.cat([mask, torch.ones(rows, steps + 1, dtype=mask.dtype)], 1)
+    token, last = ids[:, -1:], torch.full((rows,), width - 1)
+    step(cache, token, last + 1, full[:, : width + 1])  # warm-up
+    start = time.perf_counter()
+    for i in range(1, steps + 1):
+        step(cache, token, last + 1 + i, full[:, : width + 1 + i])
+    return (time.perf_counter() - start) / steps
+
+
+def _time_paths(model, graph, rounds: int, rows: int, context: int) -> dict[str, float]:
+    """Best-of-``rounds`` seconds of a decode step of ``model`` by each path, and of each path's repack."""
+    from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.rollout.decode import SlabCache, slab_layers
+    from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+    from rlkit.rollout.lean_step import LeanStep
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, _VOCAB, (rows, context), generator=gen)
+    mask = torch.ones(rows, context, dtype=torch.long)
+    cache = SlabCache(slab_layers(model), context + _STEPS + 2)
+    model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    fp16 = None if fp16_weights_unavailable() else Fp16DecodeCopy(model)
+    if fp16 is not None:
+        fp16.refresh(model)  # the construction packed; later refreshes repack (one weight hand-over each)
+    best = dict.fromkeys(("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s"), math.inf)
+    lean = LeanStep(model)
+    for _ in range(rounds):
+        start = time.perf_counter()
+        graph.refresh(model)
+        best["graph_pack_s"] = min(best["graph_pack_s"], time.perf_counter() - start)
+        best["fp32_s"] = min(best["fp32_s"], _time_steps(lean, cache, ids, mask, _STEPS))
+        best["graph_s"] = min(best["graph_s"], _time_steps(graph, cache, ids, mask, _STEPS))
+        if fp16 is not None:
+            start = time.perf_counter()
+            step = LeanStep(fp16.refresh(model, trainable_moved=True))
+            best["fp16_pack_s"] = min(best["fp16_pack_s"], time.perf_counter() - start)
+            best["fp16_s"] = min(best["fp16_s"], _time_steps(step, cache, ids, mask, _STEPS))
+    return best
+
+
+def probe_graph_step(
+    config: Mapping[str, Any],
+    *,
+    rounds: int = GRAPH_PROBE_ROUNDS,
+    rows: int = GRAPH_PROBE_ROWS,
+    context: int = GRAPH_PROBE_CONTEXT,
+) -> GraphProbe | None:
+    """Time one decoder layer of ``config`` 's architecture three ways (module docstring), or None where the
+    one-graph step does not take it. Each number is one layer's share: the probe model's step (or repack)
+    with ``_LAYERS`` decoder layers less the one with a single layer, over the difference in layers, so what
+    a step costs once whatever the depth (embedding, head, binding, Python) does not count as a layer's."""
+    from rlkit.rollout.ort_step import ort_step_for
+
+    times = {}
+    for layers in (1, _LAYERS):
+        model = _probe_model(config, layers)
+        graph = ort_step_for(model) if model is not None else None
+        if graph is None:
+            return None
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                times[layers] = _time_paths(model, graph, rounds, rows, context)
+        finally:
+            torch.set_num_threads(previous)
+    share = {k: max((times[_LAYERS][k] - times[1][k]) / (_LAYERS - 1), 0.0) for k in times[1]}
+    share = {k: (v if math.isfinite(times[1][k]) else math.inf) for k, v in share.items()}
+    layer = model.model.layers[0]
+    params = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    return GraphProbe(**share, rows=rows, params=params)
+
+
+def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None = None, *, probe=None):
+    """The graph probe of ``config`` 's architecture for this CPU and torch version from the cache, or
+    measured now (``probe(config)``, default :func:`probe_graph_step`) and added to it; None where the
+    one-graph step does not take the architecture (nothing is cached then)."""
+    from rlkit.hardware.cpu import cached_entry
+
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    kind = "graph-decode-" + "-".join(str(config.get(k)) for k in keys)
+    measure = probe or probe_graph_step
+
+    def measured() -> dict[str, Any]:
+        result = measure(config)
+        if result is None:
+            raise _NoGraph
+        return asdict(result)
+
+    try:
+        return cached_entry(kind, cpu, measured, GraphProbe.from_entry, cache_path)
+    except _NoGraph:
+        return None
+
+
+class _NoGraph(Exception):
+    """The architecture has no one-graph step: nothing to cache."""
+
+
+def graph_choice(
+    probe: GraphProbe, max_new_tokens: int, *, margin: float, fp16: bool
+) -> tuple[str, str, str]:
+    """(decode dtype, decode linears, why in one line) for decodes of up to ``max_new_tokens`` tokens: the
+    cheapest of ``F.linear`` (float32, torch), fbgemm fp16 weights (float16, torch; only where ``fp16``) and
+    the one-graph step (float32, onnxruntime), each ``margin × pack + tokens × step`` in fp32 steps."""
+    tokens = max_new_tokens
+    costs = {"float32 with F.linear": tokens * probe.fp32_s}
+    if fp16 and math.isfinite(probe.fp16_s):
+        costs["float16 weights"] = margin * probe.fp16_pack_s + tokens * probe.fp16_s
+    costs["float32 as one onnxruntime graph"] = margin * probe.graph_pack_s + tokens * probe.graph_s
+    pick = min(costs, key=lambda name: costs[name])  # the first of equal costs: the simpler path
+    shown = ", ".join(f"{name} {cost / probe.fp32_s:.1f}" for name, cost in costs.items())
+    why = (
+        f"for {tokens} tokens the decode step of one decoder layer ({probe.params / 1e6:.1f} M parameters, "
+        f"{probe.rows} rows; packing fp16 {probe.fp16_pack_s * 1e3:.0f} ms, graph "
+        f"{probe.graph_pack_s * 1e3:.0f} ms) costs in fp32 steps: {shown} -> {pick}"
+    )
+    dtype, linears = {
+        "float32 with F.linear": ("float32", "torch"),
+        "float16 weights": ("float16", "torch"),
+        "float32 as one onnxruntime graph": ("float32", "onnxruntime"),
+    }[pick]
+    return dtype, linears, why

@@ -1,0 +1,142 @@
+"""rlkit.rollout.graph_probe: the probe of the whole decode step (F.linear, fbgemm fp16 weights, one ONNX
+Runtime graph) for a model the graph takes, the choice it makes for ``linears: auto``, and how the run's
+precision resolution uses it in place of the per-linear probes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlkit.hardware import CpuInfo, MatmulProbe, decide_cpu, onnxruntime_unavailable, resolve_precision
+from rlkit.rollout.graph_probe import GraphProbe, cached_graph_probe, graph_choice, probe_graph_step
+
+pytestmark = pytest.mark.skipif(onnxruntime_unavailable() is not None, reason="onnxruntime not installed")
+
+# per layer: F.linear 10 ms a step; fp16 weights 6 ms, repacked in 100 ms; the graph 7 ms, rebuilt in 20 ms
+PROBE = GraphProbe(fp32_s=0.010, fp16_s=0.006, graph_s=0.007, fp16_pack_s=0.100, graph_pack_s=0.020, params=1)
+AVX2 = CpuInfo(model="rlkit test cpu (avx2, graph)", flags=("avx2", "fma"))
+AMX = CpuInfo(model="rlkit test cpu (amx, graph)", flags=("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
+SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "fp16", "want"),
+    [
+        # 1 token: F.linear 10 ms; fp16 2 x 100 + 6 = 206; graph 2 x 20 + 7 = 47 -> F.linear
+        (1, True, ("float32", "torch")),
+        # 64 tokens: F.linear 640; fp16 200 + 384 = 584; graph 40 + 448 = 488 -> the graph
+        (64, True, ("float32", "onnxruntime")),
+        # 1000 tokens: F.linear 10000; fp16 200 + 6000 = 6200; graph 40 + 7000 = 7040 -> fp16 weights
+        (1000, True, ("float16", "torch")),
+        # fp16 weights not allowed (an explicit float32 decode): the graph
+        (1000, False, ("float32", "onnxruntime")),
+    ],
+)
+def test_the_cheapest_of_the_three_decodes_wins(tokens, fp16, want):
+    dtype, linears, why = graph_choice(PROBE, tokens, margin=2.0, fp16=fp16)
+    assert (dtype, linears) == want
+    assert ("float16 weights" in why) is fp16
+    assert why.startswith(f"for {tokens} tokens the decode step of one decoder layer")
+
+
+def test_the_costs_in_the_reason_are_hand_worked_fp32_steps():
+    why = graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    assert why.endswith(
+        "costs in fp32 steps: float32 with F.linear 64.0, float16 weights 58.4, "
+        "float32 as one onnxruntime graph 48.8 -> float32 as one onnxruntime graph"
+    )
+
+
+def test_a_tie_goes_to_the_simpler_path():
+    tie = GraphProbe(fp32_s=0.010, fp16_s=0.010, graph_s=0.010, fp16_pack_s=0.0, graph_pack_s=0.0)
+    assert graph_choice(tie, 64, margin=2.0, fp16=True)[:2] == ("float32", "torch")
+
+
+def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    probe = probe_graph_step(config.to_dict())
+    assert probe is not None and probe.rows == 16
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or hidden // heads
+    q, k = heads * dim, kv * dim
+    assert probe.params == hidden * (q + 2 * k) + q * hidden + 3 * hidden * inter  # one layer's linears
+    from rlkit.hardware import fp16_weights_unavailable
+
+    timed = ("fp32_s", "graph_s", "graph_pack_s") + (
+        () if fp16_weights_unavailable() else ("fp16_s", "fp16_pack_s")
+    )
+    for name in timed:
+        value = getattr(probe, name)
+        assert math.isfinite(value) and value >= 0.0, (name, value)
+    # two more decoder layers take longer to step (the tiny model's session builds are mostly fixed cost:
+    # their share may read 0)
+    assert probe.fp32_s > 0.0 and probe.graph_s > 0.0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"hidden_act": "gelu"}, {"model_type": "gpt2"}, {"model_type": "mistral", "sliding_window": 16}],
+    ids=["not SiLU", "not a Llama family", "a sliding window"],
+)
+def test_an_architecture_the_graph_does_not_take_has_no_probe_and_nothing_cached(
+    tiny_model_dir, tmp_path, change
+):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir).to_dict() | change
+    cache = tmp_path / "hardware.json"
+    assert cached_graph_probe(config, AVX2, cache) is None
+    assert not cache.exists()
+
+
+def test_the_probe_is_measured_once_per_architecture_and_cpu(tiny_model_dir, tmp_path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir).to_dict()
+    calls = []
+
+    def probe(config):
+        calls.append(config["hidden_size"])
+        return PROBE
+
+    cache = tmp_path / "hardware.json"
+    assert cached_graph_probe(config, AVX2, cache, probe=probe) == PROBE
+    assert cached_graph_probe(config, AVX2, cache, probe=probe) == PROBE
+    assert len(calls) == 1
+    wider = config | {"hidden_size": 2 * config["hidden_size"]}
+    assert cached_graph_probe(wider, AVX2, cache, probe=probe) == PROBE and len(calls) == 2
+
+
+def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
+    slow = decide_cpu(AVX2, SLOW_BF16)
+    asked = []
+
+    def graph(tokens, fp16):
+        asked.append((tokens, fp16))
+        return graph_choice(PROBE, tokens, margin=2.0, fp16=fp16)
+
+    def resolve(decode_dtype, linears, decision=slow):
+        return resolve_precision(
+            "auto", decode_dtype, "cpu", decision=decision, max_new_tokens=64, linears=linears, graph=graph
+        )
+
+    got = resolve("auto", "auto")
+    assert (got.decode_dtype, got.decode_linears) == ("float32", "onnxruntime")
+    assert got.linears_reason == got.decode_reason == graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    assert resolve("float32", "auto").decode_linears == "onnxruntime" and asked[-1] == (64, False)
+    # an explicit choice of linears, or a dtype that is not float32, is not the probe's to change
+    asked.clear()
+    assert resolve("auto", "torch").decode_linears == "torch"
+    assert resolve("bfloat16", "auto").decode_dtype == "bfloat16"
+    # a CPU with fast bf16 decodes in bf16: no graph
+    fast = decide_cpu(AMX, MatmulProbe(fp32_flops=80e9, bf16_flops=400e9, ratios=(5.0,)))
+    assert fast.decode_dtype == "bfloat16"
+    assert (resolve("auto", "auto", fast).decode_dtype, resolve("auto", "auto", fast).decode_linears) == (
+        "bfloat16",
+        "torch",
+    )
+    assert asked == []
