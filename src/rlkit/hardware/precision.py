@@ -236,7 +236,9 @@ def resolve_precision(
     whole = _graph_decides(d, decode_dtype, linears, max_new_tokens, graph)
     if whole is not None:  # the probe of the whole decode step chose dtype and linears together
         dd, linears, linears_reason = whole
-        decode_reason = linears_reason if decode_dtype == "auto" else ""
+        decode_reason = (
+            "chosen with the linears (the probe of the whole decode step)" if decode_dtype == "auto" else ""
+        )
     elif decode_dtype == "auto" and linears == "onnxruntime":
         dd = "float32"
         decode_reason = "rollout.backend.linears=onnxruntime decodes with fp32 weights"

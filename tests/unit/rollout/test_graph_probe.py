@@ -126,7 +126,8 @@ def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
 
     got = resolve("auto", "auto")
     assert (got.decode_dtype, got.decode_linears) == ("float32", "onnxruntime")
-    assert got.linears_reason == got.decode_reason == graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    assert got.linears_reason == graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    assert got.decode_reason == "chosen with the linears (the probe of the whole decode step)"
     assert resolve("float32", "auto").decode_linears == "onnxruntime" and asked[-1] == (64, False)
     # an explicit choice of linears, or a dtype that is not float32, is not the probe's to change
     asked.clear()
