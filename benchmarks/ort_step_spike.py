@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
+from common import fp32_decode_model, machine_record, one_thread, prefilled_arithmetic, save_results  # noqa: E402
 
 
 def main() -> None:
@@ -49,26 +49,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
-    from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
-    from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.lean_step import LeanStep
     from rlkit.rollout.mlas_weights import MlasDecodeCopy
     from rlkit.rollout.ort_step import OrtDecodeStep
 
-    torch.set_grad_enabled(False)
     record = machine_record(1)
-    cfg = ModelConfig(path=args.model)
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).float().eval()
+    tok, model = fp32_decode_model(args.model)
     start = time.perf_counter()
     mlas = MlasDecodeCopy(model)
     mlas_module = mlas.refresh(model).eval()
     mlas_build = time.perf_counter() - start
-    texts = arithmetic_chat_texts(tok)
-    enc = tok(texts, return_tensors="pt", padding=True)
     lines = [
         "| rows | lean fp32 ms | lean onnxruntime linears ms | one graph ms | graph / lean linears | "
         "graph / lean fp32 | logits max abs diff (graph, linears) |",
@@ -76,17 +66,8 @@ def main() -> None:
     ]
     runs = []
     for rows in (int(r) for r in args.rows.split(",")):
-        ids = enc["input_ids"].repeat_interleave(rows // 8, 0)  # [A, P]
-        mask = enc["attention_mask"].long().repeat_interleave(rows // 8, 0)
-        width = ids.shape[1]
-        capacity = width + args.steps + 1
-        full = torch.cat([mask, torch.ones(rows, args.steps + 1, dtype=mask.dtype)], 1)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = SlabCache(slab_layers(model), capacity)
-        out = model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-        )
-        logits = out.logits[:, -1]
+        pre = prefilled_arithmetic(tok, model, rows, args.steps)
+        cache, logits = pre.cache, pre.logits
         graph = OrtDecodeStep(model)
         start = time.perf_counter()
         graph.refresh(model)
@@ -96,20 +77,19 @@ def main() -> None:
             "linears": (LeanStep(mlas_module), copy.deepcopy(cache)),
             "graph": (graph, copy.deepcopy(cache)),
         }
-        last = pos[:, -1]
+        last = pre.positions[:, -1]
         ms = {"fp32": [], "linears": [], "graph": []}
         diffs = {"graph": [], "linears": []}
         for step in range(args.steps):
             token = logits.argmax(-1, keepdim=True)
             last = last + 1
-            length = width + step + 1
             order = ["fp32", "linears", "graph"]
             order = order[step % 3 :] + order[: step % 3]
             got = {}
             for name in order:
                 begin = time.perf_counter()
                 step_fn, step_cache = paths[name]
-                got[name] = step_fn(step_cache, token, last, full[:, :length])
+                got[name] = step_fn(step_cache, token, last, pre.step_mask(step))
                 ms[name].append((time.perf_counter() - begin) * 1e3)
             logits = got["fp32"]
             for name in diffs:
