@@ -37,7 +37,16 @@ SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
 PAYS = Fp16Probe(fp32_s=0.010, fp16_s=0.006, pack_s=0.020, rows=16, params=11_272_192)
 
 
-def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
+# the whole decode step (rlkit.rollout.graph_probe), which decides where linears are auto and the graph could
+# decode the model: 12 tokens cost F.linear 120 ms, fp16 weights 2 x 20 + 12 x 4 = 88 ms, the graph 2 x 50 +
+# 12 x 8 = 196 ms
+FP16_CHEAPEST = dict(fp32_s=0.010, fp16_s=0.004, graph_s=0.008, fp16_pack_s=0.020, graph_pack_s=0.050)
+
+
+@pytest.mark.parametrize("linears", ["torch", "auto"])
+def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, linears):
+    """``linears: torch``: the per-linear fp16 probe decides the dtype; ``linears: auto`` (the default): the
+    tiny Qwen2 is a model the one-graph step takes, so the probe of the whole step decides, here for fp16."""
     model, data = tiny_assets
     cache = tmp_path / "cache"
     cpu = cpu_info()
@@ -47,6 +56,10 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
     config = AutoConfig.from_pretrained(model)
     layer = layer_shapes(config.to_dict())  # auto probes the run's model's own decoder layer
     cached_fp16_probe(cpu, cache / "hardware.json", layer=layer, probe=lambda layer: PAYS)
+    from rlkit.rollout.graph_probe import GraphProbe, cached_graph_probe, graph_choice
+
+    graph = GraphProbe(**FP16_CHEAPEST)
+    cached_graph_probe(config.to_dict(), cpu, cache / "hardware.json", probe=lambda config: graph)
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
     overrides = {
@@ -55,15 +68,24 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path):
         "rollout.n": 4,
         "trainer.total_steps": 2,
         "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+        "rollout.backend": {"name": "hf", "linears": linears},
     }
     recipe.write_text(recipe_text(model, data, out, overrides))
     result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    why = fp16_decode_pays(PAYS, 12)[1]
-    assert "rollout decode float16" in result.stdout and why in result.stdout
     resolved = json.loads((out / "run_info.json").read_text())["resolved"]
-    assert (resolved["decode_dtype"], resolved["decode_reason"]) == ("float16", why)
+    if linears == "torch":
+        why = fp16_decode_pays(PAYS, 12)[1]
+        assert (resolved["decode_dtype"], resolved["decode_reason"]) == ("float16", why)
+    else:
+        from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
+
+        why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, fp16=True)[2]
+        assert why.endswith("-> float16 weights")
+        assert (resolved["decode_dtype"], resolved["decode_linears"]) == ("float16", "torch")
+        assert resolved["decode_linears_reason"] == why
+    assert "rollout decode float16" in result.stdout and why in result.stdout
 
     # q, k, v, o, gate, up, down per layer and the LM head: every one packed at step 1 (the copy is made)
     # and again at step 2 (after the weight sync that followed step 1's update)
