@@ -40,6 +40,7 @@ __all__ = [
     "GraphProbe",
     "cached_graph_probe",
     "graph_choice",
+    "model_choice",
     "probe_graph_step",
 ]
 
@@ -215,3 +216,24 @@ def graph_choice(
         "float32 as one onnxruntime graph": ("float32", "onnxruntime"),
     }[pick]
     return dtype, linears, why
+
+
+def model_choice(model, max_new_tokens: int, fp16: bool) -> tuple[str, str, str] | None:
+    """:func:`graph_choice` for the run's policy ``model`` (its ``ModelConfig``) from its cached probe, with
+    the per-linear probes' margin; None where onnxruntime is missing or the graph does not take the
+    architecture (``rlkit.runtime.build`` passes it to the run's precision resolution)."""
+    from transformers import AutoConfig
+
+    from rlkit.hardware import cpu_info, onnxruntime_unavailable
+    from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
+    from rlkit.model.load import resolve_model_path
+
+    if onnxruntime_unavailable():
+        return None
+    config = AutoConfig.from_pretrained(
+        resolve_model_path(model.path), trust_remote_code=model.trust_remote_code
+    )
+    probe = cached_graph_probe(config.to_dict(), cpu_info())
+    return (
+        None if probe is None else graph_choice(probe, max_new_tokens, margin=MLAS_PAYBACK_MARGIN, fp16=fp16)
+    )

@@ -410,6 +410,7 @@ def _actor_peak(recipe: Recipe, hw: RunHardware) -> Any:
 def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
     """Resolve ``auto`` precision and threads once, print the choice, warn (once) about slow or crowded
     set-ups."""
+    from rlkit.rollout.graph_probe import model_choice
     from rlkit.workers.pools import resolve_device
 
     backend = pipeline.rollout_backend
@@ -424,7 +425,7 @@ def _plan_hardware(recipe: Recipe, pipeline: Pipeline) -> RunHardware:
         layer=(lambda: _decoder_layer(recipe)) if hf and sharded <= 1 else None,
         # a sharded hybrid actor decodes its own module with torch (validation refuses onnxruntime there)
         decode_linears=("torch" if sharded > 1 else backend.params.linears) if hf else None,
-        graph=functools.partial(_graph_choice, recipe) if _graph_decodes(recipe, hf, sharded) else None,
+        graph=functools.partial(model_choice, recipe.model) if _graph_decodes(recipe, hf, sharded) else None,
     )
     if sharded > 1 and decode == "auto":  # no decode copy of an FSDP-sharded module: say what it decodes in
         own = recipe.model.dtype
@@ -453,29 +454,6 @@ def _graph_decodes(recipe: Recipe, hf: bool, sharded: int) -> bool:
     """Whether the hf backend could decode this policy as one ONNX Runtime graph (``rlkit.rollout.ort_step``):
     an unsharded fp32 module without a LoRA adapter (the architecture is the probe's to check)."""
     return hf and sharded <= 1 and recipe.actor.lora is None and recipe.model.dtype == "float32"
-
-
-def _graph_choice(recipe: Recipe, max_new_tokens: int, fp16: bool) -> tuple[str, str, str] | None:
-    """``auto`` 's decode dtype and linears from the probe of the whole decode step
-    (``rlkit.rollout.graph_probe``), or None where onnxruntime is missing or the graph does not take the
-    policy's architecture."""
-    from transformers import AutoConfig
-
-    from rlkit.hardware import cpu_info, onnxruntime_unavailable
-    from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
-    from rlkit.model.load import resolve_model_path
-    from rlkit.rollout.graph_probe import cached_graph_probe, graph_choice
-
-    if onnxruntime_unavailable():
-        return None
-    model = recipe.model
-    config = AutoConfig.from_pretrained(
-        resolve_model_path(model.path), trust_remote_code=model.trust_remote_code
-    )
-    probe = cached_graph_probe(config.to_dict(), cpu_info())
-    return (
-        None if probe is None else graph_choice(probe, max_new_tokens, margin=MLAS_PAYBACK_MARGIN, fp16=fp16)
-    )
 
 
 def _decoder_layer(recipe: Recipe):
