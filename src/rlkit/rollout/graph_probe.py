@@ -197,8 +197,19 @@ def graph_choice(
 ) -> tuple[str, str, str]:
     """(decode dtype, decode linears, why in one line) for decodes of up to ``max_new_tokens`` tokens: the
     cheapest of ``F.linear`` (float32, torch), fbgemm fp16 weights (float16, torch; only where ``fp16``) and
-    the one-graph step (float32, onnxruntime), each ``margin × pack + tokens × step`` in fp32 steps."""
+    the one-graph step (float32, onnxruntime), each ``margin × pack + tokens × step`` in fp32 steps. A layer
+    whose ``F.linear`` share read 0 (a tiny model on a busy machine: the 3-layer model stepped no slower than
+    the 1-layer one) keeps ``F.linear``."""
     tokens = max_new_tokens
+    if probe.fp32_s <= 0.0:  # two more layers did not step measurably slower: nothing to weigh
+        return (
+            "float32",
+            "torch",
+            (
+                f"one decoder layer ({probe.params / 1e6:.1f} M parameters) is too small for its share of a "
+                f"decode step to be timed (F.linear {probe.fp32_s * 1e3:.3f} ms) -> float32 with F.linear"
+            ),
+        )
     costs = {"float32 with F.linear": tokens * probe.fp32_s}
     if fp16 and math.isfinite(probe.fp16_s):
         costs["float16 weights"] = margin * probe.fp16_pack_s + tokens * probe.fp16_s

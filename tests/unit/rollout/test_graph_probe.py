@@ -48,6 +48,20 @@ def test_the_costs_in_the_reason_are_hand_worked_fp32_steps():
     )
 
 
+def test_a_layer_too_small_to_time_keeps_f_linear():
+    """A tiny model on a busy machine: its 3-layer step read no slower than its 1-layer one, so every share
+    is 0 (the full suite's smoke runs cached such a reading and divided by it)."""
+    untimed = GraphProbe(
+        fp32_s=0.0, fp16_s=0.0, graph_s=0.0, fp16_pack_s=0.0, graph_pack_s=0.0, params=36_864
+    )
+    dtype, linears, why = graph_choice(untimed, 16, margin=2.0, fp16=True)
+    assert (dtype, linears) == ("float32", "torch")
+    assert why == (
+        "one decoder layer (0.0 M parameters) is too small for its share of a decode step to be timed "
+        "(F.linear 0.000 ms) -> float32 with F.linear"
+    )
+
+
 def test_a_tie_goes_to_the_simpler_path():
     tie = GraphProbe(fp32_s=0.010, fp16_s=0.010, graph_s=0.010, fp16_pack_s=0.0, graph_pack_s=0.0)
     assert graph_choice(tie, 64, margin=2.0, fp16=True)[:2] == ("float32", "torch")
