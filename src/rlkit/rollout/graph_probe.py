@@ -83,8 +83,9 @@ def _probe_model(config: Mapping[str, Any], layers: int):
     try:
         small = AutoConfig.for_model(model_type, **values)
         small.pad_token_id = small.bos_token_id = small.eos_token_id = None
-        torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+        with torch.random.fork_rng(devices=[]):  # the run's own random state stays as it was
+            torch.manual_seed(0)
+            return AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
     except Exception:  # noqa: BLE001 - transformers' many error types: no probe model, no graph choice
         return None
 

@@ -68,10 +68,14 @@ def test_a_tie_goes_to_the_simpler_path():
 
 
 def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir):
+    import torch
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
     probe = probe_graph_step(config.to_dict())
+    assert torch.equal(torch.random.get_rng_state(), before)  # the run's random state is left alone
     assert probe is not None and probe.rows == 16
     hidden, inter = config.hidden_size, config.intermediate_size
     heads, kv = config.num_attention_heads, config.num_key_value_heads
