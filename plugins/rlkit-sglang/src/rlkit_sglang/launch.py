@@ -57,7 +57,7 @@ class PortTakenError(SglangServerError):
 def _ephemeral_range() -> tuple[int, int] | None:
     """The kernel's range for outgoing connections' local ports (inclusive), or None where unreadable."""
     try:
-        low, high = (int(v) for v in open(_EPHEMERAL_RANGE_FILE).read().split())
+        low, high = (int(v) for v in Path(_EPHEMERAL_RANGE_FILE).read_text().split())
     except (OSError, ValueError):
         return None
     return low, high
