@@ -27,6 +27,7 @@ __all__ = [
     "PackedProbe",
     "layer_shapes",
     "payback_choice",
+    "probe_from_entry",
     "step_seconds",
     "time_packed_layer",
 ]
@@ -100,9 +101,14 @@ class PackedProbe:
 
     @classmethod
     def from_entry(cls: type[Probe], entry: Mapping[str, Any]) -> Probe:
-        """The probe from its cache entry (KeyError, TypeError or ValueError where a field is missing or
-        malformed: ``cached_entry`` then measures again)."""
-        return cls(**{f.name: (int if f.type in ("int", int) else float)(entry[f.name]) for f in fields(cls)})
+        """The probe from its cache entry (:func:`probe_from_entry`)."""
+        return probe_from_entry(cls, entry)
+
+
+def probe_from_entry(cls: type[Probe], entry: Mapping[str, Any]) -> Probe:
+    """The frozen probe dataclass ``cls`` (int and float fields) from its cache entry (KeyError, TypeError or
+    ValueError where a field is missing or malformed: ``cached_entry`` then measures again)."""
+    return cls(**{f.name: (int if f.type in ("int", int) else float)(entry[f.name]) for f in fields(cls)})
 
 
 def step_seconds(step: Callable[[], object], reps: int) -> float:

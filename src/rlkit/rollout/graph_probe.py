@@ -27,7 +27,7 @@ import copy
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +63,11 @@ class GraphProbe:
     params: int = 0  # the probe layer's weights
 
     @classmethod
-    def from_entry(cls, entry: Mapping[str, Any]) -> GraphProbe:
-        """The probe from its cache entry (KeyError, TypeError or ValueError where a field is malformed)."""
-        return cls(**{f.name: (int if f.type in ("int", int) else float)(entry[f.name]) for f in fields(cls)})
+    def from_entry(cls, entry: Mapping[str, Any]) -> GraphProbe | None:
+        """The probe from its cache entry; None for an architecture measured as one the graph declines."""
+        from rlkit.hardware.packed_probe import probe_from_entry
+
+        return None if entry.get("no_graph") else probe_from_entry(cls, entry)
 
 
 def _probe_model(config: Mapping[str, Any], layers: int):
@@ -160,37 +162,38 @@ def probe_graph_step(
                 times[layers] = _time_paths(model, graph, rounds, rows, context)
         finally:
             torch.set_num_threads(previous)
-    share = {k: max((times[_LAYERS][k] - times[1][k]) / (_LAYERS - 1), 0.0) for k in times[1]}
-    share = {k: (v if math.isfinite(times[1][k]) else math.inf) for k, v in share.items()}
+
+    def share(name: str) -> float:
+        one, more = times[1][name], times[_LAYERS][name]
+        return max((more - one) / (_LAYERS - 1), 0.0) if math.isfinite(one) else math.inf
+
     layer = model.model.layers[0]
     params = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
-    return GraphProbe(**share, rows=rows, params=params)
+    return GraphProbe(**{name: share(name) for name in times[1]}, rows=rows, params=params)
 
 
 def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None = None, *, probe=None):
     """The graph probe of ``config`` 's architecture for this CPU and torch version from the cache, or
     measured now (``probe(config)``, default :func:`probe_graph_step`) and added to it; None where the
-    one-graph step does not take the architecture (nothing is cached then)."""
+    one-graph step does not take the architecture (cached too, so no later run builds the probe models again
+    to learn it)."""
     from rlkit.hardware.cpu import cached_entry
 
-    keys = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    keys = (
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    )
     kind = "graph-decode-" + "-".join(str(config.get(k)) for k in keys)
-    measure = probe or probe_graph_step
 
     def measured() -> dict[str, Any]:
-        result = measure(config)
-        if result is None:
-            raise _NoGraph
-        return asdict(result)
+        result = (probe or probe_graph_step)(config)
+        return {"no_graph": 1} if result is None else asdict(result)
 
-    try:
-        return cached_entry(kind, cpu, measured, GraphProbe.from_entry, cache_path)
-    except _NoGraph:
-        return None
-
-
-class _NoGraph(Exception):
-    """The architecture has no one-graph step: nothing to cache."""
+    return cached_entry(kind, cpu, measured, GraphProbe.from_entry, cache_path)
 
 
 def graph_choice(

@@ -100,15 +100,19 @@ def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir
     [{"hidden_act": "gelu"}, {"model_type": "gpt2"}, {"model_type": "mistral", "sliding_window": 16}],
     ids=["not SiLU", "not a Llama family", "a sliding window"],
 )
-def test_an_architecture_the_graph_does_not_take_has_no_probe_and_nothing_cached(
+def test_an_architecture_the_graph_does_not_take_has_no_probe_and_is_not_built_again(
     tiny_model_dir, tmp_path, change
 ):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_model_dir).to_dict() | change
     cache = tmp_path / "hardware.json"
-    assert cached_graph_probe(config, AVX2, cache) is None
-    assert not cache.exists()
+    assert cached_graph_probe(config, AVX2, cache) is None  # the real probe: it builds and declines
+
+    def must_not_run(config):
+        raise AssertionError("measured again")
+
+    assert cached_graph_probe(config, AVX2, cache, probe=must_not_run) is None  # the cached answer
 
 
 def test_the_probe_is_measured_once_per_architecture_and_cpu(tiny_model_dir, tmp_path):
