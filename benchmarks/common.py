@@ -44,6 +44,7 @@ _SRC = Path(__file__).resolve().parent.parent / "src" / "rlkit"
 _HARDWARE_PY = _SRC / "hardware" / "cpu.py"
 _FLOPS_PY = _SRC / "model" / "flops.py"
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _by_path(name: str, path: Path):
@@ -171,6 +172,7 @@ class Workload:
     lr: float = 1e-6
     seed: int = 1
     device: str = "cpu"  # cpu | cuda (benchmarks/gpu_check.sh: both toolkits on one GPU)
+    allocator: str = "auto"  # rlkit's resources.allocator (benchmarks/worker_malloc.py varies it; TRL: none)
 
     @property
     def completions(self) -> int:
@@ -194,6 +196,7 @@ def workload_args(description: str) -> tuple[Workload, Path]:
         ("lr", float),
         ("seed", int),
         ("device", str),
+        ("allocator", str),
     ):
         required = name in ("model", "model-name", "dtype", "data")
         default = None if required else Workload.__dataclass_fields__[name.replace("-", "_")].default
@@ -504,3 +507,21 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def module_at(rev: str, path: str, name: str):
+    """The module at ``path`` (e.g. ``src/rlkit/rollout/ort_step.py``) as of commit ``rev`` (``git show``),
+    imported as ``name`` beside the working tree's: the A side of an in-process A/B of one file's change."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    source = subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True
+    ).stdout
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_bytes(source)
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -15,32 +15,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fp32_decode_model, machine_record, one_thread, prefilled_arithmetic, save_results  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def module_at(rev: str):
-    """``rlkit.rollout.ort_step`` as of ``rev``, imported under another name."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:src/rlkit/rollout/ort_step.py"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "ort_step_base.py"
-    path.write_bytes(source)
-    spec = importlib.util.spec_from_file_location("ort_step_base", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from common import (  # noqa: E402
+    fp32_decode_model,
+    machine_record,
+    module_at,
+    one_thread,
+    prefilled_arithmetic,
+    save_results,
+)
 
 
 def main() -> None:
@@ -57,7 +46,7 @@ def main() -> None:
 
     from rlkit.rollout.ort_step import OrtDecodeStep
 
-    base = module_at(args.base)
+    base = module_at(args.base, "src/rlkit/rollout/ort_step.py", "ort_step_base")
     record = machine_record(1)
     tok, model = fp32_decode_model(args.model)
     lines = [

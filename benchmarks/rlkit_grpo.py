@@ -71,6 +71,7 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
         "resources": {
             "device": w.device,
             "threads_per_worker": 1,
+            "allocator": w.allocator,
             "pools": {
                 "global": {"nodes": 1, "bundles_per_node": 1, "cpus_per_bundle": 1, "gpus_per_bundle": 1}
             },

@@ -4,10 +4,13 @@ variants alternating, with the worker's minor page faults per step (``/proc/<pid
 
     python benchmarks/worker_malloc.py --reps 2 [--mimalloc /path/to/libmimalloc.so]
 
-Variants: ``glibc`` (the defaults), ``keep-freed`` (``GLIBC_TUNABLES``: one arena, no mmap'd blocks, no heap
-trim), and with ``--mimalloc`` the library preloaded (``LD_PRELOAD``, ``MIMALLOC_PURGE_DELAY=-1``: freed
+Variants (``--variants``, default all): ``glibc`` (the defaults; ``resources.allocator: system``),
+``keep-freed`` (the driver's ``GLIBC_TUNABLES``: one arena, no mmap'd blocks, no heap trim), ``rlkit-auto``
+(``resources.allocator: auto``: rlkit starts its workers with those tunables), and with ``--mimalloc`` the
+library preloaded (``LD_PRELOAD``, ``MIMALLOC_PURGE_DELAY=-1``: freed
 memory kept). The driver's environment is the workers' (a local Ray cluster inherits it). Workload: smollm2
-(4 prompts x 4 samples x 32 tokens, fp32), 1 warm-up and ``--steps`` measured steps per run. Writes
+(``--prompts`` x ``--group`` samples x ``--tokens`` tokens, default 4 x 4 x 32, fp32), 1 warm-up and
+``--steps`` measured steps per run, the variants' order reversed every other rep. Writes
 ``benchmarks/results/<stamp>-worker-malloc.{json,md}``.
 """
 
@@ -29,21 +32,45 @@ from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # 
 KEEP_FREED = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 
 
-def variants(mimalloc: str | None) -> dict[str, dict[str, str]]:
-    out = {"glibc": {}, "keep-freed": {"GLIBC_TUNABLES": KEEP_FREED}}
+def variants(mimalloc: str | None, chosen: str) -> dict[str, tuple[dict[str, str], str]]:
+    """name -> (the driver's extra environment, rlkit's resources.allocator)."""
+    out = {
+        "glibc": ({}, "system"),
+        "keep-freed": ({"GLIBC_TUNABLES": KEEP_FREED}, "system"),
+        "rlkit-auto": ({}, "auto"),  # rlkit starts its workers with the tunables (rlkit.hardware.allocator)
+    }
     if mimalloc:
-        out["mimalloc"] = {"LD_PRELOAD": mimalloc, "MIMALLOC_PURGE_DELAY": "-1"}
-    return out
+        out["mimalloc"] = ({"LD_PRELOAD": mimalloc, "MIMALLOC_PURGE_DELAY": "-1"}, "system")
+    names = chosen.split(",") if chosen else list(out)
+    unknown = [n for n in names if n not in out]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; valid: {', '.join(out)}")
+    return {name: out[name] for name in names}
 
 
-def one_run(model: str, data: str, steps: int, extra: dict[str, str]) -> list[dict]:
+def one_run(
+    model: str, data: str, steps: int, variant: tuple[dict[str, str], str], shape: tuple[int, int, int]
+) -> list[dict]:
+    extra, allocator = variant
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} | extra
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         cmd = [sys.executable, str(HERE / "rlkit_grpo.py"), "--model", model, "--model-name", "smollm2"]
-        cmd += ["--dtype", "fp32", "--data", data, "--prompts", "4", "--group", "4", "--tokens", "32"]
-        cmd += ["--max-prompt-length", "1024", "--steps", str(steps), "--warmup", "1", "--out", str(out)]
+        prompts, group, tokens = (str(n) for n in shape)
+        cmd += ["--dtype", "fp32", "--data", data, "--prompts", prompts, "--group", group, "--tokens", tokens]
+        cmd += [
+            "--allocator",
+            allocator,
+            "--max-prompt-length",
+            "1024",
+            "--steps",
+            str(steps),
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"run failed ({extra}):\n{proc.stderr[-4000:]}")
@@ -83,6 +110,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="runs per variant, alternating")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--mimalloc", default=None, help="libmimalloc.so to preload, a third variant")
+    parser.add_argument("--variants", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--tokens", type=int, default=32, help="completion tokens (eos ignored)")
     args = parser.parse_args()
     from rlkit.model.smollm2 import smollm2_dir
 
@@ -92,14 +123,16 @@ def main() -> None:
         raise SystemExit(f"{data} is missing: run benchmarks/run.py once (it writes the workload's data)")
     report = Report("worker-malloc")
     report(machine_line(matmul_peak_flops("fp32"), memory_bandwidth()))
-    runs: dict[str, list[list[dict]]] = {name: [] for name in variants(args.mimalloc)}
+    runs: dict[str, list[list[dict]]] = {name: [] for name in variants(args.mimalloc, args.variants)}
+    shape = (args.prompts, args.group, args.tokens)
     for rep in range(args.reps):
-        for name, extra in variants(args.mimalloc).items():
-            steps = one_run(str(smollm2_dir()), str(data), args.steps, extra)
+        order = list(variants(args.mimalloc, args.variants).items())
+        for name, variant in order if rep % 2 == 0 else order[::-1]:  # ABBA: neither variant always first
+            steps = one_run(str(smollm2_dir()), str(data), args.steps, variant, shape)
             runs[name].append(steps)
             report_run(report, rep, name, steps)
     summary = report_medians(report, runs, "allocator", {name: name for name in runs})
-    report.save({"variants": variants(args.mimalloc), "runs": runs, "median": summary})
+    report.save({"variants": variants(args.mimalloc, args.variants), "runs": runs, "median": summary})
 
 
 if __name__ == "__main__":

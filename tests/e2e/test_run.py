@@ -230,6 +230,11 @@ def test_run_end_to_end_then_merge(straight_run, tmp_path):
         and resolved["peak_source"] == params["resolved.peak_source"]
     )
     assert params["resolved.threads_per_worker.actor_rollout_ref"] == "1"  # cpus_per_bundle defaults to 1
+    # resources.allocator auto, CPU workers of a local cluster on glibc: every worker started with the
+    # tunables (its /proc/self/environ, what glibc read), as the driver asked them
+    assert params["resolved.allocator"] == "keep_freed", params["resolved.allocator_reason"]
+    assert params["resolved.allocator_in_workers"] == "yes"
+    assert resolved["allocator"] == "keep_freed" and "workers' allocator keep_freed" in result.stdout
     assert f"rlkit: precision {decision.mixed_precision}, rollout decode {decode_dtype}" in result.stdout
     assert decision.reason in result.stdout
     assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} >= {

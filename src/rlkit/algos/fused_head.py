@@ -89,15 +89,17 @@ class _HeadOutputs(torch.autograd.Function):
         picked = torch.zeros(n_rows, **f32)
         h = _scaled(hidden, dtype, inv_temp)  # [N, H]
         kept = []  # each slice's logits, where ``keep``
+        work = _SliceBuffers(n_rows, min(chunk, vocab), dtype, hidden.device, logits=not keep)
         for start in range(0, vocab, chunk):
-            z = torch.mm(h, weight[start : start + chunk].to(dtype).t()).float()  # [N, v]
+            w = weight[start : start + chunk].to(dtype)  # [v, H]
+            z = work.logits(h, w, fresh=keep)  # [N, v] float32
             if keep:
                 kept.append(z)
             rows, cols = _in_slice(labels, start, z.shape[1])
             picked[rows] = z[rows, cols]
             new_top = torch.maximum(top, z.amax(dim=-1))
             rescale = torch.exp(top - new_top)  # [N]; exp(-inf) = 0 on the first slice
-            e = z.sub(new_top[:, None]).exp_()  # [N, v]
+            e = torch.sub(z, new_top[:, None], out=work.view("exp", z.shape[1])).exp_()  # [N, v]
             total.mul_(rescale).add_(e.sum(dim=-1))
             if with_entropy:
                 dot.mul_(rescale).add_(torch.einsum("nv,nv->n", e, z))
@@ -128,22 +130,68 @@ class _HeadOutputs(torch.autograd.Function):
         h = _scaled(hidden, dtype, inv_temp)  # [N, H]
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if want_h else None
         grad_w = torch.empty_like(weight) if want_w else None
-        for index, start in enumerate(range(0, weight.shape[0], chunk)):
+        vocab = weight.shape[0]
+        work = _SliceBuffers(hidden.shape[0], min(chunk, vocab), dtype, hidden.device, logits=not kept)
+        for index, start in enumerate(range(0, vocab, chunk)):
             w = weight[start : start + chunk].to(dtype)  # [v, H]
-            z = kept[index] if kept else torch.mm(h, w.t()).float()  # [N, v]
-            logp = z.sub(lse[:, None]) if kept else z.sub_(lse[:, None])  # log p; kept logits stay as saved
+            z = kept[index] if kept else work.logits(h, w)  # [N, v]
+            # log p; kept logits stay as saved, recomputed ones are overwritten in place
+            logp = (
+                torch.sub(z, lse[:, None], out=work.view("exp", z.shape[1])) if kept else z.sub_(lse[:, None])
+            )
             rows, cols = _in_slice(labels, start, logp.shape[1])
-            g = _logit_grad(logp, rows, cols, g_lp, None if g_ent is None else (g_ent, entropy)).to(dtype)
+            g = _logit_grad(logp, rows, cols, g_lp, None if g_ent is None else (g_ent, entropy))
+            if dtype != torch.float32:
+                g = work.low_copy(g)
             if want_h:
                 if dtype == torch.float32:
                     grad_h.addmm_(g, w)
                 else:
                     grad_h += torch.mm(g, w).float()
             if want_w:
-                grad_w[start : start + chunk] = torch.mm(g.t(), h).to(weight.dtype)
+                rows_w = grad_w[start : start + chunk]  # [v, H], contiguous
+                if dtype == weight.dtype:
+                    torch.mm(g.t(), h, out=rows_w)
+                else:
+                    rows_w.copy_(torch.mm(g.t(), h))
         if want_h:
             grad_h = (grad_h * inv_temp if inv_temp != 1.0 else grad_h).to(hidden.dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None, None
+
+
+class _SliceBuffers:
+    """One vocabulary slice's [N, v] working memory, allocated once per pass and reused by every slice.
+
+    A fresh [N, v] tensor per slice (16 MiB at ``CHUNK_ELEMENTS``) is memory the C allocator often hands back
+    to the kernel when it is freed, so every slice's matmul and elementwise passes fault its pages in again
+    (docs/benchmarks.md, "The fused head's slices in reused buffers"). A narrower last slice uses the front of
+    each buffer as a contiguous [N, v'] view.
+    """
+
+    def __init__(self, rows: int, width: int, dtype: torch.dtype, device: torch.device, *, logits: bool):
+        f32 = dict(dtype=torch.float32, device=device)
+        self.rows = rows
+        self.buffers = {"exp": torch.empty(rows * width, **f32)}
+        if logits:
+            self.buffers["logits"] = torch.empty(rows * width, **f32)
+        if dtype != torch.float32:  # the matmuls' own dtype: their output, the gradient they read
+            self.buffers["low"] = torch.empty(rows * width, dtype=dtype, device=device)
+
+    def view(self, name: str, width: int) -> torch.Tensor:
+        return self.buffers[name][: self.rows * width].view(self.rows, width)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor, *, fresh: bool = False) -> torch.Tensor:
+        """``h @ w.T`` as float32 [N, v]: in the logits buffer, or in a new tensor where ``fresh`` (kept)."""
+        width = w.shape[0]
+        out = torch.empty(self.rows, width, dtype=torch.float32, device=h.device) if fresh else None
+        out = self.view("logits", width) if out is None else out
+        if h.dtype == torch.float32:
+            return torch.mm(h, w.t(), out=out)
+        return out.copy_(torch.mm(h, w.t(), out=self.view("low", width)))
+
+    def low_copy(self, g: torch.Tensor) -> torch.Tensor:
+        """``g`` [N, v] in the matmuls' dtype, in the low buffer."""
+        return self.view("low", g.shape[1]).copy_(g)
 
 
 def _logit_grad(

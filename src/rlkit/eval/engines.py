@@ -148,6 +148,7 @@ class RayEngine:
                 pools.pools[pool_name].create(roles=["rollout"]),
                 role="rollout",
                 threads=_threads(recipe.resources, pool_name),
+                env_vars=_allocator_env(recipe.resources),
                 role_kwargs={
                     "model_config": recipe.model,
                     "rollout_config": recipe.rollout,
@@ -177,6 +178,15 @@ class RayEngine:
             self.group.shutdown()
         finally:
             self.cluster.stop()
+
+
+def _allocator_env(resources: Any) -> dict[str, str]:
+    """The eval workers' environment for ``resources.allocator`` (rlkit.hardware.allocator)."""
+    from rlkit.hardware.allocator import plan_allocator
+    from rlkit.workers.pools import resolve_device
+
+    device = resolve_device(resources.device)
+    return plan_allocator(resources.allocator, device, local=resources.ray_address is None).env
 
 
 def _threads(resources: Any, pool_name: str) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.hardware.allocator import AllocatorPlan, plan_allocator
 from rlkit.hardware.cpu import log, usable_cpus
 from rlkit.hardware.packed_probe import Layer
 from rlkit.hardware.precision import ResolvedPrecision, resolve_precision
@@ -70,10 +71,13 @@ class RunHardware:
     precision: ResolvedPrecision
     threads: dict[str, int]  # role -> torch threads per worker process
     oversubscribed: str | None  # the warning, or None
+    allocator: AllocatorPlan = AllocatorPlan("system", "not planned")  # the workers' C allocator
 
     def params(self) -> dict[str, Any]:
         """Run parameters, logged under ``resolved.``."""
-        return self.precision.params() | {f"threads_per_worker.{role}": n for role, n in self.threads.items()}
+        threads = {f"threads_per_worker.{role}": n for role, n in self.threads.items()}
+        allocator = {"allocator": self.allocator.name, "allocator_reason": self.allocator.reason}
+        return self.precision.params() | threads | allocator
 
     def summary(self) -> str:
         """The line printed at start."""
@@ -86,7 +90,7 @@ class RunHardware:
         threads = ", ".join(f"{role} {n}" for role, n in self.threads.items())
         return (
             f"rlkit: precision {p.mixed_precision}{mark['mixed_precision']}{decode}; torch threads per "
-            f"worker: {threads}. auto: {p.decision.reason}"
+            f"worker: {threads}; workers' allocator {self.allocator.name}. auto: {p.decision.reason}"
             + (f"; decode: {p.decode_reason}" if p.decode_reason else "")
             + (f"; linears: {p.linears_reason}" if p.linears_reason else "")
         )
@@ -138,7 +142,8 @@ def plan_run(
         linears=decode_linears,
         graph=graph,
     )
-    return RunHardware(precision=precision, threads=threads, oversubscribed=warning)
+    allocator = plan_allocator(res.allocator, device, local=res.ray_address is None)
+    return RunHardware(precision=precision, threads=threads, oversubscribed=warning, allocator=allocator)
 
 
 _warned: set[str] = set()

@@ -39,7 +39,7 @@ def role_world_size(recipe: Recipe, slot: str, registries: Registries | None = N
 def check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list[tuple[str, str]]:
     """Every cross-field problem of a schema-valid ``recipe`` as ``(key, problem)`` pairs; ``explicit``: the
     mapping as the user wrote it (before the estimator's recipe defaults)."""
-    problems: list[tuple[str, str]] = _check_batch_sizes(recipe, registries)
+    problems: list[tuple[str, str]] = _check_batch_sizes(recipe, registries) + _check_allocator(recipe)
     est_name = recipe.algorithm.estimator.name
     if est_name not in registries.estimators:
         return problems  # already reported by rlkit.recipe.validate (the component check)
@@ -348,6 +348,16 @@ def _check_backend_limits(recipe: Recipe, registries: Registries) -> list[tuple[
     if name == "hf" and recipe.rollout.backend.params.get("linears") == "onnxruntime":
         problems += _check_onnxruntime_linears(recipe, copy_dtype, ranks, slot)
     return problems
+
+
+def _check_allocator(recipe: Recipe) -> list[tuple[str, str]]:
+    """``resources.allocator: keep_freed`` needs glibc where rlkit starts the cluster here."""
+    from rlkit.hardware.allocator import keep_freed_unavailable
+
+    res = recipe.resources
+    if res.allocator == "keep_freed" and (reason := keep_freed_unavailable(res.ray_address is None)):
+        return [("resources.allocator", reason)]
+    return []
 
 
 def _check_onnxruntime_linears(

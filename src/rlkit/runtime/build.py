@@ -27,6 +27,7 @@ from rlkit.data.dataset import RLDataset
 from rlkit.data.environment import write_environment_rows
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
+from rlkit.hardware.allocator import AllocatorPlan
 from rlkit.plugin.registry import Registries, load_object
 from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
 from rlkit.recipe.compose import Pipeline, PlacedRole, Resolved, compose
@@ -148,8 +149,10 @@ class Runtime:
                 threads=self.hardware.threads[slot],
                 share=1.0 / per_pool[role.pool],
                 role_kwargs=self._role_kwargs(role),
+                env_vars=self.hardware.allocator.env,
             )
             self.groups.append(groups[slot])
+        self._check_allocator()
         self.actor = groups["actor_rollout_ref"]
         self.critic = groups.get("critic")
         self.rollout = groups.get("rollout")
@@ -164,6 +167,31 @@ class Runtime:
         # the agents and workers, now that they run (a killed driver's reaper kills them)
         self.cluster.watch_owned()
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
+
+    def _check_allocator(self) -> None:
+        """Every worker started with the allocator's environment, or the run says it did not (a cluster
+        whose workers ignore ``runtime_env``) and records ``resolved.allocator`` as ``system``."""
+        plan = self.hardware.allocator
+        names = list(plan.env)
+        if not names:
+            return
+        missing = [
+            f"{group.role} rank {rank}"
+            for group in self.groups
+            for rank, started in enumerate(group.call("started_with", names[0], dispatch="all"))
+            if not started
+        ]
+        started = "no: " + ", ".join(missing) if missing else "yes"
+        self.tracking.log_params({"resolved": {"allocator_in_workers": started}})
+        if missing:
+            log.warning(
+                "resources.allocator %s: %s started without %s; their allocator is the system's",
+                plan.name,
+                ", ".join(missing),
+                names[0],
+            )
+            reason = f"{plan.name} asked, but {', '.join(missing)} started without {names[0]}"
+            self.hardware = replace(self.hardware, allocator=AllocatorPlan("system", reason))
 
     def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
         """The keyword arguments of the role class filling ``placed.slot`` (the slot's contract,

@@ -25,6 +25,7 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -131,6 +132,16 @@ class Worker:
     def ping(self) -> tuple[int, int, int]:
         """``(rank, world_size, pid)``; proves the actor is alive and constructed."""
         return self.rank, self.world_size, os.getpid()
+
+    def started_with(self, name: str) -> bool:
+        """Whether this process started with the environment variable ``name``: its initial environment
+        (``/proc/self/environ``, what the C library read at start; False where unreadable), not
+        ``os.environ``, which Python may have changed since (``rlkit.hardware.allocator``)."""
+        try:
+            start = Path("/proc/self/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return any(entry.startswith(name.encode() + b"=") for entry in start)
 
     def where(self) -> dict[str, object]:
         """Liveness probe, answered beside a busy method (``WorkerGroup`` runs it in its own concurrency

@@ -129,6 +129,41 @@ def test_bf16_autocast_runs_the_matmuls_in_bf16():
     assert g_hidden.dtype == g_weight.dtype == torch.float32 and torch.isfinite(g_weight).all()
 
 
+@pytest.mark.parametrize(
+    "chunk", [7, 64]
+)  # 50 = 7 * 7 + 1: the last slice is one column, in the buffers' front
+@pytest.mark.parametrize("keep_logits_bytes", [0, 2**20])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_slices_in_reused_buffers_match_autograd_through_the_full_logits(chunk, keep_logits_bytes, bf16):
+    """The float32 and bf16-autocast paths (slice logits, their exp and, under autocast, the bf16 matmul
+    output and gradient all in buffers reused from slice to slice) give autograd's values and gradients
+    through the full logits computed the same way."""
+    hidden, weight, labels = inputs(n=20, h=16, v=50, dtype=torch.float32)
+    coef = torch.linspace(-1, 2, 20)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        got = head_outputs(
+            hidden,
+            weight,
+            labels,
+            with_entropy=True,
+            entropy_grad=True,
+            chunk=chunk,
+            keep_logits_bytes=keep_logits_bytes,
+        )
+        logits = (hidden @ weight.t()).float()  # [N, V], float32 from the autocast dtype's matmul
+    logp = torch.log_softmax(logits, -1)
+    want_lp = logp.gather(-1, labels[:, None])[:, 0]
+    want_h = -(logp.exp() * logp).sum(-1)
+    tol = dict(rtol=2e-2, atol=2e-2) if bf16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["log_prob"], want_lp, **tol)
+    torch.testing.assert_close(got["entropy"], want_h, **tol)
+    g_got = torch.autograd.grad((coef * got["log_prob"]).sum() + got["entropy"].sum(), (hidden, weight))
+    g_want = torch.autograd.grad((coef * want_lp).sum() + want_h.sum(), (hidden, weight))
+    for a, b in zip(g_got, g_want, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, **tol)
+
+
 def test_bad_inputs_say_what_is_wrong():
     hidden, weight, labels = inputs()
     with pytest.raises(AlgoError, match="labels must have shape"):
