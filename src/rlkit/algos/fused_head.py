@@ -164,8 +164,8 @@ class _SliceBuffers:
 
     A fresh [N, v] tensor per slice (16 MiB at ``CHUNK_ELEMENTS``) is memory the C allocator often hands back
     to the kernel when it is freed, so every slice's matmul and elementwise passes fault its pages in again
-    (docs/benchmarks.md, "The fused head's slices in reused buffers"). A narrower last slice uses the front of
-    each buffer as a contiguous [N, v'] view.
+    (docs/benchmarks.md, "Zen 4 after the graph, the workers' allocator, the head's slices in reused
+    buffers"). A narrower last slice uses the front of each buffer as a contiguous [N, v'] view.
     """
 
     def __init__(self, rows: int, width: int, dtype: torch.dtype, device: torch.device, *, logits: bool):
