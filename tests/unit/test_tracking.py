@@ -53,6 +53,22 @@ def test_jsonl_appends_records(config):
     assert [line["step"] for line in lines] == [1, 2] and lines[1]["a"] == "nan"
 
 
+def test_jsonl_params_of_later_calls_join_the_earlier_ones(config):
+    """The run logs its recipe and resolved settings first and, once the workers are up, what they started
+    with (``resolved.allocator_in_workers``): params.json holds both, nested keys merged, a later value
+    winning."""
+    tracker = JsonlTracker(config)
+    tracker.log_params(
+        {"rollout": {"n": 4}, "resolved": {"allocator": "keep_freed", "decode_dtype": "float32"}}
+    )
+    tracker.log_params({"resolved": {"allocator_in_workers": "yes", "decode_dtype": "float16"}})
+    params = json.loads((tracker.path.parent / "params.json").read_text())
+    assert params == {
+        "rollout": {"n": 4},
+        "resolved": {"allocator": "keep_freed", "decode_dtype": "float16", "allocator_in_workers": "yes"},
+    }
+
+
 def test_failing_tracker_is_reported_once_and_counted(config, caplog):
     good = JsonlTracker(config)
     store = config.output_dir.parent / "mlflow.db"

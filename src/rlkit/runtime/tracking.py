@@ -102,6 +102,15 @@ class ConsoleTracker:
         self.bar.close()
 
 
+def _merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` updated with ``new``, nested dicts merged key by key (a later value wins)."""
+    out = dict(old)
+    for key, value in new.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
 class JsonlTracker:
     """One JSON object per ``log`` call: ``{"step": n, "time": t, ...metrics}``. For scripts."""
 
@@ -111,9 +120,11 @@ class JsonlTracker:
         self.path = Path(config.jsonl_path or config.output_dir / "metrics.jsonl")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run_id = str(self.path)
+        self.params: dict[str, Any] = {}  # every log_params call of this run, merged (as MLflow keeps them)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        (self.path.parent / "params.json").write_text(json.dumps(params, indent=1, default=str))
+        self.params = _merged(self.params, params)
+        (self.path.parent / "params.json").write_text(json.dumps(self.params, indent=1, default=str))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
