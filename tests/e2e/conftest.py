@@ -25,8 +25,8 @@ def e2e_overrides(data: Path, out: Path) -> dict:
         "actor.ppo_micro_batch_size_per_rank": 8,
         "rollout.n": 4,
         # the decode's linears pinned: with `auto` a timed probe picks F.linear or the ONNX Runtime graph, a
-        # noise-driven pick for the tiny model that moves the rollout's log-probs in their last bits, which the
-        # exact sync reference (tests/e2e/test_run.py) compares
+        # noise-driven pick for the tiny model that moves the rollout's log-probs in their last bits, which
+        # the exact sync reference (tests/e2e/test_run.py) compares
         "rollout.backend": {"name": "hf", "linears": "torch"},
         "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
         "trainer": {
