@@ -11,7 +11,12 @@ import sys
 import pytest
 
 from rlkit.errors import RecipeError
-from rlkit.hardware.allocator import KEEP_FREED_TUNABLES, keep_freed_unavailable, plan_allocator
+from rlkit.hardware.allocator import (
+    KEEP_FREED_TUNABLES,
+    check_workers,
+    keep_freed_unavailable,
+    plan_allocator,
+)
 from rlkit.plugin.manager import make_plugin_manager
 from rlkit.plugin.registry import build_registries
 from rlkit.recipe import validate_recipe
@@ -81,3 +86,25 @@ def test_a_worker_knows_whether_its_process_started_with_the_variable():
     without = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert json.loads(with_var.stdout) == [True, False], with_var.stderr
     assert json.loads(without.stdout) == [False, False], without.stderr
+
+
+class _Ranks:
+    """A started group as ``check_workers`` sees it: its role, and each rank's answer to ``started_with``."""
+
+    def __init__(self, role: str, answers: list[bool]):
+        self.role, self.answers = role, answers
+
+    def call(self, method: str, name: str, *, dispatch: str) -> list[bool]:
+        assert (method, name, dispatch) == ("started_with", "GLIBC_TUNABLES", "all")
+        return self.answers
+
+
+def test_a_worker_that_started_without_the_tunables_turns_the_plan_to_system(caplog):
+    plan = plan_allocator("keep_freed", "cpu", local=True, **GLIBC)
+    assert check_workers(plan, [_Ranks("actor_rollout_ref", [True, True])]) == ("yes", plan)
+    with caplog.at_level("WARNING"):
+        started, took = check_workers(
+            plan, [_Ranks("actor_rollout_ref", [True]), _Ranks("critic", [True, False])]
+        )
+    assert started == "no: critic rank 1" and took.name == "system" and not took.env
+    assert "critic rank 1 started without GLIBC_TUNABLES" in caplog.text

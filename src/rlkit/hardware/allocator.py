@@ -21,12 +21,21 @@ reads it); ``rlkit.runtime.build`` asks each worker whether it started with it (
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["KEEP_FREED_TUNABLES", "AllocatorPlan", "keep_freed_unavailable", "plan_allocator"]
+__all__ = [
+    "KEEP_FREED_TUNABLES",
+    "AllocatorPlan",
+    "check_workers",
+    "keep_freed_unavailable",
+    "plan_allocator",
+]
+
+log = logging.getLogger("rlkit.hardware.allocator")
 
 KEEP_FREED_TUNABLES = (
     "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
@@ -85,3 +94,27 @@ def plan_allocator(
     if "GLIBC_TUNABLES" in environ:
         return AllocatorPlan("system", "auto: GLIBC_TUNABLES is set here, and the workers inherit it")
     return AllocatorPlan(keep.name, "auto: CPU workers on glibc; " + keep.reason, keep.env)
+
+
+def check_workers(plan: AllocatorPlan, groups: Iterable) -> tuple[str, AllocatorPlan]:
+    """(``resolved.allocator_in_workers``: ``yes`` or the ranks that did not start with the plan's variable,
+    the plan as it took effect) for the started worker ``groups`` (``rlkit.workers.WorkerGroup``), each rank
+    asked ``Worker.started_with``; a rank without it (a cluster whose workers ignore ``runtime_env``) is
+    warned about, and the plan becomes ``system``."""
+    name = next(iter(plan.env))
+    missing = [
+        f"{group.role} rank {rank}"
+        for group in groups
+        for rank, started in enumerate(group.call("started_with", name, dispatch="all"))
+        if not started
+    ]
+    if not missing:
+        return "yes", plan
+    ranks = ", ".join(missing)
+    log.warning(
+        "resources.allocator %s: %s started without %s; their allocator is the system's",
+        plan.name,
+        ranks,
+        name,
+    )
+    return f"no: {ranks}", AllocatorPlan("system", f"{plan.name} asked, but {ranks} started without {name}")

@@ -71,7 +71,7 @@ class RunHardware:
     precision: ResolvedPrecision
     threads: dict[str, int]  # role -> torch threads per worker process
     oversubscribed: str | None  # the warning, or None
-    allocator: AllocatorPlan = AllocatorPlan("system", "not planned")  # the workers' C allocator
+    allocator: AllocatorPlan  # the workers' C allocator
 
     def params(self) -> dict[str, Any]:
         """Run parameters, logged under ``resolved.``."""

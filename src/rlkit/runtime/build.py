@@ -27,7 +27,7 @@ from rlkit.data.dataset import RLDataset
 from rlkit.data.environment import write_environment_rows
 from rlkit.data.sampler import StatefulDataLoader
 from rlkit.hardware import RunHardware, matmul_flops, plan_run, warn_once
-from rlkit.hardware.allocator import AllocatorPlan
+from rlkit.hardware.allocator import check_workers
 from rlkit.plugin.registry import Registries, load_object
 from rlkit.recipe import Recipe, recipe_to_dict, uses_ref
 from rlkit.recipe.compose import Pipeline, PlacedRole, Resolved, compose
@@ -169,29 +169,12 @@ class Runtime:
         (self.output_dir / "ray_session.json").write_text(json.dumps(info, indent=1))
 
     def _check_allocator(self) -> None:
-        """Every worker started with the allocator's environment, or the run says it did not (a cluster
-        whose workers ignore ``runtime_env``) and records ``resolved.allocator`` as ``system``."""
-        plan = self.hardware.allocator
-        names = list(plan.env)
-        if not names:
-            return
-        missing = [
-            f"{group.role} rank {rank}"
-            for group in self.groups
-            for rank, started in enumerate(group.call("started_with", names[0], dispatch="all"))
-            if not started
-        ]
-        started = "no: " + ", ".join(missing) if missing else "yes"
-        self.tracking.log_params({"resolved": {"allocator_in_workers": started}})
-        if missing:
-            log.warning(
-                "resources.allocator %s: %s started without %s; their allocator is the system's",
-                plan.name,
-                ", ".join(missing),
-                names[0],
-            )
-            reason = f"{plan.name} asked, but {', '.join(missing)} started without {names[0]}"
-            self.hardware = replace(self.hardware, allocator=AllocatorPlan("system", reason))
+        """Ask the workers whether they started with the allocator's environment; log the answer and keep
+        the plan as it took effect (``rlkit.hardware.allocator.check_workers``)."""
+        if self.hardware.allocator.env:
+            started, plan = check_workers(self.hardware.allocator, self.groups)
+            self.tracking.log_params({"resolved": {"allocator_in_workers": started}})
+            self.hardware = replace(self.hardware, allocator=plan)
 
     def _role_kwargs(self, placed: PlacedRole) -> dict[str, Any]:
         """The keyword arguments of the role class filling ``placed.slot`` (the slot's contract,
