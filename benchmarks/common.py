@@ -161,6 +161,7 @@ class Workload:
     dtype: (
         str  # fp32 | bf16 (autocast over fp32 weights in both toolkits) | fp16w (rlkit: fp16 decode weights)
         # | fp32mlas (rlkit: fp32 decode on ONNX Runtime's linears)
+        # | fp32auto (rlkit: the decode its auto chooses)
     )
     data: str  # parquet file with veRL rows (prompt = chat messages, reward_model.ground_truth)
     prompts: int = 8

@@ -40,12 +40,14 @@ def main() -> None:
     tokens = [int(t) for t in args.tokens.split(",")]
     lines = [
         "ms per decoder layer at 16 rows (a layer's share: 3 layers less 1); cost per decode in fp32 steps "
-        "(2 x repack + tokens x step) and the pick",
+        "(2 x repack + tokens x step) and the pick; bf16 weights only where the CPU has native bf16 "
+        "(inf: not measured)",
         "",
-        "| probe | F.linear step | fp16 step | graph step | fp16 repack | graph repack | "
-        + " | ".join(f"{t} tokens: F.linear / fp16 / graph -> pick" for t in tokens)
+        "| probe | F.linear step | fp16 step | graph step | bf16 step | fp16 repack | graph repack | "
+        "bf16 repack | "
+        + " | ".join(f"{t} tokens: F.linear / fp16 / graph [/ bf16] -> pick" for t in tokens)
         + " |",
-        "|---:|---:|---:|---:|---:|---:|" + "---|" * len(tokens),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---|" * len(tokens),
     ]
     runs = []
     for i in range(args.repeats):
@@ -55,14 +57,17 @@ def main() -> None:
             raise SystemExit(f"{args.model}: the one-graph step does not take this architecture")
         cells = []
         for t in tokens:
-            _, linears, why = graph_choice(probe, t, margin=MLAS_PAYBACK_MARGIN, fp16=True)
+            _, linears, why = graph_choice(probe, t, margin=MLAS_PAYBACK_MARGIN, reduced=True)
             costs = why.split("costs in fp32 steps: ")[1]
             numbers = [part.rsplit(" ", 1)[1] for part in costs.split(" -> ")[0].split(", ")]
             cells.append(" / ".join(numbers) + " -> " + costs.split(" -> ")[1])
         ms = {k: v * 1e3 for k, v in asdict(probe).items() if k.endswith("_s")}
         lines.append(
             f"| {i + 1} | {ms['fp32_s']:.2f} | {ms['fp16_s']:.2f} | {ms['graph_s']:.2f} | "
-            f"{ms['fp16_pack_s']:.1f} | {ms['graph_pack_s']:.1f} | " + " | ".join(cells) + " |"
+            f"{ms['bf16_s']:.2f} | "
+            f"{ms['fp16_pack_s']:.1f} | {ms['graph_pack_s']:.1f} | {ms['bf16_pack_s']:.1f} | "
+            + " | ".join(cells)
+            + " |"
         )
         runs.append({"probe": asdict(probe), "seconds": time.perf_counter() - start, "choices": cells})
         print(lines[-1], flush=True)

@@ -62,10 +62,12 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
             # TRL: bf16 autocast; fp32 is set, not left to auto (an AMX machine would decode in bf16)
             "backend": {
                 "name": "hf",
-                "dtype": {"bf16": "bfloat16", "fp16w": "float16"}.get(w.dtype, "float32"),
+                # fp32auto: fp32 training, the decode as auto chooses it on this machine (what a recipe that
+                # says nothing gets); the run's choice is recorded as decode
+                "dtype": {"bf16": "bfloat16", "fp16w": "float16", "fp32auto": "auto"}.get(w.dtype, "float32"),
                 # fp32mlas: fp32 decode on ONNX Runtime's prepacked GEMM (rlkit.rollout.mlas_weights);
                 # set, not left to auto, as the dtype is
-                "linears": "onnxruntime" if w.dtype == "fp32mlas" else "torch",
+                "linears": {"fp32mlas": "onnxruntime", "fp32auto": "auto"}.get(w.dtype, "torch"),
             },
         },
         "resources": {
@@ -155,8 +157,15 @@ def main() -> None:
                 else {}
             ),
             "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
+            # what the rollout decoded in and with (rollout.backend.dtype / linears as resolved)
+            "decode": decode_choice(runtime.hardware.precision),
         },
     )
+
+
+def decode_choice(precision) -> str:
+    """``"<decode dtype> <decode linears>"`` of the run's resolved precision (``ResolvedPrecision``)."""
+    return f"{precision.decode_dtype} {precision.decode_linears}"
 
 
 def minor_faults(pids: list[int]) -> int:

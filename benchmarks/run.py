@@ -220,6 +220,7 @@ def summarise(runs: list[dict], model_dir: str) -> dict:
         "peak_flops": peak,
         "startup_s": statistics.median(r["startup_s"] for r in runs),
         "phases": med,
+        "decode": runs[0].get("decode", ""),
     }
     out["update_peak_frac"] = out["update_flops_s"] / peak
     out |= rooflines(runs, model_dir, med, peak)
@@ -233,6 +234,7 @@ def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
     """``bounds`` of one framework × workload × dtype, from the runs' recorded bandwidth and model."""
     bandwidth = statistics.median(r.get("bandwidth", 0.0) for r in runs) or memory_bandwidth()
     shape = model_shape(model_dir, runs[0]["n_params"])
+    med = med | {"decode": runs[0].get("decode", "")}  # rlkit's resolved decode dtype and linears
     return bounds(
         runs[0]["workload"], runs[0]["framework"], shape, med, peak, bandwidth, runs[0]["update_flops"]
     )
@@ -250,7 +252,11 @@ def bounds(
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
     rlkit = framework.startswith("rlkit")
-    half = w["dtype"] == "bf16" or (w["dtype"] == "fp16w" and rlkit)
+    # fp32auto: the weights' bytes of the decode rlkit's auto chose (its KV cache stays fp32)
+    chosen = str(med.get("decode", "")).split(" ")[0] in ("bfloat16", "float16")
+    half = w["dtype"] == "bf16" or (
+        rlkit and (w["dtype"] == "fp16w" or (w["dtype"] == "fp32auto" and chosen))
+    )
     kv = 2 if w["dtype"] == "bf16" else 4
     decode = decode_roofline(
         shape,
@@ -323,8 +329,10 @@ def table(summary: dict) -> str:
         )
     lines += [
         "",
-        "rlkit phases (median s): | workload | dtype | " + " | ".join(PHASES) + " |",
-        "|" + "---|" * (2 + len(PHASES)),
+        "rlkit phases (median s; decode: the rollout's resolved dtype and linears): | workload | dtype | "
+        + " | ".join(PHASES)
+        + " | decode |",
+        "|" + "---|" * (3 + len(PHASES)),
     ]
     for key, s in summary.items():
         for fw in [f for f in ("rlkit@base", "rlkit") if f in s]:
@@ -332,7 +340,7 @@ def table(summary: dict) -> str:
             lines.append(
                 f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
                 + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES)
-                + " |"
+                + f" | {s[fw].get('decode') or '-'} |"
             )
     return "\n".join(lines + ["", roofline_table(summary)])
 
@@ -397,7 +405,8 @@ def main() -> None:
         default="fp32,bf16",
         help="of: fp32, bf16 (autocast in both toolkits), fp16w "
         "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32), fp32mlas "
-        "(rlkit decodes in fp32 on ONNX Runtime's linears, rollout.backend.linears=onnxruntime; TRL: fp32)",
+        "(rlkit decodes in fp32 on ONNX Runtime's linears, rollout.backend.linears=onnxruntime; TRL: fp32), "
+        "fp32auto (both train in fp32; rlkit decodes as its auto chooses here, recorded as decode)",
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")

@@ -81,7 +81,7 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, li
     else:
         from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
 
-        why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, fp16=True)[2]
+        why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, reduced=True)[2]
         assert why.endswith("-> float16 weights")
         assert (resolved["decode_dtype"], resolved["decode_linears"]) == ("float16", "torch")
         assert resolved["decode_linears_reason"] == why

@@ -115,7 +115,7 @@ def test_auto_decodes_as_one_graph_where_the_whole_step_probe_says_it_pays(tiny_
     from rlkit.rollout.graph_probe import graph_choice
 
     result, resolved, steps, _, graph = _run_auto(tiny_assets, tmp_path)
-    why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, fp16=True)[2]
+    why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, reduced=True)[2]
     assert why.endswith("-> float32 as one onnxruntime graph") and why in result.stdout
     assert (resolved["decode_dtype"], resolved["decode_linears"]) == ("float32", "onnxruntime")
     assert resolved["decode_linears_reason"] == why

@@ -118,8 +118,10 @@ def _graph_decides(
     float32_cpu = decision.device == "cpu" and decision.decode_dtype == "float32"
     if graph is None or linears != "auto" or not max_new_tokens or not float32_cpu:
         return None
-    if decode_dtype == "auto":
-        return graph(max_new_tokens, fp16_weights_unavailable() is None)
+    if (
+        decode_dtype == "auto"
+    ):  # reduced-precision weights allowed (fp16, bf16: where the probe measured them)
+        return graph(max_new_tokens, True)
     if decode_dtype == "float32":
         return graph(max_new_tokens, False)
     return None
@@ -223,10 +225,10 @@ def resolve_precision(
     of packing fp16 weights (:func:`auto_decode_dtype`) or ONNX Runtime's (:func:`auto_decode_linears`).
     Explicit ``onnxruntime`` linears decode in float32, so they make an ``auto`` dtype float32.
 
-    ``graph(max_new_tokens, fp16_allowed)``: for a model the one-graph decode step takes, ``(dtype, linears,
-    why)`` from its probe of the whole step (``rlkit.rollout.graph_probe``: F.linear, fp16 weights where
-    allowed, or the graph), or None; where given, it decides ``auto`` linears (and an ``auto`` dtype with
-    them) on a CPU that decodes in float32, in place of the per-linear probes.
+    ``graph(max_new_tokens, reduced_allowed)``: for a model the one-graph decode step takes, ``(dtype,
+    linears, why)`` from its probe of the whole step (``rlkit.rollout.graph_probe``: F.linear, the graph, or
+    fp16 or bf16 weights where allowed and measured), or None; where given, it decides ``auto`` linears
+    (and an ``auto`` dtype with them) on a CPU that decodes in float32, in place of the per-linear probes.
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""

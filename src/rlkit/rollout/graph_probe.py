@@ -1,4 +1,4 @@
-"""Whether the one-graph decode step pays for a model on this CPU: a probe of the whole step, three ways.
+"""Whether the one-graph decode step pays for a model on this CPU: a probe of the whole step, four ways.
 
 ``rollout.backend.linears: auto`` (with ``dtype: auto``) on a CPU without fast bf16 chooses how the hf backend
 decodes. For a model the one-graph step takes (``rlkit.rollout.ort_step``: a transformers Llama, Qwen2,
@@ -12,12 +12,16 @@ prefill, one thread, the best of ``GRAPH_PROBE_ROUNDS`` rounds:
 - ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear``;
 - ``fp16_s``: the same step over fbgemm fp16 weights (``rlkit.rollout.fp16_weights``; inf where this torch
   has no fbgemm), ``fp16_pack_s`` repacking them once (one weight hand-over);
-- ``graph_s``: the one-graph step (``OrtDecodeStep``), ``graph_pack_s`` rebuilding its session once.
+- ``graph_s``: the one-graph step (``OrtDecodeStep``), ``graph_pack_s`` rebuilding its session once;
+- ``bf16_s``: the lean step over oneDNN-packed bf16 weights (``rlkit.rollout.bf16_weights``), ``bf16_pack_s``
+  repacking them once; only on a CPU with native bf16 (``CpuInfo.native_bf16``: avx512_bf16, AMX) where torch
+  has oneDNN, inf elsewhere (emulated bf16 is many times slower than fp32: nothing to weigh).
 
 Each path costs ``margin × pack + tokens × step`` for a decode of ``tokens`` (no pack for ``F.linear``;
 ``margin``: ``rlkit.hardware.mlas.MLAS_PAYBACK_MARGIN``, the per-linear probes' margin); the cheapest wins
-(:func:`graph_choice`), a tie going to the simpler path (fp32, then fp16). The probe is cached per CPU, torch
-version and architecture (``$RLKIT_CACHE/hardware.json``); its numbers go into the run's
+(:func:`graph_choice`), a tie going to the simpler path (fp32, then fp16, then the graph, then bf16). The
+probe is cached per CPU, torch version and architecture (``$RLKIT_CACHE/hardware.json``); its numbers go
+into the run's
 ``resolved.decode_linears_reason``.
 """
 
@@ -59,6 +63,10 @@ class GraphProbe:
     graph_s: float  # the same as one ONNX Runtime graph
     fp16_pack_s: float  # repacking the fp16 weights once
     graph_pack_s: float  # rebuilding the graph's session once (MLAS prepacks its weights)
+    # the lean step over oneDNN-packed bf16 weights, and repacking them once (inf: not measured: no native
+    # bf16)
+    bf16_s: float = math.inf
+    bf16_pack_s: float = math.inf
     rows: int = GRAPH_PROBE_ROWS
     params: int = 0  # the probe layer's weights
 
@@ -105,9 +113,11 @@ def _time_steps(step, cache, ids, mask, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def _time_paths(model, graph, rounds: int, rows: int, context: int) -> dict[str, float]:
-    """Best-of-``rounds`` seconds of a decode step of ``model`` by each path, and of each path's repack."""
+def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) -> dict[str, float]:
+    """Best-of-``rounds`` seconds of a decode step of ``model`` by each path (bf16 weights only where
+    ``bf16``), and of each path's repack."""
     from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy
     from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
     from rlkit.rollout.lean_step import LeanStep
@@ -120,7 +130,9 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int) -> dict[str,
     fp16 = None if fp16_weights_unavailable() else Fp16DecodeCopy(model)
     if fp16 is not None:
         fp16.refresh(model)  # the construction packed; later refreshes repack (one weight hand-over each)
-    best = dict.fromkeys(("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s"), math.inf)
+    copies = {"fp16": fp16, "bf16": Bf16DecodeCopy(model) if bf16 else None}
+    names = ("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s", "bf16_s", "bf16_pack_s")
+    best = dict.fromkeys(names, math.inf)
     lean = LeanStep(model)
     for _ in range(rounds):
         start = time.perf_counter()
@@ -128,11 +140,12 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int) -> dict[str,
         best["graph_pack_s"] = min(best["graph_pack_s"], time.perf_counter() - start)
         best["fp32_s"] = min(best["fp32_s"], _time_steps(lean, cache, ids, mask, _STEPS))
         best["graph_s"] = min(best["graph_s"], _time_steps(graph, cache, ids, mask, _STEPS))
-        if fp16 is not None:
-            start = time.perf_counter()
-            step = LeanStep(fp16.refresh(model, trainable_moved=True))
-            best["fp16_pack_s"] = min(best["fp16_pack_s"], time.perf_counter() - start)
-            best["fp16_s"] = min(best["fp16_s"], _time_steps(step, cache, ids, mask, _STEPS))
+        for kind, packed in copies.items():
+            if packed is not None:
+                start = time.perf_counter()
+                step = LeanStep(packed.refresh(model, trainable_moved=True))
+                best[f"{kind}_pack_s"] = min(best[f"{kind}_pack_s"], time.perf_counter() - start)
+                best[f"{kind}_s"] = min(best[f"{kind}_s"], _time_steps(step, cache, ids, mask, _STEPS))
     return best
 
 
@@ -142,13 +155,16 @@ def probe_graph_step(
     rounds: int = GRAPH_PROBE_ROUNDS,
     rows: int = GRAPH_PROBE_ROWS,
     context: int = GRAPH_PROBE_CONTEXT,
+    bf16: bool | None = None,
 ) -> GraphProbe | None:
-    """Time one decoder layer of ``config`` 's architecture three ways (module docstring), or None where the
-    one-graph step does not take it. Each number is one layer's share: the probe model's step (or repack)
-    with ``_LAYERS`` decoder layers less the one with a single layer, over the difference in layers, so what
-    a step costs once whatever the depth (embedding, head, binding, Python) does not count as a layer's."""
+    """Time one decoder layer of ``config`` 's architecture three or four ways (module docstring; ``bf16``
+    None: bf16 weights where :func:`bf16_measurable`), or None where the one-graph step does not take it.
+    Each number is one layer's share: the probe model's step (or repack) with ``_LAYERS`` decoder layers
+    less the one with a single layer, over the difference in layers, so what a step costs once whatever the
+    depth (embedding, head, binding, Python) does not count as a layer's."""
     from rlkit.rollout.ort_step import ort_step_for
 
+    bf16 = bf16_measurable() if bf16 is None else bf16
     times = {}
     for layers in (1, _LAYERS):
         model = _probe_model(config, layers)
@@ -159,7 +175,7 @@ def probe_graph_step(
         torch.set_num_threads(1)
         try:
             with torch.no_grad():
-                times[layers] = _time_paths(model, graph, rounds, rows, context)
+                times[layers] = _time_paths(model, graph, rounds, rows, context, bf16)
         finally:
             torch.set_num_threads(previous)
 
@@ -170,6 +186,15 @@ def probe_graph_step(
     layer = model.model.layers[0]
     params = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
     return GraphProbe(**{name: share(name) for name in times[1]}, rows=rows, params=params)
+
+
+def bf16_measurable() -> bool:
+    """Whether the probe weighs bf16 weights here: the CPU has native bf16 and torch has oneDNN's packed
+    linear."""
+    from rlkit.hardware import cpu_info
+    from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+
+    return bool(cpu_info().native_bf16) and bf16_weights_unavailable() is None
 
 
 def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None = None, *, probe=None):
@@ -197,11 +222,13 @@ def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None =
 
 
 def graph_choice(
-    probe: GraphProbe, max_new_tokens: int, *, margin: float, fp16: bool
+    probe: GraphProbe, max_new_tokens: int, *, margin: float, reduced: bool
 ) -> tuple[str, str, str]:
     """(decode dtype, decode linears, why in one line) for decodes of up to ``max_new_tokens`` tokens: the
-    cheapest of ``F.linear`` (float32, torch), fbgemm fp16 weights (float16, torch; only where ``fp16``) and
-    the one-graph step (float32, onnxruntime), each ``margin × pack + tokens × step`` in fp32 steps. A layer
+    cheapest of ``F.linear`` (float32, torch), fbgemm fp16 weights (float16, torch), the one-graph step
+    (float32, onnxruntime) and oneDNN-packed bf16 weights (bfloat16, torch), each ``margin × pack + tokens ×
+    step`` in fp32 steps; the reduced-precision weights only where ``reduced`` (the recipe's decode dtype is
+    ``auto``) and where the probe measured them (fp16: fbgemm; bf16: native bf16). A layer
     whose ``F.linear`` share read 0 (a tiny model on a busy machine: the 3-layer model stepped no slower than
     the 1-layer one) keeps ``F.linear``."""
     tokens = max_new_tokens
@@ -215,25 +242,29 @@ def graph_choice(
             ),
         )
     costs = {"float32 with F.linear": tokens * probe.fp32_s}
-    if fp16 and math.isfinite(probe.fp16_s):
+    if reduced and math.isfinite(probe.fp16_s):
         costs["float16 weights"] = margin * probe.fp16_pack_s + tokens * probe.fp16_s
     costs["float32 as one onnxruntime graph"] = margin * probe.graph_pack_s + tokens * probe.graph_s
+    if reduced and math.isfinite(probe.bf16_s):
+        costs["bfloat16 weights"] = margin * probe.bf16_pack_s + tokens * probe.bf16_s
     pick = min(costs, key=lambda name: costs[name])  # the first of equal costs: the simpler path
+    bf16_pack = f", bf16 {probe.bf16_pack_s * 1e3:.0f} ms" if "bfloat16 weights" in costs else ""
     shown = ", ".join(f"{name} {cost / probe.fp32_s:.1f}" for name, cost in costs.items())
     why = (
         f"for {tokens} tokens the decode step of one decoder layer ({probe.params / 1e6:.1f} M parameters, "
         f"{probe.rows} rows; packing fp16 {probe.fp16_pack_s * 1e3:.0f} ms, graph "
-        f"{probe.graph_pack_s * 1e3:.0f} ms) costs in fp32 steps: {shown} -> {pick}"
+        f"{probe.graph_pack_s * 1e3:.0f} ms{bf16_pack}) costs in fp32 steps: {shown} -> {pick}"
     )
     dtype, linears = {
         "float32 with F.linear": ("float32", "torch"),
         "float16 weights": ("float16", "torch"),
         "float32 as one onnxruntime graph": ("float32", "onnxruntime"),
+        "bfloat16 weights": ("bfloat16", "torch"),
     }[pick]
     return dtype, linears, why
 
 
-def model_choice(model, max_new_tokens: int, fp16: bool) -> tuple[str, str, str] | None:
+def model_choice(model, max_new_tokens: int, reduced: bool) -> tuple[str, str, str] | None:
     """:func:`graph_choice` for the run's policy ``model`` (its ``ModelConfig``) from its cached probe, with
     the per-linear probes' margin; None where onnxruntime is missing or the graph does not take the
     architecture (``rlkit.runtime.build`` passes it to the run's precision resolution)."""
@@ -250,5 +281,7 @@ def model_choice(model, max_new_tokens: int, fp16: bool) -> tuple[str, str, str]
     )
     probe = cached_graph_probe(config.to_dict(), cpu_info())
     return (
-        None if probe is None else graph_choice(probe, max_new_tokens, margin=MLAS_PAYBACK_MARGIN, fp16=fp16)
+        None
+        if probe is None
+        else graph_choice(probe, max_new_tokens, margin=MLAS_PAYBACK_MARGIN, reduced=reduced)
     )

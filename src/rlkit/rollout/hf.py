@@ -11,7 +11,10 @@ hybrid engine does).
 ``rollout.backend: {name: hf, dtype: bfloat16}`` decodes with a bf16 copy of the weights (refreshed from the
 actor's fp32 weights at the start of every ``generate``; the optimizer keeps its fp32 master): decoding
 reads every weight once per token, so half the bytes is about half the time, and bf16 matmuls use AMX
-where the CPU has it. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype
+where the CPU has it. On the CPU the copy's linears hold bf16 weights packed for oneDNN and everything else
+stays fp32 (``rlkit.rollout.bf16_weights``: autocast's numerics, 2x the plain bf16 copy's decode at 8 rows
+× 256 tokens on Zen 4); its trainable weights are repacked once per ``update_weights``; on CUDA a plain bf16
+copy. Only for a plain (unsharded) module; an FSDP-sharded one decodes in its own dtype
 (validation refuses an explicit bfloat16/float16 for a hybrid actor on more than one rank).
 ``auto`` (what a run uses unless the recipe says otherwise; the driver resolves it, ``rlkit.hardware``)
 is bfloat16 where this device's bf16 is fast; elsewhere float16 where fp16 weights pay for their packing
@@ -44,6 +47,7 @@ from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype, layer_shapes
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
+from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
 from rlkit.rollout.decode import DecodePlan, Decoding, decode
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy, PackedDecodeCopy
 from rlkit.rollout.mlas_weights import MlasDecodeCopy
@@ -127,10 +131,13 @@ class HFRollout:
             or params[0].dtype == self.decode_dtype
         ):
             return self.module
-        fp16 = self.decode_dtype == torch.float16 and self.device.type == "cpu"  # fbgemm's fp16-weight GEMM
-        if mlas or fp16:
+        cpu = self.device.type == "cpu"
+        fp16 = self.decode_dtype == torch.float16 and cpu  # fbgemm's fp16-weight GEMM
+        bf16 = self.decode_dtype == torch.bfloat16 and cpu and bf16_weights_unavailable() is None  # oneDNN's
+        if mlas or fp16 or bf16:
             if self._packed_copy is None:
-                self._packed_copy = MlasDecodeCopy(self.module) if mlas else Fp16DecodeCopy(self.module)
+                kind = MlasDecodeCopy if mlas else Fp16DecodeCopy if fp16 else Bf16DecodeCopy
+                self._packed_copy = kind(self.module)
             # trainable weights are repacked once per weight hand-over (the hybrid engine's sync_weights after
             # each update), not at every generate: a multi-turn step generates once per turn
             moved, self._weights_handed = self._weights_handed, False
@@ -294,7 +301,7 @@ class HFRollout:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")
             metrics["rollout/mlas_repacked_linears"] = float(graph.repacked)
         if self._packed_copy is not None and module is self._packed_copy.module:
-            kind = "mlas" if isinstance(self._packed_copy, MlasDecodeCopy) else "fp16"
+            kind = {MlasDecodeCopy: "mlas", Bf16DecodeCopy: "bf16"}.get(type(self._packed_copy), "fp16")
             metrics[f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)
         meta["metrics"] = metrics
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)

@@ -1,6 +1,7 @@
 """rlkit.rollout.graph_probe: the probe of the whole decode step (F.linear, fbgemm fp16 weights, one ONNX
-Runtime graph) for a model the graph takes, the choice it makes for ``linears: auto``, and how the run's
-precision resolution uses it in place of the per-linear probes."""
+Runtime graph, oneDNN-packed bf16 weights where the CPU has native bf16) for a model the graph takes, the
+choice it makes for ``linears: auto``, and how the run's precision resolution uses it in place of the
+per-linear probes."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ PROBE = GraphProbe(fp32_s=0.010, fp16_s=0.006, graph_s=0.007, fp16_pack_s=0.100,
 AVX2 = CpuInfo(model="rlkit test cpu (avx2, graph)", flags=("avx2", "fma"))
 AMX = CpuInfo(model="rlkit test cpu (amx, graph)", flags=("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
 SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
+# the same, and bf16 weights at 4 ms a step, repacked in 50 ms (a CPU with native bf16)
+WITH_BF16 = GraphProbe(**{**PROBE.__dict__, "bf16_s": 0.004, "bf16_pack_s": 0.050})
 
 
 @pytest.mark.parametrize(
-    ("tokens", "fp16", "want"),
+    ("tokens", "reduced", "want"),
     [
         # 1 token: F.linear 10 ms; fp16 2 x 100 + 6 = 206; graph 2 x 20 + 7 = 47 -> F.linear
         (1, True, ("float32", "torch")),
@@ -33,15 +36,52 @@ SLOW_BF16 = MatmulProbe(fp32_flops=80e9, bf16_flops=1e9, ratios=(0.0125,))
         (1000, False, ("float32", "onnxruntime")),
     ],
 )
-def test_the_cheapest_of_the_three_decodes_wins(tokens, fp16, want):
-    dtype, linears, why = graph_choice(PROBE, tokens, margin=2.0, fp16=fp16)
+def test_the_cheapest_of_the_three_decodes_wins(tokens, reduced, want):
+    dtype, linears, why = graph_choice(PROBE, tokens, margin=2.0, reduced=reduced)
     assert (dtype, linears) == want
-    assert ("float16 weights" in why) is fp16
+    assert ("float16 weights" in why) is reduced
+    assert "bfloat16" not in why  # not measured (inf): not weighed
     assert why.startswith(f"for {tokens} tokens the decode step of one decoder layer")
 
 
+@pytest.mark.parametrize(
+    ("tokens", "reduced", "want"),
+    [
+        # 1 token: F.linear 10 ms; bf16 2 x 50 + 4 = 104 -> F.linear
+        (1, True, ("float32", "torch")),
+        # 64 tokens: F.linear 640; fp16 584; graph 488; bf16 100 + 256 = 356 -> bf16 weights
+        (64, True, ("bfloat16", "torch")),
+        # reduced precision not allowed (an explicit float32 decode): the graph
+        (64, False, ("float32", "onnxruntime")),
+    ],
+)
+def test_bf16_weights_win_where_measured_and_cheapest(tokens, reduced, want):
+    dtype, linears, why = graph_choice(WITH_BF16, tokens, margin=2.0, reduced=reduced)
+    assert (dtype, linears) == want
+    assert ("bfloat16 weights" in why) is reduced
+
+
+def test_the_bf16_costs_in_the_reason_are_hand_worked_fp32_steps():
+    why = graph_choice(WITH_BF16, 64, margin=2.0, reduced=True)[2]
+    assert "packing fp16 100 ms, graph 20 ms, bf16 50 ms)" in why
+    assert why.endswith(
+        "costs in fp32 steps: float32 with F.linear 64.0, float16 weights 58.4, "
+        "float32 as one onnxruntime graph 48.8, bfloat16 weights 35.6 -> bfloat16 weights"
+    )
+
+
+@pytest.mark.parametrize(("cpu", "measured"), [(AVX2, False), (AMX, True)])
+def test_bf16_weights_are_measured_only_where_the_cpu_has_native_bf16(monkeypatch, cpu, measured):
+    import rlkit.hardware as hardware
+    from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+    from rlkit.rollout.graph_probe import bf16_measurable
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda: cpu)
+    assert bf16_measurable() is (measured and bf16_weights_unavailable() is None)
+
+
 def test_the_costs_in_the_reason_are_hand_worked_fp32_steps():
-    why = graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    why = graph_choice(PROBE, 64, margin=2.0, reduced=True)[2]
     assert why.endswith(
         "costs in fp32 steps: float32 with F.linear 64.0, float16 weights 58.4, "
         "float32 as one onnxruntime graph 48.8 -> float32 as one onnxruntime graph"
@@ -54,7 +94,7 @@ def test_a_layer_too_small_to_time_keeps_f_linear():
     untimed = GraphProbe(
         fp32_s=0.0, fp16_s=0.0, graph_s=0.0, fp16_pack_s=0.0, graph_pack_s=0.0, params=36_864
     )
-    dtype, linears, why = graph_choice(untimed, 16, margin=2.0, fp16=True)
+    dtype, linears, why = graph_choice(untimed, 16, margin=2.0, reduced=True)
     assert (dtype, linears) == ("float32", "torch")
     assert why == (
         "one decoder layer (0.0 M parameters) is too small for its share of a decode step to be timed "
@@ -64,7 +104,7 @@ def test_a_layer_too_small_to_time_keeps_f_linear():
 
 def test_a_tie_goes_to_the_simpler_path():
     tie = GraphProbe(fp32_s=0.010, fp16_s=0.010, graph_s=0.010, fp16_pack_s=0.0, graph_pack_s=0.0)
-    assert graph_choice(tie, 64, margin=2.0, fp16=True)[:2] == ("float32", "torch")
+    assert graph_choice(tie, 64, margin=2.0, reduced=True)[:2] == ("float32", "torch")
 
 
 def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir):
@@ -74,7 +114,10 @@ def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir
     config = AutoConfig.from_pretrained(tiny_model_dir)
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
-    probe = probe_graph_step(config.to_dict())
+    from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+
+    bf16 = bf16_weights_unavailable() is None  # measured here whatever the CPU (native bf16 or emulated)
+    probe = probe_graph_step(config.to_dict(), bf16=bf16)
     assert torch.equal(torch.random.get_rng_state(), before)  # the run's random state is left alone
     assert probe is not None and probe.rows == 16
     hidden, inter = config.hidden_size, config.intermediate_size
@@ -87,6 +130,7 @@ def test_the_probe_times_the_three_paths_on_the_runs_architecture(tiny_model_dir
     timed = ("fp32_s", "graph_s", "graph_pack_s") + (
         () if fp16_weights_unavailable() else ("fp16_s", "fp16_pack_s")
     )
+    timed += ("bf16_s", "bf16_pack_s") if bf16 else ()
     for name in timed:
         value = getattr(probe, name)
         assert math.isfinite(value) and value >= 0.0, (name, value)
@@ -137,9 +181,9 @@ def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
     slow = decide_cpu(AVX2, SLOW_BF16)
     asked = []
 
-    def graph(tokens, fp16):
-        asked.append((tokens, fp16))
-        return graph_choice(PROBE, tokens, margin=2.0, fp16=fp16)
+    def graph(tokens, reduced):
+        asked.append((tokens, reduced))
+        return graph_choice(PROBE, tokens, margin=2.0, reduced=reduced)
 
     def resolve(decode_dtype, linears, decision=slow):
         return resolve_precision(
@@ -148,7 +192,7 @@ def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
 
     got = resolve("auto", "auto")
     assert (got.decode_dtype, got.decode_linears) == ("float32", "onnxruntime")
-    assert got.linears_reason == graph_choice(PROBE, 64, margin=2.0, fp16=True)[2]
+    assert got.linears_reason == graph_choice(PROBE, 64, margin=2.0, reduced=True)[2]
     assert got.decode_reason == "chosen with the linears (the probe of the whole decode step)"
     assert resolve("float32", "auto").decode_linears == "onnxruntime" and asked[-1] == (64, False)
     # an explicit choice of linears, or a dtype that is not float32, is not the probe's to change
@@ -163,3 +207,26 @@ def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
         "torch",
     )
     assert asked == []
+
+
+def test_on_a_native_bf16_cpu_that_trains_in_fp32_the_probe_may_choose_bf16_weights():
+    """Zen 4's kind: avx512_bf16 at about 2x fp32, below the band where auto trains in bf16; the whole-step
+    probe weighs bf16 weights with the rest, and an fp32-training run decodes with them where cheapest."""
+    zen4 = CpuInfo(
+        model="rlkit test cpu (avx512_bf16, graph)", flags=("avx2", "fma", "avx512f", "avx512_bf16")
+    )
+    decision = decide_cpu(zen4, MatmulProbe(fp32_flops=100e9, bf16_flops=200e9, ratios=(2.0,)))
+    assert (decision.mixed_precision, decision.decode_dtype) == ("fp32", "float32")
+
+    def graph(tokens, reduced):
+        return graph_choice(WITH_BF16, tokens, margin=2.0, reduced=reduced)
+
+    got = resolve_precision(
+        "auto", "auto", "cpu", decision=decision, max_new_tokens=64, linears="auto", graph=graph
+    )
+    assert (got.mixed_precision, got.decode_dtype, got.decode_linears) == ("fp32", "bfloat16", "torch")
+    assert got.linears_reason.endswith("-> bfloat16 weights") and not got.warnings
+    explicit = resolve_precision(
+        "auto", "float32", "cpu", decision=decision, max_new_tokens=64, linears="auto", graph=graph
+    )
+    assert (explicit.decode_dtype, explicit.decode_linears) == ("float32", "onnxruntime")

@@ -240,10 +240,16 @@ def _bf16_copy(model):
     return twin
 
 
-def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(tiny_model_dir, tok_and_model):
-    """rollout.backend: {name: hf, dtype: bfloat16} decodes with a bf16 copy of the current fp32 weights: the
-    same tokens and log-probs (same seed) as the plain loop over a bf16 model made by hand, before and after
-    an update."""
+def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(
+    tiny_model_dir, tok_and_model, monkeypatch
+):
+    """rollout.backend: {name: hf, dtype: bfloat16} where the CPU's oneDNN packed linear is missing (or on
+    CUDA) decodes with a plain bf16 copy of the current fp32 weights: the same tokens and log-probs (same
+    seed) as the plain loop over a bf16 model made by hand, before and after an update. (Where oneDNN is
+    there, the CPU decodes with packed bf16 weights: tests/unit/rollout/test_bf16_weights.py.)"""
+    import rlkit.rollout.hf as hf
+
+    monkeypatch.setattr(hf, "bf16_weights_unavailable", lambda: "no oneDNN (this test)")
     tok, _ = tok_and_model
     cfg = ModelConfig(path=str(tiny_model_dir))
     model = load_model(cfg, tokenizer=tok).eval()
