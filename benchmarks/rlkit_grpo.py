@@ -159,6 +159,10 @@ def main() -> None:
             "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
             # what the rollout decoded in and with (rollout.backend.dtype / linears as resolved)
             "decode": decode_choice(runtime.hardware.precision),
+            # the peak of the decode's arithmetic: bf16 weights multiply in bf16
+            "decode_peak_flops": matmul_peak_flops(
+                "bf16" if runtime.hardware.precision.decode_dtype == "bfloat16" else "fp32", device=w.device
+            ),
         },
     )
 
@@ -192,6 +196,8 @@ def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:
             out[key.split("/", 1)[1]] = value
         elif key.startswith("perf/worker_s/"):
             out["worker_" + key.rsplit("/", 1)[1]] = value
+        elif key == "training/rollout_probs_diff_max":  # the rollout's policy against the actor's
+            out["rollout_probs_diff_max"] = value
     return out
 
 

@@ -234,7 +234,8 @@ def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
     """``bounds`` of one framework × workload × dtype, from the runs' recorded bandwidth and model."""
     bandwidth = statistics.median(r.get("bandwidth", 0.0) for r in runs) or memory_bandwidth()
     shape = model_shape(model_dir, runs[0]["n_params"])
-    med = med | {"decode": runs[0].get("decode", "")}  # rlkit's resolved decode dtype and linears
+    # rlkit's resolved decode dtype and linears, and the matmul peak of its decode's arithmetic
+    med = med | {k: runs[0][k] for k in ("decode", "decode_peak_flops") if runs[0].get(k)}
     return bounds(
         runs[0]["workload"], runs[0]["framework"], shape, med, peak, bandwidth, runs[0]["update_flops"]
     )
@@ -252,12 +253,15 @@ def bounds(
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
     rlkit = framework.startswith("rlkit")
-    # fp32auto: the weights' bytes of the decode rlkit's auto chose (its KV cache stays fp32)
-    chosen = str(med.get("decode", "")).split(" ")[0] in ("bfloat16", "float16")
+    # rlkit: the weights' bytes of the decode it ran (recorded as decode since session 15: bf16 and fp16
+    # weights 2 bytes, its KV cache fp32 with either) at the peak of its arithmetic (decode_peak_flops: the
+    # bf16 probe where it decoded with bf16 weights); earlier rlkit runs and TRL: a bf16 row decodes (and
+    # caches) in bf16
+    decode_dtype = str(med.get("decode", "")).split(" ")[0]
     half = w["dtype"] == "bf16" or (
-        rlkit and (w["dtype"] == "fp16w" or (w["dtype"] == "fp32auto" and chosen))
+        rlkit and (w["dtype"] == "fp16w" or decode_dtype in ("bfloat16", "float16"))
     )
-    kv = 2 if w["dtype"] == "bf16" else 4
+    kv = 2 if w["dtype"] == "bf16" and not (rlkit and decode_dtype) else 4
     decode = decode_roofline(
         shape,
         completions,
@@ -265,7 +269,7 @@ def bounds(
         w["tokens"],
         2 if half else 4,
         bandwidth,
-        peak,
+        med.get("decode_peak_flops") or peak,
         prompts=w["prompts"],
         kv_bytes=kv,
     )
@@ -331,8 +335,8 @@ def table(summary: dict) -> str:
         "",
         "rlkit phases (median s; decode: the rollout's resolved dtype and linears): | workload | dtype | "
         + " | ".join(PHASES)
-        + " | decode |",
-        "|" + "---|" * (3 + len(PHASES)),
+        + " | decode | rollout/actor probs diff max |",
+        "|" + "---|" * (4 + len(PHASES)),
     ]
     for key, s in summary.items():
         for fw in [f for f in ("rlkit@base", "rlkit") if f in s]:
@@ -340,9 +344,15 @@ def table(summary: dict) -> str:
             lines.append(
                 f"| {key[0]} | {key[1]}{' (base)' if fw != 'rlkit' else ''} | "
                 + " | ".join(f"{ph[p]:.3f}" if p in ph else "-" for p in PHASES)
-                + f" | {s[fw].get('decode') or '-'} |"
+                + f" | {s[fw].get('decode') or '-'} | {_diff(ph)} |"
             )
     return "\n".join(lines + ["", roofline_table(summary)])
+
+
+def _diff(phases: dict) -> str:
+    """The rollout's max per-token probability difference from the actor's (median over steps), or -."""
+    value = phases.get("rollout_probs_diff_max")
+    return "-" if value is None else f"{value:.1e}"
 
 
 def roofline_table(summary: dict) -> str:

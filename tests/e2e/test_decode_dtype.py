@@ -99,3 +99,67 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, li
         # the fp16-weight policy is not the fp32 actor's: the mismatch is measured, small and non-zero
         assert step["training/rollout_probs_diff_valid"] == 1.0
         assert 0 < step["training/rollout_probs_diff_max"] < 0.05
+
+
+# the whole decode step on a CPU with native bf16 (Zen 4's kind): 12 tokens cost F.linear 120 ms, fp16 weights
+# 2 x 20 + 12 x 6 = 112 ms, the graph 2 x 50 + 12 x 8 = 196 ms, bf16 weights 2 x 2 + 12 x 4 = 52 ms
+BF16_CHEAPEST = FP16_CHEAPEST | dict(fp16_s=0.006, bf16_s=0.004, bf16_pack_s=0.002)
+
+
+def test_auto_decodes_with_bf16_weights_where_the_whole_step_probe_finds_them_cheapest(tiny_assets, tmp_path):
+    """A recipe that says nothing about the decode, on a machine that trains in fp32 and whose probe of the
+    whole decode step found oneDNN-packed bf16 weights cheapest: the run decodes with them (fp32 activations,
+    KV cache and sampling), repacks them after every weight sync, says why, and logs how far the rollout's
+    log-probs moved from the fp32 actor's."""
+    from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+
+    if bf16_weights_unavailable():
+        pytest.skip(bf16_weights_unavailable())
+    model, data = tiny_assets
+    cache = tmp_path / "cache"
+    cpu = cpu_info()
+    cached_probe(cpu, cache / "hardware.json", probe=lambda: SLOW_BF16)  # auto trains in fp32 on any CPU
+    from transformers import AutoConfig
+
+    from rlkit.hardware.mlas import MLAS_PAYBACK_MARGIN
+    from rlkit.rollout.graph_probe import GraphProbe, cached_graph_probe, graph_choice
+
+    config = AutoConfig.from_pretrained(model)
+    graph = GraphProbe(**BF16_CHEAPEST)
+    cached_graph_probe(config.to_dict(), cpu, cache / "hardware.json", probe=lambda config: graph)
+    out = tmp_path / "out"
+    recipe = tmp_path / "recipe.yaml"
+    overrides = {
+        "data.max_response_length": 12,
+        "data.train_batch_size": 2,
+        "rollout.n": 4,
+        "trainer.total_steps": 2,
+        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+        "rollout.backend": {"name": "hf"},  # dtype and linears: auto
+    }
+    recipe.write_text(recipe_text(model, data, out, overrides))
+    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    resolved = json.loads((out / "run_info.json").read_text())["resolved"]
+    why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, reduced=True)[2]
+    assert why.endswith("-> bfloat16 weights")
+    assert (resolved["mixed_precision"], resolved["decode_dtype"], resolved["decode_linears"]) == (
+        "fp32",
+        "bfloat16",
+        "torch",
+    )
+    assert resolved["decode_linears_reason"] == why
+    assert "rollout decode bfloat16" in result.stdout and why in result.stdout
+
+    linears = 7 * config.num_hidden_layers + 1  # q, k, v, o, gate, up, down per layer and the LM head
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for step in steps:
+        assert step["rollout/bf16_repacked_linears"] == linears  # packed at step 1, repacked after the sync
+        assert step["rollout/lean_step"] == 1.0
+        assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
+        assert step["critic/score/min"] < step["critic/score/max"]  # graded rewards vary: a real gradient
+        # the bf16-weight policy is not the fp32 actor's: the mismatch is measured, small and non-zero
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert 0 < step["training/rollout_probs_diff_max"] < 0.05
