@@ -136,3 +136,37 @@ def test_bf16_decode_copy_matches_the_autocast_model_and_repacks_only_after_an_u
         assert not all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
         before = {name: t.clone() for name, t in model.state_dict().items()}
         fast.update_weights(model)
+
+
+def test_lora_base_is_packed_in_bf16_and_the_adapter_runs_in_fp32(tiny_model_dir):
+    """With a PEFT adapter the base linears are packed once (the adapter's own layers stay fp32 and are copied
+    at every refresh): the copy computes the autocast-like base plus the current fp32 adapter."""
+    from rlkit.model.lora import apply_lora
+    from rlkit.recipe.schema import LoraConfig
+
+    tok = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
+    torch.manual_seed(0)
+    model, _ = apply_lora(
+        load_model(ModelConfig(path=str(tiny_model_dir)), tokenizer=tok).eval(),
+        LoraConfig(rank=4, target_modules="all-linear"),
+    )
+    bases = [m for name, m in model.named_modules() if type(m) is nn.Linear and "lora_" not in name]
+    packed = Bf16DecodeCopy(model)
+    packed.refresh(model)  # the first generate's refresh reports the construction's packing
+    assert packed.repacked == len(bases) > 0
+    ids = tok(["What is 2 + 3?"], return_tensors="pt")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero: give the adapter an effect
+                p.add_(0.1 * torch.randn_like(p))
+        out = packed.refresh(model)(**ids).logits
+        twin = copy.deepcopy(model)
+        for name, m in list(twin.named_modules()):  # the base linears only: the adapter stays fp32
+            if type(m) is nn.Linear and "lora_" not in name:
+                parent, _, child = name.rpartition(".")
+                setattr(twin.get_submodule(parent) if parent else twin, child, _AutocastLinear(m))
+        want = twin(**ids).logits
+    assert packed.repacked == 0  # only adapter tensors changed
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    adapters = [m for name, m in packed.module.named_modules() if "lora_" in name and type(m) is nn.Linear]
+    assert adapters and all(m.weight.dtype == torch.float32 for m in adapters)
