@@ -118,9 +118,8 @@ def _graph_decides(
     float32_cpu = decision.device == "cpu" and decision.decode_dtype == "float32"
     if graph is None or linears != "auto" or not max_new_tokens or not float32_cpu:
         return None
-    if (
-        decode_dtype == "auto"
-    ):  # reduced-precision weights allowed (fp16, bf16: where the probe measured them)
+    # auto: reduced-precision weights allowed (fp16, bf16: where the probe measured them)
+    if decode_dtype == "auto":
         return graph(max_new_tokens, True)
     if decode_dtype == "float32":
         return graph(max_new_tokens, False)

@@ -21,8 +21,7 @@ Each path costs ``margin × pack + tokens × step`` for a decode of ``tokens`` (
 ``margin``: ``rlkit.hardware.mlas.MLAS_PAYBACK_MARGIN``, the per-linear probes' margin); the cheapest wins
 (:func:`graph_choice`), a tie going to the simpler path (fp32, then fp16, then the graph, then bf16). The
 probe is cached per CPU, torch version and architecture (``$RLKIT_CACHE/hardware.json``); its numbers go
-into the run's
-``resolved.decode_linears_reason``.
+into the run's ``resolved.decode_linears_reason``.
 """
 
 from __future__ import annotations
@@ -127,10 +126,15 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
     mask = torch.ones(rows, context, dtype=torch.long)
     cache = SlabCache(slab_layers(model), context + _STEPS + 2)
     model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-    fp16 = None if fp16_weights_unavailable() else Fp16DecodeCopy(model)
-    if fp16 is not None:
-        fp16.refresh(model)  # the construction packed; later refreshes repack (one weight hand-over each)
-    copies = {"fp16": fp16, "bf16": Bf16DecodeCopy(model) if bf16 else None}
+    copies = {
+        "fp16": None if fp16_weights_unavailable() else Fp16DecodeCopy(model),
+        "bf16": Bf16DecodeCopy(model) if bf16 else None,
+    }
+    for packed in copies.values():
+        if packed is not None:
+            packed.refresh(
+                model
+            )  # the construction packed; later refreshes repack (one weight hand-over each)
     names = ("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s", "bf16_s", "bf16_pack_s")
     best = dict.fromkeys(names, math.inf)
     lean = LeanStep(model)

@@ -1,9 +1,10 @@
-"""The decode tests' models: a model folder loaded in eval mode with its weights perturbed."""
+"""The decode tests' models (a model folder loaded in eval mode with its weights perturbed) and prompts."""
 
 from __future__ import annotations
 
 import torch
 
+from rlkit.batch import Batch
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig
 
@@ -20,3 +21,15 @@ def perturbed_model(path, seed: int):
         for p in model.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=g))
     return tok, model
+
+
+def chat_prompts(tok, k: int = 3, question: str = "What is 2 + 3?") -> Batch:
+    """``k`` chat prompts, the i-th asking ``question`` i + 1 times: left-padded, of different lengths."""
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": question * (i + 1)}], tokenize=False, add_generation_prompt=True
+        )
+        for i in range(k)
+    ]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})

@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import chat_prompts
 from torch import nn
 
-from rlkit.batch import Batch
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig, RolloutConfig
 from rlkit.rollout.bf16_weights import Bf16DecodeCopy, Bf16Linear, bf16_weights_unavailable
@@ -42,19 +42,6 @@ def _autocast_twin(module: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(twin.get_submodule(parent) if parent else twin, child, _AutocastLinear(m))
     return twin
-
-
-def _prompts(tok) -> Batch:
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(3)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 @pytest.mark.parametrize("rows", [1, 8, 37])  # a decode step's few rows and a prefill's many
@@ -104,7 +91,7 @@ def test_bf16_decode_copy_matches_the_autocast_model_and_repacks_only_after_an_u
         rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend),
     )
     assert isinstance(fast, HFRollout) and fast.decode_dtype == torch.bfloat16
-    p = _prompts(tok)
+    p = chat_prompts(tok)
     linears = sum(type(m) is nn.Linear for m in model.modules())
     before = {name: t.clone() for name, t in model.state_dict().items()}
     for _ in range(2):

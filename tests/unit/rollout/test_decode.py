@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _models import chat_prompts
 
 from rlkit.batch import Batch
 from rlkit.recipe.schema import RolloutConfig
@@ -17,16 +18,7 @@ T = 12  # response width
 
 
 def prompts(tok, k: int = 3) -> Batch:
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "Add 2 and 3." * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(k)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return chat_prompts(tok, k, "Add 2 and 3.")
 
 
 class Recorder:

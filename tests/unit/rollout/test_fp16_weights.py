@@ -8,9 +8,9 @@ import copy
 
 import pytest
 import torch
+from _models import chat_prompts
 from torch import nn
 
-from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.hardware import fp16_weights_unavailable
 from rlkit.model.load import load_model, load_tokenizer
@@ -32,19 +32,6 @@ def _rounded(module: nn.Module) -> nn.Module:
             if type(m) is nn.Linear and "lora_" not in name:
                 m.weight.copy_(m.weight.half().float())
     return twin
-
-
-def _prompts(tok) -> Batch:
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(3)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 def _linears(module: nn.Module) -> int:
@@ -96,7 +83,7 @@ def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_upda
         rollout_config=RolloutConfig(n=3, temperature=1.0, backend=backend),
     )
     assert isinstance(fast, HFRollout) and fast.decode_dtype == torch.float16
-    p, n = _prompts(tok), _linears(model)
+    p, n = chat_prompts(tok), _linears(model)
     before = {name: t.clone() for name, t in model.state_dict().items()}
     for _ in range(2):
         plain = HFRollout(

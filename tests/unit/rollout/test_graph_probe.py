@@ -230,3 +230,38 @@ def test_on_a_native_bf16_cpu_that_trains_in_fp32_the_probe_may_choose_bf16_weig
         "auto", "float32", "cpu", decision=decision, max_new_tokens=64, linears="auto", graph=graph
     )
     assert (explicit.decode_dtype, explicit.decode_linears) == ("float32", "onnxruntime")
+
+
+def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
+    """The repack the probe times is a real one: the copy's construction packs once, and each round's timed
+    refresh packs every linear again (a first refresh right after the construction packs nothing, so timing it
+    would read a repack as free)."""
+    import torch
+    from transformers import AutoConfig
+
+    from rlkit.rollout.bf16_weights import Bf16Linear, bf16_weights_unavailable
+    from rlkit.rollout.fp16_weights import Fp16Linear
+    from rlkit.rollout.graph_probe import _probe_model, _time_paths
+    from rlkit.rollout.ort_step import ort_step_for
+
+    if bf16_weights_unavailable():
+        pytest.skip(bf16_weights_unavailable())
+    model = _probe_model(AutoConfig.from_pretrained(tiny_model_dir).to_dict(), 1)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    packs = {Bf16Linear: 0, Fp16Linear: 0}
+    for cls in packs:
+        original = cls.pack
+
+        def counted(self, linear, name="", cls=cls, original=original):
+            packs[cls] += 1
+            original(self, linear, name)
+
+        monkeypatch.setattr(cls, "pack", counted)
+    with torch.no_grad():
+        best = _time_paths(model, ort_step_for(model), rounds=2, rows=4, context=8, bf16=True)
+    assert packs[Bf16Linear] == 3 * linears  # the construction, then one repack in each of 2 rounds
+    from rlkit.hardware import fp16_weights_unavailable
+
+    if fp16_weights_unavailable() is None:
+        assert packs[Fp16Linear] == 3 * linears
+    assert math.isfinite(best["bf16_pack_s"]) and best["bf16_pack_s"] > 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _models import chat_prompts as prompts
 
-from rlkit.batch import Batch
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.base import RolloutBackend
@@ -19,19 +19,6 @@ def tok_and_model(tiny_model_dir):
     cfg = ModelConfig(path=str(tiny_model_dir))
     tok = load_tokenizer(cfg)
     return tok, load_model(cfg, tokenizer=tok).eval()
-
-
-def prompts(tok, k: int = 3) -> Batch:
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(k)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 def resolved(key: str, kind: str, component):

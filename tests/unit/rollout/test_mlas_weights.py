@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _models import chat_prompts
 from torch import nn
 
-from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.hardware import onnxruntime_unavailable
 from rlkit.model.load import load_model, load_tokenizer
@@ -16,19 +16,6 @@ from rlkit.recipe.schema import ModelConfig, RolloutConfig
 from rlkit.rollout.hf import HFRollout
 
 pytestmark = pytest.mark.skipif(onnxruntime_unavailable() is not None, reason="onnxruntime not installed")
-
-
-def _prompts(tok) -> Batch:
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?" * (i + 1)}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(3)
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True)  # left-padded: prompts differ in length
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -89,7 +76,7 @@ def test_onnxruntime_linears_match_fp32_and_repack_once_per_hand_over(tiny_model
         module=model, tokenizer=tok, max_response_length=12, seed=3, rollout_config=RolloutConfig(n=3)
     )
     assert isinstance(fast, HFRollout) and fast.linears == "onnxruntime"
-    p = _prompts(tok)
+    p = chat_prompts(tok)
     linears = sum(type(m) is nn.Linear for m in model.modules())
     for _ in range(2):
         fast.generator.manual_seed(3)
