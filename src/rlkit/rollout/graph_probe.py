@@ -130,11 +130,11 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
         "fp16": None if fp16_weights_unavailable() else Fp16DecodeCopy(model),
         "bf16": Bf16DecodeCopy(model) if bf16 else None,
     }
+    # the construction packed (the first refresh packs nothing); every later refresh repacks, as one weight
+    # hand-over does
     for packed in copies.values():
         if packed is not None:
-            packed.refresh(
-                model
-            )  # the construction packed; later refreshes repack (one weight hand-over each)
+            packed.refresh(model)
     names = ("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s", "bf16_s", "bf16_pack_s")
     best = dict.fromkeys(names, math.inf)
     lean = LeanStep(model)
