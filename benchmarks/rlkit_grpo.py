@@ -139,6 +139,7 @@ def main() -> None:
         finally:
             runtime.close()
     peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
+    decoded = runtime.hardware.precision  # the run's resolved decode dtype and linears
     write_result(
         out,
         w,
@@ -158,18 +159,13 @@ def main() -> None:
             ),
             "update_flops": update_flops(runtime.n_params, int(metrics["perf/total_num_tokens"])),
             # what the rollout decoded in and with (rollout.backend.dtype / linears as resolved)
-            "decode": decode_choice(runtime.hardware.precision),
+            "decode": f"{decoded.decode_dtype} {decoded.decode_linears}",
             # the peak of the decode's arithmetic: bf16 weights multiply in bf16
             "decode_peak_flops": matmul_peak_flops(
-                "bf16" if runtime.hardware.precision.decode_dtype == "bfloat16" else "fp32", device=w.device
+                "bf16" if decoded.decode_dtype == "bfloat16" else "fp32", device=w.device
             ),
         },
     )
-
-
-def decode_choice(precision) -> str:
-    """``"<decode dtype> <decode linears>"`` of the run's resolved precision (``ResolvedPrecision``)."""
-    return f"{precision.decode_dtype} {precision.decode_linears}"
 
 
 def minor_faults(pids: list[int]) -> int:

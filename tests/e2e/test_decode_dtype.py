@@ -43,11 +43,30 @@ PAYS = Fp16Probe(fp32_s=0.010, fp16_s=0.006, pack_s=0.020, rows=16, params=11_27
 FP16_CHEAPEST = dict(fp32_s=0.010, fp16_s=0.004, graph_s=0.008, fp16_pack_s=0.020, graph_pack_s=0.050)
 
 
+def _run_two_steps(tiny_assets, out, cache, backend: dict):
+    """``rlkit run`` of 2 steps (2 prompts × 4, 12 tokens, graded rewards) with ``rollout.backend`` and the
+    hardware cache ``cache``; the finished process (asserted to have succeeded)."""
+    model, data = tiny_assets
+    overrides = {
+        "data.max_response_length": 12,
+        "data.train_batch_size": 2,
+        "rollout.n": 4,
+        "trainer.total_steps": 2,
+        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+        "rollout.backend": backend,
+    }
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(recipe_text(model, data, out, overrides))
+    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 @pytest.mark.parametrize("linears", ["torch", "auto"])
 def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, linears):
     """``linears: torch``: the per-linear fp16 probe decides the dtype; ``linears: auto`` (the default): the
     tiny Qwen2 is a model the one-graph step takes, so the probe of the whole step decides, here for fp16."""
-    model, data = tiny_assets
+    model, _ = tiny_assets
     cache = tmp_path / "cache"
     cpu = cpu_info()
     cached_probe(cpu, cache / "hardware.json", probe=lambda: SLOW_BF16)
@@ -61,18 +80,7 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, li
     graph = GraphProbe(**FP16_CHEAPEST)
     cached_graph_probe(config.to_dict(), cpu, cache / "hardware.json", probe=lambda config: graph)
     out = tmp_path / "out"
-    recipe = tmp_path / "recipe.yaml"
-    overrides = {
-        "data.max_response_length": 12,
-        "data.train_batch_size": 2,
-        "rollout.n": 4,
-        "trainer.total_steps": 2,
-        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-        "rollout.backend": {"name": "hf", "linears": linears},
-    }
-    recipe.write_text(recipe_text(model, data, out, overrides))
-    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _run_two_steps(tiny_assets, out, cache, {"name": "hf", "linears": linears})
 
     resolved = json.loads((out / "run_info.json").read_text())["resolved"]
     if linears == "torch":
@@ -115,7 +123,7 @@ def test_auto_decodes_with_bf16_weights_where_the_whole_step_probe_finds_them_ch
 
     if bf16_weights_unavailable():
         pytest.skip(bf16_weights_unavailable())
-    model, data = tiny_assets
+    model, _ = tiny_assets
     cache = tmp_path / "cache"
     cpu = cpu_info()
     cached_probe(cpu, cache / "hardware.json", probe=lambda: SLOW_BF16)  # auto trains in fp32 on any CPU
@@ -128,18 +136,7 @@ def test_auto_decodes_with_bf16_weights_where_the_whole_step_probe_finds_them_ch
     graph = GraphProbe(**BF16_CHEAPEST)
     cached_graph_probe(config.to_dict(), cpu, cache / "hardware.json", probe=lambda config: graph)
     out = tmp_path / "out"
-    recipe = tmp_path / "recipe.yaml"
-    overrides = {
-        "data.max_response_length": 12,
-        "data.train_batch_size": 2,
-        "rollout.n": 4,
-        "trainer.total_steps": 2,
-        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-        "rollout.backend": {"name": "hf"},  # dtype and linears: auto
-    }
-    recipe.write_text(recipe_text(model, data, out, overrides))
-    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _run_two_steps(tiny_assets, out, cache, {"name": "hf"})  # dtype and linears: auto
 
     resolved = json.loads((out / "run_info.json").read_text())["resolved"]
     why = graph_choice(graph, 12, margin=MLAS_PAYBACK_MARGIN, reduced=True)[2]
