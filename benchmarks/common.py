@@ -122,6 +122,7 @@ class Prefilled:
 def prefilled_arithmetic(tok, model, rows: int, steps: int) -> Prefilled:
     """:func:`arithmetic_chat_texts` (``rows / 8`` copies of each, left-padded) through ``model`` 's forward
     into a slab cache with room for ``steps`` more tokens: the start of every decode spike."""
+    from rlkit.model.kv_cache import cache_argument
     from rlkit.rollout.decode import SlabCache, slab_layers
 
     enc = tok(arithmetic_chat_texts(tok), return_tensors="pt", padding=True)
@@ -131,7 +132,11 @@ def prefilled_arithmetic(tok, model, rows: int, steps: int) -> Prefilled:
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = SlabCache(slab_layers(model), width + steps + 1)
     out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        **cache_argument(model, cache),
     )
     full = torch.cat([mask, torch.ones(rows, steps + 1, dtype=mask.dtype)], 1)
     return Prefilled(cache, out.logits[:, -1], full, positions, width)

@@ -27,6 +27,7 @@ from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.model import flops, fsdp
+from rlkit.model.kv_cache import cache_argument, output_cache
 from rlkit.model.lm_head import head_replaced, plain_head
 from rlkit.model.packing import pack_groups
 from rlkit.model.packing import plan as packing_plan
@@ -323,14 +324,14 @@ def _shared_prefix_logits(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = head.past_key_values
+    cache = output_cache(head)
     cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...], an indexing op autograd follows
     tail = module(
         input_ids=ids[:, p_keep:],
         attention_mask=mask,
         position_ids=pos[:, p_keep:],
-        past_key_values=cache,
         use_cache=True,
+        **cache_argument(module, cache),
         logits_to_keep=t,
     )
     # the last prompt position predicts response token 0; response position j predicts token j + 1

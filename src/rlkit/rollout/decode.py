@@ -44,6 +44,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
+from rlkit.model.kv_cache import cache_argument, output_cache
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 
@@ -207,12 +208,12 @@ class Decoding:
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
-            past_key_values=cache,
+            **cache_argument(module, cache),
             **keep,
         )
         logits = out.logits[:, -1]
         if share:
-            out.past_key_values.batch_select_indices(inverse)
+            output_cache(out).batch_select_indices(inverse)
             logits = logits[inverse]
         return out, logits
 
@@ -308,8 +309,8 @@ def _decode_slab(
             input_ids=responses[rows, step : step + 1],
             attention_mask=mask[rows, :length],
             position_ids=last_pos[:, None],
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(module, cache),
         )
         logits = out.logits[:, -1]
 
@@ -347,7 +348,7 @@ def _decode_plain(
             input_ids=responses[:, step : step + 1],
             attention_mask=mask,
             position_ids=last_pos[:, None],
-            past_key_values=out.past_key_values,
             use_cache=True,
+            **cache_argument(module, output_cache(out)),
         )
         logits = out.logits[:, -1]

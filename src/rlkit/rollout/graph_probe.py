@@ -116,6 +116,7 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
     """Best-of-``rounds`` seconds of a decode step of ``model`` by each path (bf16 weights only where
     ``bf16``), and of each path's repack."""
     from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.model.kv_cache import cache_argument
     from rlkit.rollout.bf16_weights import Bf16DecodeCopy
     from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
@@ -125,7 +126,7 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
     ids = torch.randint(0, _VOCAB, (rows, context), generator=gen)
     mask = torch.ones(rows, context, dtype=torch.long)
     cache = SlabCache(slab_layers(model), context + _STEPS + 2)
-    model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    model(input_ids=ids, attention_mask=mask, use_cache=True, **cache_argument(model, cache))
     copies = {
         "fp16": None if fp16_weights_unavailable() else Fp16DecodeCopy(model),
         "bf16": Bf16DecodeCopy(model) if bf16 else None,
