@@ -8,7 +8,9 @@ Variants (``--variants``, each an ``HFRollout`` handed the weights before every 
 does, so every packed variant's time includes its repack):
 
 - ``bf16``: ``rollout.backend.dtype: bfloat16`` as rlkit runs it on a CPU with oneDNN: linears over bf16
-  weights packed for oneDNN, everything else fp32;
+  weights packed for oneDNN (q/k/v and gate/up fused into one GEMM each), everything else fp32;
+- ``bf16-unfused``: the same with every linear packed on its own (``packed_copy.sibling_groups`` patched to
+  group nothing; rlkit before session 16);
 - ``plain-bf16``: the same dtype where oneDNN's packed linear is missing (``bf16_weights_unavailable``
   patched): a copy of the module with every parameter bf16 (attention and KV cache bf16 too);
 - ``graph``: fp32 as one ONNX Runtime graph per step (``linears: onnxruntime``);
@@ -33,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import arithmetic_chat_texts, machine_record, one_thread, save_results  # noqa: E402
 
-VARIANTS = ("plain-bf16", "bf16", "graph", "fp32")
+VARIANTS = ("plain-bf16", "bf16", "bf16-unfused", "graph", "fp32")
 
 
 def kernels(config, rows: tuple[int, ...] = (8, 16), weights: int = 40) -> list[str]:
@@ -101,6 +103,7 @@ def main() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     import rlkit.rollout.hf as hf
+    import rlkit.rollout.packed_copy as packed_copy
     from rlkit.batch import Batch
     from rlkit.builtin.params import HFRolloutParams
     from rlkit.model.load import resolve_model_path
@@ -121,22 +124,32 @@ def main() -> None:
         params = {
             "plain-bf16": dict(dtype="bfloat16"),
             "bf16": dict(dtype="bfloat16"),
+            "bf16-unfused": dict(dtype="bfloat16"),
             "graph": dict(dtype="float32", linears="onnxruntime"),
             "fp32": dict(dtype="float32"),
         }
 
         @contextlib.contextmanager
-        def plain_copy(on: bool):
-            """``plain-bf16``: the decode path where oneDNN's packed linear is missing."""
-            if not on:
+        def patched(variant: str):
+            """``plain-bf16``: the decode path where oneDNN's packed linear is missing; ``bf16-unfused``: no
+            sibling linears grouped."""
+            owner, name, stand_in = {
+                "plain-bf16": (
+                    hf,
+                    "bf16_weights_unavailable",
+                    lambda: "patched by benchmarks/bf16_decode.py",
+                ),
+                "bf16-unfused": (packed_copy, "sibling_groups", lambda source, names: [(n,) for n in names]),
+            }.get(variant, (None, "", None))
+            if owner is None:
                 yield
                 return
-            saved = hf.bf16_weights_unavailable
-            hf.bf16_weights_unavailable = lambda: "patched by benchmarks/bf16_decode.py"
+            saved = getattr(owner, name)
+            setattr(owner, name, stand_in)
             try:
                 yield
             finally:
-                hf.bf16_weights_unavailable = saved
+                setattr(owner, name, saved)
 
         lines += ["", "| rows × tokens | " + " | ".join(f"{v} tok/s" for v in variants) + " |"]
         lines.append("|---|" + "---:|" * len(variants))
@@ -163,7 +176,7 @@ def main() -> None:
                     backend = backends[v]
                     backend.update_weights(model)  # the weight sync: every packed variant repacks
                     backend.generator.manual_seed(1)
-                    with plain_copy(v == "plain-bf16"):
+                    with patched(v):
                         start = time.perf_counter()
                         backend.generate(prompts, n=rows // k, **({"max_new_tokens": 2} if rep == 0 else {}))
                         if rep:

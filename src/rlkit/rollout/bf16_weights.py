@@ -5,11 +5,13 @@ about half of what oneDNN's bf16 GEMM does at that shape when oneDNN gets the we
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the packing torch's CPU compiler uses), and a
 decode copy whose every parameter is bf16 also runs the attention in bf16, where torch's CPU SDPA is 5–8×
 slower than in fp32 (SmolLM2 at 8 rows × 300 positions: 2.3 ms a layer against 0.29). The decode copy here
-(:class:`Bf16DecodeCopy`, ``rlkit.rollout.fp16_weights.PackedDecodeCopy`` 's machinery) therefore packs
+(:class:`Bf16DecodeCopy`, ``rlkit.rollout.packed_copy.PackedDecodeCopy`` 's machinery) therefore packs
 every ``nn.Linear`` 's weight for oneDNN in bf16 and keeps everything else fp32: each linear takes fp32
 activations, multiplies in bf16 with fp32 accumulation and hands back fp32 (:class:`Bf16Linear`), so the
 residual stream, norms, rotary, KV cache, attention and sampling stay fp32 — what ``torch.autocast`` does
-for the actor's bf16 forward. Measured in docs/benchmarks.md ("bf16 weights packed for oneDNN").
+for the actor's bf16 forward. Sibling projections that read one input (q/k/v, gate/up) are packed as one
+matrix (:class:`Bf16FusedLinear`): one GEMM, one cast in and one out where there were three or two.
+Measured in docs/benchmarks.md ("bf16 weights packed for oneDNN").
 
 Numerics: each GEMM's output equals ``F.linear`` on the bf16-rounded input and weight (bitwise on the
 machines measured); the rollout's log-probs are those of this model, and ``algorithm.rollout_correction``
@@ -25,9 +27,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlkit.rollout.fp16_weights import PackedDecodeCopy
+from rlkit.rollout.packed_copy import FusedOutputs, PackedDecodeCopy
 
-__all__ = ["Bf16DecodeCopy", "Bf16Linear", "bf16_weights_unavailable"]
+__all__ = ["Bf16DecodeCopy", "Bf16FusedLinear", "Bf16Linear", "bf16_weights_unavailable"]
 
 
 def bf16_weights_unavailable() -> str | None:
@@ -57,8 +59,7 @@ class Bf16Linear(nn.Module):
             self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
-        return y.float() if self.bias is None else y.float() + self.bias
+        return _packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return (
@@ -66,9 +67,59 @@ class Bf16Linear(nn.Module):
         )
 
 
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none", [], "")
+    return y.float() if bias is None else y.float() + bias
+
+
+class Bf16FusedLinear(nn.Module):
+    """Sibling linears ``linears`` (one input width) as one oneDNN-packed bf16 matrix, their output rows
+    stacked: ``output(x, i)`` is linear ``i`` 's ``[..., out_i]`` as :class:`Bf16Linear` computes it (each
+    output element the same sum over the same bf16-rounded operands), the GEMM run once for all of them
+    (``rlkit.rollout.packed_copy.FusedMember``)."""
+
+    def __init__(self, linears: list[nn.Linear], names: tuple[str, ...]):
+        super().__init__()
+        self.in_features = linears[0].in_features
+        self.splits = [linear.out_features for linear in linears]
+        self.names = names
+        self.pack(linears, names)
+        self._outputs = FusedOutputs(self._run, self.splits)
+
+    def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
+        """Pack the linears' current weights as one matrix (their biases kept fp32, zero where one has
+        none)."""
+        with torch.no_grad():
+            weight = torch.cat([linear.weight.detach().to(torch.bfloat16) for linear in linears])
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+            self.bias = (
+                None
+                if all(linear.bias is None for linear in linears)
+                else torch.cat(
+                    [
+                        linear.bias.detach().float()
+                        if linear.bias is not None
+                        else torch.zeros(linear.out_features)
+                        for linear in linears
+                    ]
+                )
+            )
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        return _packed_linear(x, self.packed, self.bias)
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        return self._outputs.output(x, index)
+
+    def extra_repr(self) -> str:
+        members = "+".join(name.rpartition(".")[2] for name in self.names)
+        shape = f"in_features={self.in_features}, out_features={self.splits}"
+        return f"{members}: {shape}, weight=bf16 (oneDNN packed)"
+
+
 class Bf16DecodeCopy(PackedDecodeCopy):
     """The CPU decode copy with oneDNN-packed bf16 weights (:class:`Bf16Linear`): ``rollout.backend.dtype:
     bfloat16`` on a CPU."""
 
     def __init__(self, source: nn.Module):
-        super().__init__(source, Bf16Linear, "rollout.backend.dtype=bfloat16")
+        super().__init__(source, Bf16Linear, "rollout.backend.dtype=bfloat16", fused_cls=Bf16FusedLinear)

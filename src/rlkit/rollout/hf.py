@@ -49,9 +49,10 @@ from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
 from rlkit.rollout.decode import DecodePlan, Decoding, decode
-from rlkit.rollout.fp16_weights import Fp16DecodeCopy, PackedDecodeCopy
+from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 from rlkit.rollout.mlas_weights import MlasDecodeCopy
 from rlkit.rollout.ort_step import OrtDecodeStep, ort_step_for
+from rlkit.rollout.packed_copy import PackedDecodeCopy
 
 __all__ = ["HFRollout"]
 

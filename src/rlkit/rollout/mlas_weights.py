@@ -33,7 +33,7 @@ from torch import nn
 from rlkit.errors import RlkitError
 from rlkit.hardware import onnxruntime_unavailable
 from rlkit.hardware.mlas import gemm_session
-from rlkit.rollout.fp16_weights import PackedDecodeCopy
+from rlkit.rollout.packed_copy import PackedDecodeCopy
 
 __all__ = ["MlasDecodeCopy", "MlasLinear"]
 

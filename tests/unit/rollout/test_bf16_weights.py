@@ -17,6 +17,7 @@ from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig, RolloutConfig
 from rlkit.rollout.bf16_weights import Bf16DecodeCopy, Bf16Linear, bf16_weights_unavailable
 from rlkit.rollout.hf import HFRollout
+from rlkit.rollout.packed_copy import FusedMember
 
 pytestmark = pytest.mark.skipif(bf16_weights_unavailable() is not None, reason="no oneDNN in this torch")
 
@@ -108,7 +109,10 @@ def test_bf16_decode_copy_matches_the_autocast_model_and_repacks_only_after_an_u
         torch.testing.assert_close(got["rollout_log_probs"], want["rollout_log_probs"], atol=1e-5, rtol=1e-5)
         assert isinstance(fast._packed_copy, Bf16DecodeCopy)
         copy_module = fast._packed_copy.module
-        assert sum(isinstance(m, Bf16Linear) for m in copy_module.modules()) == linears
+        assert sum(isinstance(m, Bf16Linear | FusedMember) for m in copy_module.modules()) == linears
+        layers = len(model.model.layers)  # q/k/v and gate/up fused in every layer: 2 GEMMs where 5 were
+        assert sum(isinstance(m, FusedMember) for m in copy_module.modules()) == 5 * layers
+        assert len({id(m.group) for m in copy_module.modules() if isinstance(m, FusedMember)}) == 2 * layers
         assert all(p.dtype == torch.float32 for p in copy_module.parameters())  # norms, embedding: fp32
         assert got.meta["metrics"]["rollout/bf16_repacked_linears"] == float(linears)
         assert got.meta["metrics"]["rollout/lean_step"] == 1.0

@@ -215,7 +215,7 @@ def test_a_two_thread_worker_repacks_on_two_threads_to_the_same_weights(tiny_mod
             if n == 1:  # packed in place, on the caller's thread
                 assert packers == {threading.current_thread().name}
             else:  # by the packing pool (how many of its 2 threads took jobs is up to the scheduler)
-                assert packers and all(t.startswith("rlkit-fp16-pack") for t in packers)
+                assert packers and all(t.startswith("rlkit-pack") for t in packers)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(copies[1], copies[2])

@@ -239,7 +239,7 @@ def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
     import torch
     from transformers import AutoConfig
 
-    from rlkit.rollout.bf16_weights import Bf16Linear, bf16_weights_unavailable
+    from rlkit.rollout.bf16_weights import Bf16FusedLinear, Bf16Linear, bf16_weights_unavailable
     from rlkit.rollout.fp16_weights import Fp16Linear
     from rlkit.rollout.graph_probe import _probe_model, _time_paths
     from rlkit.rollout.ort_step import ort_step_for
@@ -249,11 +249,13 @@ def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
     model = _probe_model(AutoConfig.from_pretrained(tiny_model_dir).to_dict(), 1)
     linears = sum(type(m) is torch.nn.Linear for m in model.modules())
     packs = {Bf16Linear: 0, Fp16Linear: 0}
-    for cls in packs:
+    for cls in (Bf16Linear, Fp16Linear, Bf16FusedLinear):
         original = cls.pack
 
-        def counted(self, linear, name="", cls=cls, original=original):
-            packs[cls] += 1
+        def counted(self, linear, name="", cls=cls, original=original):  # a fused group: its linears
+            packs[Bf16Linear if cls is Bf16FusedLinear else cls] += (
+                len(linear) if isinstance(linear, list) else 1
+            )
             original(self, linear, name)
 
         monkeypatch.setattr(cls, "pack", counted)
