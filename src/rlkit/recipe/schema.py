@@ -209,8 +209,9 @@ class ActorConfig(Section):
         "auto",
         description=(
             "bf16 autocast for forward/backward (critic and reference follow); auto = bf16 only where this "
-            "device's bf16 is fast (CUDA with bf16; a CPU whose bf16 matmul measures >= 2x fp32, e.g. AMX), "
-            "else fp32 (rlkit.hardware; the choice is printed and logged as resolved.mixed_precision)"
+            "device's bf16 is fast (CUDA with bf16; a CPU with bf16 instructions whose bf16 matmul measures "
+            ">= 1.33x fp32: AMX, avx512_bf16), else fp32 (rlkit.hardware; the choice is printed and logged "
+            "as resolved.mixed_precision)"
         ),
     )
     max_nonfinite_in_row: PositiveInt = Field(

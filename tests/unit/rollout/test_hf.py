@@ -78,7 +78,7 @@ def test_rollout_log_probs_match_the_actor(tiny_model_dir, gloo_world1):
     loss = resolved("actor.policy_loss", "policy_losses", ActorConfig().policy_loss)
     actor = FSDPActor(
         ModelConfig(path=str(tiny_model_dir)),
-        ActorConfig(),
+        ActorConfig(mixed_precision="fp32"),  # the rollout built directly decodes in the weights' fp32
         loss,
         rollout_n=2,
         total_steps=1,

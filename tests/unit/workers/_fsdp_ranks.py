@@ -93,6 +93,7 @@ def update_once(model_dir: str, mode: str) -> dict:
         ppo_max_token_len_per_rank=40,
         loss_agg_mode="token-mean",
         optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        mixed_precision="fp32",  # world sizes compared in fp32 on every machine (auto follows the CPU)
         **({"policy_loss": CLIP_COV} if mode == "clip_cov" else {}),
     )
     actor = FSDPActor(

@@ -27,7 +27,15 @@ sys.path.pop(0)
 def make_actor(model_dir, forward_plan: ForwardPlan = ForwardPlan(), **overrides) -> FSDPActor:
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, **overrides.pop("optim", {}))
     cfg = ActorConfig(
-        **({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 8, "optim": optim} | overrides)
+        **(
+            {
+                "ppo_mini_batch_size": 4,
+                "ppo_micro_batch_size_per_rank": 8,
+                "optim": optim,
+                "mixed_precision": "fp32",  # the algebra in fp32 on every machine (auto follows the CPU)
+            }
+            | overrides
+        )
     )
     return FSDPActor(
         ModelConfig(path=str(model_dir)),

@@ -44,6 +44,7 @@ def test_new_loss_updates_a_real_actor(tiny_model_dir, gloo_world1, component, m
         ppo_micro_batch_size_per_rank=3,
         loss_agg_mode=mode,
         optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        mixed_precision="fp32",  # the algebra in fp32 on every machine (auto follows the CPU)
     )
     actor = FSDPActor(ModelConfig(path=str(tiny_model_dir)), cfg, policy_loss, rollout_n=2, total_steps=10)
     batch = global_batch(actor.tokenizer)  # 8 samples, response lengths 1..8, sequence-level advantages
@@ -83,6 +84,7 @@ def test_cov_losses_do_not_depend_on_the_micro_batch_split(tiny_model_dir, gloo_
             ppo_mini_batch_size=4,
             ppo_micro_batch_size_per_rank=micro,
             optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+            mixed_precision="fp32",
         )
         actor = FSDPActor(
             ModelConfig(path=str(tiny_model_dir)),

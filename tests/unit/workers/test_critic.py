@@ -91,7 +91,7 @@ def test_ref_log_probs_equal_the_initial_policy(tiny_model_dir, gloo_world1):
     ref = FSDPRef(ModelConfig(path=str(tiny_model_dir)), RefConfig(log_prob_micro_batch_size_per_rank=3))
     actor = FSDPActor(
         ModelConfig(path=str(tiny_model_dir)),
-        ActorConfig(),
+        ActorConfig(mixed_precision="fp32"),  # the ref computes in fp32 (its default): so does the actor
         resolved_policy_loss(ActorConfig()),
         rollout_n=2,
         total_steps=1,
