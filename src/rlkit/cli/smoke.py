@@ -146,8 +146,8 @@ SMOKE_RULES: tuple[Rule, ...] = (
     Rule("reward.manager.num_workers", lambda old, raw, plan: min(old, 2)),
     # hardware
     # fp32 on every CPU, whatever auto would pick there: bf16 autocast is much slower on CPUs without bf16
-    # units (docs/concepts.md), the tiny model's step is no faster in bf16 even on Zen 4 (0.15 s against 0.13),
-    # and a smoke run's rollout is then its actor's policy to float rounding
+    # units (docs/concepts.md), the tiny model's step is no faster in bf16 even on Zen 4 (0.15 s against
+    # 0.13), and a smoke run's rollout is then its actor's policy to float rounding
     Rule("actor.mixed_precision", "fp32", always=True),
     # the HF rollout in float32 (and the GPU engine's own parameters, launch, tp_size ..., go with the swap)
     Rule("rollout.backend", {"name": "hf", "dtype": "float32"}, always=True),

@@ -58,7 +58,7 @@ def test_hybrid_actor_group_step(tiny_model_dir, pools, tmp_path):
         ppo_micro_batch_size_per_rank=2,
         use_kl_loss=True,
         optim=OptimConfig(lr=1e-2),
-        mixed_precision="fp32",  # the rollout's log-probs checked against the actor's in fp32 on every machine
+        mixed_precision="fp32",  # the rollout's log-probs checked against the actor's in fp32 on any CPU
     )
     # the components the driver resolves once (rlkit.recipe.compose) and hands to the role, as Runtime does
     policy_loss, problems = resolve("actor.policy_loss", "policy_losses", actor.policy_loss, registries)
