@@ -114,9 +114,10 @@ def _graph_decides(
     max_new_tokens: int | None,
     graph: Callable[[int, bool], tuple[str, str, str] | None] | None,
 ) -> tuple[str, str, str] | None:
-    """``graph`` 's (dtype, linears, why) where it decides (:func:`resolve_precision`), else None."""
-    float32_cpu = decision.device == "cpu" and decision.decode_dtype == "float32"
-    if graph is None or linears != "auto" or not max_new_tokens or not float32_cpu:
+    """``graph`` 's (dtype, linears, why) where it decides (:func:`resolve_precision`), else None: on any CPU,
+    whether it trains in bf16 or fp32 (the tiny test model decodes fastest as the fp32 graph even where bf16
+    is fast; SmolLM2 with bf16 weights)."""
+    if graph is None or linears != "auto" or not max_new_tokens or decision.device != "cpu":
         return None
     # auto: reduced-precision weights allowed (fp16, bf16: where the probe measured them)
     if decode_dtype == "auto":
@@ -227,7 +228,8 @@ def resolve_precision(
     ``graph(max_new_tokens, reduced_allowed)``: for a model the one-graph decode step takes, ``(dtype,
     linears, why)`` from its probe of the whole step (``rlkit.rollout.graph_probe``: F.linear, the graph, or
     fp16 or bf16 weights where allowed and measured), or None; where given, it decides ``auto`` linears
-    (and an ``auto`` dtype with them) on a CPU that decodes in float32, in place of the per-linear probes.
+    (and an ``auto`` or float32 dtype with them) on a CPU, in place of the per-linear probes and of the
+    bf16-or-fp32 decision.
 
     An explicit bf16 on a CPU without native bf16 (or whose bf16 measured slower than fp32) is kept, with a
     warning naming the measured ratio."""

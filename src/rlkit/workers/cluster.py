@@ -38,6 +38,11 @@ __all__ = ["RayCluster", "LOCAL_CLUSTER_ENV", "local_node"]
 LOCAL_CLUSTER_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # node address = 127.0.0.1, so sockets bind loopback only
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats reporting
+    # a call's argument or result up to 1 MiB travels inside the call (Ray's default: 100 KiB, larger ones
+    # through the shared-memory object store): a CPU step's batches are 0.1-1 MB, and a role call echoing
+    # the tiny harness step's (155 kB) took 4.3 ms instead of 5.5 (docs/benchmarks.md, "Ray calls inline a
+    # step's batch")
+    "RAY_max_direct_call_object_size": str(1 << 20),
 }
 
 

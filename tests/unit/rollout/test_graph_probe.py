@@ -199,14 +199,21 @@ def test_the_run_resolution_takes_the_whole_step_probe_where_it_is_given():
     asked.clear()
     assert resolve("auto", "torch").decode_linears == "torch"
     assert resolve("bfloat16", "auto").decode_dtype == "bfloat16"
-    # a CPU with fast bf16 decodes in bf16: no graph
-    fast = decide_cpu(AMX, MatmulProbe(fp32_flops=80e9, bf16_flops=400e9, ratios=(5.0,)))
-    assert fast.decode_dtype == "bfloat16"
-    assert (resolve("auto", "auto", fast).decode_dtype, resolve("auto", "auto", fast).decode_linears) == (
-        "bfloat16",
-        "torch",
-    )
     assert asked == []
+    # a CPU with fast bf16 trains in bf16, and the probe of the whole step still decides the decode: the
+    # graph where it is cheapest (a small model's layer), bf16 weights where they are
+    fast = decide_cpu(AMX, MatmulProbe(fp32_flops=80e9, bf16_flops=400e9, ratios=(5.0,)))
+    assert (fast.mixed_precision, fast.decode_dtype) == ("bf16", "bfloat16")
+    got = resolve("auto", "auto", fast)
+    assert (got.mixed_precision, got.decode_dtype, got.decode_linears) == ("bf16", "float32", "onnxruntime")
+    assert asked == [(64, True)]
+
+    def graph(tokens, reduced):  # noqa: F811 - the same probe, bf16 weights measured cheapest
+        return graph_choice(WITH_BF16, tokens, margin=2.0, reduced=reduced)
+
+    got = resolve("auto", "auto", fast)
+    assert (got.mixed_precision, got.decode_dtype, got.decode_linears) == ("bf16", "bfloat16", "torch")
+    assert got.linears_reason.endswith("-> bfloat16 weights")
 
 
 def test_on_a_native_bf16_cpu_that_trains_in_fp32_the_probe_may_choose_bf16_weights():

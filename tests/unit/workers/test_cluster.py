@@ -147,3 +147,25 @@ def test_joining_a_cluster_leaves_it_running(ray_cluster):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"started": False, "connected": True, "cpus": 8.0, "initialized": False}
     assert ray.cluster_resources()["CPU"] == 8.0  # the joined cluster is still up after the guest left
+
+
+def test_a_local_clusters_workers_take_a_steps_batch_inside_the_call(ray_cluster):
+    """rlkit's local cluster passes arguments and results up to 1 MiB inside the call (Ray reads
+    ``RAY_max_direct_call_object_size`` in every process it starts; benchmarks/ray_calls.py measures it):
+    the workers inherit the setting, and a 0.5 MB batch makes the round trip intact."""
+    import numpy as np
+    import torch
+
+    from rlkit.batch import Batch
+    from rlkit.workers.cluster import LOCAL_CLUSTER_ENV
+
+    @ray.remote(num_cpus=1)
+    def echo(batch):
+        return os.environ.get("RAY_max_direct_call_object_size"), batch
+
+    batch = Batch(
+        {"x": torch.arange(64 * 2000, dtype=torch.float32).view(64, 2000)}, {"uid": np.arange(64)}, {}
+    )
+    setting, back = ray.get(echo.remote(batch))
+    assert setting == LOCAL_CLUSTER_ENV["RAY_max_direct_call_object_size"] == str(1 << 20)
+    assert torch.equal(back["x"], batch["x"]) and (back["uid"] == np.arange(64)).all()
