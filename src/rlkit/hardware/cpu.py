@@ -75,10 +75,8 @@ PROBE_ROUNDS = 5
 
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm (``Features: bf16``)
-X86_BF16_FLAGS = (
-    "amx_bf16",
-    "avx512_bf16",
-)  # inside the band: bf16 (measured on AMX and Zen 4's AVX-512 BF16)
+# inside the band: bf16 (measured on AMX and on Zen 4's AVX-512 BF16)
+X86_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 RELEVANT_FLAGS = (
