@@ -287,13 +287,13 @@ def bf16_rule(native: tuple[str, ...], ratio: float) -> tuple[bool, str]:
     if not native:
         return False, "flags: no native bf16"
     if ratio >= high:
-        return True, f"probe: >= {high:g}x"
+        return True, f"probe: >= {high:.3g}x"
     if ratio < low:
-        return False, f"probe: < {low:g}x"
+        return False, f"probe: < {low:.3g}x"
     x86 = [flag for flag in X86_BF16_FLAGS if flag in native]
     if x86:
-        return True, f"band {low:g}-{high:g}x -> flags: {'/'.join(x86)}"
-    return False, f"band {low:g}-{high:g}x -> flags: no amx_bf16/avx512_bf16"
+        return True, f"band {low:.3g}-{high:.3g}x -> flags: {'/'.join(x86)}"
+    return False, f"band {low:.3g}-{high:.3g}x -> flags: no amx_bf16/avx512_bf16"
 
 
 def decide_cpu(cpu: CpuInfo, probe: MatmulProbe) -> PrecisionDecision:
