@@ -101,10 +101,12 @@ class _HeadOutputs(torch.autograd.Function):
             rescale = torch.exp(top - new_top)  # [N]; exp(-inf) = 0 on the first slice
             e = torch.sub(z, new_top[:, None], out=work.view("exp", z.shape[1])).exp_()  # [N, v]
             total.mul_(rescale).add_(e.sum(dim=-1))
+            # row dot products by vecdot, no temporary: einsum's batched [1, v] x [v, 1] GEMMs took 4.9 ms a
+            # 2048 x 2048 slice against 2.6 (one Zen 4 core, fp32; session 16, printed only)
             if with_entropy:
-                dot.mul_(rescale).add_(torch.einsum("nv,nv->n", e, z))
+                dot.mul_(rescale).add_(torch.linalg.vecdot(e, z))
             if with_spsq:
-                square.mul_(rescale * rescale).add_(torch.einsum("nv,nv->n", e, e))
+                square.mul_(rescale * rescale).add_(torch.linalg.vecdot(e, e))
             top = new_top
         lse = top + total.log()
         log_prob = picked - lse
