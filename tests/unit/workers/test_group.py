@@ -56,8 +56,8 @@ class EchoWorker(Worker):
 
     def hold(self, path: str) -> int:
         """Rank 0 answers at once; the others wait until ``path`` exists (a slow rank)."""
-        # os.access and time.sleep are C: the probe's innermost Python frame is always this one (os.path.exists
-        # is Python, and a probe landing inside it named genericpath; seen once in a full run)
+        # os.access and time.sleep are C: the probe's innermost Python frame is always this one
+        # (os.path.exists is Python; a probe landing inside it named genericpath, once in a full run)
         while self.rank and not os.access(path, os.F_OK):
             time.sleep(0.02)
         return self.rank
