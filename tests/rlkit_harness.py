@@ -86,6 +86,14 @@ def reliability_overrides(steps: int = 4, keep: int = 10, backends: str = "jsonl
 # 0).
 GRADED_SCORE = Path(__file__).resolve().parent / "fixtures" / "graded_score.py"
 GRADED_REWARD = f"reward: {{custom_score: {{path: {GRADED_SCORE}}}}}\n"
+# recipe_text overrides of a short run with a real gradient: 2 steps, 2 prompts × 4 samples, 12 tokens, graded
+TWO_GRADED_STEPS = {
+    "data.max_response_length": 12,
+    "data.train_batch_size": 2,
+    "rollout.n": 4,
+    "trainer.total_steps": 2,
+    "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
+}
 
 # Metrics that differ between two identical runs (wall-clock timings, memory, throughput).
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "time")

@@ -12,7 +12,7 @@ import json
 import math
 
 import pytest
-from rlkit_harness import GRADED_SCORE, recipe_text, records, rlkit_env
+from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
 from rlkit_harness import run as run_rlkit
 
 from rlkit.hardware import (
@@ -47,14 +47,7 @@ def _run_two_steps(tiny_assets, out, cache, backend: dict):
     """``rlkit run`` of 2 steps (2 prompts × 4, 12 tokens, graded rewards) with ``rollout.backend`` and the
     hardware cache ``cache``; the finished process (asserted to have succeeded)."""
     model, data = tiny_assets
-    overrides = {
-        "data.max_response_length": 12,
-        "data.train_batch_size": 2,
-        "rollout.n": 4,
-        "trainer.total_steps": 2,
-        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-        "rollout.backend": backend,
-    }
+    overrides = TWO_GRADED_STEPS | {"rollout.backend": backend}
     recipe = out.parent / "recipe.yaml"
     recipe.write_text(recipe_text(model, data, out, overrides))
     result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)

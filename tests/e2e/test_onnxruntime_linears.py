@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from rlkit_harness import GRADED_SCORE, recipe_text, records, rlkit_env
+from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
 from rlkit_harness import run as run_rlkit
 
 from rlkit.hardware import onnxruntime_unavailable
@@ -21,14 +21,7 @@ def test_a_run_decodes_on_onnxruntime_linears(tiny_assets, tmp_path):
     model, data = tiny_assets
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
-    overrides = {
-        "data.max_response_length": 12,
-        "data.train_batch_size": 2,
-        "rollout.n": 4,
-        "rollout.backend": {"name": "hf", "linears": "onnxruntime"},
-        "trainer.total_steps": 2,
-        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-    }
+    overrides = TWO_GRADED_STEPS | {"rollout.backend": {"name": "hf", "linears": "onnxruntime"}}
     recipe.write_text(recipe_text(model, data, out, overrides))
     result = run_rlkit("run", str(recipe), env=rlkit_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -90,13 +83,7 @@ def _run_auto(tiny_assets, tmp_path, extra=None):
     pays, graph = _seed_cpu_probes(model, cache)
     out = tmp_path / "out"
     recipe = tmp_path / "recipe.yaml"
-    overrides = {
-        "data.max_response_length": 12,
-        "data.train_batch_size": 2,
-        "rollout.n": 4,
-        "trainer.total_steps": 2,
-        "reward": {"custom_score": {"path": str(GRADED_SCORE)}},
-    } | (extra or {})
+    overrides = TWO_GRADED_STEPS | (extra or {})
     recipe.write_text(recipe_text(model, data, out, overrides))
     result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache.parent)), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
