@@ -72,7 +72,7 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return y.float() if bias is None else y.float() + bias
 
 
-class Bf16FusedLinear(nn.Module):
+class Bf16FusedLinear(FusedOutputs):
     """Sibling linears ``linears`` (one input width) as one oneDNN-packed bf16 matrix, their output rows
     stacked: ``output(x, i)`` is linear ``i`` 's ``[..., out_i]`` as :class:`Bf16Linear` computes it (each
     output element the same sum over the same bf16-rounded operands), the GEMM run once for all of them
@@ -84,7 +84,6 @@ class Bf16FusedLinear(nn.Module):
         self.splits = [linear.out_features for linear in linears]
         self.names = names
         self.pack(linears, names)
-        self._outputs = FusedOutputs(self._run, self.splits)
 
     def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
         """Pack the linears' current weights as one matrix (their biases kept fp32, zero where one has
@@ -105,16 +104,12 @@ class Bf16FusedLinear(nn.Module):
                 )
             )
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
+    def run(self, x: torch.Tensor) -> torch.Tensor:
         return _packed_linear(x, self.packed, self.bias)
-
-    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        return self._outputs.output(x, index)
 
     def extra_repr(self) -> str:
         members = "+".join(name.rpartition(".")[2] for name in self.names)
-        shape = f"in_features={self.in_features}, out_features={self.splits}"
-        return f"{members}: {shape}, weight=bf16 (oneDNN packed)"
+        return f"{members}: {super().extra_repr()}, weight=bf16 (oneDNN packed)"
 
 
 class Bf16DecodeCopy(PackedDecodeCopy):

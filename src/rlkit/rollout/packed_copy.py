@@ -27,7 +27,6 @@ model that calls its projections otherwise gets the right values, only slower.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -67,14 +66,10 @@ class FusedMember(nn.Module):
     """One sibling of a fused group (module docstring): ``y = x @ W_i.T (+ b_i)``, ``W_i`` this member's rows
     of the group's packed matrix; any leading shape ``[..., in] → [..., out_i]``."""
 
-    def __init__(self, group: nn.Module, index: int, out_features: int):
+    def __init__(self, group: FusedOutputs, index: int, out_features: int):
         super().__init__()
         self.index, self.in_features, self.out_features = index, group.in_features, out_features
-        self._group = [group]  # not a submodule: the group is shared by its members
-
-    @property
-    def group(self) -> nn.Module:
-        return self._group[0]
+        self.group = group  # a plain object (not a submodule), shared by the group's members
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.output(x, self.index)
@@ -84,13 +79,23 @@ class FusedMember(nn.Module):
 
 
 class FusedOutputs:
-    """A group's last GEMM: its input (the tensor object), the split outputs, which members took theirs."""
+    """The base of a fused group (``fused_cls``): ``in_features``, ``splits`` (each member's
+    ``out_features``) and :meth:`run` (``[..., in] → [..., sum(splits)]``, the one GEMM) from the subclass;
+    keeps the last GEMM's input (the tensor object), its split outputs and which members took theirs."""
 
-    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], splits: list[int]):
-        self.run, self.splits = run, splits
+    in_features: int
+    splits: list[int]
+
+    def __init__(self) -> None:
         self.input: torch.Tensor | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
         self.taken: set[int] = set()
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.splits}"
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         if x is not self.input or index in self.taken:
@@ -103,13 +108,13 @@ class FusedOutputs:
         return out
 
 
-def _pack_all(jobs: list[tuple[nn.Module, list[nn.Linear], tuple[str, ...]]]) -> None:
+def _pack_all(jobs: list[tuple[nn.Module | FusedOutputs, list[nn.Linear], tuple[str, ...]]]) -> None:
     """Pack each job's target from its linears, on as many threads as torch's intra-op count (the worker's
     ``threads_per_worker``): fbgemm (and MLAS) packs one matrix on one thread, and on a pool the packing
     runs partly in parallel (SmolLM2 on 2 threads: 0.72x the packing time, 0.84x the refresh;
     docs/benchmarks.md). The packed weights are the same either way."""
 
-    def pack(target: nn.Module, linears: list[nn.Linear], names: tuple[str, ...]) -> None:
+    def pack(target: nn.Module | FusedOutputs, linears: list[nn.Linear], names: tuple[str, ...]) -> None:
         if len(names) == 1:
             target.pack(linears[0], names[0])
         else:
@@ -150,7 +155,8 @@ def _place(module: nn.Module, name: str, replacement: nn.Module) -> None:
 class PackedDecodeCopy:
     """A copy of ``source`` for decoding whose ``nn.Linear`` s are ``linear_cls(linear, name)`` (a packed
     weight with a ``pack(linear, name)`` method: ``Fp16Linear``, ``MlasLinear``, ``Bf16Linear``) and, with a
-    ``fused_cls`` (``fused_cls(linears, names)`` with ``pack(linears, names)`` and ``output(x, index)``),
+    ``fused_cls`` (a :class:`FusedOutputs` built as ``fused_cls(linears, names)``, with
+    ``pack(linears, names)``),
     whose sibling linears are fused (module docstring); :meth:`refresh` brings it to ``source`` 's current
     weights (repacking the trainable linears and the frozen ones written since). ``setting``: the recipe
     setting that asked for it, for errors."""
@@ -160,14 +166,14 @@ class PackedDecodeCopy:
         source: nn.Module,
         linear_cls: type[nn.Module],
         setting: str,
-        fused_cls: type[nn.Module] | None = None,
+        fused_cls: type[FusedOutputs] | None = None,
     ):
         names = [name for name, m in source.named_modules() if _packable(name, m)]
         if not names:
             raise RlkitError(f"{setting}: the model has no nn.Linear to pack; decode in float32 instead.")
         self.units = sibling_groups(source, names) if fused_cls else [(name,) for name in names]
         self.module = copy.deepcopy(source, _skipped(source, names)).requires_grad_(False)
-        self.targets: dict[tuple[str, ...], nn.Module] = {}
+        self.targets: dict[tuple[str, ...], nn.Module | FusedOutputs] = {}
         self.packed_at: dict[tuple[str, ...], tuple[tuple[int, int], ...]] = {}
         for unit in self.units:
             linears = [source.get_submodule(name) for name in unit]

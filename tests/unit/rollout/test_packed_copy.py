@@ -67,11 +67,14 @@ def test_lora_wrapped_projections_are_not_grouped():
 def test_a_group_runs_its_gemm_once_per_input_and_afresh_for_any_other_call():
     calls: list[torch.Tensor] = []
 
-    def run(x):
-        calls.append(x)
-        return torch.cat([x, 2 * x, 3 * x], dim=-1)
+    class Tripled(FusedOutputs):  # members 0, 1, 2: x, 2x, 3x
+        in_features, splits = 2, [2, 2, 2]
 
-    group = FusedOutputs(run, [2, 2, 2])
+        def run(self, x):
+            calls.append(x)
+            return torch.cat([x, 2 * x, 3 * x], dim=-1)
+
+    group = Tripled()
     x = torch.ones(1, 2)
     assert [group.output(x, i)[0, 0].item() for i in range(3)] == [1.0, 2.0, 3.0]
     assert len(calls) == 1 and group.input is None and group.outputs == ()  # nothing held after the last
