@@ -61,3 +61,19 @@ def test_keep_backend_on_the_command_line(cache, capsys):
     assert "rollout=sglang" in out and "kept: sglang (--keep-backend)" in err and "num_replicas" in err
     assert main(["validate", dapo, "--keep-backend"]) == 1
     assert "--keep-backend" in capsys.readouterr().err
+
+
+def test_a_backend_named_on_the_command_line_gets_no_hf_parameters(cache):
+    """``--smoke rollout.backend.name=sglang`` (how tests/engines runs recipes/verifiers.yaml on SGLang): the
+    smoke's HF swap carries ``dtype: float32``, an HF parameter; naming another backend must not carry it
+    over (sglang has no ``dtype``: validation refused the run). The HF swap itself keeps float32."""
+    registries = build_registries()
+    verifiers = REPO / "recipes" / "verifiers.yaml"
+    named, _ = load_smoke_recipe(
+        verifiers,
+        ["rollout.backend.name=sglang", "rollout.backend.launch.startup_timeout_s=900"],
+        registries=registries,
+    )
+    assert named.rollout.backend.name == "sglang" and "dtype" not in named.rollout.backend.params
+    plain, _ = load_smoke_recipe(verifiers, registries=registries)
+    assert plain.rollout.backend.name == "hf" and plain.rollout.backend.params["dtype"] == "float32"

@@ -44,6 +44,7 @@ __all__ = [
     "SMOKE_RULES",
     "ENGINE_RULES",
     "smoke_rules",
+    "names_backend",
     "SmokePlan",
     "Rule",
     "Swap",
@@ -179,11 +180,25 @@ ENGINE_RULES: tuple[Rule, ...] = (
 BACKEND_KEY = "rollout.backend"
 
 
-def smoke_rules(keep_backend: bool = False) -> tuple[Rule, ...]:
-    """``SMOKE_RULES``, or with ``keep_backend`` the same without the backend swap plus ``ENGINE_RULES``."""
-    if not keep_backend:
-        return SMOKE_RULES
-    return tuple(r for r in SMOKE_RULES if r.path != BACKEND_KEY) + ENGINE_RULES
+def smoke_rules(keep_backend: bool = False, backend_named: bool = False) -> tuple[Rule, ...]:
+    """``SMOKE_RULES``, or with ``keep_backend`` the same without the backend swap plus ``ENGINE_RULES``.
+    ``backend_named`` (an override names the backend, ``rollout.backend.name=sglang``): the swap leaves a
+    bare ``{name: hf}``, so the HF backend's own parameters (``dtype``) do not follow onto the named one."""
+    if keep_backend:
+        return tuple(r for r in SMOKE_RULES if r.path != BACKEND_KEY) + ENGINE_RULES
+    if backend_named:
+        return tuple(
+            Rule(BACKEND_KEY, {"name": "hf"}, always=True) if r.path == BACKEND_KEY else r
+            for r in SMOKE_RULES
+        )
+    return SMOKE_RULES
+
+
+def names_backend(overrides: list[str] | tuple[str, ...]) -> bool:
+    """Whether a command-line override chooses the rollout backend (``rollout.backend=...`` or
+    ``rollout.backend.name=...``)."""
+    keys = {o.split("=", 1)[0].strip() for o in overrides}
+    return bool(keys & {BACKEND_KEY, f"{BACKEND_KEY}.name"})
 
 
 # ----- data ---------------------------------------------------------------------------------------
@@ -349,7 +364,7 @@ def load_smoke_recipe(
     raw = load_yaml(path)
     names = score_names(registries)
     plan = plan_smoke(raw, Path(path).stem, names, model)
-    smoked, swaps = smoke_recipe(raw, plan, smoke_rules(keep_backend))
+    smoked, swaps = smoke_recipe(raw, plan, smoke_rules(keep_backend, names_backend(overrides)))
     kept = None
     if keep_backend:
         backend = get_path(raw, BACKEND_KEY, "hf")
