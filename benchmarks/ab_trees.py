@@ -8,14 +8,18 @@ Where ``ab.py`` toggles one change in-process on the main thread, this measures 
 in a Ray worker's method thread, whose allocations glibc reuses differently (docs/benchmarks.md, "Three more
 levers on AVX2"). A's tree is ``git worktree add`` of ``--base`` in a temporary folder; each run puts its
 tree's ``src`` first on ``PYTHONPATH``, which the local Ray cluster's workers inherit (a Ray task started
-so imported ``rlkit`` from that tree). Workload: smollm2 (4 prompts x 4 samples x 32 tokens, fp32), 1
-warm-up and ``--steps`` measured steps per run. Writes ``benchmarks/results/<stamp>-ab-trees.{json,md}``.
+so imported ``rlkit`` from that tree). ``--workload``: smollm2 (4 prompts x 4 samples x 32 tokens) or tiny
+(the harness's tiny Qwen2, 8 x 8 x 32), in ``--dtype`` (a harness dtype: fp32, fp32auto, bf16; default
+fp32); 1 warm-up and ``--steps`` measured steps per run. The table's gen and update are the driver's phase
+times, ``worker gen``/``worker update`` the worker's own: their difference is what a role call costs.
+Writes ``benchmarks/results/<stamp>-ab-trees.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,13 +44,20 @@ def main() -> None:
     parser.add_argument("--base", default="HEAD", help="A: this commit (B: the working tree)")
     parser.add_argument("--reps", type=int, default=3, help="runs per tree, alternating A B, B A, ...")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
+    parser.add_argument("--workload", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--dtype", default="fp32", help="the harness dtype (fp32, fp32auto, bf16)")
     args = parser.parse_args()
     from rlkit.model.smollm2 import smollm2_dir
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     data = HERE / ".work" / "arithmetic" / "train.parquet"
-    if not data.exists():
-        raise SystemExit(f"{data} is missing: run benchmarks/run.py once (it writes the workload's data)")
+    model = str(smollm2_dir()) if args.workload == "smollm2" else str(HERE / ".work" / "tiny-qwen2")
+    for needed in (data, Path(model)):
+        if not needed.exists():
+            raise SystemExit(
+                f"{needed} is missing: run benchmarks/run.py once (it writes the workloads' files)"
+            )
+    shape = (4, 4, 32) if args.workload == "smollm2" else (8, 8, 32)
     repo = HERE.parent
     dirty = subprocess.run(
         ["git", "-C", str(repo), "status", "--porcelain", "src"], capture_output=True, text=True
@@ -57,7 +68,7 @@ def main() -> None:
         "A": f"{_rev(repo, args.base)}",
         "B": f"{_rev(repo)}{' + changes' if dirty.stdout.strip() else ''}",
     }
-    report(f"A: commit {names['A']}; B: the working tree, {names['B']}")
+    report(f"A: commit {names['A']}; B: the working tree, {names['B']}; {args.workload}, {args.dtype}")
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(
@@ -71,7 +82,15 @@ def main() -> None:
             for rep in range(args.reps):
                 for name in ("A", "B") if rep % 2 == 0 else ("B", "A"):
                     env = {"PYTHONPATH": str(trees[name] / "src")}
-                    steps = one_run(str(smollm2_dir()), str(data), args.steps, env)
+                    steps = one_run(
+                        model,
+                        str(data),
+                        args.steps,
+                        (env, "auto"),
+                        shape,
+                        model_name=args.workload,
+                        dtype=args.dtype,
+                    )
                     runs[name].append(steps)
                     report_run(report, rep, name, steps)
         finally:
@@ -79,6 +98,15 @@ def main() -> None:
     summary = report_medians(report, runs, "tree", {name: f"{name}: {names[name]}" for name in runs})
     ratio = summary["B"]["update_actor"] / summary["A"]["update_actor"]
     report(f"B/A: step {summary['B']['step'] / summary['A']['step']:.3f}, update {ratio:.3f}")
+    report("| tree | gen − worker gen ms (median) | update − worker update ms (median) |")
+    report("|---|---:|---:|")
+    for name, per_run in runs.items():
+        steps = [s for run in per_run for s in run]
+        gaps = [
+            statistics.median((s[phase] - s[f"worker_{phase}"]) * 1e3 for s in steps)
+            for phase in ("gen", "update_actor")
+        ]
+        report(f"| {name}: {names[name]} | {gaps[0]:.1f} | {gaps[1]:.1f} |")
     report.save({"trees": names, "runs": runs, "median": summary})
 
 

@@ -7,7 +7,9 @@ setting (``RAY_max_direct_call_object_size`` 1 MiB: up to that size inside the c
 Each variant is a fresh local Ray cluster in its own process (Ray reads the setting when it starts), run
 A B … B A over ``--rounds``; each process times ``--calls`` calls of an actor method that returns its
 argument: a bare int, and ``rlkit.batch.Batch`` es shaped like the tiny harness workload's (64 rows × 67
-positions, 155 kB pickled) and like a SmolLM2-256 step's (8 × 300, 0.3 MB), after 20 warm-up calls.
+positions, 155 kB pickled) and like a SmolLM2-256 step's (8 × 300, 0.3 MB), after 20 warm-up calls. Each
+batch twice: as rlkit pickles it (``Batch.__reduce__``: host tensors as numpy arrays, protocol-5 buffers)
+and ``tensors pickled by torch`` (the TensorDict and torch's tensor pickling, rlkit before session 17).
 Results: ``benchmarks/results/<stamp>-ray-calls.{json,md}``.
 """
 
@@ -57,7 +59,13 @@ class Echo:
 
 echo = Echo.remote()
 out = {}
-for name, arg in [("bare int", 1)] + [(k, batch(*v)) for k, v in shapes.items()]:
+args = [("bare int", 1)] + [(k, batch(*v)) for k, v in shapes.items()]
+# what a Batch pickled as before Batch.__reduce__: its fields (the TensorDict: torch's tensor pickling)
+args += [
+    (f"{k}, tensors pickled by torch", (b.tensors, b.non_tensors, b.meta))
+    for k, b in ((k, batch(*v)) for k, v in shapes.items())
+]
+for name, arg in args:
     for _ in range(20):
         ray.get(echo.echo.remote(arg))
     start = time.perf_counter()

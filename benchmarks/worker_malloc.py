@@ -49,16 +49,23 @@ def variants(mimalloc: str | None, chosen: str) -> dict[str, tuple[dict[str, str
 
 
 def one_run(
-    model: str, data: str, steps: int, variant: tuple[dict[str, str], str], shape: tuple[int, int, int]
+    model: str,
+    data: str,
+    steps: int,
+    variant: tuple[dict[str, str], str],
+    shape: tuple[int, int, int],
+    *,
+    model_name: str = "smollm2",
+    dtype: str = "fp32",
 ) -> list[dict]:
     extra, allocator = variant
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} | extra
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        cmd = [sys.executable, str(HERE / "rlkit_grpo.py"), "--model", model, "--model-name", "smollm2"]
+        cmd = [sys.executable, str(HERE / "rlkit_grpo.py"), "--model", model, "--model-name", model_name]
         prompts, group, tokens = (str(n) for n in shape)
-        cmd += ["--dtype", "fp32", "--data", data, "--prompts", prompts, "--group", group, "--tokens", tokens]
+        cmd += ["--dtype", dtype, "--data", data, "--prompts", prompts, "--group", group, "--tokens", tokens]
         cmd += [
             "--allocator",
             allocator,
@@ -97,7 +104,7 @@ def report_medians(
         med["faults"] = statistics.median(s.get("worker_minor_faults", -1) for s in steps)
         summary[name] = med
         report(
-            f"| {labels[name]} | {med['step']:.2f} | {med['gen']:.2f} | {med['update_actor']:.2f} | "
+            f"| {labels[name]} | {med['step']:.3f} | {med['gen']:.3f} | {med['update_actor']:.3f} | "
             f"{med['faults']:.0f} | {len(per_run)} |"
         )
     return summary

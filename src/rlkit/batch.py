@@ -34,6 +34,33 @@ def _object_array(values: Iterable[Any]) -> np.ndarray:
     return arr
 
 
+def _to_array(t: torch.Tensor) -> np.ndarray | torch.Tensor:
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.device.type != "cpu"
+        or t.requires_grad
+        or t.layout != torch.strided
+    ):
+        return t
+    try:
+        return t.contiguous().numpy()
+    except TypeError:  # a dtype numpy has not (bf16, float8)
+        return t
+
+
+def _from_pickle(fields: dict, non_tensors: dict, meta: dict, n: int) -> Batch:
+    """The Batch ``Batch.__reduce__`` pickled. Arrays on a read-only buffer (Ray's) are copied: torch
+    tensors must be writable."""
+    tensors = {
+        k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v if v.flags.writeable else v.copy())
+        for k, v in fields.items()
+    }
+    batch = Batch.__new__(Batch)
+    batch.non_tensors, batch.meta = non_tensors, meta
+    batch.tensors = TensorDict(tensors, batch_size=[n])
+    return batch
+
+
 class Batch:
     """Tensors, per-sample fields and meta info sharing one batch dimension."""
 
@@ -125,6 +152,14 @@ class Batch:
             if key in self.tensors.keys():
                 del self.tensors[key]
             self.non_tensors[key] = arr
+
+    def __reduce__(self):
+        """Pickled (Ray's role calls) with its host tensors as numpy arrays, which pickle protocol 5 hands
+        over as raw buffers: a fraction of torch's own tensor pickling (docs/benchmarks.md, "Role calls
+        pickle a batch's tensors as arrays"). A tensor numpy cannot hold (bf16, on another device,
+        requiring grad) pickles as a torch tensor."""
+        fields = {k: _to_array(v) for k, v in self.tensors.items()}
+        return _from_pickle, (fields, self.non_tensors, self.meta, len(self))
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}

@@ -116,3 +116,34 @@ def test_non_tensor_only_batch():
     b = Batch(non_tensors={"a": [1, 2, 3]})
     assert len(b) == 3 and b[[0, 2]]["a"].tolist() == [1, 3]
     assert len(b.repeat(2)) == 6
+
+
+def test_pickling_hands_host_tensors_over_as_arrays_and_rebuilds_the_same_batch():
+    """``Batch.__reduce__``: numpy-representable host tensors travel as arrays (protocol 5 buffers, what Ray
+    sends out of band), the rest (bf16, grad-requiring) as tensors; the copy is equal in every field and
+    dtype, writable, and independent of the original, also when the buffers arrive read-only."""
+    import pickle
+    import warnings
+
+    n = 4
+    batch = make(n)
+    batch["bf"] = torch.randn(n, 3).to(torch.bfloat16)
+    batch["wide"] = torch.randn(n, 6)[:, ::2]  # not contiguous
+    batch["leaf"] = torch.randn(n, 2, requires_grad=True)
+    fields = batch.__reduce__()[1][0]
+    assert isinstance(fields["ids"], np.ndarray) and isinstance(fields["mask"], np.ndarray)
+    assert isinstance(fields["bf"], torch.Tensor) and isinstance(fields["leaf"], torch.Tensor)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    assert buffers  # the arrays went out of band
+    readonly = [memoryview(bytes(b.raw())) for b in buffers]  # as Ray hands them back: read-only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it wraps a read-only array
+        copy = pickle.loads(data, buffers=readonly)
+    assert copy.keys() == batch.keys() and copy.meta == batch.meta and len(copy) == n
+    for key in batch.tensors.keys():
+        assert copy[key].dtype == batch[key].dtype and torch.equal(copy[key].detach(), batch[key].detach())
+    assert list(copy["uid"]) == list(batch["uid"]) and copy["gt"][2] == {"v": 2}
+    copy["ids"][0, 0] = 99  # writable, and not the original's memory
+    assert batch["ids"][0, 0] == 0
+    assert len(pickle.loads(pickle.dumps(Batch({}, {"uid": ["a", "b"]})))) == 2  # no tensors
