@@ -27,6 +27,7 @@ from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 from rlkit.batch import Batch
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.model import flops, fsdp
+from rlkit.model.attention import eager_kind
 from rlkit.model.kv_cache import cache_argument, output_cache
 from rlkit.model.lm_head import head_replaced, plain_head
 from rlkit.model.packing import pack_groups
@@ -189,7 +190,7 @@ def _fused_outputs(
             return dict(zip(names, outputs(hidden).unbind(-1), strict=True))
     packed = None
     if layout == "packed":
-        eager = module.config._attn_implementation == "eager"
+        eager = eager_kind(module.config._attn_implementation)
         packed = pack_groups(ids, mask, pos, p_keep, t, additive=torch.float32 if eager else None)
     if packed is not None and bool((packed.source[rows] >= 0).all()):
         src = packed.source[rows]  # [N] flat index into the packed [G * L] hidden states
@@ -237,7 +238,9 @@ def layout_of(module: nn.Module, ids, mask, p_keep: int, t: int, plan: ForwardPl
     "padded"."""
     config = module.config
     shared_ok = plan.share_prefix and _can_share(module)
-    if not plan.pack or config._attn_implementation not in ("sdpa", "eager"):
+    if not plan.pack or not (
+        config._attn_implementation == "sdpa" or eager_kind(config._attn_implementation)
+    ):
         return "shared" if shared_ok else "padded"
     body = sum(p.numel() for p in module.parameters()) - module.get_input_embeddings().weight.numel()
     pair = 4.0 * config.hidden_size * config.num_hidden_layers

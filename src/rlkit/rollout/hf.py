@@ -45,6 +45,7 @@ from torch import nn
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
 from rlkit.hardware import concrete_decode_dtype, layer_shapes
+from rlkit.model.attention import eager_kind
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
@@ -148,7 +149,7 @@ class HFRollout:
             for p in self._decode_copy.parameters():  # parameters only: buffers (rotary inv_freq) stay fp32
                 p.data = p.data.to(self.decode_dtype)
             config = getattr(self._decode_copy, "config", None)
-            if getattr(config, "_attn_implementation", None) == "eager" and hasattr(
+            if eager_kind(getattr(config, "_attn_implementation", None)) and hasattr(
                 self._decode_copy, "set_attn_implementation"
             ):
                 # the actor's bf16 CPU choice (its backward), not the decode's: eager attention copies each

@@ -36,6 +36,7 @@ from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.model import flops, fsdp
+from rlkit.model.attention import cpu_bf16_attention
 from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
 from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 from rlkit.recipe.compose import Resolved
@@ -87,7 +88,8 @@ class FSDPActor:
             self.lora_trainable = trainable_numel(module)[0]
         bf16 = concrete_mixed_precision(actor_config.mixed_precision, self.device) == "bf16"
         if bf16 and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
-            module.set_attn_implementation("eager")  # CPU SDPA's bf16 backward is slow (docs/benchmarks.md)
+            # CPU SDPA's bf16 backward is slow (docs/benchmarks.md): eager, grouped where it can
+            module.set_attn_implementation(cpu_bf16_attention(module))
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
                 module.activation_checkpointing_enable(

@@ -6,6 +6,7 @@ import pytest
 import torch
 from _models import chat_prompts as prompts
 
+from rlkit.model.attention import grouped_eager_name
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ActorConfig, ModelConfig, RolloutConfig
 from rlkit.rollout.base import RolloutBackend
@@ -227,8 +228,9 @@ def _bf16_copy(model):
     return twin
 
 
+@pytest.mark.parametrize("actor_attention", ["eager", "grouped"])
 def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(
-    tiny_model_dir, tok_and_model, monkeypatch
+    tiny_model_dir, tok_and_model, monkeypatch, actor_attention
 ):
     """rollout.backend: {name: hf, dtype: bfloat16} where the CPU's oneDNN packed linear is missing (or on
     CUDA) decodes with a plain bf16 copy of the current fp32 weights: the same tokens and log-probs (same
@@ -240,9 +242,9 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(
     tok, _ = tok_and_model
     cfg = ModelConfig(path=str(tiny_model_dir))
     model = load_model(cfg, tokenizer=tok).eval()
-    model.set_attn_implementation(
-        "eager"
-    )  # the actor's choice under bf16 on a CPU; the copy decodes with sdpa
+    # the actor's choices under bf16 on a CPU (rlkit.model.attention); the copy decodes with sdpa
+    attention = "eager" if actor_attention == "eager" else grouped_eager_name()
+    model.set_attn_implementation(attention)
     backend = {"name": "hf", "dtype": "bfloat16"}
     fast = resolved("rollout.backend", "rollout_backends", backend).build(  # built as the worker builds it
         module=model,
@@ -264,7 +266,7 @@ def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(
         fast.generator.manual_seed(3)
         got, want = fast.generate(p), plain.generate(p)
         assert fast._decode_copy.config._attn_implementation == "sdpa"
-        assert model.config._attn_implementation == "eager"  # the actor's own is untouched
+        assert model.config._attn_implementation == attention  # the actor's own is untouched
         assert torch.equal(got["responses"], want["responses"])
         assert torch.equal(got["rollout_log_probs"], want["rollout_log_probs"])
         assert next(model.parameters()).dtype == torch.float32  # the actor's weights are untouched

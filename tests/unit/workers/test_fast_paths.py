@@ -10,6 +10,7 @@ import torch
 
 from rlkit.algos.entropy import log_probs_from_logits
 from rlkit.model import fsdp
+from rlkit.model.attention import grouped_eager_name
 from rlkit.model.forward import ForwardPlan, forward_response
 from rlkit.model.load import load_model, load_tokenizer
 from rlkit.recipe.schema import ModelConfig
@@ -152,7 +153,7 @@ def test_fused_head_matches_the_logits_path(tiny_model_dir, mixed_precision, sha
             torch.testing.assert_close(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "grouped"])
 def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     """One padding-free packed row per group (prompt once, responses after it, a 4-D mask) gives the padded
     rows' log-probs, entropies and gradients."""
@@ -162,7 +163,7 @@ def test_packed_groups_match_the_padded_rows(tiny_model_dir, monkeypatch, attn):
     tok = load_tokenizer(cfg)
     torch.manual_seed(0)
     module = load_model(cfg, tokenizer=tok)
-    module.set_attn_implementation(attn)
+    module.set_attn_implementation(grouped_eager_name() if attn == "grouped" else attn)
     # 4 prompts of different lengths × 2, response lengths 1..8: padding on both sides
     batch = global_batch(tok)
     chosen = []
