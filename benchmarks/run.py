@@ -420,7 +420,12 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per run")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="unmeasured steps per run (3: an rlkit worker's memory settles in ~3 steps, docs/benchmarks.md)",
+    )
     parser.add_argument("--label", default="", help="name of this run in benchmarks/results/")
     parser.add_argument(
         "--base-src",
