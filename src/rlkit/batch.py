@@ -44,7 +44,7 @@ def _to_array(t: torch.Tensor) -> np.ndarray | torch.Tensor:
         return t
     try:
         return t.contiguous().numpy()
-    except TypeError:  # a dtype numpy has not (bf16, float8)
+    except (TypeError, RuntimeError):  # a dtype numpy has not (bf16, float8), a conjugate-bit view
         return t
 
 

@@ -130,9 +130,10 @@ def test_pickling_hands_host_tensors_over_as_arrays_and_rebuilds_the_same_batch(
     batch["bf"] = torch.randn(n, 3).to(torch.bfloat16)
     batch["wide"] = torch.randn(n, 6)[:, ::2]  # not contiguous
     batch["leaf"] = torch.randn(n, 2, requires_grad=True)
+    batch["conj"] = torch.randn(n, 2, dtype=torch.complex64).conj()  # numpy() refuses a conjugate-bit view
     fields = batch.__reduce__()[1][0]
     assert isinstance(fields["ids"], np.ndarray) and isinstance(fields["mask"], np.ndarray)
-    assert isinstance(fields["bf"], torch.Tensor) and isinstance(fields["leaf"], torch.Tensor)
+    assert all(isinstance(fields[k], torch.Tensor) for k in ("bf", "leaf", "conj"))
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
     assert buffers  # the arrays went out of band
