@@ -36,7 +36,7 @@ from rlkit.batch import Batch
 from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.model import flops, fsdp
-from rlkit.model.attention import cpu_bf16_attention
+from rlkit.model.attention import cpu_training_attention
 from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
 from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 from rlkit.recipe.compose import Resolved
@@ -87,9 +87,10 @@ class FSDPActor:
             module, self.peft_model = apply_lora(module, actor_config.lora)
             self.lora_trainable = trainable_numel(module)[0]
         bf16 = concrete_mixed_precision(actor_config.mixed_precision, self.device) == "bf16"
-        if bf16 and self.device.type == "cpu" and hasattr(module, "set_attn_implementation"):
-            # CPU SDPA's bf16 backward is slow (docs/benchmarks.md): eager, grouped where it can
-            module.set_attn_implementation(cpu_bf16_attention(module))
+        attention = cpu_training_attention(module, bf16) if self.device.type == "cpu" else None
+        if attention is not None and hasattr(module, "set_attn_implementation"):
+            # the grouped eager where it can (beats CPU SDPA in fp32 and bf16), else eager for bf16
+            module.set_attn_implementation(attention)
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
                 module.activation_checkpointing_enable(
