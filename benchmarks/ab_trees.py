@@ -8,10 +8,11 @@ Where ``ab.py`` toggles one change in-process on the main thread, this measures 
 in a Ray worker's method thread, whose allocations glibc reuses differently (docs/benchmarks.md, "Three more
 levers on AVX2"). A's tree is ``git worktree add`` of ``--base`` in a temporary folder; each run puts its
 tree's ``src`` first on ``PYTHONPATH``, which the local Ray cluster's workers inherit (a Ray task started
-so imported ``rlkit`` from that tree). ``--workload``: smollm2 (4 prompts x 4 samples x 32 tokens) or tiny
-(the harness's tiny Qwen2, 8 x 8 x 32), in ``--dtype`` (a harness dtype: fp32, fp32auto, bf16; default
-fp32); 1 warm-up and ``--steps`` measured steps per run. The table's gen and update are the driver's phase
-times, ``worker gen``/``worker update`` the worker's own: their difference is what a role call costs.
+so imported ``rlkit`` from that tree). ``--workload``: one of the harness's (``run.py``'s ``WORKLOADS``:
+tiny, smollm2, smollm2-64, smollm2-256, smollm2-long), in ``--dtype`` (a harness dtype: fp32, fp32auto,
+bf16; default fp32); ``--warmup`` (3, as the harness) and ``--steps`` measured steps per run. The table's
+gen and update are the driver's phase times, ``worker gen``/``worker update`` the worker's own: their
+difference is what a role call costs.
 Writes ``benchmarks/results/<stamp>-ab-trees.{json,md}``.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
+from run import LONG_PROMPT_WORKLOADS, WORKLOADS, long_prompt_file  # noqa: E402
 from worker_malloc import one_run, report_medians, report_run  # noqa: E402
 
 
@@ -44,20 +46,23 @@ def main() -> None:
     parser.add_argument("--base", default="HEAD", help="A: this commit (B: the working tree)")
     parser.add_argument("--reps", type=int, default=3, help="runs per tree, alternating A B, B A, ...")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
-    parser.add_argument("--workload", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="smollm2")
     parser.add_argument("--dtype", default="fp32", help="the harness dtype (fp32, fp32auto, bf16)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per run (as run.py)")
     args = parser.parse_args()
     from rlkit.model.smollm2 import smollm2_dir
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    model_name, *shape = WORKLOADS[args.workload]
     data = HERE / ".work" / "arithmetic" / "train.parquet"
-    model = str(smollm2_dir()) if args.workload == "smollm2" else str(HERE / ".work" / "tiny-qwen2")
+    model = str(smollm2_dir()) if model_name == "smollm2" else str(HERE / ".work" / "tiny-qwen2")
     for needed in (data, Path(model)):
         if not needed.exists():
             raise SystemExit(
                 f"{needed} is missing: run benchmarks/run.py once (it writes the workloads' files)"
             )
-    shape = (4, 4, 32) if args.workload == "smollm2" else (8, 8, 32)
+    if args.workload in LONG_PROMPT_WORKLOADS:
+        data = long_prompt_file(data, model)
     repo = HERE.parent
     dirty = subprocess.run(
         ["git", "-C", str(repo), "status", "--porcelain", "src"], capture_output=True, text=True
@@ -87,9 +92,10 @@ def main() -> None:
                         str(data),
                         args.steps,
                         (env, "auto"),
-                        shape,
-                        model_name=args.workload,
+                        tuple(shape),
+                        model_name=model_name,
                         dtype=args.dtype,
+                        warmup=args.warmup,
                     )
                     runs[name].append(steps)
                     report_run(report, rep, name, steps)

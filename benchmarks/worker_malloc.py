@@ -57,6 +57,7 @@ def one_run(
     *,
     model_name: str = "smollm2",
     dtype: str = "fp32",
+    warmup: int = 1,
 ) -> list[dict]:
     extra, allocator = variant
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
@@ -74,7 +75,7 @@ def one_run(
             "--steps",
             str(steps),
             "--warmup",
-            "1",
+            str(warmup),
             "--out",
             str(out),
         ]
