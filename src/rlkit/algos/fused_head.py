@@ -33,11 +33,11 @@ __all__ = ["head_outputs", "default_chunk", "CHUNK_ELEMENTS", "KEEP_LOGITS_BYTES
 # Elements of one slice's [N, v] float32 logits: 2^22 = 16 MiB (its exp is a second such block).
 CHUNK_ELEMENTS = 1 << 22
 # The actor's budget for keeping the [N, V] float32 logits from forward to backward (``keep_logits_bytes``):
-# 128 MiB holds SmolLM2's 49,152-word logits for 682 response tokens. Measured on one AVX2 core
-# (docs/benchmarks.md, "Session 10"): 0.966x the update at 512 tokens (100 MB kept),
-# no gain at 2,048 tokens (403 MB: writing and faulting in that much memory costs what the skipped matmul
-# saved), so larger micro-batches recompute.
-KEEP_LOGITS_BYTES = 128 * 2**20
+# 512 MiB holds SmolLM2's 49,152-word logits for 2,730 response tokens. Measured (docs/benchmarks.md): on one
+# AVX2 core 0.966x the update at 512 tokens (100 MB kept; session 10); at 2,048 tokens (403 MB) no gain then,
+# when the worker faulted that much memory in again at every step, and 0.950x (bf16) / 0.944x (fp32) on Zen 4
+# once the workers' allocator keeps freed memory (session 18).
+KEEP_LOGITS_BYTES = 512 * 2**20
 
 
 def default_chunk(rows: int) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlkit.algos import AlgoError
-from rlkit.algos.fused_head import CHUNK_ELEMENTS, default_chunk, head_outputs
+from rlkit.algos.fused_head import CHUNK_ELEMENTS, KEEP_LOGITS_BYTES, default_chunk, head_outputs
 from rlkit.algos.token_baseline import sum_pi_squared_from_logits
 
 
@@ -100,6 +100,13 @@ def test_kept_logits_skip_backwards_recompute_and_give_the_same_gradients(chunk)
     assert (recomputed, kept, short) == (3 * matmul, 2 * matmul, 3 * matmul)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_actors_budget_keeps_the_logits_of_2048_smollm2_response_tokens():
+    """The budget the actor passes holds SmolLM2's [2048, 49152] float32 logits (smollm2-256's micro-batch of
+    8 × 256 response tokens, 403 MB): keeping them made that update 0.95x as long on Zen 4 with the workers'
+    allocator (docs/benchmarks.md, "The head's logits kept at 2,048 tokens")."""
+    assert 2048 * 49152 * 4 <= KEEP_LOGITS_BYTES
 
 
 def test_frozen_weight_gets_no_gradient_and_log_prob_alone_needs_no_entropy():
