@@ -152,7 +152,7 @@ class HFRollout:
             if eager_kind(getattr(config, "_attn_implementation", None)) and hasattr(
                 self._decode_copy, "set_attn_implementation"
             ):
-                # the actor's bf16 CPU choice (its backward), not the decode's: transformers' eager copies
+                # the actor's CPU choice (its backward), not the decode's: transformers' eager copies
                 # each layer's KV cache per step (repeat_kv), 1.4x the generate time at 638 prompt tokens;
                 # the grouped eager (rlkit.model.attention) was measured for training only: SDPA here too
                 self._decode_copy.set_attn_implementation("sdpa")
