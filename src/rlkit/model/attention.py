@@ -1,8 +1,9 @@
 """Eager attention over grouped query heads, in causal blocks, for the actor on a CPU.
 
-On a CPU torch's SDPA backward is slow in bf16 (docs/benchmarks.md), and in fp32 it loses to this one at
-every harness shape. transformers' eager attention first copies every KV head to each of the query heads
-that share it (``repeat_kv``: ``[B, Hkv, L, D] → [B, H, L, D]``), and its backward sums those copies again.
+On a CPU torch's SDPA backward is slow in bf16 (docs/benchmarks.md), and in fp32 it lost to this one at
+every harness shape (measured on Zen 4 only). transformers' eager attention first copies every KV head to
+each of the query heads that share it (``repeat_kv``: ``[B, Hkv, L, D] → [B, H, L, D]``), and its backward
+sums those copies again.
 This one multiplies each KV head with its group of query heads at once instead: the query ``[B, H, T, D]``
 read as ``[B, Hkv, G·T, D]`` (query head ``h = kv·G + j``, the order ``repeat_kv`` gives), so the scores are
 ``[B, Hkv, G·T, L]`` and no key or value is copied. The products and sums are eager attention's; a GEMM

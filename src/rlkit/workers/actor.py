@@ -89,7 +89,7 @@ class FSDPActor:
         bf16 = concrete_mixed_precision(actor_config.mixed_precision, self.device) == "bf16"
         attention = cpu_training_attention(module, bf16) if self.device.type == "cpu" else None
         if attention is not None and hasattr(module, "set_attn_implementation"):
-            # the grouped eager where it can (beats CPU SDPA in fp32 and bf16), else eager for bf16
+            # the grouped eager where it can (beat CPU SDPA in fp32 and bf16 on Zen 4), else eager for bf16
             module.set_attn_implementation(attention)
         if actor_config.gradient_checkpointing:
             if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
