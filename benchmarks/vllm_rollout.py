@@ -1,8 +1,12 @@
-"""The vllm rollout backend on SmolLM2-135M (fp32, one thread): weight-sync routes and generation speed.
+"""The vllm rollout backend on SmolLM2-135M (one thread): weight-sync routes and generation speed.
 
 Run in the vLLM environment (`nox -s engines_vllm` builds one; docs/vllm.md)::
 
     OMP_NUM_THREADS=1 VENV/bin/python benchmarks/vllm_rollout.py [--reps 3] [--prompts 16] [--tokens 32]
+    OMP_NUM_THREADS=1 VENV/bin/python benchmarks/vllm_rollout.py --dtype bfloat16 --samples 1,8
+
+``--dtype`` (float32, bfloat16) is the engine's weights' dtype and the HF backend's decode dtype (its bf16
+decode copy), the same in both; ``--samples`` the row counts per prompt to generate at (one generate each).
 
 Measures, in one process (side by side, as docs/benchmarks.md asks):
 
@@ -30,6 +34,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--samples", default="1", help="samples per prompt, comma-separated (one row set each)")
     args = ap.parse_args()
     from common import Report  # benchmarks/ (this script's folder) is on sys.path
 
@@ -42,6 +48,7 @@ def main() -> None:
 
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
+    from rlkit.builtin.params import HFRolloutParams
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts
 
@@ -56,7 +63,7 @@ def main() -> None:
         tokenizer=tokenizer,
         rollout_config=config,
         max_response_length=args.tokens,
-        params=VllmParams(dtype="float32", max_model_len=512),
+        params=VllmParams(dtype=args.dtype, max_model_len=512),
     )
     report(f"vllm engine start (folder write + LLM): {time.perf_counter() - t0:.1f} s", flush=True)
 
@@ -85,16 +92,25 @@ def main() -> None:
             flush=True,
         )
 
-    hf = HFRollout(module=model, tokenizer=tokenizer, rollout_config=config, max_response_length=args.tokens)
-    for name, backend in (("hf", hf), ("vllm", engine), ("hf", hf), ("vllm", engine)):
-        t0 = time.perf_counter()
-        out = backend.generate(prompts, n=1, temperature=1.0)
-        seconds = time.perf_counter() - t0
-        tokens = int(out["response_mask"].sum())
-        report(
-            f"generate {name:4s}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tok/s",
-            flush=True,
-        )
+    hf = HFRollout(
+        module=model,
+        tokenizer=tokenizer,
+        rollout_config=config,
+        max_response_length=args.tokens,
+        params=HFRolloutParams(dtype=args.dtype),
+    )
+    hf.update_weights(model)
+    for n in (int(x) for x in args.samples.split(",")):
+        for name, backend in (("hf", hf), ("vllm", engine), ("vllm", engine), ("hf", hf)):
+            t0 = time.perf_counter()
+            out = backend.generate(prompts, n=n, temperature=1.0)
+            seconds = time.perf_counter() - t0
+            tokens = int(out["response_mask"].sum())
+            report(
+                f"generate {name:4s} {args.dtype} {len(prompts)} x {n} rows: {tokens} tokens in {seconds:.1f} s"
+                f" = {tokens / seconds:.1f} tok/s",
+                flush=True,
+            )
     engine.close()
     report(f"load after {os.getloadavg()[0]:.1f}")
     report.save({"args": vars(args)})
