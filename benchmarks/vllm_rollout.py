@@ -46,9 +46,9 @@ def main() -> None:
     from rlkit_vllm import VllmParams
     from rlkit_vllm.backend import VllmRollout
 
+    from rlkit.builtin.params import HFRolloutParams
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
-    from rlkit.builtin.params import HFRolloutParams
     from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts
 
@@ -107,8 +107,8 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             tokens = int(out["response_mask"].sum())
             report(
-                f"generate {name:4s} {args.dtype} {len(prompts)} x {n} rows: {tokens} tokens in {seconds:.1f} s"
-                f" = {tokens / seconds:.1f} tok/s",
+                f"generate {name:4s} {args.dtype} {len(prompts)} x {n} rows: {tokens} tokens in "
+                f"{seconds:.1f} s = {tokens / seconds:.1f} tok/s",
                 flush=True,
             )
     engine.close()
