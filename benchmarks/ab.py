@@ -27,6 +27,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          after each update, so B (and an fp16 A) repacks them
   lean   rollout: tokens after the prefill through the lean decode step (rlkit.rollout.lean_step) vs the
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
+  castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
+         (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
   malloc glibc's malloc keeps freed memory for reuse (``keep_freed_memory``: no mmap'd blocks, no heap trim)
          vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Three more levers on AVX2").
@@ -83,6 +85,7 @@ def plans(change: str, on: bool):
         fused_head=not (change == "fusedhead" and off),
         keep_head_logits=not (change == "headkeep" and off),
         plain_at_world_size_1=not (change == "fsdp" and off),
+        cast_weights_once=not (change == "castonce" and off),
     )
     return forward, DecodePlan(
         share_prefill=not (change == "prefill" and off), lean_step=not (change == "lean" and off)

@@ -287,8 +287,8 @@ def test_verifiers_episodes_run_on_the_vllm_rollout(model_dir, tmp_path):
         f"model.path={model_dir}",  # head size 32 (vLLM's CPU attention lacks the smoke model's 16)
         f"trainer.output_dir={out}",
         "rollout.backend=vllm",
-        # the actor's dtype, so the two log-probs agree to rounding (~5e-7 measured); auto decodes in bf16 where
-        # the CPU's bf16 is fast, and bf16 against the fp32 actor differs by 0.004-0.011 from run to run
+        # the actor's dtype, so the two log-probs agree to rounding (~5e-7 measured); auto decodes in bf16
+        # where the CPU's bf16 is fast, and bf16 against the fp32 actor differs by 0.004-0.011 run to run
         "rollout.backend.dtype=float32",
         "rollout.backend.kv_cache_gib=0.25",
         "rollout.backend.max_model_len=512",

@@ -37,6 +37,7 @@ __all__ = [
     "ForwardPlan",
     "autocast",
     "compute_log_probs",
+    "casts_kept",
     "forward_response",
     "layout_of",
     "response_outputs",
@@ -59,6 +60,9 @@ class ForwardPlan:
     plain_at_world_size_1: bool = (
         True  # one rank: the plain module, not FSDP2-wrapped (rlkit.model.fsdp.fsdp_wrap)
     )
+    cast_weights_once: bool = (
+        True  # bf16 autocast, unsharded module: a weight cast once per update (casts_kept)
+    )
 
 
 def autocast(device: torch.device, mixed_precision: str):
@@ -67,6 +71,28 @@ def autocast(device: torch.device, mixed_precision: str):
     if concrete_mixed_precision(mixed_precision, device) == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def casts_kept(module: nn.Module, device: torch.device, mixed_precision: str, plan: ForwardPlan):
+    """A context around several micro-batches whose weights do not change (one optimizer step's forwards and
+    backwards, or a no-grad pass), in which bf16 autocast casts each weight to bf16 once instead of once per
+    micro-batch: the same numbers, ~1.5 % of smollm2's bf16 update (docs/benchmarks.md, "Weights cast once").
+
+    Autocast keeps its casts of the weights (leaf tensors that require grad) until the outermost autocast
+    context exits; this is such an outer context with autocast itself off, so each micro-batch's forward still
+    enters its own and the backward runs outside autocast, as without it. Leave it before the optimizer steps:
+    a kept cast must not outlive the weight it copies. Off for a sharded (FSDP2) module, whose kept casts
+    would be whole unsharded weights held between micro-batches, and where ``plan.cast_weights_once`` is
+    off."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if (
+        not plan.cast_weights_once
+        or concrete_mixed_precision(mixed_precision, device) != "bf16"
+        or any(isinstance(m, FSDPModule) for m in module.modules())
+    ):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=False)
 
 
 def forward_response(
@@ -373,22 +399,23 @@ def compute_log_probs(
     was_training = module.training
     module.eval()
     try:
-        for i in range(n_all):
-            # extra forwards keep FSDP ranks in step
-            idx = pieces[i] if i < len(pieces) else torch.tensor([0])
-            got = response_outputs(
-                module,
-                batch[idx],
-                temperature=temperature,
-                with_entropy=with_entropy,
-                with_sum_pi_squared=with_sum_pi_squared,
-                mixed_precision=mixed_precision,
-                device=device,
-                plan=plan,
-            )
-            if i < len(pieces):
-                for name in names:
-                    outs[name][idx] = got[name].cpu()
+        with casts_kept(module, device, mixed_precision, plan):
+            for i in range(n_all):
+                # extra forwards keep FSDP ranks in step
+                idx = pieces[i] if i < len(pieces) else torch.tensor([0])
+                got = response_outputs(
+                    module,
+                    batch[idx],
+                    temperature=temperature,
+                    with_entropy=with_entropy,
+                    with_sum_pi_squared=with_sum_pi_squared,
+                    mixed_precision=mixed_precision,
+                    device=device,
+                    plan=plan,
+                )
+                if i < len(pieces):
+                    for name in names:
+                        outs[name][idx] = got[name].cpu()
     finally:
         module.train(was_training)
     return outs

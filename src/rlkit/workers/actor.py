@@ -37,7 +37,7 @@ from rlkit.errors import WorkerError
 from rlkit.hardware import concrete_mixed_precision
 from rlkit.model import flops, fsdp
 from rlkit.model.attention import cpu_training_attention
-from rlkit.model.forward import ForwardPlan, compute_log_probs, forward_response
+from rlkit.model.forward import ForwardPlan, casts_kept, compute_log_probs, forward_response
 from rlkit.model.loss_inputs import UpdateMismatch, mini_batch_selection
 from rlkit.recipe.compose import Resolved
 from rlkit.recipe.schema import ActorConfig, ModelConfig
@@ -203,23 +203,25 @@ class FSDPActor:
         n_all = fsdp.num_chunks_everywhere(len(pieces))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for i in range(n_all):
-            real = i < len(pieces)
-            idx = pieces[i] if real else torch.tensor([0])  # a dummy piece keeps FSDP ranks in step
-            micro = mini[idx]
-            loss, metrics = self._micro_loss(
-                micro,
-                temperature,
-                global_tokens,
-                global_seqs,
-                selected[idx] if selected is not None else None,
-                mismatch if real else None,
-                tally if real else None,
-            )
-            (loss if real else loss * 0.0).backward()
-            if real:
-                for key, value in metrics.items():
-                    sums[key] += value
+        # each weight's bf16 cast made once for the mini-batch's micro-batches; left before the optimizer step
+        with casts_kept(self.module, self.device, cfg.mixed_precision, self.forward_plan):
+            for i in range(n_all):
+                real = i < len(pieces)
+                idx = pieces[i] if real else torch.tensor([0])  # a dummy piece keeps FSDP ranks in step
+                micro = mini[idx]
+                loss, metrics = self._micro_loss(
+                    micro,
+                    temperature,
+                    global_tokens,
+                    global_seqs,
+                    selected[idx] if selected is not None else None,
+                    mismatch if real else None,
+                    tally if real else None,
+                )
+                (loss if real else loss * 0.0).backward()
+                if real:
+                    for key, value in metrics.items():
+                        sums[key] += value
         grad_norm = fsdp.clip_grad_norm(self.module, cfg.optim.grad_clip)
         keys = sorted(sums)
         totals = fsdp.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import random
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlkit.errors import WorkerError
 from rlkit.model import fsdp
@@ -165,6 +167,64 @@ def test_kl_loss_bf16_and_gradient_checkpointing(tiny_model_dir, gloo_world1):
     assert m_ref["actor/kl_loss"] > 0
     for key in ("actor/pg_loss", "actor/kl_loss"):
         assert m_fast[key] == pytest.approx(m_ref[key], rel=0.05, abs=0.02), key  # bf16 is close, not equal
+
+
+class WeightCasts(TorchDispatchMode):
+    """Counts, per parameter, the fp32 → bf16 casts made of it (autocast's ``_to_copy`` of a weight)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.names = {p.data_ptr(): name for name, p in module.named_parameters()}
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") is torch.bfloat16:
+            name = self.names.get(args[0].data_ptr())
+            if name is not None and args[0].dtype is torch.float32:
+                self.counts[name] += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("micro", [3, 4])
+def test_bf16_weights_are_cast_once_per_optimizer_step(tiny_model_dir, gloo_world1, micro):
+    """bf16 autocast, 2 mini-batches of 4 samples (2 optimizer steps per update) in micro-batches of 3 + 1 or
+    4: each weight is cast once per mini-batch with ``ForwardPlan.cast_weights_once``
+    (rlkit.model.forward.casts_kept) and once per micro-batch without it, and the updates are the same
+    bitwise (a cast kept past an optimizer step would be of the old weights). The no-grad log-prob pass casts
+    once in all."""
+    actors = {
+        once: make_actor(
+            tiny_model_dir,
+            mixed_precision="bf16",
+            ppo_micro_batch_size_per_rank=micro,
+            ppo_mini_batch_size=2,  # × rollout.n 2 = 4 of the 8 samples
+            forward_plan=ForwardPlan(cast_weights_once=once),
+        )
+        for once in (True, False)
+    }
+    for actor in actors.values():
+        actor.log_prob_micro_batch_size = micro  # rollout.log_prob_micro_batch_size_per_rank
+    batch = prepared(actors[False])
+    linear = "model.layers.0.mlp.gate_proj.weight"
+    with WeightCasts(actors[True].module) as counted:  # the no-grad pass over 8 samples: 3 + 3 + 2 or 4 + 4
+        old = actors[True].compute_log_prob(batch)["old_log_prob"]
+    assert counted.counts[linear] == 1
+    assert torch.equal(old, actors[False].compute_log_prob(batch)["old_log_prob"])
+    casts, metrics = {}, {}
+    for once, actor in actors.items():
+        for update in range(2):
+            with WeightCasts(actor.module) as counted:
+                metrics[once, update] = actor.update(batch)
+            casts[once, update] = dict(counted.counts)
+    micro_batches = 2 * (2 if micro == 3 else 1)
+    for update in range(2):
+        assert casts[True, update][linear] == 2
+        assert casts[False, update][linear] == micro_batches
+        assert metrics[True, update] == metrics[False, update]
+        assert metrics[True, update]["actor/grad_norm"] > 0
+    for a, b in zip(actors[True].module.parameters(), actors[False].module.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_mini_batch_must_divide_the_rank_batch(tiny_model_dir, gloo_world1):
