@@ -8,21 +8,22 @@
 For each shape ``rows x tokens`` (8 distinct prompts × rows/8 samples, eos ignored as in
 ``benchmarks/decode.py``, temperature 1, no top-k/top-p), on one torch thread: a warm-up generate, one
 generate timed without the profiler, then one under ``torch.profiler`` (CPU activities, record_shapes). The
-model's forward and ``rlkit.rollout.decode.sample_next`` are wrapped in marked ranges (no change to the loop
-itself). The prefill phase runs from the start of ``generate`` to the first ``sample_next`` (the prefill
-forward and the copy of each shared prompt's cache to its rows); the decode phase from there to the end of
-``generate`` (``tokens`` samplings, ``tokens − 1`` step forwards), reported per step (÷ ``tokens − 1``).
+model's forward, the lean step and ``rlkit.rollout.decode.sample_next`` are wrapped in marked ranges (no
+change to the loop itself). The prefill phase runs from the start of ``generate`` to the first
+``sample_next`` (the prefill forward and the copy of each shared prompt's cache to its rows); the decode
+phase from there to the end of ``generate`` (``tokens`` samplings, ``tokens − 1`` step forwards), reported
+per step (÷ ``tokens − 1``).
 
 The decode phase's outermost aten ops (ops called from Python, not from another op) are attributed
-(:func:`categorise`) to: GEMMs (``aten::linear``, grouped by (M, N, K) with achieved GFLOP/s and % of the
-fp32 1024² matmul probe, and each shape timed again outside the loop in fp32 and bf16), attention (SDPA and
-the attention-mask building), sampling (inside ``sample_next``, plus the loop's uniform draw),
-elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes, rotate-half concat), views (no
-data moved), loop bookkeeping (the loop's other ops: recording tokens, finished-row masks), and other =
-phase wall − profiled ops (Python, dispatch between ops, the profiler's own cost). The profiled wall is
-compared with the unprofiled one (the profiler's inflation), and the unprofiled step with
-``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe peak)). Results:
-``benchmarks/results/<stamp>-decode-profile.{json,md}``.
+(:func:`categorise`) to: GEMMs (``aten::linear``, fbgemm's fp16 and oneDNN's packed bf16 linears, grouped by
+(M, N, K) with achieved GFLOP/s and % of the fp32 1024² matmul probe, and each shape timed again outside the
+loop in fp32 and bf16), attention (SDPA and the attention-mask building), sampling (inside ``sample_next``,
+plus the loop's uniform draw), elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes,
+rotate-half concat), views (no data moved), loop bookkeeping (the loop's other ops: recording tokens,
+finished-row masks), and other = phase wall − profiled ops (Python, dispatch between ops, the profiler's own
+cost). The profiled wall is compared with the unprofiled one (the profiler's inflation), and the unprofiled
+step with ``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe peak)).
+Results: ``benchmarks/results/<stamp>-decode-profile.{json,md}``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ class OpRecord:
     scope: str
 
 
+_GEMMS = (
+    "aten::linear",
+    "aten::addmm",
+    "aten::mm",
+    "quantized::linear_dynamic_fp16",
+    "mkldnn::_linear_pointwise",
+)
+
+
 def categorise(op: OpRecord) -> str:
     """The category (a key of ``CATEGORIES``, never ``other``) of one outermost op."""
     name = op.name
@@ -161,7 +171,7 @@ def categorise(op: OpRecord) -> str:
         return "sampling"
     if op.scope == "loop":
         return "bookkeeping"
-    if name in ("aten::linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic_fp16"):
+    if name in _GEMMS:
         return "gemm"
     if name in _MASK:
         return "mask"
@@ -176,7 +186,8 @@ def categorise(op: OpRecord) -> str:
 def gemm_shape(op: OpRecord) -> tuple[int, int, int] | None:
     """(M, N, K) of a linear/addmm/mm op from its input shapes (M: rows × positions), or None."""
     shapes = [tuple(s) for s in op.shapes]
-    if op.name == "aten::linear" and len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) == 2:
+    linear = op.name in ("aten::linear", "mkldnn::_linear_pointwise")  # input [..., K], weight [N, K]
+    if linear and len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) == 2:
         x, w = shapes[0], shapes[1]
         return _prod(x[:-1]), w[0], w[1]
     if op.name == "aten::addmm" and len(shapes) >= 3:
@@ -264,8 +275,9 @@ def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, floa
         while stack and stack[-1][0] <= start_ns:
             open_count[stack.pop()[1]] -= 1
         name = events[i].name()
-        # quantized::linear_dynamic_fp16: fbgemm's fp16-weight linear (rollout.backend.dtype float16)
-        op = name.startswith(("aten::", "quantized::"))
+        # quantized::linear_dynamic_fp16: fbgemm's fp16-weight linear (rollout.backend.dtype float16);
+        # mkldnn::_linear_pointwise: oneDNN's packed bf16 linear (the bf16 decode copy)
+        op = name.startswith(("aten::", "quantized::", "mkldnn::"))
         kind = "aten" if op else name if name in (FORWARD, SAMPLE) else ""
         if kind == "aten" and not open_count["aten"]:
             scope = "forward" if open_count[FORWARD] else "sample" if open_count[SAMPLE] else "loop"
@@ -283,16 +295,30 @@ def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, floa
 
 
 class Marks:
-    """Marks the decode's parts for the profiler: wraps ``model.forward`` (a ``FORWARD`` range) and
+    """Marks the decode's parts for the profiler: wraps ``model.forward`` and ``LeanStep.__call__`` (a
+    ``FORWARD`` range) and
     ``rlkit.rollout.decode.sample_next`` (a ``SAMPLE`` range; the decode loop looks it up at each call) and
     keeps the first sample's start time (perf_counter) after :meth:`begin`: the end of the prefill."""
 
     def __init__(self, model):
         from rlkit.rollout import decode
+        from rlkit.rollout.lean_step import LeanStep
 
         self.forward, self.sample = model.forward, decode.sample_next
         self.prefill_end = 0.0
         model.forward, decode.sample_next = self._forward, self._sample
+        # the lean step (every token after the prefill of a Llama-family model) does not call model.forward
+        lean = LeanStep.__call__
+        if not getattr(lean, "marked", False):
+
+            def marked(step, *args, **kwargs):
+                from torch.profiler import record_function
+
+                with record_function(FORWARD):
+                    return lean(step, *args, **kwargs)
+
+            marked.marked = True
+            LeanStep.__call__ = marked
 
     def begin(self) -> None:
         self.prefill_end = 0.0

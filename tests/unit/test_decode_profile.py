@@ -30,6 +30,7 @@ def test_ops_fall_into_the_category_of_their_work(dp):
     cases = {
         ("aten::linear", "forward"): "gemm",
         ("quantized::linear_dynamic_fp16", "forward"): "gemm",  # fbgemm fp16 weights (dtype float16)
+        ("mkldnn::_linear_pointwise", "forward"): "gemm",  # oneDNN-packed bf16 weights (dtype bfloat16)
         ("aten::scaled_dot_product_attention", "forward"): "attention",
         ("aten::arange", "forward"): "mask",  # the causal mask, rebuilt every forward
         ("aten::mul", "forward"): "elementwise",
@@ -62,6 +63,8 @@ def test_gemm_shape_reads_m_n_k_from_the_inputs(dp):
         576,
         1536,
     )
+    packed = op("mkldnn::_linear_pointwise", ((8, 1, 576), (1536, 576), (), (), (), ()), 1.0, "forward")
+    assert dp.gemm_shape(packed) == (8, 1536, 576)
     assert dp.gemm_shape(op("aten::mul", ((16, 576), (16, 576)), 1.0, "forward")) is None
 
 
