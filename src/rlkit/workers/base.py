@@ -20,6 +20,7 @@ what ``WorkerGroup`` does. The role kwargs are the subclass's business.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import threading
@@ -32,14 +33,43 @@ import torch.distributed as dist
 
 from rlkit.hardware import dist_backend
 
-__all__ = ["Worker", "find_free_port", "loopback_ifname"]
+__all__ = ["Worker", "ephemeral_ports", "find_free_port", "loopback_ifname"]
+
+
+# Ray's workers listen on 10002-19999 by default (ray start --min/max-worker-port); ports from 20000 up to the
+# kernel's ephemeral range are handed out by nobody unless a program asks for one by number.
+_FIRST_CHOSEN_PORT = 20000
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for port-0 binds and outgoing connections (Linux: ``ip_local_port_range``; IANA's
+    49152-65535 elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (the OS may hand it out again later; good enough)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on ``host`` now, chosen below the kernel's ephemeral range (from 20000 up), so that no
+    port-0 bind or outgoing connection — Ray's processes make many — can take it before rank 0 binds it (a
+    port the OS handed out once, as ``bind(0)`` gives, can be handed out again: "Address already in use" in
+    a worker's constructor, seen in the test suite). Falls back to an OS-chosen port where that span is empty
+    or full."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    top = ephemeral_ports()[0] - 1
+    candidates = random.Random().sample(
+        range(_FIRST_CHOSEN_PORT, top + 1), k=min(64, max(0, top - _FIRST_CHOSEN_PORT + 1))
+    )
+    for port in [*candidates, 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError(f"no free TCP port on {host}")
 
 
 def loopback_ifname() -> str | None:

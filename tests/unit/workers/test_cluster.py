@@ -169,3 +169,26 @@ def test_a_local_clusters_workers_take_a_steps_batch_inside_the_call(ray_cluster
     setting, back = ray.get(echo.remote(batch))
     assert setting == LOCAL_CLUSTER_ENV["RAY_max_direct_call_object_size"] == str(1 << 20)
     assert torch.equal(back["x"], batch["x"]) and (back["uid"] == np.arange(64)).all()
+
+
+def test_rendezvous_ports_are_chosen_below_the_ephemeral_range(monkeypatch):
+    """``find_free_port`` (rank 0's rendezvous port) never returns a port from the kernel's ephemeral range,
+    which port-0 binds and outgoing connections (Ray's) take from: one such port was taken between the
+    choice and rank 0's bind in CI ("Address already in use"). Random in 20000 .. the range's start, free
+    when chosen; an OS-chosen port where that span is empty."""
+    import socket
+
+    from rlkit.workers import base
+
+    low, _ = base.ephemeral_ports()
+    ports = [base.find_free_port() for _ in range(20)]
+    assert all(20000 <= port < low for port in ports), ports
+    assert len(set(ports)) > 1  # not one fixed port that two runs would share
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports[0]))
+        held.listen()
+        monkeypatch.setattr(base.random.Random, "sample", lambda self, seq, k: [ports[0]])
+        assert base.find_free_port() >= low  # the held port is skipped: the OS picks one
+    monkeypatch.undo()
+    monkeypatch.setattr(base, "ephemeral_ports", lambda: (20000, 60999))
+    assert base.find_free_port() >= 20000
