@@ -27,6 +27,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          after each update, so B (and an fp16 A) repacks them
   lean   rollout: tokens after the prefill through the lean decode step (rlkit.rollout.lean_step) vs the
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
+  sharedattn  rollout, lean step: a group's prompt K/V read once per step for its rows
+         (``DecodePlan.share_prompt_attention``, rlkit.rollout.shared_prompt) vs SDPA over every row's copy
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -88,7 +90,9 @@ def plans(change: str, on: bool):
         cast_weights_once=not (change == "castonce" and off),
     )
     return forward, DecodePlan(
-        share_prefill=not (change == "prefill" and off), lean_step=not (change == "lean" and off)
+        share_prefill=not (change == "prefill" and off),
+        lean_step=not (change == "lean" and off),
+        share_prompt_attention=not (change == "sharedattn" and off),
     )
 
 
@@ -126,6 +130,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")
+    parser.add_argument(
+        "--prompt-file",
+        help="parquet of chat prompts (run.py's rows, e.g. benchmarks/.work/arithmetic/train-long512.parquet "
+        "for smollm2-long's); default: the 8 arithmetic questions",
+    )
     parser.add_argument("--micro", type=int, default=0, help="update micro-batch (0 = all samples at once)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
@@ -230,7 +239,13 @@ def main() -> None:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)
     tok = built[variants[0]][0].tokenizer
-    texts = arithmetic_chat_texts(tok)[: args.prompts]
+    if args.prompt_file:
+        import pandas as pd
+
+        chats = [[dict(m) for m in p] for p in pd.read_parquet(args.prompt_file)["prompt"][: args.prompts]]
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+    else:
+        texts = arithmetic_chat_texts(tok)[: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     n = args.samples // len(texts)  # prompts × n samples (default 4 × 4, the benchmark's SmolLM2 workload)

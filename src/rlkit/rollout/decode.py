@@ -47,6 +47,7 @@ from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
+from rlkit.rollout.shared_prompt import SharedPrompt
 
 __all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
 
@@ -107,10 +108,25 @@ class SlabLayer(DynamicLayer):
 
 
 class SlabCache(Cache):
-    """A ``Cache`` of :class:`SlabLayer`, one per decoder layer, each ``capacity`` positions long."""
+    """A ``Cache`` of :class:`SlabLayer`, one per decoder layer, each ``capacity`` positions long;
+    ``shared_prompt``: the prompts' own K/V while the rows are the prompts' groups in order
+    (``rlkit.rollout.shared_prompt``), else None."""
 
     def __init__(self, num_layers: int, capacity: int):
         super().__init__(layers=[SlabLayer(capacity) for _ in range(num_layers)])
+        self.shared_prompt: SharedPrompt | None = None
+
+    def repeat_rows(self, inverse: torch.Tensor, keep_prompts: bool) -> None:
+        """Copy prompt ``inverse[r]``'s cache to row ``r`` (``inverse [A]``); ``keep_prompts``: keep the
+        prompts' own K/V as ``shared_prompt`` where the rows allow (``SharedPrompt.of``)."""
+        keys = [layer.key_slab[:, :, : layer.length] for layer in self.layers]
+        values = [layer.value_slab[:, :, : layer.length] for layer in self.layers]
+        self.batch_select_indices(inverse)
+        self.shared_prompt = SharedPrompt.of(inverse, keys, values) if keep_prompts else None
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.shared_prompt = None  # rows kept or repeated: the groups no longer line up
+        super().batch_select_indices(indices)
 
 
 def slab_layers(module: nn.Module) -> int | None:
@@ -137,6 +153,7 @@ class DecodePlan:
     slab_cache: bool = True  # the fast loop (slab KV cache, finished rows dropped); False: the plain loop
     share_prefill: bool = True  # one prefill per distinct prompt, its cache copied to the group's rows
     lean_step: bool = True  # fast loop, Llama-family plain module: tokens after the prefill by LeanStep
+    share_prompt_attention: bool = True  # lean step: a group's prompt K/V read once per step for its rows
 
 
 @dataclass
@@ -213,7 +230,11 @@ class Decoding:
         )
         logits = out.logits[:, -1]
         if share:
-            output_cache(out).batch_select_indices(inverse)
+            cache = output_cache(out)
+            if isinstance(cache, SlabCache):
+                cache.repeat_rows(inverse, keep_prompts=self.plan.share_prompt_attention)
+            else:
+                cache.batch_select_indices(inverse)
             logits = logits[inverse]
         return out, logits
 

@@ -5,8 +5,10 @@ where :func:`lean_step_for` accepts the model (``DecodePlan.lean_step``, on by d
 model's own modules (embedding, RMSNorms, q/k/v/o projections, MLP, LM head: an fp16 or bf16 decode copy's
 linears included) and does the rest itself: the rotary cos/sin once per step, the token's K/V written into the
 slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a boolean padding mask
-sliced from the loop's own. What it leaves out is what transformers runs around the same ops at every token:
-per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
+sliced from the loop's own — or, where the cache keeps a group's shared prompt and the step skips enough of
+the K/V that way, attention that reads each prompt once for its rows (``rlkit.rollout.shared_prompt``).
+What it leaves out is what transformers runs around the same ops at every token: per-module keyword
+plumbing, the causal-mask builder, the cache API and the output containers.
 
 Measured on SmolLM2-135M, one AVX2 core (docs/benchmarks.md, "A lean decode forward"): a whole ``generate``
 0.87× as long with fp16 weights at 8 rows × 64 tokens and 0.95× in fp32 at 16 × 32 (``benchmarks/ab.py
@@ -30,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2/3's, Mistral's: the same
+
+from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing
 
 __all__ = ["LeanStep", "lean_step_for"]
 
@@ -73,7 +77,16 @@ class LeanStep:
         x = self.model.embed_tokens(ids)  # [A, 1, h]
         cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D], once for every layer
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
-        for layer, slab in zip(self.model.layers, cache.layers, strict=True):
+        shared = getattr(cache, "shared_prompt", None)
+        if not (
+            x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
+        ):
+            shared = None
+        else:  # additive masks: the group's prompt positions, each row's own
+            bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask.bool(), float("-inf"))
+            prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
+            response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
+        for i, (layer, slab) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(a, 1, self.heads, self.dim)
@@ -84,9 +97,21 @@ class LeanStep:
             v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)  # cos/sin broadcast over the heads
             keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix
-            o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
-            )  # [A, H, 1, D]
+            if shared is not None:  # the group's prompt K/V read once (rlkit.rollout.shared_prompt)
+                o = shared_prompt_attention(
+                    q,
+                    keys,
+                    values,
+                    shared.keys[i],
+                    shared.values[i],
+                    prompt_bias,
+                    response_bias,
+                    attn.scaling,
+                )
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
+                )  # [A, H, 1, D]
             x = x + attn.o_proj(o.transpose(1, 2).reshape(a, 1, self.heads * self.dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.head(self.model.norm(x))[:, -1]  # [A, V]

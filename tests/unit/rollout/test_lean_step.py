@@ -149,3 +149,83 @@ def test_the_lean_step_decodes_through_a_lora_adapter(tok_and_model):
     assert len(lean_rows) == 1
     base = generate(tok, model, fast=True, lean=True, **kw)[0]
     assert not torch.equal(base["rollout_log_probs"], lean["rollout_log_probs"])  # the adapter took part
+
+
+def test_a_groups_prompt_is_attended_once_for_its_rows(tok_and_model, monkeypatch):
+    """3 prompts × 4 rows in group order: the lean step attends through the group's own prompt K/V
+    (rlkit.rollout.shared_prompt) at every step before rows are dropped, and decodes what it decodes with SDPA
+    over every row's copy (same tokens, log-probs to float rounding)."""
+    from rlkit.rollout import lean_step
+
+    tok, model = tok_and_model
+    calls: list[int] = []
+    real = lean_step.shared_prompt_attention
+    monkeypatch.setattr(
+        lean_step, "shared_prompt_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a)
+    )
+    kw = {"n": 4, **CASES["sampled"]}
+    eos = ending_tokens(tok, model, **kw)
+    shared, _ = generate(tok, model, fast=True, lean=True, eos=eos, **kw)
+    used = len(calls)
+    monkeypatch.setattr(lean_step, "worth_sharing", lambda *a: False)
+    apart, _ = generate(tok, model, fast=True, lean=True, eos=eos, **kw)
+    layers = model.config.num_hidden_layers
+    assert used >= layers and used % layers == 0 and len(calls) == used  # used, then not
+    assert set(calls) == {12}  # only while every group's rows are all in the batch
+    lengths = apart["response_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # rows ended apart: the batch was compacted, sharing ended
+    assert_close_rollouts(shared, apart)
+
+
+@pytest.mark.parametrize(("groups", "n", "heads", "kv_heads"), [(2, 4, 9, 3), (3, 2, 4, 2), (1, 5, 2, 2)])
+def test_shared_prompt_attention_is_sdpa_over_the_rows_copies(groups, n, heads, kv_heads):
+    """Against SDPA over every row's copy of its group's prompt, left padding masked per group."""
+    import torch.nn.functional as F
+
+    from rlkit.rollout.shared_prompt import shared_prompt_attention
+
+    torch.manual_seed(0)
+    a, d, p, t = groups * n, 8, 7, 3
+    prompt_keys, prompt_values = torch.randn(2, groups, kv_heads, p, d).unbind(0)
+    own_keys, own_values = torch.randn(2, a, kv_heads, t, d).unbind(0)
+    keys = torch.cat([prompt_keys.repeat_interleave(n, 0), own_keys], dim=2)  # [A, Hkv, P + t, D]
+    values = torch.cat([prompt_values.repeat_interleave(n, 0), own_values], dim=2)
+    mask = torch.ones(a, p + t, dtype=torch.bool)
+    for g in range(groups):
+        mask[g * n : (g + 1) * n, : g + 1] = False  # group g's prompt is left-padded by g + 1
+    q = torch.randn(a, heads, 1, d)
+    bias = torch.zeros(a, p + t).masked_fill_(~mask, float("-inf"))
+    got = shared_prompt_attention(
+        q, keys, values, prompt_keys, prompt_values, bias[::n, None, None, :p], bias[:, None, None, p:], 0.3
+    )
+    want = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask[:, None, None, :], scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_prompts_are_kept_only_for_rows_in_group_order_and_dropped_rows_end_them():
+    from rlkit.rollout.decode import SlabCache
+    from rlkit.rollout.shared_prompt import MIN_SAVED_FRACTION, SharedPrompt, worth_sharing
+
+    keys = [torch.zeros(2, 1, 10, 4)]
+    assert SharedPrompt.of(torch.tensor([0, 0, 1, 1]), keys, keys).rows_per_group == 2
+    assert SharedPrompt.of(torch.tensor([0, 1, 0, 1]), keys, keys) is None  # interleaved
+    assert SharedPrompt.of(torch.tensor([0, 0, 0, 1]), keys, keys) is None  # unequal groups
+    assert SharedPrompt.of(torch.tensor([0, 1]), keys, keys) is None  # one row each: nothing shared
+    two = [torch.stack([torch.zeros(1, 10, 4), torch.ones(1, 10, 4)])]
+    swapped = SharedPrompt.of(torch.tensor([1, 1, 0, 0]), two, two)  # prompt 1 sorts first among the rows
+    assert swapped.keys[0][0].eq(1).all() and swapped.values[0][1].eq(0).all()  # in the rows' group order
+    shared = SharedPrompt.of(torch.tensor([0, 0, 1, 1]), keys, keys)
+    # saved share (4 - 2) · 10 / (4 · L): 0.5 at L = 10 (the first step), under it at L = 11
+    assert MIN_SAVED_FRACTION == 0.5
+    assert worth_sharing(shared, 4, 10) and not worth_sharing(shared, 4, 11)
+    assert not worth_sharing(shared, 3, 10) and not worth_sharing(None, 4, 10)
+
+    cache = SlabCache(num_layers=1, capacity=12)
+    cache.layers[0].update(torch.randn(2, 1, 10, 4), torch.randn(2, 1, 10, 4))
+    cache.repeat_rows(torch.tensor([0, 0, 1, 1]), keep_prompts=True)
+    assert cache.shared_prompt.groups == 2 and cache.shared_prompt.length == 10
+    assert torch.equal(cache.shared_prompt.keys[0][1], cache.layers[0].keys[2])  # the prompt's own K
+    cache.batch_select_indices(torch.tensor([0, 1, 2]))
+    assert cache.shared_prompt is None
