@@ -76,7 +76,8 @@ def autocast(device: torch.device, mixed_precision: str):
 def casts_kept(module: nn.Module, device: torch.device, mixed_precision: str, plan: ForwardPlan):
     """A context around several micro-batches whose weights do not change (one optimizer step's forwards and
     backwards, or a no-grad pass), in which bf16 autocast casts each weight to bf16 once instead of once per
-    micro-batch: the same numbers, ~1.5 % of smollm2's bf16 update (docs/benchmarks.md, "Weights cast once").
+    micro-batch: the same numbers, 0.972x the time of a SmolLM2 bf16 update in 4 micro-batches
+    (docs/benchmarks.md, "Weights cast once per optimizer step").
 
     Autocast keeps its casts of the weights (leaf tensors that require grad) until the outermost autocast
     context exits; this is such an outer context with autocast itself off, so each micro-batch's forward still
