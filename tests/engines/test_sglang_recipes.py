@@ -158,10 +158,14 @@ def test_verifiers_episodes_run_on_the_sglang_rollout(sglang_python, tmp_path, r
     for s in steps:
         assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0, s
         assert s["num_turns/min"] == 3, s  # a number the tiny model never guesses: every game runs 3 turns
-        assert s["actor/grad_norm"] > 0 and 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.5, s
+        assert 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.5, s
+        # a step whose episodes all scored alike has no advantage and no gradient (GRPO): seen once locally
+        assert s["actor/grad_norm"] > 0 or s["critic/advantages/max"] == s["critic/advantages/min"] == 0, s
+        # the server decodes in float32 on the CPU, as the actor: rounding apart (3.5e-7 and 4.0e-7 measured)
         assert (
-            s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-2
+            s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
         ), s
+    assert any(s["actor/grad_norm"] > 0 for s in steps), steps
     (log,) = logs.glob("sglang-*.log")
     generates = len(re.findall(r"POST /generate HTTP/1.1\" 200", log.read_text(errors="replace")))
     # one request per turn: 4 prompts x 4 episodes x 3 turns per step (validation adds its own)

@@ -306,8 +306,10 @@ def test_verifiers_episodes_run_on_the_vllm_rollout(model_dir, tmp_path):
     for s in steps:
         assert s["env/errors"] == 0.0 and s["env/timeouts"] == 0.0 and s["reward/errors"] == 0.0, s
         assert s["num_turns/min"] == 3, s  # a number the tiny model never guesses: every game runs 3 turns
-        assert s["actor/grad_norm"] > 0, s
+        # a step whose episodes all scored alike has no advantage and no gradient (GRPO)
+        assert s["actor/grad_norm"] > 0 or s["critic/advantages/max"] == s["critic/advantages/min"] == 0, s
         assert 0.0 <= s["critic/score/min"] <= s["critic/score/max"] <= 1.5, s
         assert (
             s["training/rollout_probs_diff_valid"] == 1.0 and s["training/rollout_probs_diff_max"] < 1e-4
         ), s
+    assert any(s["actor/grad_norm"] > 0 for s in steps), steps
