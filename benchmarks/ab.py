@@ -70,6 +70,7 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
+    parquet_chat_texts,
     save_results,
 )
 
@@ -240,10 +241,7 @@ def main() -> None:
             built[on] = (actor, rollout)
     tok = built[variants[0]][0].tokenizer
     if args.prompt_file:
-        import pandas as pd
-
-        chats = [[dict(m) for m in p] for p in pd.read_parquet(args.prompt_file)["prompt"][: args.prompts]]
-        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+        texts = parquet_chat_texts(tok, args.prompt_file, args.prompts)
     else:
         texts = arithmetic_chat_texts(tok)[: args.prompts]
     enc = tok(texts, return_tensors="pt", padding=True)

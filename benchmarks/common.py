@@ -79,6 +79,35 @@ def hardware() -> dict:
     return module.hardware_summary()
 
 
+def parquet_chat_texts(tok, path: str, count: int) -> list[str]:
+    """The first ``count`` chat prompts of a parquet file of run.py's rows (its ``prompt`` column, e.g.
+    ``benchmarks/.work/arithmetic/train-long512.parquet``), in ``tok`` 's chat template with the generation
+    prompt."""
+    import pandas as pd
+
+    chats = [[dict(m) for m in p] for p in pd.read_parquet(path)["prompt"][:count]]
+    return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+
+
+def sampling_hf_rollout(model, tokenizer, tokens: int, dtype: str):
+    """rlkit's HF rollout of ``model`` for the engine comparisons: temperature 1, eos ignored, ``tokens`` new
+    tokens, decode dtype ``dtype`` (``rollout.backend.dtype``), handed the weights once (a decode copy is
+    built and packed before the first timed generate)."""
+    from rlkit.builtin.params import HFRolloutParams
+    from rlkit.recipe.schema import RolloutConfig
+    from rlkit.rollout.hf import HFRollout
+
+    hf = HFRollout(
+        module=model,
+        tokenizer=tokenizer,
+        rollout_config=RolloutConfig(n=1, temperature=1.0, ignore_eos=True),
+        max_response_length=tokens,
+        params=HFRolloutParams(dtype=dtype),
+    )
+    hf.update_weights(model)
+    return hf
+
+
 def arithmetic_chat_texts(tok) -> list[str]:
     """The 8 arithmetic questions the decode benchmarks (decode.py, decode_profile.py, ab.py,
     lean_decode_spike.py) prompt with, in ``tok`` 's chat template with the generation prompt."""

@@ -40,12 +40,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     import ctranslate2
-    from common import Report, hardware_line
+    from common import Report, hardware_line, sampling_hf_rollout
 
-    from rlkit.builtin.params import HFRolloutParams
     from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig, RolloutConfig
-    from rlkit.rollout.hf import HFRollout
+    from rlkit.recipe.schema import ModelConfig
     from rlkit.testing.rollout import chat_prompts
 
     report = Report("ctranslate2-spike")
@@ -84,15 +82,7 @@ def main() -> None:
         tokenizer.convert_ids_to_tokens(row[mask.bool()].tolist())
         for row, mask in zip(prompts["input_ids"], prompts["attention_mask"], strict=True)
     ]
-    config = RolloutConfig(n=1, temperature=1.0, ignore_eos=True)
-    hf = HFRollout(
-        module=model,
-        tokenizer=tokenizer,
-        rollout_config=config,
-        max_response_length=args.tokens,
-        params=HFRolloutParams(dtype=args.hf_dtype),
-    )
-    hf.update_weights(model)
+    hf = sampling_hf_rollout(model, tokenizer, args.tokens, args.hf_dtype)
 
     def run_hf(rows: int) -> int:
         out = hf.generate(prompts, n=rows // 8, temperature=1.0)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import one_thread  # noqa: E402
+from common import one_thread, parquet_chat_texts  # noqa: E402
 
 
 def main() -> None:
@@ -81,12 +81,10 @@ def main() -> None:
     )
     tok = actor.tokenizer
     if args.prompt_file:
-        import pandas as pd
-
-        chats = [[dict(m) for m in p] for p in pd.read_parquet(args.prompt_file)["prompt"][: args.prompts]]
+        texts = parquet_chat_texts(tok, args.prompt_file, args.prompts)
     else:
         chats = [[{"role": "user", "content": "What is 4 + 6? Answer with only the number."}]] * args.prompts
-    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
     tok.padding_side = "left"
     enc = tok(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})

@@ -42,14 +42,12 @@ def main() -> None:
     report = Report("vllm-rollout")  # printed lines, written to benchmarks/results/ at the end
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from common import hardware_line
+    from common import hardware_line, sampling_hf_rollout
     from rlkit_vllm import VllmParams
     from rlkit_vllm.backend import VllmRollout
 
-    from rlkit.builtin.params import HFRolloutParams
     from rlkit.model.load import load_model, load_tokenizer
     from rlkit.recipe.schema import ModelConfig, RolloutConfig
-    from rlkit.rollout.hf import HFRollout
     from rlkit.testing.rollout import chat_prompts
 
     report(hardware_line(), f"| load before {os.getloadavg()[0]:.1f}", flush=True)
@@ -92,14 +90,7 @@ def main() -> None:
             flush=True,
         )
 
-    hf = HFRollout(
-        module=model,
-        tokenizer=tokenizer,
-        rollout_config=config,
-        max_response_length=args.tokens,
-        params=HFRolloutParams(dtype=args.dtype),
-    )
-    hf.update_weights(model)
+    hf = sampling_hf_rollout(model, tokenizer, args.tokens, args.dtype)
     for n in (int(x) for x in args.samples.split(",")):
         for name, backend in (("hf", hf), ("vllm", engine), ("vllm", engine), ("hf", hf)):
             t0 = time.perf_counter()

@@ -32,7 +32,8 @@ __all__ = ["MIN_SAVED_FRACTION", "SharedPrompt", "shared_prompt_attention", "wor
 
 # the share of the K/V bytes of a step that sharing saves, (A - g) · P / (A · L), from which it is used
 # (benchmarks/results/20261129-083619-shared-prompt-attention.*): 0.47-0.76x SDPA's time at 0.54-0.82 with
-# 526-token prompts, 0.86-1.03x at 0.55 with 44-token ones, 0.94-1.09x at 0.36-0.39, 1.16-1.23x at 0.13-0.31
+# 526-token prompts, 0.86-1.03x at 0.55 with 44-token ones, 0.94-1.09x at 0.36-0.39, 1.16-1.23x at 0.13-0.31.
+# A rule on bytes (cold-cache attention is bound by its reads); measured on Zen 4 only (AVX2/AMX: re-measure)
 MIN_SAVED_FRACTION = 0.5
 
 
