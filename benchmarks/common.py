@@ -526,7 +526,12 @@ class Report:
         self.lines.append(text)
 
     def save(self, record: dict | None = None) -> Path:
-        path = save_results(self.name, record or {}, "\n\n".join(self.lines))
+        # paragraphs apart, a table's rows together (a blank line between two rows would end the table)
+        text = "".join(
+            ("\n" if line.startswith("|") and prev.startswith("|") else "\n\n") + line if i else line
+            for i, (prev, line) in enumerate(zip(["", *self.lines], self.lines))
+        )
+        path = save_results(self.name, record or {}, text)
         print("results:", path)
         return path
 

@@ -18,14 +18,19 @@ decode step does (a loop over one matrix would read it from cache and overstate 
 - ``int8_weight_only``: int8 weights with a per-row scale, fp32 activations (``torch._weight_int8pack_mm``,
   torchao's weight-only int8 path; no packing step);
 - ``mlas``: ONNX Runtime's MLAS fp32 GEMM on weights it prepacked (``rlkit.rollout.mlas_weights.MlasLinear``,
-  what ``rollout.backend.linears=onnxruntime`` decodes with; needs onnxruntime).
+  what ``rollout.backend.linears=onnxruntime`` decodes with; needs onnxruntime);
+- ``onednn_bf16``: oneDNN's linear on bf16 weights packed in its blocked layout, fp32 activations cast to bf16
+  and the product back to fp32 (``rlkit.rollout.bf16_weights.Bf16Linear``, what ``rollout.backend.dtype=
+  bfloat16`` decodes with on a CPU; needs oneDNN's packed linear).
 
 Also prints the seconds fbgemm's fp16 packing and MLAS's prepacking take for all 210 weights, the cost a
 decode with either pays once per weight sync.
 
 ``--kernels`` picks some (default: all).
 
-Prints ms per step (the 210 layer linears, not the head), the weight bytes read per second and the GFLOP/s,
+Prints ms per step (the 210 layer linears, not the head), the weight bytes read per second (the bytes each
+kernel's weights occupy: 2 per element for fp16 and bf16, 1 for int8, 4 else; results files before session 20
+divided the fp32 bytes for every kernel) and the GFLOP/s,
 beside the machine (CPU model, flags, matmul peak, read bandwidth); one torch thread unless ``--threads``.
 Writes them to ``benchmarks/results/<stamp>-decode-kernels.{json,md}``.
 """
@@ -68,8 +73,12 @@ def _int8(flat: list) -> list:
     return out
 
 
+# bytes per weight element each kernel reads (default 4: fp32)
+WEIGHT_BYTES = {"fbgemm_fp16": 2, "fbgemm_fp16_fused": 2, "int8_weight_only": 1, "onednn_bf16": 2}
+
+
 def _kernels(
-    flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list, int8: list, mlas: list
+    flat: list, xs: dict, m: int, fp16: list, onednn: list, fused: list, int8: list, mlas: list, bf16: list
 ) -> dict:
     """Each kernel as a function running the step's linears on the rows ``xs`` (``{in_features: [m,
     in]}``)."""
@@ -96,6 +105,7 @@ def _kernels(
         ],
         "int8_weight_only": lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in int8],
         "mlas": lambda: [lin(xs[lin.in_features]) for lin in mlas],
+        "onednn_bf16": lambda: [lin(xs[lin.in_features]) for lin in bf16],
     }
 
 
@@ -132,6 +142,16 @@ def main() -> None:
             view = SimpleNamespace(weight=w, bias=None, out_features=w.shape[0], in_features=w.shape[1])
             mlas.append(MlasLinear(view))
         packing["mlas"] = time.perf_counter() - start
+    bf16 = []
+    if wanted is None or "onednn_bf16" in wanted:
+        from rlkit.rollout.bf16_weights import Bf16Linear
+
+        start = time.perf_counter()
+        for w in flat:
+            linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            linear.weight.data = w
+            bf16.append(Bf16Linear(linear))
+        packing["onednn_bf16"] = time.perf_counter() - start
     fused = _fused(weights) if wanted is None or "fbgemm_fp16_fused" in wanted else []
     int8 = _int8(flat) if wanted is None or "int8_weight_only" in wanted else []
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
@@ -144,7 +164,7 @@ def main() -> None:
     lines, medians = [head, packed], {}
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in (576, 1536)}
-        kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8, mlas)
+        kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8, mlas, bf16)
         if args.kernels:
             kernels = {name: kernels[name] for name in args.kernels.split(",")}
         times: dict[str, list[float]] = {name: [] for name in kernels}
@@ -157,7 +177,8 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
         flops = 2.0 * m * nbytes / 4
         cells = [
-            f"{name} {statistics.median(t) * 1e3:.1f} ms ({nbytes / statistics.median(t) / 1e9:.1f} GB/s, "
+            f"{name} {statistics.median(t) * 1e3:.1f} ms "
+            f"({nbytes * WEIGHT_BYTES.get(name, 4) / 4 / statistics.median(t) / 1e9:.1f} GB/s, "
             f"{flops / statistics.median(t) / 1e9:.0f} GFLOP/s)"
             for name, t in times.items()
         ]

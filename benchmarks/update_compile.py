@@ -1,0 +1,118 @@
+"""torch.compile (inductor) on the actor's decoder layers: does the update's body get faster?
+
+    OMP_NUM_THREADS=1 python benchmarks/update_compile.py --model ~/.cache/rlkit/models/SmolLM2-135M-Instruct
+
+The update's GEMMs already run at 92-98 % of the matmul probe (``benchmarks/profile_step.py --shapes``); the
+rest of it (norms, rotary, SiLU, softmax, casts, residual adds and their backward: 20-30 % of a bf16 update)
+is what a fuser could shorten, and torch.compile is the one torch offers. This measures the body alone
+(``model.model``: embedding, decoder layers, final norm) forward and backward at full width (padded rows, no
+KV cache, no shared prompt), with rlkit's grouped eager attention as the actor trains with it and a
+stand-in loss (mean of the squared final hidden states), eager against every decoder layer compiled
+(``layer.compile(dynamic=False)``: one graph serves all the layers; dynamo's recompile limit raised so none
+falls back to eager). Each variant runs in its own process, one thread; the first call (compile included)
+is reported apart from the best of ``--reps`` later ones (each shape compiles into a fresh inductor cache,
+so the first call includes a cold compile).
+
+It is not rlkit's update path: that one runs the shared prompt's pass with a KV cache (whose per-layer
+update makes dynamo recompile per layer) and the fused head; this is the part a compile could fuse. Writes
+``benchmarks/results/<stamp>-update-compile.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = [("bf16", 16, 76), ("bf16", 8, 590), ("fp32", 8, 300)]  # (dtype, rows, tokens): the harness's widths
+
+
+def child(model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, reps: int) -> dict:
+    import torch
+    import torch._dynamo
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.model.attention import grouped_eager_name
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import keep_freed_memory
+
+    keep_freed_memory()  # as rlkit's workers run (rlkit.hardware.allocator)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.set_attn_implementation(grouped_eager_name())
+    model.train()
+    if compiled:
+        torch._dynamo.config.cache_size_limit = 64
+        torch._dynamo.config.recompile_limit = 64
+        for layer in model.model.layers:
+            layer.compile(dynamic=False)
+    ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
+    mask = torch.ones(rows, tokens, dtype=torch.long)
+
+    def step() -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            loss = hidden.float().pow(2).mean()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    first = step()
+    step()
+    times = [step() for _ in range(reps)]
+    return {"first_s": first, "steps_s": times, "best_s": min(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        dtype, rows, tokens, compiled = json.loads(args.child)
+        print(json.dumps(child(args.model, dtype, rows, tokens, compiled, args.reps)))
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import Report, hardware_line, one_thread
+
+    one_thread()  # the machine line's thread count is the children's
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    report = Report("update-compile")
+    report(hardware_line())
+    report(
+        "| dtype | rows × tokens | eager s (best) | compiled s (best) | compiled / eager "
+        "| first call s eager / compiled |"
+    )
+    report("|---|---|---:|---:|---:|---:|")
+    results = []
+    cache = tempfile.mkdtemp(prefix="rlkit-inductor-")  # a cold compile: no graph cached by an earlier run
+    for dtype, rows, tokens in SHAPES:
+        got = {}
+        for compiled in (False, True):
+            spec = json.dumps([dtype, rows, tokens, compiled])
+            cmd = [sys.executable, __file__, "--model", args.model, "--reps", str(args.reps), "--child", spec]
+            fresh = env | {"TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, f"{dtype}-{rows}x{tokens}")}
+            out = subprocess.run(cmd, env=fresh, capture_output=True, text=True, check=True).stdout
+            got[compiled] = json.loads(out.strip().splitlines()[-1])
+        eager, comp = got[False], got[True]
+        results.append({"dtype": dtype, "rows": rows, "tokens": tokens, "eager": eager, "compiled": comp})
+        report(
+            f"| {dtype} | {rows} × {tokens} | {eager['best_s']:.3f} | {comp['best_s']:.3f} | "
+            f"{comp['best_s'] / eager['best_s']:.3f} | {eager['first_s']:.1f} / {comp['first_s']:.1f} |"
+        )
+    report.save({"args": vars(args), "rows": results})
+
+
+if __name__ == "__main__":
+    main()
