@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Re-measure, on the machine in front of you, every decode and update default that was tuned on one CPU class
+# (issue 30: "on every machine class you measure"; docs/benchmarks.md, "Where it stands"). One benchmark at a
+# time, one torch thread each; every step writes its own results file under benchmarks/results/.
+#
+#     bash benchmarks/machine_sweep.sh           # the micro-benchmarks (~25 min on 2 cores)
+#     bash benchmarks/machine_sweep.sh --harness # then the default harness against TRL (~70 min more)
+#
+# What each one re-checks (the default it measured, where it lives):
+#   decode_kernels.py         which small-M GEMM the decode should use: fp32 MKL, fbgemm fp16, oneDNN bf16
+#                             (rlkit.hardware: auto's choice of decode weights)
+#   decode_profile.py         where a bf16 decode step goes, against its bound
+#   shared_prompt_attention.py MIN_SAVED_FRACTION (rlkit.rollout.shared_prompt)
+#   attention_train.py        the actor's grouped eager attention against SDPA, CAUSAL_BLOCK
+#                             (rlkit.model.attention)
+#   ab.py --change headkeep   the 512 MiB budget of kept head logits (rlkit.model.forward.KEEP_LOGITS_BYTES)
+#   ab.py --change castonce   bf16 weights cast once per optimizer step (ForwardPlan.cast_weights_once)
+#   update_compile.py         torch.compile on the update's body (not built on Zen 4: 0.94-0.97x)
+#   fp16_probe.py             what rollout.backend.dtype: auto decides here, measured fresh
+# The machine line (CPU model, flags, probes) is in every results file; cite them in docs/benchmarks.md
+# beside the machine class.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+M=${M:-$HOME/.cache/rlkit/models/SmolLM2-135M-Instruct}
+if [ ! -f "$M/config.json" ]; then
+  echo "machine_sweep: no SmolLM2 at $M (set M=DIR; python benchmarks/run.py --workloads smollm2 converts it)" >&2
+  exit 2
+fi
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+KEEP=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647  # the workers'
+lscpu | grep -E "Model name|Flags" | cut -c1-300
+python benchmarks/fp16_probe.py
+python benchmarks/decode_kernels.py --rows 1,8,16 --reps 5 --kernels linear,fbgemm_fp16,onednn_bf16
+python benchmarks/decode_profile.py --shapes 16x32,8x256 --dtype bfloat16
+python benchmarks/shared_prompt_attention.py
+python benchmarks/attention_train.py --reps 3 --rounds 2
+GLIBC_TUNABLES=$KEEP python benchmarks/ab.py --model "$M" --change headkeep --phase update --prompts 2 \
+  --samples 8 --tokens 256 --reps 3 --dtype bf16
+GLIBC_TUNABLES=$KEEP python benchmarks/ab.py --model "$M" --change castonce --phase update --dtype bf16 \
+  --prompts 4 --samples 16 --tokens 32 --micro 4 --reps 3
+python benchmarks/update_compile.py --model "$M"
+if [ "${1:-}" = "--harness" ]; then
+  python benchmarks/run.py --dtypes fp32auto,bf16 --rounds 1 --steps 3 --warmup 3 --label "sweep-$(date +%Y%m%d)"
+fi
