@@ -1,10 +1,35 @@
-"""Fixtures for unit tests of real model components: a tiny model built once, one in-process gloo group."""
+"""Fixtures for unit tests of real model components: a tiny model built once, one in-process gloo group, and
+the benchmark scripts' own functions."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def benchmark_module():
+    """``benchmark_module("run.py")``: that file of ``benchmarks/`` (not a package) imported as a module, once
+    per session, as ``_bench_<name>``."""
+    loaded = {}
+
+    def load(filename: str):
+        if filename not in loaded:
+            name = "_bench_" + filename.removesuffix(".py")
+            spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / filename)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses look their module up while the file runs
+            spec.loader.exec_module(module)
+            loaded[filename] = module
+        return loaded[filename]
+
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
 
 
 @pytest.fixture(scope="module")
-def common():
-    spec = importlib.util.spec_from_file_location("_bench_common", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_common"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+def common(benchmark_module):
+    return benchmark_module("common.py")
 
 
 def test_a_table_keeps_its_rows_together_and_paragraphs_stay_apart(common, monkeypatch):

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-
 
 @pytest.fixture(scope="module")
-def run_py():
-    spec = importlib.util.spec_from_file_location("_bench_run", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_run"] = module
-    spec.loader.exec_module(module)
-    return module
+def run_py(benchmark_module):
+    return benchmark_module("run.py")
 
 
 def test_long_prompts_reach_the_token_floor_and_keep_the_question_and_answer(

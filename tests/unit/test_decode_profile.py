@@ -3,22 +3,12 @@ records in, categories out; pure Python, no model."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_profile.py"
 
 
 @pytest.fixture(scope="module")
-def dp():
-    spec = importlib.util.spec_from_file_location("_decode_profile", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_decode_profile"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+def dp(benchmark_module):
+    return benchmark_module("decode_profile.py")
 
 
 def test_ops_fall_into_the_category_of_their_work(dp):

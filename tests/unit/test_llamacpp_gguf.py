@@ -4,8 +4,6 @@ package; no llama.cpp."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +11,10 @@ import pytest
 
 from rlkit.errors import RlkitError
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_gguf.py"
-
 
 @pytest.fixture(scope="module")
-def spike():
-    spec = importlib.util.spec_from_file_location("_llamacpp_gguf", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_llamacpp_gguf"] = module
-    spec.loader.exec_module(module)
-    return module
+def spike(benchmark_module):
+    return benchmark_module("llamacpp_gguf.py")
 
 
 def test_every_llama_parameter_has_its_llama_cpp_name(spike):

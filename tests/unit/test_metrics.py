@@ -299,19 +299,6 @@ def test_the_gpu_peak_follows_the_device_name_and_precision(monkeypatch):
 
 # ----- the harness's bounds (benchmarks/common.py)
 # -----------------------------------------------------------------
-def _bench_common():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
-    spec = importlib.util.spec_from_file_location("_bench_common", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_common"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 SMOLLM2 = {
     "hidden_size": 576,
     "num_attention_heads": 9,
@@ -323,11 +310,11 @@ SMOLLM2 = {
 }
 
 
-def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill():
+def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill(benchmark_module):
     """One AVX2 core (80 GFLOP/s, 16 GB/s), SmolLM2 fp32: 16 rows are compute-bound (the issue's ridge ≈ 10
     rows), 1 row bandwidth-bound; fp16 weights halve the bytes and move the ridge down; the bound is never
     below either term alone, and the prefill is part of it."""
-    common = _bench_common()
+    common = benchmark_module("common.py")
     shape = common.shape_from_config(SMOLLM2, 134_515_008)
     peak, bandwidth = 80e9, 16e9
     wide = common.decode_roofline(shape, 16, 44, 32, 4, bandwidth, peak, prompts=4)
@@ -345,11 +332,11 @@ def test_decode_bound_is_the_larger_of_bytes_and_flops_per_step_with_the_prefill
     assert wide["prefill_bound_s"] >= 2 * shape.linear * 4 * 44 / peak
 
 
-def test_update_bound_counts_executed_flops_per_layout():
+def test_update_bound_counts_executed_flops_per_layout(benchmark_module):
     """The harness's executed FLOPs are rlkit.model.flops' count: a shared prompt pass runs fewer body
     positions than padded rows, 'best' picks the cheapest, and model FLOPs (6 · N · tokens) are a different
     number."""
-    common = _bench_common()
+    common = benchmark_module("common.py")
     shape = common.shape_from_config(SMOLLM2, 134_515_008)
     kw = {"prompts": 4, "completions": 16, "prompt_width": 44, "tokens": 32}
     padded, _ = common.executed_update_flops(shape, layout="padded", **kw)
