@@ -28,7 +28,9 @@ if [ ! -f "$M/config.json" ]; then
 fi
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 KEEP=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647  # the workers'
-lscpu | grep -E "Model name|Flags" | cut -c1-300
+lscpu | grep "Model name"
+grep -o -w -E "avx2|fma|f16c|avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_bf16" /proc/cpuinfo | sort -u | tr "\n" " "
+echo
 python benchmarks/fp16_probe.py
 python benchmarks/decode_kernels.py --rows 1,8,16 --reps 5 --kernels linear,fbgemm_fp16,onednn_bf16
 python benchmarks/decode_profile.py --shapes 16x32,8x256 --dtype bfloat16
