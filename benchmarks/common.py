@@ -527,10 +527,9 @@ class Report:
 
     def save(self, record: dict | None = None) -> Path:
         # paragraphs apart, a table's rows together (a blank line between two rows would end the table)
-        text = "".join(
-            ("\n" if line.startswith("|") and prev.startswith("|") else "\n\n") + line if i else line
-            for i, (prev, line) in enumerate(zip(["", *self.lines], self.lines))
-        )
+        text = self.lines[0] if self.lines else ""
+        for prev, line in zip(self.lines, self.lines[1:]):
+            text += ("\n" if prev.startswith("|") and line.startswith("|") else "\n\n") + line
         path = save_results(self.name, record or {}, text)
         print("results:", path)
         return path

@@ -15,7 +15,7 @@
 #                             (rlkit.model.attention)
 #   ab.py --change headkeep   the 512 MiB budget of kept head logits (rlkit.model.forward.KEEP_LOGITS_BYTES)
 #   ab.py --change castonce   bf16 weights cast once per optimizer step (ForwardPlan.cast_weights_once)
-#   update_compile.py         torch.compile on the update's body (not built on Zen 4: 0.94-0.97x)
+#   update_compile.py         torch.compile on the update's body (not built on Zen 4: 0.90-0.97x)
 #   fp16_probe.py             what rollout.backend.dtype: auto decides here, measured fresh
 # The machine line (CPU model, flags, probes) is in every results file; cite them in docs/benchmarks.md
 # beside the machine class.

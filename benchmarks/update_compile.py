@@ -2,8 +2,9 @@
 
     OMP_NUM_THREADS=1 python benchmarks/update_compile.py --model ~/.cache/rlkit/models/SmolLM2-135M-Instruct
 
-The update's GEMMs already run at 92-98 % of the matmul probe (``benchmarks/profile_step.py --shapes``); the
-rest of it (norms, rotary, SiLU, softmax, casts, residual adds and their backward: 20-30 % of a bf16 update)
+The update's GEMMs already run at 92-95 % of the matmul probe (``benchmarks/profile_step.py --shapes``); the
+rest of it (norms, rotary, SiLU, softmax, casts, residual adds and their backward: about a quarter of a bf16
+update)
 is what a fuser could shorten, and torch.compile is the one torch offers. This measures the body alone
 (``model.model``: embedding, decoder layers, final norm) forward and backward at full width (padded rows, no
 KV cache, no shared prompt), with rlkit's grouped eager attention as the actor trains with it and a
