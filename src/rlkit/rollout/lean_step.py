@@ -28,11 +28,13 @@ Shapes: ``A`` rows in the batch, ``L`` filled cache positions after the step, ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2/3's, Mistral's: the same
 
+from rlkit.rollout.packed_copy import FusedMember, FusedOutputs
 from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing
 
 __all__ = ["LeanStep", "lean_step_for"]
@@ -67,15 +69,18 @@ class LeanStep:
         self.model, self.head = module.model, module.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.qk_norms = hasattr(self.model.layers[0].self_attn, "q_norm")
+        self.layers = [_LeanLayer(layer, self.heads, self.kv_heads, self.dim) for layer in self.model.layers]
+        self.final_norm = _rms_norm(self.model.norm)
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
         positions) and return its next-token logits ``[A, V]``; ``mask [A, L]``: 1 where a position is
         attended (0: left padding)."""
         a = ids.shape[0]
-        x = self.model.embed_tokens(ids)  # [A, 1, h]
-        cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D], once for every layer
+        x = self.model.embed_tokens(ids[:, 0])  # [A, h]
+        cos, sin = self.model.rotary_emb(x[:, None], positions[:, None])  # [A, 1, D], once for every layer
+        half = self.dim // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's signs folded in
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
         shared = getattr(cache, "shared_prompt", None)
         if not (
@@ -86,17 +91,12 @@ class LeanStep:
             bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask.bool(), float("-inf"))
             prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
-        for i, (layer, slab) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(a, 1, self.heads, self.dim)
-            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim)
-            if self.qk_norms:  # Qwen3: RMSNorm over each head's D
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [A, H, 1, D], [A, Hkv, 1, D]
-            v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)  # cos/sin broadcast over the heads
-            keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix
+        for i, (layer, slab) in enumerate(zip(self.layers, cache.layers, strict=True)):
+            qk, v = layer.project(layer.input_norm(x))  # [A, H + Hkv, D], [A, Hkv, D]
+            # rotary on q and k at once: x·cos + rotate_half(x)·sin, rotate_half(x) = roll(x)·(−1 | +1)
+            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+            q = qk[:, : self.heads, None]  # [A, H, 1, D]
+            keys, values = slab.update(qk[:, self.heads :, None], v[:, :, None])  # [A, Hkv, L, D] views
             if shared is not None:  # the group's prompt K/V read once (rlkit.rollout.shared_prompt)
                 o = shared_prompt_attention(
                     q,
@@ -106,12 +106,87 @@ class LeanStep:
                     shared.values[i],
                     prompt_bias,
                     response_bias,
-                    attn.scaling,
+                    layer.scale,
                 )
             else:
                 o = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
+                    q, keys, values, attn_mask=attend, scale=layer.scale, enable_gqa=True
                 )  # [A, H, 1, D]
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(a, 1, self.heads * self.dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.head(self.model.norm(x))[:, -1]  # [A, V]
+            x = x + layer.o_proj(o.reshape(a, self.heads * self.dim))
+            x = x + layer.mlp(layer.post_norm(x))
+        return self.head(self.final_norm(x))  # [A, V]
+
+
+def _rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``norm`` (the accepted models' RMSNorm: ``weight · x / sqrt(mean(x²) + eps)`` over the last dim) as one
+    ``F.rms_norm`` call, where HF's module runs eight ops; the module itself for an input of another dtype
+    than its weight (a bf16 module whose linears hand back fp32) or a norm that is not that one."""
+    eps, weight = getattr(norm, "variance_epsilon", None), getattr(norm, "weight", None)
+    if not type(norm).__name__.endswith("RMSNorm") or eps is None or weight is None or weight.dim() != 1:
+        return norm
+    shape = tuple(weight.shape)
+
+    def rms_norm(x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, shape, weight, eps) if x.dtype == weight.dtype else norm(x)
+
+    return rms_norm
+
+
+def _fused_group(members: list[nn.Module]) -> FusedOutputs | None:
+    """The one GEMM behind sibling projections ``members`` where a packed decode copy fused exactly them, in
+    order (``rlkit.rollout.packed_copy``), else None."""
+    if not all(isinstance(m, FusedMember) for m in members):
+        return None
+    group = members[0].group
+    if any(m.group is not group or m.index != i for i, m in enumerate(members)) or len(group.splits) != len(
+        members
+    ):
+        return None
+    return group
+
+
+class _LeanLayer:
+    """One decoder layer's parts as the lean step calls them: norms as ``F.rms_norm``, q/k/v as one GEMM where
+    a decode copy fused them (else the three projections, a LoRA adapter's included), the MLP likewise."""
+
+    def __init__(self, layer: nn.Module, heads: int, kv_heads: int, dim: int):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, dim
+        self.input_norm = _rms_norm(layer.input_layernorm)
+        self.post_norm = _rms_norm(layer.post_attention_layernorm)
+        self.scale, self.o_proj = attn.scaling, attn.o_proj
+        self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj
+        self.qkv = _fused_group([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qk_norms = None
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's D before the rotation
+            self.qk_norms = (_rms_norm(attn.q_norm), _rms_norm(attn.k_norm))
+        self.act, self.gate_proj, self.up_proj, self.down_proj = (
+            mlp.act_fn,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
+        self.gate_up = _fused_group([mlp.gate_proj, mlp.up_proj])
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h [A, hidden]`` → the queries and keys as one ``[A, H + Hkv, D]`` (before the rotation) and the
+        values ``[A, Hkv, D]``."""
+        a, heads, kv_heads, d = h.shape[0], self.heads, self.kv_heads, self.dim
+        if self.qkv is not None:
+            y = self.qkv.run(h).view(a, heads + 2 * kv_heads, d)
+            qk, v = y[:, : heads + kv_heads], y[:, heads + kv_heads :]
+        else:
+            q, k = self.q_proj(h).view(a, heads, d), self.k_proj(h).view(a, kv_heads, d)
+            qk, v = torch.cat([q, k], dim=1), self.v_proj(h).view(a, kv_heads, d)
+        if self.qk_norms is not None:
+            q_norm, k_norm = self.qk_norms
+            qk = torch.cat([q_norm(qk[:, :heads]), k_norm(qk[:, heads:])], dim=1)
+        return qk, v
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        """``down(act(gate(h)) · up(h))``, ``[A, hidden] → [A, hidden]``."""
+        if self.gate_up is not None:
+            gate, up = self.gate_up.run(h).split(self.gate_up.splits, dim=-1)
+        else:
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        return self.down_proj(self.act(gate) * up)
