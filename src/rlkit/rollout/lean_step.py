@@ -2,17 +2,22 @@
 
 ``rlkit.rollout.decode`` runs the model's own forward for the prefill and, for every later token, this step
 where :func:`lean_step_for` accepts the model (``DecodePlan.lean_step``, on by default). The step calls the
-model's own modules (embedding, RMSNorms, q/k/v/o projections, MLP, LM head: an fp16 or bf16 decode copy's
-linears included) and does the rest itself: the rotary cos/sin once per step, the token's K/V written into the
-slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a boolean padding mask
-sliced from the loop's own — or, where the cache keeps a group's shared prompt and the step skips enough of
-the K/V that way, attention that reads each prompt once for its rows (``rlkit.rollout.shared_prompt``).
-What it leaves out is what transformers runs around the same ops at every token: per-module keyword
-plumbing, the causal-mask builder, the cache API and the output containers.
+model's own embedding, projections (an fp16 or bf16 decode copy's packed linears, a LoRA adapter's layers),
+activation and LM head, and does the rest in as few ops as it can: each RMSNorm as one ``F.rms_norm`` (HF's
+module runs eight), the q/k/v and gate/up projections as one GEMM each where a packed decode copy fused them
+(``rlkit.rollout.packed_copy``; called directly, not through the three members), the rotary cos/sin once per
+step and applied to q and k together (``roll`` with the sign of ``rotate_half`` folded into sin), the token's
+K/V written into the slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a
+boolean padding mask sliced from the loop's own — or, where the cache keeps a group's shared prompt and the
+step skips enough of the K/V that way, attention that reads each prompt once for its rows
+(``rlkit.rollout.shared_prompt``). What it leaves out is what transformers runs around the same ops at every
+token: per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
 
 Measured on SmolLM2-135M, one AVX2 core (docs/benchmarks.md, "A lean decode forward"): a whole ``generate``
 0.87× as long with fp16 weights at 8 rows × 64 tokens and 0.95× in fp32 at 16 × 32 (``benchmarks/ab.py
 --change lean``), single steps 0.93-0.95× with logits within 1e-4 (``benchmarks/lean_decode_spike.py``).
+The fewer ops (session 21; 2,050 → 1,240 per SmolLM2 step): 0.93-0.95× the step before them over the bf16
+decode copy at 8 and 16 rows on Zen 4 (``benchmarks/tight_step_spike.py``).
 Not bit-identical (other op order, SDPA over GQA heads), so the rollout's log-probs agree with the model
 forward's to float rounding (``tests/unit/rollout/test_lean_step.py``).
 
