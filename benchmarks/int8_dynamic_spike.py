@@ -12,10 +12,10 @@ Two questions, one invocation, one thread:
    has it).
 2. **Numerics.** The same model's log-probabilities of 8 sampled 64-token completions (sampled from the fp32
    model at temperature 1) under the bf16 copy and under the int8 one (every layer linear quantised, the LM
-   head kept fp32), against the fp32 model: mean and largest |Δ log p| of the sampled tokens, the mean and
-   largest KL(fp32 ‖ other) per token, the largest difference of a sampled token's probability. That is what
-   the rollout's log-probs would differ from the actor's recompute by, and what rollout correction would
-   have to absorb.
+   head kept fp32; then each group of linears alone in int8), against the fp32 model: mean and largest
+   |Δ log p| of the sampled tokens, the mean and largest KL(fp32 ‖ other) per token, the largest difference
+   of a sampled token's probability. That is what the rollout's log-probs would differ from the actor's
+   recompute by, and what rollout correction would have to absorb.
 
 Writes ``benchmarks/results/<stamp>-int8-dynamic.{json,md}``.
 """
@@ -99,17 +99,22 @@ def numerics(model_path: str, tokens: int) -> dict[str, dict[str, float]]:
 
     reference = log_probs(model)
     picked_ref = reference.gather(-1, targets[..., None])[..., 0]
-    int8 = quantize_dynamic(
-        copy.deepcopy(model),
-        {
+
+    def int8(suffixes: tuple[str, ...]):
+        """A copy whose layer linears ending in ``suffixes`` are int8 dynamic (the LM head stays fp32)."""
+        chosen = {
             name: per_channel_dynamic_qconfig
             for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name != "lm_head"
-        },
-        dtype=torch.qint8,
-    )
+            if isinstance(m, torch.nn.Linear) and name != "lm_head" and name.endswith(suffixes)
+        }
+        return quantize_dynamic(copy.deepcopy(model), chosen, dtype=torch.qint8)
+
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    variants = [("bf16_onednn", Bf16DecodeCopy(model).refresh(model)), ("int8_dynamic", int8(every))]
+    for group in (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)):
+        variants.append((f"int8_dynamic {'/'.join(group)} only", int8(group)))
     out = {}
-    for name, module in (("bf16_onednn", Bf16DecodeCopy(model).refresh(model)), ("int8_dynamic", int8)):
+    for name, module in variants:
         lp = log_probs(module)
         picked = lp.gather(-1, targets[..., None])[..., 0]
         delta = (picked - picked_ref)[valid].abs()
