@@ -46,6 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     report = Report("reward-timeout-overhead")  # printed lines, written to benchmarks/results/ at the end
 
+    from rlkit.builtin.params import ParallelManagerParams
     from rlkit.plugin.manager import make_plugin_manager
     from rlkit.plugin.registry import build_registries
     from rlkit.rewards.dispatch import ScoreDispatcher, batched
@@ -61,7 +62,7 @@ def main() -> None:
             lambda m: m._score_with_timeout(items),
         ),
         "parallel (2 children)": (
-            ParallelRewardManager(None, score, num_workers=2),
+            ParallelRewardManager(None, score, params=ParallelManagerParams(num_workers=2)),
             lambda m: m._score_with_timeout(items),
         ),
         "batch (1 child, one call)": (

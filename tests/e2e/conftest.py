@@ -27,7 +27,10 @@ def e2e_overrides(data: Path, out: Path) -> dict:
         # the decode's linears pinned: with `auto` a timed probe picks F.linear or the ONNX Runtime graph, a
         # noise-driven pick for the tiny model that moves the rollout's log-probs in their last bits, which
         # the exact sync reference (tests/e2e/test_run.py) compares
-        "rollout.backend": {"name": "hf", "linears": "torch"},
+        "rollout.backend": {"name": "hf", "linears": "torch", "dtype": "float32"},
+        # the precision pinned too: `auto` picks bf16 where a probe finds it faster (Zen 4, AMX) and fp32
+        # elsewhere, and runs in different precisions are not comparable with the reference at all
+        "actor.mixed_precision": "fp32",
         "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
         "trainer": {
             "total_steps": 4,
