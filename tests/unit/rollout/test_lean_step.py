@@ -78,6 +78,28 @@ def test_the_lean_step_decodes_through_the_fp16_decode_copy(tok_and_model):
     assert len(lean_rows) == 1
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_lean_step_decodes_through_the_bf16_decode_copys_fused_gemms(request, arch):
+    """The bf16 decode copy fuses q/k/v and gate/up into one packed GEMM each; the lean step calls those
+    GEMMs itself (and Qwen3's q/k norms on their outputs), and decodes what the copy's own forward decodes
+    through the fused members."""
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+
+    if bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+    tok, model = _models(request, arch)
+    copy16 = Bf16DecodeCopy(model).module
+    step = lean_step_for(copy16)
+    assert all(layer.qkv is not None and layer.gate_up is not None for layer in step.layers)
+    kw = {"n": 4, **CASES["sampled"]}
+    eos = ending_tokens(tok, copy16, **kw)
+    (lean, lean_rows), (full, _) = (
+        generate(tok, copy16, fast=True, lean=on, eos=eos, **kw) for on in (True, False)
+    )
+    assert_close_rollouts(lean, full)
+    assert len(lean_rows) == 1
+
+
 @pytest.mark.parametrize(
     ("arch", "setting"),
     [
