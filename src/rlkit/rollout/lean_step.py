@@ -143,11 +143,8 @@ def _fused_group(members: list[nn.Module]) -> FusedOutputs | None:
     if not all(isinstance(m, FusedMember) for m in members):
         return None
     group = members[0].group
-    if any(m.group is not group or m.index != i for i, m in enumerate(members)) or len(group.splits) != len(
-        members
-    ):
-        return None
-    return group
+    in_order = all(m.group is group and m.index == i for i, m in enumerate(members))
+    return group if in_order and len(group.splits) == len(members) else None
 
 
 class _LeanLayer:
@@ -178,7 +175,7 @@ class _LeanLayer:
         values ``[A, Hkv, D]``."""
         a, heads, kv_heads, d = h.shape[0], self.heads, self.kv_heads, self.dim
         if self.qkv is not None:
-            y = self.qkv.run(h).view(a, heads + 2 * kv_heads, d)
+            y = self.qkv.run(h).reshape(a, heads + 2 * kv_heads, d)
             qk, v = y[:, : heads + kv_heads], y[:, heads + kv_heads :]
         else:
             q, k = self.q_proj(h).view(a, heads, d), self.k_proj(h).view(a, kv_heads, d)
