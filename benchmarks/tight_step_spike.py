@@ -40,62 +40,34 @@ from common import arithmetic_chat_texts, machine_record, one_thread, save_resul
 from torch import nn  # noqa: E402
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
 
-from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing  # noqa: E402
-
 
 class ModuleCallStep:
-    """Session 9's ``rlkit.rollout.lean_step.LeanStep`` (each layer's own modules), the baseline."""
+    """Session 9's ``rlkit.rollout.lean_step.LeanStep`` (each layer's own modules), the baseline; as the spike
+    runs it: a Llama-family model without q/k norms, SDPA only (its cache keeps no shared prompt)."""
 
     def __init__(self, module: nn.Module):
         config = module.config
         self.model, self.head = module.model, module.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.qk_norms = hasattr(self.model.layers[0].self_attn, "q_norm")
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
-        positions) and return its next-token logits ``[A, V]``; ``mask [A, L]``: 1 where a position is
-        attended (0: left padding)."""
+        """Token ``ids [A, 1]`` at ``positions [A]`` → next-token logits ``[A, V]``; ``mask [A, L]``."""
         a = ids.shape[0]
         x = self.model.embed_tokens(ids)  # [A, 1, h]
         cos, sin = self.model.rotary_emb(x, positions[:, None])  # [A, 1, D], once for every layer
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
-        shared = getattr(cache, "shared_prompt", None)
-        if not (
-            x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
-        ):
-            shared = None
-        else:  # additive masks: the group's prompt positions, each row's own
-            bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask.bool(), float("-inf"))
-            prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
-            response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
-        for i, (layer, slab) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
+        for layer, slab in zip(self.model.layers, cache.layers, strict=True):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(a, 1, self.heads, self.dim)
-            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim)
-            if self.qk_norms:  # Qwen3: RMSNorm over each head's D
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [A, H, 1, D], [A, Hkv, 1, D]
+            q = attn.q_proj(h).view(a, 1, self.heads, self.dim).transpose(1, 2)  # [A, H, 1, D]
+            k = attn.k_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
             v = attn.v_proj(h).view(a, 1, self.kv_heads, self.dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)  # cos/sin broadcast over the heads
             keys, values = slab.update(k, v)  # [A, Hkv, L, D] views of the filled prefix
-            if shared is not None:  # the group's prompt K/V read once (rlkit.rollout.shared_prompt)
-                o = shared_prompt_attention(
-                    q,
-                    keys,
-                    values,
-                    shared.keys[i],
-                    shared.values[i],
-                    prompt_bias,
-                    response_bias,
-                    attn.scaling,
-                )
-            else:
-                o = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
-                )  # [A, H, 1, D]
+            o = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=attend, scale=attn.scaling, enable_gqa=True
+            )  # [A, H, 1, D]
             x = x + attn.o_proj(o.transpose(1, 2).reshape(a, 1, self.heads * self.dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.head(self.model.norm(x))[:, -1]  # [A, V]

@@ -27,10 +27,7 @@ def e2e_overrides(data: Path, out: Path) -> dict:
         # the decode's linears pinned: with `auto` a timed probe picks F.linear or the ONNX Runtime graph, a
         # noise-driven pick for the tiny model that moves the rollout's log-probs in their last bits, which
         # the exact sync reference (tests/e2e/test_run.py) compares
-        "rollout.backend": {"name": "hf", "linears": "torch", "dtype": "float32"},
-        # the precision pinned too: `auto` picks bf16 where a probe finds it faster (Zen 4, AMX) and fp32
-        # elsewhere, and runs in different precisions are not comparable with the reference at all
-        "actor.mixed_precision": "fp32",
+        "rollout.backend": {"name": "hf", "linears": "torch"},
         "resources": {"pools": {"global": {"nodes": 1, "bundles_per_node": 1}}},
         "trainer": {
             "total_steps": 4,
@@ -63,6 +60,24 @@ def write_recipe(tiny_assets, tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def fp32_run(tiny_assets, tmp_path_factory):
+    """The e2e recipe with the precision pinned to fp32 (training and decode), once; ``(CompletedProcess,
+    output dir)``. ``auto`` picks bf16 where a probe finds it faster (Zen 4, AMX) and fp32 elsewhere, and the
+    sync reference (tests/e2e/test_run.py) compares runs in one precision: this run is the same on every
+    machine class but for float rounding. (``straight_run`` keeps ``auto``, whose resolution it checks.)"""
+    from rlkit_harness import run
+
+    model, data = tiny_assets
+    root = tmp_path_factory.mktemp("fp32")
+    overrides = e2e_overrides(data, root / "out")
+    overrides["rollout.backend"] = {**overrides["rollout.backend"], "dtype": "float32"}
+    overrides["actor.mixed_precision"] = "fp32"
+    recipe = root / "recipe.yaml"
+    recipe.write_text(recipe_text(model, data, root / "out", overrides))
+    return run("run", str(recipe)), root / "out"
 
 
 @pytest.fixture(scope="session")

@@ -132,22 +132,19 @@ def check_sync_reference_exactly(rows: list[dict], checkpoint: Path, reference: 
     assert _weights_digest(checkpoint) == reference["weights_sha256"], f"final weights: {where}"
 
 
-def test_sync_run_matches_the_sync_reference(straight_run):
-    """The e2e recipe's metrics and final weights against those recorded in sync_reference.json (the file says
-    from which commit): within tolerance everywhere, then exactly where the fingerprint is the recording's; a
-    visible skip when ``auto`` precision resolved differently from the recording."""
-    result, out = straight_run
+def test_sync_run_matches_the_sync_reference(fp32_run):
+    """The e2e recipe's metrics and final weights, in fp32 (``fp32_run``: ``auto`` would pick another
+    precision on some machines), against those recorded in sync_reference.json (the file says from which
+    commit): within tolerance everywhere, then exactly where the fingerprint is the recording's."""
+    result, out = fp32_run
     assert result.returncode == 0, result.stderr[-3000:]
     rows, checkpoint = records(out), out / "checkpoints" / "global_step_4"
     if os.environ.get("RLKIT_RECORD_SYNC_REFERENCE"):
         record_sync_reference(rows, checkpoint)
     reference = json.loads(SYNC_REFERENCE.read_text())
-    if _resolved_precision(out) != reference["precision"]:
-        pytest.skip(
-            f"sync reference: this run's auto precision resolved to {_resolved_precision(out)}, the "
-            f"recording's to {reference['precision']} (params.json 'resolved'); runs in different precisions "
-            "are not comparable, even within a tolerance"
-        )
+    assert _resolved_precision(out) == reference["precision"], (
+        "the sync reference was recorded in another precision: re-record it from fp32_run"
+    )
     check_sync_reference_within_tolerance(rows, checkpoint, reference)
     check_sync_reference_exactly(rows, checkpoint, reference)
 

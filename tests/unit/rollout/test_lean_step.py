@@ -1,7 +1,8 @@
 """The lean decode step (rlkit.rollout.lean_step) against the model's own forward in the fast loop: the same
 tokens and log-probs to float rounding, with rows ending at different steps (dropped mid-way), left-padded
 prompts of different lengths and grouped KV heads; on the tiny Qwen2 and a tiny Llama, Qwen3 (q/k norms) and
-Mistral, fp32 and through the fp16 decode copy. Only the prefill runs the model's forward on the lean path."""
+Mistral, fp32 and through the fp16 and bf16 decode copies. Only the prefill runs the model's forward on the
+lean path."""
 
 from __future__ import annotations
 
@@ -64,37 +65,26 @@ def test_the_lean_step_decodes_what_the_models_forward_decodes(request, arch, ca
     assert full.meta["metrics"]["rollout/lean_step"] == 0.0
 
 
-def test_the_lean_step_decodes_through_the_fp16_decode_copy(tok_and_model):
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_the_lean_step_decodes_through_a_packed_decode_copy(request, arch, precision):
+    """The fp16 decode copy packs each linear for fbgemm on its own; the bf16 copy fuses q/k/v and gate/up
+    into one oneDNN GEMM each, which the lean step calls itself (Qwen3's q/k norms on their outputs). Either
+    way it decodes what the copy's own forward decodes."""
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
-    tok, model = tok_and_model
-    copy16 = Fp16DecodeCopy(model).module
-    kw = {"n": 4, **CASES["sampled"]}
-    eos = ending_tokens(tok, copy16, **kw)
-    (lean, lean_rows), (full, _) = (
-        generate(tok, copy16, fast=True, lean=on, eos=eos, **kw) for on in (True, False)
-    )
-    assert_close_rollouts(lean, full)
-    assert len(lean_rows) == 1
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_the_lean_step_decodes_through_the_bf16_decode_copys_fused_gemms(request, arch):
-    """The bf16 decode copy fuses q/k/v and gate/up into one packed GEMM each; the lean step calls those
-    GEMMs itself (and Qwen3's q/k norms on their outputs), and decodes what the copy's own forward decodes
-    through the fused members."""
-    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
-
-    if bf16_weights_unavailable() is not None:
+    fused = precision == "bfloat16"
+    if fused and bf16_weights_unavailable() is not None:
         pytest.skip(bf16_weights_unavailable())
     tok, model = _models(request, arch)
-    copy16 = Bf16DecodeCopy(model).module
-    step = lean_step_for(copy16)
-    assert all(layer.qkv is not None and layer.gate_up is not None for layer in step.layers)
+    packed = (Bf16DecodeCopy if fused else Fp16DecodeCopy)(model).module
+    step = lean_step_for(packed)
+    assert all((layer.qkv is not None) == fused == (layer.gate_up is not None) for layer in step.layers)
     kw = {"n": 4, **CASES["sampled"]}
-    eos = ending_tokens(tok, copy16, **kw)
+    eos = ending_tokens(tok, packed, **kw)
     (lean, lean_rows), (full, _) = (
-        generate(tok, copy16, fast=True, lean=on, eos=eos, **kw) for on in (True, False)
+        generate(tok, packed, fast=True, lean=on, eos=eos, **kw) for on in (True, False)
     )
     assert_close_rollouts(lean, full)
     assert len(lean_rows) == 1
