@@ -65,8 +65,7 @@ class ActorRolloutRefWorker(Worker):
         The resolved components (``rlkit.recipe.compose``) come from the driver: ``policy_loss`` (with an
         actor), ``rollout_backend``, ``agent_loops``/``default_agent``/``tools`` (with a rollout)."""
         super().__init__(rank, world_size, master_addr, master_port, device, threads)
-        from rlkit.model import fsdp
-        from rlkit.model.load import load_model, load_tokenizer
+        from rlkit.model.load import load_tokenizer
 
         if actor_config is None and rollout_config is None and ref_config is None:
             raise WorkerError(
@@ -77,73 +76,98 @@ class ActorRolloutRefWorker(Worker):
         temperature = rollout_config.temperature if rollout_config is not None else 1.0
         self.actor = self.rollout = self.ref = None
         if actor_config is not None:
-            from rlkit.workers.actor import FSDPActor
-
-            if policy_loss is None:
-                raise WorkerError(
-                    "ActorRolloutRefWorker with an actor needs policy_loss (a resolved component)."
-                )
-            self.actor = FSDPActor(
-                model_config,
-                actor_config,
-                policy_loss,
-                rollout_n=rollout_config.n if rollout_config else 1,
-                total_steps=total_steps,
-                device=self.device,
-                temperature=temperature,
-                log_prob_micro_batch_size=(
-                    rollout_config.log_prob_micro_batch_size_per_rank if rollout_config else 8
-                ),
-                tokenizer=self.tokenizer,
-                seed=seed,
+            self.actor = self._build_actor(
+                actor_config, policy_loss, rollout_config, total_steps, temperature, seed
             )
         self.backend_spec = rollout_backend.spec if rollout_backend is not None else None
         if rollout_config is not None:
-            if rollout_backend is None:
-                raise WorkerError(
-                    "ActorRolloutRefWorker with a rollout needs rollout_backend (a resolved component)."
-                )
-            if self.actor is not None:
-                module = self.actor.module
-            else:
-                module = fsdp.fsdp_wrap(load_model(model_config, tokenizer=self.tokenizer), self.device)
-            self.rollout = rollout_backend.build(
-                module=module,
-                tokenizer=self.tokenizer,
-                rollout_config=rollout_config,
-                max_response_length=max_response_length,
-                device=self.device,
-                seed=seed * 1000 + rank,
+            self.rollout = self._build_rollout(
+                rollout_config,
+                rollout_backend,
+                max_response_length,
+                seed * 1000 + rank,
+                agent_loops,
+                default_agent,
+                tools,
             )
-            if default_agent is not None:  # multi-turn: agent loops drive the backend turn by turn
-                from rlkit.rollout.agent import AgentLoopRollout
+        if ref_config is not None:
+            self.ref = self._build_ref(ref_config, actor_config, temperature)
 
-                self.rollout = AgentLoopRollout(
-                    self.rollout,
-                    self.tokenizer,
-                    rollout_config=rollout_config,
-                    max_response_length=max_response_length,
-                    loops=agent_loops or {},
-                    default_agent=default_agent,
-                    tools=tools,
-                    generate_ids=self.backend_spec.generate_ids,
-                )
-        if ref_config is not None and self.actor is not None and self.actor.peft_model is not None:
+    def _build_actor(self, actor_config, policy_loss, rollout_config, total_steps, temperature, seed):
+        from rlkit.workers.actor import FSDPActor
+
+        if policy_loss is None:
+            raise WorkerError("ActorRolloutRefWorker with an actor needs policy_loss (a resolved component).")
+        return FSDPActor(
+            self.model_config,
+            actor_config,
+            policy_loss,
+            rollout_n=rollout_config.n if rollout_config else 1,
+            total_steps=total_steps,
+            device=self.device,
+            temperature=temperature,
+            log_prob_micro_batch_size=(
+                rollout_config.log_prob_micro_batch_size_per_rank if rollout_config else 8
+            ),
+            tokenizer=self.tokenizer,
+            seed=seed,
+        )
+
+    def _build_rollout(
+        self, rollout_config, rollout_backend, max_response_length, seed, agent_loops, default_agent, tools
+    ):
+        """The backend over the actor's module (or a module of its own without an actor), wrapped in the agent
+        loops where the recipe has a default agent (multi-turn)."""
+        from rlkit.model import fsdp
+        from rlkit.model.load import load_model
+
+        if rollout_backend is None:
+            raise WorkerError(
+                "ActorRolloutRefWorker with a rollout needs rollout_backend (a resolved component)."
+            )
+        if self.actor is not None:
+            module = self.actor.module
+        else:
+            module = fsdp.fsdp_wrap(load_model(self.model_config, tokenizer=self.tokenizer), self.device)
+        rollout = rollout_backend.build(
+            module=module,
+            tokenizer=self.tokenizer,
+            rollout_config=rollout_config,
+            max_response_length=max_response_length,
+            device=self.device,
+            seed=seed,
+        )
+        if default_agent is None:
+            return rollout
+        from rlkit.rollout.agent import AgentLoopRollout  # multi-turn: agent loops drive the backend
+
+        return AgentLoopRollout(
+            rollout,
+            self.tokenizer,
+            rollout_config=rollout_config,
+            max_response_length=max_response_length,
+            loops=agent_loops or {},
+            default_agent=default_agent,
+            tools=tools,
+            generate_ids=self.backend_spec.generate_ids,
+        )
+
+    def _build_ref(self, ref_config, actor_config, temperature):
+        """A LoRA actor's base (its adapter off, no copy), else a module of its own."""
+        if self.actor is not None and self.actor.peft_model is not None:
             from rlkit.model.lora import LoraRef
 
-            # the base: adapter off, no copy
-            self.ref = LoraRef(self.actor, ref_config, temperature=temperature)
-        elif ref_config is not None:
-            from rlkit.workers.ref import FSDPRef
+            return LoraRef(self.actor, ref_config, temperature=temperature)
+        from rlkit.workers.ref import FSDPRef
 
-            self.ref = FSDPRef(
-                model_config,
-                ref_config,
-                device=self.device,
-                temperature=temperature,
-                mixed_precision=actor_config.mixed_precision if actor_config else "fp32",
-                tokenizer=self.tokenizer,
-            )
+        return FSDPRef(
+            self.model_config,
+            ref_config,
+            device=self.device,
+            temperature=temperature,
+            mixed_precision=actor_config.mixed_precision if actor_config else "fp32",
+            tokenizer=self.tokenizer,
+        )
 
     def _need(self, part: str):
         obj = getattr(self, part)
