@@ -8,6 +8,7 @@ throughout).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,22 +63,32 @@ def write_recipe(tiny_assets, tmp_path):
     return write
 
 
+def _run_e2e(tiny_assets, root: Path, changes: Callable[[dict], None] | None = None):
+    """``rlkit run`` of the e2e recipe (``changes`` edits its overrides first) under ``root``;
+    ``(CompletedProcess, output dir)``."""
+    from rlkit_harness import run
+
+    model, data = tiny_assets
+    overrides = e2e_overrides(data, root / "out")
+    if changes is not None:
+        changes(overrides)
+    recipe = root / "recipe.yaml"
+    recipe.write_text(recipe_text(model, data, root / "out", overrides))
+    return run("run", str(recipe)), root / "out"
+
+
 @pytest.fixture(scope="session")
 def fp32_run(tiny_assets, tmp_path_factory):
     """The e2e recipe with the precision pinned to fp32 (training and decode), once; ``(CompletedProcess,
     output dir)``. ``auto`` picks bf16 where a probe finds it faster (Zen 4, AMX) and fp32 elsewhere, and the
     sync reference (tests/e2e/test_run.py) compares runs in one precision: this run is the same on every
     machine class but for float rounding. (``straight_run`` keeps ``auto``, whose resolution it checks.)"""
-    from rlkit_harness import run
 
-    model, data = tiny_assets
-    root = tmp_path_factory.mktemp("fp32")
-    overrides = e2e_overrides(data, root / "out")
-    overrides["rollout.backend"] = {**overrides["rollout.backend"], "dtype": "float32"}
-    overrides["actor.mixed_precision"] = "fp32"
-    recipe = root / "recipe.yaml"
-    recipe.write_text(recipe_text(model, data, root / "out", overrides))
-    return run("run", str(recipe)), root / "out"
+    def pin_fp32(overrides: dict) -> None:
+        overrides["rollout.backend"] = {**overrides["rollout.backend"], "dtype": "float32"}
+        overrides["actor.mixed_precision"] = "fp32"
+
+    return _run_e2e(tiny_assets, tmp_path_factory.mktemp("fp32"), pin_fp32)
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +96,4 @@ def straight_run(tiny_assets, tmp_path_factory):
     """``rlkit run`` of the e2e recipe once, uninterrupted (4 steps); ``(CompletedProcess, output dir)``.
     Shared by the tests that only read it (tests/e2e/test_run.py): one checks the run itself, the SIGKILL test
     compares a killed and resumed run with it."""
-    from rlkit_harness import run
-
-    model, data = tiny_assets
-    root = tmp_path_factory.mktemp("straight")
-    recipe = root / "recipe.yaml"
-    recipe.write_text(recipe_text(model, data, root / "out", e2e_overrides(data, root / "out")))
-    return run("run", str(recipe)), root / "out"
+    return _run_e2e(tiny_assets, tmp_path_factory.mktemp("straight"))
