@@ -73,16 +73,16 @@ class ModuleCallStep:
         return self.head(self.model.norm(x))[:, -1]  # [A, V]
 
 
-def tight_step(copy_module, variant: str, cast=None):
+def tight_step(copy_module, variant: str):
     """A step function ``(cache, ids, positions, mask) -> logits [A, V]`` over the Bf16DecodeCopy's module
-    (SDPA only: no shared-prompt attention; ``cast``: another dtype for the float64 check)."""
+    (SDPA only: no shared-prompt attention)."""
     model = copy_module.model
     config = copy_module.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     hidden, eps = config.hidden_size, config.rms_norm_eps
     linear = torch.ops.mkldnn._linear_pointwise
-    bf16 = cast or torch.bfloat16  # the check in float64 passes its own
+    bf16 = torch.bfloat16
     layers = []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
