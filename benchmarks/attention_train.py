@@ -89,6 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--dtypes",
+        default="fp32,bf16",
+        help="of fp32, bf16 (machine_sweep.sh drops bf16 where the CPU has no native bf16)",
+    )
     args = parser.parse_args()
     one_thread()
     import torch
@@ -111,7 +116,7 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for shape, (rows, t, length) in SHAPES.items():
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]:
             layers, mask = _layers(rows, t, length, dtype)
             times: dict[str, list[float]] = {name: [] for name in variants}
             reference = None

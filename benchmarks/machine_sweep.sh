@@ -3,13 +3,13 @@
 # (issue 30: "on every machine class you measure"; docs/benchmarks.md, "Where it stands"). One benchmark at a
 # time, one torch thread each; every step writes its own results file under benchmarks/results/.
 #
-#     bash benchmarks/machine_sweep.sh           # the micro-benchmarks (~25 min on 2 cores)
+#     bash benchmarks/machine_sweep.sh           # the micro-benchmarks (~25 min on 2 cores, Zen 4)
 #     bash benchmarks/machine_sweep.sh --harness # then the default harness against TRL (~70 min more)
 #
 # What each one re-checks (the default it measured, where it lives):
 #   decode_kernels.py         which small-M GEMM the decode should use: fp32 MKL, fbgemm fp16, oneDNN bf16
 #                             (rlkit.hardware: auto's choice of decode weights)
-#   decode_profile.py         where a bf16 decode step goes, against its bound
+#   decode_profile.py         where a decode step goes (bf16 copy; fp16 weights without native bf16), vs its bound
 #   shared_prompt_attention.py MIN_SAVED_FRACTION (rlkit.rollout.shared_prompt)
 #   attention_train.py        the actor's grouped eager attention against SDPA, CAUSAL_BLOCK
 #                             (rlkit.model.attention)
@@ -31,16 +31,27 @@ KEEP=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshol
 lscpu | grep "Model name"
 grep -o -w -E "avx2|fma|f16c|avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_bf16" /proc/cpuinfo | sort -u | tr "\n" " "
 echo
+# Without native bf16 (AVX2: bf16 GEMMs ~60x slower than fp32) no default trains or decodes in bf16 (auto picks
+# fp32 training and fp32 or fp16 decode weights), so the bf16 measurements would only take hours to say so: the
+# sweep measures fp32 and the fp16 decode there, and skips castonce (a bf16-only change).
+if grep -q -w -E "avx512_bf16|amx_bf16" /proc/cpuinfo; then
+  TRAIN=bf16 DECODE=bfloat16 DTYPES=fp32,bf16 HARNESS=fp32auto,bf16
+else
+  TRAIN=fp32 DECODE=float16 DTYPES=fp32 HARNESS=fp32auto
+  echo "machine_sweep: no native bf16 here: fp32 training, float16 decode weights, harness $HARNESS"
+fi
 python benchmarks/fp16_probe.py
 python benchmarks/decode_kernels.py --rows 1,8,16 --reps 5 --kernels linear,fbgemm_fp16,onednn_bf16
-python benchmarks/decode_profile.py --shapes 16x32,8x256 --dtype bfloat16
+python benchmarks/decode_profile.py --shapes 16x32,8x256 --dtype $DECODE
 python benchmarks/shared_prompt_attention.py
-python benchmarks/attention_train.py --reps 3 --rounds 2
+python benchmarks/attention_train.py --reps 3 --rounds 2 --dtypes $DTYPES
 GLIBC_TUNABLES=$KEEP python benchmarks/ab.py --model "$M" --change headkeep --phase update --prompts 2 \
-  --samples 8 --tokens 256 --reps 3 --dtype bf16
-GLIBC_TUNABLES=$KEEP python benchmarks/ab.py --model "$M" --change castonce --phase update --dtype bf16 \
-  --prompts 4 --samples 16 --tokens 32 --micro 4 --reps 3
-python benchmarks/update_compile.py --model "$M"
+  --samples 8 --tokens 256 --reps 3 --dtype $TRAIN
+if [ $TRAIN = bf16 ]; then
+  GLIBC_TUNABLES=$KEEP python benchmarks/ab.py --model "$M" --change castonce --phase update --dtype bf16 \
+    --prompts 4 --samples 16 --tokens 32 --micro 4 --reps 3
+fi
+python benchmarks/update_compile.py --model "$M" --dtypes $DTYPES
 if [ "${1:-}" = "--harness" ]; then
-  python benchmarks/run.py --dtypes fp32auto,bf16 --rounds 1 --steps 3 --warmup 3 --label "sweep-$(date +%Y%m%d)"
+  python benchmarks/run.py --dtypes $HARNESS --rounds 1 --steps 3 --warmup 3 --label "sweep-$(date +%Y%m%d)"
 fi

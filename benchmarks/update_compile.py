@@ -78,6 +78,11 @@ def main() -> None:
     )
     parser.add_argument("--model", required=True)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--dtypes",
+        default="bf16,fp32",
+        help="the shapes of these dtypes (machine_sweep.sh drops bf16 where the CPU has no native bf16)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -98,7 +103,7 @@ def main() -> None:
     report("|---|---|---:|---:|---:|---:|")
     results = []
     cache = tempfile.mkdtemp(prefix="rlkit-inductor-")  # a cold compile: no graph cached by an earlier run
-    for dtype, rows, tokens in SHAPES:
+    for dtype, rows, tokens in [shape for shape in SHAPES if shape[0] in args.dtypes.split(",")]:
         got = {}
         for compiled in (False, True):
             spec = json.dumps([dtype, rows, tokens, compiled])
