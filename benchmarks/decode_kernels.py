@@ -142,10 +142,12 @@ def main() -> None:
             view = SimpleNamespace(weight=w, bias=None, out_features=w.shape[0], in_features=w.shape[1])
             mlas.append(MlasLinear(view))
         packing["mlas"] = time.perf_counter() - start
-    bf16 = []
+    bf16, skipped = [], {}
     if wanted is None or "onednn_bf16" in wanted:
-        from rlkit.rollout.bf16_weights import Bf16Linear
+        from rlkit.rollout.bf16_weights import Bf16Linear, bf16_weights_unavailable
 
+        skipped["onednn_bf16"] = bf16_weights_unavailable()
+    if (wanted is None or "onednn_bf16" in wanted) and not skipped["onednn_bf16"]:
         start = time.perf_counter()
         for w in flat:
             linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
@@ -160,6 +162,8 @@ def main() -> None:
         f"{machine['bandwidth'] / 1e9:.1f} GB/s; {len(flat)} linears, {nbytes / 1e6:.0f} MB fp32"
     )
     packed = "packing all weights once: " + ", ".join(f"{k} {v:.2f} s" for k, v in packing.items())
+    skipped = {name: why for name, why in skipped.items() if why}
+    packed += "".join(f"; {name} not measured: {why}" for name, why in skipped.items())
     print(head, packed, sep="\n", flush=True)
     lines, medians = [head, packed], {}
     for m in (int(r) for r in args.rows.split(",")):
@@ -167,6 +171,7 @@ def main() -> None:
         kernels = _kernels(flat, xs, m, fp16, onednn, fused, int8, mlas, bf16)
         if args.kernels:
             kernels = {name: kernels[name] for name in args.kernels.split(",")}
+        kernels = {name: fn for name, fn in kernels.items() if name not in skipped}
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for fn in kernels.values():
             fn()  # warm-up

@@ -18,11 +18,14 @@ machines measured); the rollout's log-probs are those of this model, and ``algor
 corrects for the difference from the actor's. The trainable weights are repacked once per weight hand-over
 (``PackedDecodeCopy.refresh``): SmolLM2-135M about 0.15 s on one core.
 
-Only on the CPU, where torch has oneDNN (:func:`bf16_weights_unavailable`); elsewhere (CUDA, a torch
-without oneDNN) ``dtype: bfloat16`` decodes with a plain bf16 copy of the module.
+Only on the CPU, where torch has oneDNN and oneDNN packs bf16 on this CPU (:func:`bf16_weights_unavailable`:
+not on AVX2-only CPUs); elsewhere (CUDA, a torch without oneDNN, AVX2) ``dtype: bfloat16`` decodes with a
+plain bf16 copy of the module.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -32,12 +35,20 @@ from rlkit.rollout.packed_copy import FusedOutputs, PackedDecodeCopy
 __all__ = ["Bf16DecodeCopy", "Bf16FusedLinear", "Bf16Linear", "bf16_weights_unavailable"]
 
 
+@functools.cache
 def bf16_weights_unavailable() -> str | None:
-    """Why this torch build cannot decode with oneDNN-packed bf16 weights on the CPU, or None."""
+    """Why this torch build or CPU cannot decode with oneDNN-packed bf16 weights, or None. oneDNN packs bf16
+    only on CPUs with avx512bw/vl/dq or avx_ne_convert (not on AVX2-only ones), so a tiny weight is packed
+    and multiplied once to find out."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn)"
     if not all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
         return "this torch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise)"
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=torch.bfloat16))
+        _packed_linear(torch.ones(2, 16), packed, None)
+    except RuntimeError as err:
+        return f"oneDNN cannot pack bf16 weights on this CPU ({str(err).strip().splitlines()[0]})"
     return None
 
 
