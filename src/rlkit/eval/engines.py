@@ -78,12 +78,10 @@ def open_engine(plan: Any) -> InProcessEngine | RayEngine:
 
 def _with_agent_loops(plan: Any, backend: Any) -> Any:
     """The backend under the agent loops when the recipe runs one (a multi-turn environment, a tool loop)."""
-    pipe, recipe = plan.pipeline, plan.recipe
-    if pipe.default_agent is None:
-        return backend
-    from rlkit.rollout.agent import AgentLoopRollout
+    from rlkit.rollout.agent import with_agent_loops
 
-    return AgentLoopRollout(
+    pipe, recipe = plan.pipeline, plan.recipe
+    return with_agent_loops(
         backend,
         plan.tokenizer,
         rollout_config=recipe.rollout,

@@ -185,21 +185,8 @@ def plan_roles(
 ) -> tuple[dict[str, PlacedRole], list[tuple[str, str]]]:
     """Which role fills each needed slot, on which pool (see the module docstring)."""
     res = recipe.resources
-    first_pool = next(iter(res.pools))
+    needed, wants_ref = _needed_slots(recipe, estimator)
     problems: list[tuple[str, str]] = []
-    needed = {"actor_rollout_ref"}
-    if estimator.spec.needs_critic:
-        needed.add("critic")
-    if recipe.reward.reward_model.enable:
-        needed.add("reward_model")
-    mode = recipe.trainer.mode
-    if mode != "sync":
-        needed.add("rollout")
-    wants_ref = (
-        recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward
-        if recipe.ref.enable is None
-        else recipe.ref.enable
-    )
     placed: dict[str, PlacedRole] = {}
     for role_name, pool in res.roles.items():
         key = f"resources.roles.{role_name}"
@@ -207,48 +194,12 @@ def plan_roles(
         problems += more
         if role is None:
             continue
-        slot = role.spec.fills
-        if slot not in SLOTS:
-            problems.append(
-                (
-                    key,
-                    f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: "
-                    f"{', '.join(SLOTS)}",
-                )
-            )
-            continue
-        if slot in placed:
-            problems.append(
-                (
-                    key,
-                    f"slot '{slot}' is filled twice (roles '{placed[slot].role.name}' and "
-                    f"'{role.name}'); map only one",
-                )
-            )
-            continue
-        if slot == "ref" and not wants_ref:
-            problems.append(
-                (
-                    key,
-                    "a separate reference worker is mapped but no KL term uses it; set "
-                    "actor.use_kl_loss=true or algorithm.use_kl_in_reward=true, or remove this role",
-                )
-            )
-            continue
-        if slot not in needed and slot != "ref":
-            why = {
-                "critic": (
-                    f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)"
-                ),
-                "reward_model": "reward.reward_model.enable is false",
-                "rollout": (
-                    "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
-                    "or async to generate in this pool)"
-                ),
-            }.get(slot, "the step does not use it")
-            problems.append((key, f"role '{role.name}' is mapped but {why}; remove it from resources.roles"))
-            continue
-        placed[slot] = PlacedRole(slot, role, pool)
+        problem = _mapped_role_problem(role, placed, needed, wants_ref, estimator)
+        if problem:
+            problems.append((key, problem))
+        else:
+            placed[role.spec.fills] = PlacedRole(role.spec.fills, role, pool)
+    mode = recipe.trainer.mode
     if "rollout" in needed and "rollout" not in placed:
         problems.append(
             (
@@ -259,6 +210,7 @@ def plan_roles(
             )
         )
         needed.discard("rollout")
+    first_pool = next(iter(res.pools))
     for slot in sorted(needed - set(placed)):
         placed[slot] = PlacedRole(
             slot, _must(f"resources.roles.{slot}", "roles", slot, registries), first_pool
@@ -274,6 +226,55 @@ def plan_roles(
             )
         )
     return placed, problems
+
+
+def _needed_slots(recipe: Any, estimator: Resolved) -> tuple[set[str], bool]:
+    """The slots the step needs filled, and whether a KL term wants the reference model."""
+    needed = {"actor_rollout_ref"}
+    if estimator.spec.needs_critic:
+        needed.add("critic")
+    if recipe.reward.reward_model.enable:
+        needed.add("reward_model")
+    if recipe.trainer.mode != "sync":
+        needed.add("rollout")
+    wants_ref = (
+        recipe.actor.use_kl_loss or recipe.algorithm.use_kl_in_reward
+        if recipe.ref.enable is None
+        else recipe.ref.enable
+    )
+    return needed, wants_ref
+
+
+def _mapped_role_problem(
+    role: Resolved, placed: dict[str, PlacedRole], needed: set[str], wants_ref: bool, estimator: Resolved
+) -> str | None:
+    """Why a role mapped in ``resources.roles`` cannot fill its slot, or None when it can."""
+    slot = role.spec.fills
+    if slot not in SLOTS:
+        return (
+            f"role '{role.name}' fills slot '{slot}', which the step does not have; slots: {', '.join(SLOTS)}"
+        )
+    if slot in placed:
+        first = placed[slot].role.name
+        return f"slot '{slot}' is filled twice (roles '{first}' and '{role.name}'); map only one"
+    if slot == "ref" and not wants_ref:
+        return (
+            "a separate reference worker is mapped but no KL term uses it; set "
+            "actor.use_kl_loss=true or algorithm.use_kl_in_reward=true, or remove this role"
+        )
+    if slot not in needed and slot != "ref":
+        why = {
+            "critic": (
+                f"estimator '{estimator.name}' uses no critic (set algorithm.estimator=ppo to train one)"
+            ),
+            "reward_model": "reward.reward_model.enable is false",
+            "rollout": (
+                "trainer.mode is sync (the actor's own engine generates; set trainer.mode=one_step_off "
+                "or async to generate in this pool)"
+            ),
+        }.get(slot, "the step does not use it")
+        return f"role '{role.name}' is mapped but {why}; remove it from resources.roles"
+    return None
 
 
 def _with_environment(loop: Resolved, environment: Resolved) -> Resolved:

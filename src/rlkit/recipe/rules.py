@@ -45,6 +45,24 @@ def check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list[
         return problems  # already reported by rlkit.recipe.validate (the component check)
     est = registries.estimators.get(est_name)
     estimator = Resolved("estimators", est.name, est)  # the rules look at the spec, not its parameters
+    problems += _check_estimator_needs(recipe, explicit, est)
+    problems += _check_pools(recipe)
+    problems += _check_environment(recipe, registries)
+    problems += _check_overlong_buffer(recipe)
+    problems += plan_roles(recipe, registries, estimator)[1]
+    problems += _check_mode(recipe, est, registries)
+    problems += _check_agent(recipe, registries)
+    problems += _check_rollout_correction(recipe, registries)
+    problems += _check_lora(recipe, registries)
+    problems += _check_backend_limits(recipe, registries)
+    problems += _check_reward_model(recipe)
+    return problems
+
+
+def _check_estimator_needs(recipe: Recipe, explicit: dict, est: Any) -> list[tuple[str, str]]:
+    """What the estimator needs (a critic, groups) or makes pointless (critic options), and what the KL terms
+    and dynamic sampling need."""
+    problems, est_name = [], est.name
     default_critic = CriticConfig()
     critic_keys = sorted(  # critic options the user changed from their defaults
         k
@@ -98,31 +116,36 @@ def check_rules(recipe: Recipe, explicit: dict, registries: Registries) -> list[
                 "remove ref.enable=false or turn the KL term off",
             )
         )
-    for role, pool in recipe.resources.roles.items():
-        if pool not in recipe.resources.pools:
-            problems.append(
-                (
-                    f"resources.roles.{role}",
-                    f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}",
-                )
-            )
-    problems += _check_environment(recipe, registries)
+    return problems
+
+
+def _check_pools(recipe: Recipe) -> list[tuple[str, str]]:
+    """Every role placed on a pool the recipe declares."""
+    return [
+        (f"resources.roles.{role}", f"unknown pool '{pool}'; pools: {', '.join(recipe.resources.pools)}")
+        for role, pool in recipe.resources.roles.items()
+        if pool not in recipe.resources.pools
+    ]
+
+
+def _check_overlong_buffer(recipe: Recipe) -> list[tuple[str, str]]:
+    """DAPO's overlong buffer inside the response length."""
     ob = recipe.reward.overlong_buffer
     if ob.enable and ob.len > recipe.data.max_response_length:
-        problems.append(
+        return [
             (
                 "reward.overlong_buffer.len",
                 f"{ob.len} tokens does not fit in data.max_response_length="
                 f"{recipe.data.max_response_length}; the penalty starts len tokens before the maximum "
                 "(DAPO: 4096 of 20480), so set it at most that",
             )
-        )
-    problems += plan_roles(recipe, registries, estimator)[1]
-    problems += _check_mode(recipe, est, registries)
-    problems += _check_agent(recipe, registries)
-    problems += _check_rollout_correction(recipe, registries)
-    problems += _check_lora(recipe, registries)
-    problems += _check_backend_limits(recipe, registries)
+        ]
+    return []
+
+
+def _check_reward_model(recipe: Recipe) -> list[tuple[str, str]]:
+    """A reward model enabled with its folder, and a folder only with the model enabled."""
+    problems = []
     rm = recipe.reward.reward_model
     if rm.enable and not rm.path:
         problems.append(

@@ -20,7 +20,8 @@ the loss sees only what the policy generated. The output Batch has the single-tu
 
 The loop needs one thing from a backend: ``await generate_ids(prompt_ids, sampling) -> (ids,
 logprobs, finish_reason)`` (``TurnGenerator``). ``HFTurnGenerator`` adapts the HF backend (and
-batches concurrent requests); the sglang backend implements it natively. ``AgentLoopRollout``
+batches concurrent requests; both in ``rlkit.rollout.turn_generator``); the sglang backend implements it
+natively. ``AgentLoopRollout`` (or ``with_agent_loops``, which leaves a single-turn recipe's backend bare)
 wraps a backend into the ``generate(prompts: Batch, ...)`` contract; a row's ``agent_name``
 (``single_turn`` | ``tool``; non-tensor field or ``extra_info.agent_name``) picks its loop, and
 ``extra_info.tools_kwargs`` (``{tool_name: {kwarg: value}}``) reaches that row's tool calls.
@@ -41,9 +42,9 @@ import torch
 
 from rlkit.batch import Batch
 from rlkit.errors import RlkitError
-from rlkit.plugin.protocols import GeneratesIds
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.tools.base import Tool, ToolResult, call_tool, truncate
+from rlkit.rollout.turn_generator import HFTurnGenerator, TurnGenerator
 
 __all__ = [
     "TurnGenerator",
@@ -54,92 +55,9 @@ __all__ = [
     "Trajectory",
     "ToolAgentLoop",
     "AgentLoopRollout",
+    "with_agent_loops",
     "agent_metrics",
 ]
-
-
-# What the loop needs from a backend: ``rlkit.plugin.protocols.GeneratesIds`` (a backend declaring the
-# ``generate_ids`` capability implements it; ``HFTurnGenerator`` adapts one that does not).
-TurnGenerator = GeneratesIds
-
-
-class HFTurnGenerator:
-    """``TurnGenerator`` over a backend's batched ``generate`` (``rlkit.rollout.hf.HFRollout``, the vLLM
-    plugin's ``VllmRollout``: any backend without the ``generate_ids`` capability): requests that arrive
-    together with the same sampling settings run as one left-padded batch (generated up to the largest
-    budget, each cut to its own). Reads the backend's ``pad_token_id``, ``eos_token_ids`` (a tensor or a
-    list) and ``max_response_length``."""
-
-    def __init__(self, rollout):
-        self.rollout = rollout
-        self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
-        self._flush_scheduled = False
-        self._lock: asyncio.Lock | None = None
-        self._lock_loop: asyncio.AbstractEventLoop | None = None  # each generate() call runs its own loop
-
-    async def generate_ids(self, prompt_ids: list[int], sampling: dict) -> tuple[list[int], list[float], str]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        self._pending.append((list(prompt_ids), dict(sampling), future))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(lambda: asyncio.ensure_future(self._flush()))
-        return await future
-
-    async def _flush(self) -> None:
-        self._flush_scheduled = False
-        pending, self._pending = self._pending, []
-        loop = asyncio.get_running_loop()
-        if (
-            self._lock is None or self._lock_loop is not loop
-        ):  # a lock is bound to the loop it first waited in
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        groups: dict[str, list[tuple[list[int], dict, asyncio.Future]]] = {}
-        for item in pending:
-            key = json.dumps({k: v for k, v in item[1].items() if k != "max_new_tokens"}, sort_keys=True)
-            groups.setdefault(key, []).append(item)
-        async with self._lock:  # one forward at a time: the module is shared
-            for items in groups.values():
-                try:
-                    results = await asyncio.to_thread(self._run, [i[0] for i in items], [i[1] for i in items])
-                except Exception as exc:
-                    for *_, fut in items:
-                        fut.done() or fut.set_exception(exc)
-                    continue
-                for (*_, fut), res in zip(items, results):
-                    fut.done() or fut.set_result(res)
-
-    def _run(
-        self, prompts: list[list[int]], samplings: list[dict]
-    ) -> list[tuple[list[int], list[float], str]]:
-        budgets = [int(s.get("max_new_tokens") or self.rollout.max_response_length) for s in samplings]
-        pad = self.rollout.pad_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, P]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, P]
-        s = samplings[0]
-        out = self.rollout.generate(
-            Batch({"input_ids": ids, "attention_mask": mask}),
-            n=1,
-            temperature=s.get("temperature"),
-            top_p=s.get("top_p"),
-            top_k=s.get("top_k"),
-            max_new_tokens=max(budgets),
-            do_sample=s.get("do_sample"),
-            stop=s.get("stop"),
-        )
-        eos = {int(i) for i in self.rollout.eos_token_ids}
-        results = []
-        for r, budget in enumerate(budgets):
-            length = int(out["response_mask"][r].sum())
-            tokens = out["responses"][r, :length].tolist()
-            logps = out["rollout_log_probs"][r, :length].tolist()
-            if length > budget:
-                results.append((tokens[:budget], logps[:budget], "length"))
-            else:
-                ended = length < max(budgets) or (tokens and tokens[-1] in eos)
-                results.append((tokens, logps, "stop" if ended else "length"))
-        return results
 
 
 # ----- tool-call parsing ----------------------------------------------------------------------------
@@ -509,6 +427,33 @@ class AgentLoopRollout:
         if any(t.reward is not None for t in trajectories):  # the reward manager's per-sample env_reward
             batch.non_tensors["env_reward"] = _objects([t.reward for t in trajectories])
         return batch
+
+
+def with_agent_loops(
+    backend,
+    tokenizer,
+    *,
+    rollout_config,
+    max_response_length: int,
+    loops: dict[str, Any],
+    default_agent: str | None,
+    tools: tuple[Any, ...] = (),
+    generate_ids: bool = False,
+):
+    """``backend`` itself for a single-turn recipe (``default_agent`` None), else the backend under the agent
+    loops (``AgentLoopRollout``, the same keywords): what every place that builds a rollout hands on."""
+    if default_agent is None:
+        return backend
+    return AgentLoopRollout(
+        backend,
+        tokenizer,
+        rollout_config=rollout_config,
+        max_response_length=max_response_length,
+        loops=loops or {},
+        default_agent=default_agent,
+        tools=tools,
+        generate_ids=generate_ids,
+    )
 
 
 def _objects(values: list) -> Any:

@@ -129,24 +129,21 @@ class ActorRolloutRefWorker(Worker):
             module = self.actor.module
         else:
             module = fsdp.fsdp_wrap(load_model(self.model_config, tokenizer=self.tokenizer), self.device)
-        rollout = rollout_backend.build(
-            module=module,
-            tokenizer=self.tokenizer,
-            rollout_config=rollout_config,
-            max_response_length=max_response_length,
-            device=self.device,
-            seed=seed,
-        )
-        if default_agent is None:
-            return rollout
-        from rlkit.rollout.agent import AgentLoopRollout  # multi-turn: agent loops drive the backend
+        from rlkit.rollout.agent import with_agent_loops  # multi-turn: agent loops drive the backend
 
-        return AgentLoopRollout(
-            rollout,
+        return with_agent_loops(
+            rollout_backend.build(
+                module=module,
+                tokenizer=self.tokenizer,
+                rollout_config=rollout_config,
+                max_response_length=max_response_length,
+                device=self.device,
+                seed=seed,
+            ),
             self.tokenizer,
             rollout_config=rollout_config,
             max_response_length=max_response_length,
-            loops=agent_loops or {},
+            loops=agent_loops,
             default_agent=default_agent,
             tools=tools,
             generate_ids=self.backend_spec.generate_ids,
