@@ -56,6 +56,7 @@ __all__ = [
     "ToolAgentLoop",
     "AgentLoopRollout",
     "with_agent_loops",
+    "build_rollout",
     "agent_metrics",
 ]
 
@@ -453,6 +454,41 @@ def with_agent_loops(
         default_agent=default_agent,
         tools=tools,
         generate_ids=generate_ids,
+    )
+
+
+def build_rollout(
+    rollout_backend,
+    module,
+    tokenizer,
+    *,
+    rollout_config,
+    max_response_length: int,
+    device,
+    seed: int,
+    agent_loops: dict[str, Any] | None,
+    default_agent: str | None,
+    tools: tuple[Any, ...] = (),
+):
+    """The recipe's backend (a resolved ``rollout_backends`` component) built over ``module``, under the agent
+    loops when the recipe has a default agent (``with_agent_loops``): a worker's rollout engine."""
+    backend = rollout_backend.build(
+        module=module,
+        tokenizer=tokenizer,
+        rollout_config=rollout_config,
+        max_response_length=max_response_length,
+        device=device,
+        seed=seed,
+    )
+    return with_agent_loops(
+        backend,
+        tokenizer,
+        rollout_config=rollout_config,
+        max_response_length=max_response_length,
+        loops=agent_loops or {},
+        default_agent=default_agent,
+        tools=tools,
+        generate_ids=rollout_backend.spec.generate_ids,
     )
 
 

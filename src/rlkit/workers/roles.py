@@ -129,24 +129,19 @@ class ActorRolloutRefWorker(Worker):
             module = self.actor.module
         else:
             module = fsdp.fsdp_wrap(load_model(self.model_config, tokenizer=self.tokenizer), self.device)
-        from rlkit.rollout.agent import with_agent_loops  # multi-turn: agent loops drive the backend
+        from rlkit.rollout.agent import build_rollout  # under agent loops where the recipe is multi-turn
 
-        return with_agent_loops(
-            rollout_backend.build(
-                module=module,
-                tokenizer=self.tokenizer,
-                rollout_config=rollout_config,
-                max_response_length=max_response_length,
-                device=self.device,
-                seed=seed,
-            ),
+        return build_rollout(
+            rollout_backend,
+            module,
             self.tokenizer,
             rollout_config=rollout_config,
             max_response_length=max_response_length,
-            loops=agent_loops,
+            device=self.device,
+            seed=seed,
+            agent_loops=agent_loops,
             default_agent=default_agent,
             tools=tools,
-            generate_ids=self.backend_spec.generate_ids,
         )
 
     def _build_ref(self, ref_config, actor_config, temperature):

@@ -68,24 +68,19 @@ class RolloutWorker(Worker):
 
             module, _ = apply_lora(module, lora)
         module.requires_grad_(False)
-        from rlkit.rollout.agent import with_agent_loops  # multi-turn: agent loops drive the backend
+        from rlkit.rollout.agent import build_rollout  # under agent loops where the recipe is multi-turn
 
-        self.rollout = with_agent_loops(
-            rollout_backend.build(
-                module=module,
-                tokenizer=self.tokenizer,
-                rollout_config=rollout_config,
-                max_response_length=max_response_length,
-                device=self.device,
-                seed=seed * 1000 + 500 + rank,
-            ),
+        self.rollout = build_rollout(
+            rollout_backend,
+            module,
             self.tokenizer,
             rollout_config=rollout_config,
             max_response_length=max_response_length,
-            loops=agent_loops,
+            device=self.device,
+            seed=seed * 1000 + 500 + rank,
+            agent_loops=agent_loops,
             default_agent=default_agent,
             tools=tools,
-            generate_ids=rollout_backend.spec.generate_ids,
         )
         self.version = 0  # the actor update whose weights this rank holds (0 = the initial weights)
         self.sync_bytes = 0  # tensor bytes of the last weight push (metric rollout/weight_sync_bytes)
