@@ -111,12 +111,41 @@ def check_rollout_backend(
     - declared capabilities: ``generate_ids`` returns ``(ids, logprobs, "stop" | "length")`` within
       its budget; ``memory_release``: ``release_memory`` then ``resume_memory``, then generation works.
     """
-    from rlkit.plugin.protocols import CAPABILITIES, RolloutBackend
+    from rlkit.plugin.protocols import CAPABILITIES
     from rlkit.recipe.schema import RolloutConfig
 
     backend_c = resolve_component("rollout_backends", cls_or_spec, params, registries)
     name = who(backend_c)
     config = RolloutConfig(n=n, temperature=temperature, top_k=top_k)
+    backend = _build_backend(name, backend_c, module, tokenizer, config, max_response_length, device, seed)
+    prompts = chat_prompts(tokenizer)
+    sampled = backend.generate(prompts)
+    _check_layout(name, sampled, prompts, tokenizer, n, max_response_length)
+    if backend_c.spec.rollout_log_probs and "rollout_log_probs" not in sampled:
+        raise _fail(
+            name,
+            "generate returned no rollout_log_probs, but the spec declares rollout_log_probs=True "
+            "(the default): return them, or declare rollout_log_probs=False (no rollout correction then).",
+        )
+    if compare_log_probs and module is not None:
+        _check_log_probs(name, sampled, module, temperature, atol)
+    greedy = _check_greedy(name, backend, prompts, tokenizer, n, max_response_length)
+    if compare_log_probs and module is not None:
+        _check_log_probs(name, greedy, module, 1.0, atol)
+    short = backend.generate(prompts, n=1, max_new_tokens=3)
+    _check_layout(name, short, prompts, tokenizer, 1, 3)
+    if module is not None:
+        backend.update_weights(module)  # what sync_weights hands over in the hybrid engine
+    _check_capabilities(
+        name, backend, backend_c.spec, CAPABILITIES, prompts, tokenizer, n, max_response_length
+    )
+    return backend
+
+
+def _build_backend(name, backend_c, module, tokenizer, config, max_response_length, device, seed) -> Any:
+    """The backend built with rlkit's keywords; it must have ``generate`` and ``update_weights``."""
+    from rlkit.plugin.protocols import RolloutBackend
+
     try:
         backend = backend_c.build(
             module=module,
@@ -134,17 +163,12 @@ def check_rollout_backend(
         raise ContractError(
             f"{name}: {type(backend).__name__} lacks generate() or update_weights().\nContract: {_BACKEND}"
         )
-    prompts = chat_prompts(tokenizer)
-    sampled = backend.generate(prompts)
-    _check_layout(name, sampled, prompts, tokenizer, n, max_response_length)
-    if backend_c.spec.rollout_log_probs and "rollout_log_probs" not in sampled:
-        raise _fail(
-            name,
-            "generate returned no rollout_log_probs, but the spec declares rollout_log_probs=True "
-            "(the default): return them, or declare rollout_log_probs=False (no rollout correction then).",
-        )
-    if compare_log_probs and module is not None:
-        _check_log_probs(name, sampled, module, temperature, atol)
+    return backend
+
+
+def _check_greedy(name, backend, prompts, tokenizer, n: int, max_response_length: int) -> Any:
+    """Greedy with ``n`` samples: the layout, the ``n=1`` greedy response repeated in place, greedy meta.
+    Returns the ``n``-sample greedy batch."""
     greedy = backend.generate(prompts, n=n, do_sample=False)
     _check_layout(name, greedy, prompts, tokenizer, n, max_response_length)
     single = backend.generate(prompts, n=1, do_sample=False)
@@ -157,16 +181,7 @@ def check_rollout_backend(
         raise ContractError(
             f"{name}: greedy meta must be temperature=1.0, do_sample=False; got {greedy.meta}."
         )
-    if compare_log_probs and module is not None:
-        _check_log_probs(name, greedy, module, 1.0, atol)
-    short = backend.generate(prompts, n=1, max_new_tokens=3)
-    _check_layout(name, short, prompts, tokenizer, 1, 3)
-    if module is not None:
-        backend.update_weights(module)  # what sync_weights hands over in the hybrid engine
-    _check_capabilities(
-        name, backend, backend_c.spec, CAPABILITIES, prompts, tokenizer, n, max_response_length
-    )
-    return backend
+    return greedy
 
 
 def _fail(name: str, problem: str) -> ContractError:
