@@ -40,8 +40,9 @@ docs/writing-plugins.md shows each check beside the kind of plugin it tests.
 from __future__ import annotations
 
 from rlkit.testing._common import ContractError
-from rlkit.testing.algos import check_estimator, check_policy_loss, check_rollout_correction
+from rlkit.testing.algos import check_estimator, check_policy_loss
 from rlkit.testing.components import check_role, check_tool, check_tracker
+from rlkit.testing.corrections import check_rollout_correction
 from rlkit.testing.environments import check_environment
 from rlkit.testing.rewards import (
     check_compute_score,
