@@ -228,6 +228,26 @@ def _bf16_copy(model):
     return twin
 
 
+def test_bf16_weights_are_unavailable_where_onednn_cannot_pack_bf16(monkeypatch):
+    """On an AVX2-only CPU oneDNN's bf16 reorder raises (it needs avx512bw/vl/dq or avx_ne_convert): the
+    probe reports it, so dtype: bfloat16 decodes with the plain bf16 copy instead of failing in Bf16Linear."""
+    from rlkit.rollout import bf16_weights
+
+    def refuse(weight):
+        raise RuntimeError(
+            "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or ..."
+        )
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse, raising=False)
+    bf16_weights.bf16_weights_unavailable.cache_clear()
+    try:
+        why = bf16_weights.bf16_weights_unavailable()
+    finally:
+        monkeypatch.undo()
+        bf16_weights.bf16_weights_unavailable.cache_clear()
+    assert why is not None and "cannot pack bf16 weights on this CPU" in why and "avx_ne_convert" in why
+
+
 @pytest.mark.parametrize("actor_attention", ["eager", "grouped"])
 def test_bf16_decode_copy_matches_decoding_a_bf16_model_and_follows_updates(
     tiny_model_dir, tok_and_model, monkeypatch, actor_attention
