@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from rlkit.testing._common import ContractError, resolve_component, who
-from rlkit.testing.algos import _loss_case
+from rlkit.testing._common import resolve_component, who
+from rlkit.testing.algos import _fail, _loss_case
 
 __all__ = ["check_rollout_correction"]
 
@@ -19,10 +19,6 @@ _CORRECTION_CONTRACT = (
     "fn(old_log_prob, rollout_log_probs, response_mask, **params) -> (weights or 0/1 mask [B, T], "
     "metrics: dict[str, float])  (rlkit.plugin.specs.RolloutCorrectionSpec)"
 )
-
-
-def _fail(name: str, problem: str, contract: str) -> ContractError:
-    return ContractError(f"{name}: {problem}\nContract: {contract}")
 
 
 def check_rollout_correction(
