@@ -22,3 +22,19 @@ def test_reward_timeout_overhead_scores_through_every_manager(benchmark_module, 
     assert saved["name"] == "reward-timeout-overhead"
     for manager in ("inline", "naive", "parallel", "batch"):
         assert f"  {manager} (" in saved["text"], saved["text"]
+
+
+def test_ort_nbits_spike_packs_the_weights_onnxruntime_dequantises(benchmark_module):
+    """The spike's speed table is only about the kernels its error column describes if ONNX Runtime reads
+    the packed blob as the weights ``quantise`` dequantised (nibble order, zero point, scale layout)."""
+    import numpy as np
+
+    script = benchmark_module("ort_nbits_spike.py")
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal((96, 64)) * 0.02).astype(np.float32)]
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    for bits in (8, 4):
+        _, _, dequant = script.quantise(weights[0], bits, 32)
+        (got,) = script.session(weights, f"nbits{bits}-acc0", 32).run(None, {"x64": x})
+        np.testing.assert_allclose(got, x @ dequant.T, rtol=1e-4, atol=1e-5)
+        assert np.abs(dequant - weights[0]).max() > 0  # quantised, not the weights themselves
