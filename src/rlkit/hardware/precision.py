@@ -255,14 +255,27 @@ def resolve_precision(
         dd = "float32" if linears == "onnxruntime" else dd
     elif whole is None and linears == "auto":
         linears, linears_reason = auto_decode_linears(d, dd, max_new_tokens, layer)
-    warnings = []
-    # warn where bf16 is really slow (measured slower than fp32, or no native bf16), not where it is only
-    # below 2x
+    warnings = _slow_bf16_warnings(d, mp, mixed_precision, dd, decode_dtype)
+    explicit = tuple(
+        k
+        for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
+        if asked not in ("auto", None)
+    )
+    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit, decode_reason, linears, linears_reason)
+
+
+def _slow_bf16_warnings(
+    d: PrecisionDecision, mp: str, mixed_precision: str, dd: str | None, decode_dtype: str | None
+) -> list[str]:
+    """A warning for each bf16 the recipe asked for explicitly (``mp`` resolved from ``mixed_precision``,
+    ``dd`` from ``decode_dtype``) on a CPU where bf16 is really slow: measured slower than fp32, or no native
+    bf16 (not where it is only below 2x)."""
     slow = (
         d.device == "cpu"
         and not d.bf16_fast
         and ((d.ratio or 0.0) < 1.0 or not (d.cpu and d.cpu.native_bf16))
     )
+    warnings = []
     for key, value, asked, fp32 in (
         ("actor.mixed_precision", mp, mixed_precision, "fp32"),
         ("rollout.backend.dtype", dd, decode_dtype, "float32"),
@@ -272,9 +285,4 @@ def resolve_precision(
                 f"{key}={value} on a CPU where bf16 is slow: {d.reason}. Expect a much slower run; "
                 f"set {key}=auto (or {fp32})."
             )
-    explicit = tuple(
-        k
-        for k, asked in (("mixed_precision", mixed_precision), ("decode_dtype", decode_dtype))
-        if asked not in ("auto", None)
-    )
-    return ResolvedPrecision(mp, dd, d, tuple(warnings), explicit, decode_reason, linears, linears_reason)
+    return warnings

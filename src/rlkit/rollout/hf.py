@@ -298,7 +298,13 @@ class HFRollout:
         meta = {
             "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
             "do_sample": bool(do_sample),
+            "metrics": self._decode_metrics(path, module, graph),
         }
+        return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
+
+    def _decode_metrics(self, path: str, module: nn.Module, graph: OrtDecodeStep | None) -> dict[str, float]:
+        """What one ``decode`` ran (``path``: its loop; ``module``: the model it decoded with; ``graph``: the
+        one-graph step it was offered) and what it repacked, as rollout metrics."""
         metrics = {"rollout/lean_step": float(path in ("lean", "graph"))}
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")
@@ -306,5 +312,4 @@ class HFRollout:
         if self._packed_copy is not None and module is self._packed_copy.module:
             kind = {MlasDecodeCopy: "mlas", Bf16DecodeCopy: "bf16"}.get(type(self._packed_copy), "fp16")
             metrics[f"rollout/{kind}_repacked_linears"] = float(self._packed_copy.repacked)
-        meta["metrics"] = metrics
-        return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
+        return metrics

@@ -226,32 +226,45 @@ def check_placement(
         }
     sizes = {addr: _base(res) for addr, res in nodes.items()}
     for pool in pools:
-        need = pool.node_demand()
-        fit = sum(_fits(need, have) for have in sizes.values())
-        if fit >= pool.config.nodes:
-            continue
-        per = "; ".join(f"{addr} {_fmt(have)}" for addr, have in sizes.items())
-        if pool.config.nodes > fit >= 1:
-            fix = (
-                f"set resources.pools.{pool.name}.nodes={fit}"
-                + (
-                    f" and bundles_per_node={pool.config.bundles_per_node * pool.config.nodes // fit}"
-                    if len(sizes) == 1
-                    else ""
-                )
-                + ", or join a cluster with more nodes (resources.ray_address)"
+        _check_pool_fits(pool, roles[pool.name], sizes)
+    _check_pools_fit_together(pools, roles, sizes)
+
+
+def _check_pool_fits(pool: ResourcePool, roles: list[str], sizes: Mapping[str, Mapping[str, float]]) -> None:
+    """Raise ``WorkerError`` unless ``pool.config.nodes`` of the nodes (``{address: resources}``) each hold
+    one of its node groups."""
+    need = pool.node_demand()
+    fit = sum(_fits(need, have) for have in sizes.values())
+    if fit >= pool.config.nodes:
+        return
+    per = "; ".join(f"{addr} {_fmt(have)}" for addr, have in sizes.items())
+    if pool.config.nodes > fit >= 1:
+        fix = (
+            f"set resources.pools.{pool.name}.nodes={fit}"
+            + (
+                f" and bundles_per_node={pool.config.bundles_per_node * pool.config.nodes // fit}"
+                if len(sizes) == 1
+                else ""
             )
-        else:
-            fix = (
-                f"lower resources.pools.{pool.name}.bundles_per_node, cpus_per_bundle or gpus_per_bundle, "
-                f"or start Ray with more resources per node"
-            )
-        raise WorkerError(
-            f"resource pool '{pool.name}' ({_roles_text(roles[pool.name])}) asks for {pool.config.nodes} "
-            f"node(s) that each hold {pool.config.bundles_per_node} bundle(s) of {_fmt(pool.bundle())} = "
-            f"{_fmt(need)} per node; the Ray cluster has {len(sizes)} node(s) ({per}), {fit} of them large "
-            f"enough. It can never be placed: {fix}."
+            + ", or join a cluster with more nodes (resources.ray_address)"
         )
+    else:
+        fix = (
+            f"lower resources.pools.{pool.name}.bundles_per_node, cpus_per_bundle or gpus_per_bundle, "
+            f"or start Ray with more resources per node"
+        )
+    raise WorkerError(
+        f"resource pool '{pool.name}' ({_roles_text(roles)}) asks for {pool.config.nodes} "
+        f"node(s) that each hold {pool.config.bundles_per_node} bundle(s) of {_fmt(pool.bundle())} = "
+        f"{_fmt(need)} per node; the Ray cluster has {len(sizes)} node(s) ({per}), {fit} of them large "
+        f"enough. It can never be placed: {fix}."
+    )
+
+
+def _check_pools_fit_together(
+    pools: list[ResourcePool], roles: Mapping[str, list[str]], sizes: Mapping[str, Mapping[str, float]]
+) -> None:
+    """Raise ``WorkerError`` where several pools together ask for more CPU/GPU than the nodes have in all."""
     total: dict[str, float] = {}
     for have in sizes.values():
         for k, v in have.items():
