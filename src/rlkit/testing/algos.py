@@ -139,30 +139,8 @@ def check_estimator(
     before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
     before |= {f"otb.{k}": v.clone() for k, v in (case["otb"] or {}).items()}
     adv, ret = _call_estimator(est, case)
-    b, t = case["mask"].shape
-    outside = case["mask"] == 0
     for label, x in (("advantages", adv), ("returns", ret)):
-        if tuple(x.shape) != (b, t):
-            raise _fail(
-                name, f"{label} has shape {tuple(x.shape)}; expected [B, T] = {(b, t)}.", _ESTIMATOR_CONTRACT
-            )
-        if not x.is_floating_point():
-            raise _fail(name, f"{label} has dtype {x.dtype}; expected a floating dtype.", _ESTIMATOR_CONTRACT)
-        if not torch.isfinite(x).all():
-            rows = sorted({int(r) for r in (~torch.isfinite(x)).nonzero()[:, 0]})
-            hint = (
-                " Rows 0..G-1 form a group whose scores are all equal: divide by (std + epsilon)."
-                if any(r < group_size for r in rows)
-                else ""
-            )
-            raise _fail(name, f"{label} has NaN/inf in rows {rows}.{hint}", _ESTIMATOR_CONTRACT)
-        if outside.any() and x[outside].abs().max() != 0:
-            raise _fail(
-                name,
-                f"{label} is not 0 where response_mask is 0 (max |value| there: "
-                f"{float(x[outside].abs().max()):.4g}); multiply by response_mask.",
-                _ESTIMATOR_CONTRACT,
-            )
+        _check_estimator_output(name, label, x, case["mask"], group_size)
     for key, value in before.items():
         if not torch.equal(case[key] if not key.startswith("otb.") else case["otb"][key[4:]], value):
             raise _fail(name, f"it modified its input `{key}` in place; work on a copy.", _ESTIMATOR_CONTRACT)
@@ -183,6 +161,36 @@ def check_estimator(
             _ESTIMATOR_CONTRACT,
         )
     _check_group_permutation(est, case, adv, ret, num_groups, group_size, seed)
+
+
+def _check_estimator_output(
+    name: str, label: str, x: torch.Tensor, mask: torch.Tensor, group_size: int
+) -> None:
+    """One of an estimator's outputs (``label``: advantages or returns) as the contract asks: a finite
+    floating [B, T] tensor, exactly 0 where ``mask`` is 0."""
+    b, t = mask.shape
+    outside = mask == 0
+    if tuple(x.shape) != (b, t):
+        raise _fail(
+            name, f"{label} has shape {tuple(x.shape)}; expected [B, T] = {(b, t)}.", _ESTIMATOR_CONTRACT
+        )
+    if not x.is_floating_point():
+        raise _fail(name, f"{label} has dtype {x.dtype}; expected a floating dtype.", _ESTIMATOR_CONTRACT)
+    if not torch.isfinite(x).all():
+        rows = sorted({int(r) for r in (~torch.isfinite(x)).nonzero()[:, 0]})
+        hint = (
+            " Rows 0..G-1 form a group whose scores are all equal: divide by (std + epsilon)."
+            if any(r < group_size for r in rows)
+            else ""
+        )
+        raise _fail(name, f"{label} has NaN/inf in rows {rows}.{hint}", _ESTIMATOR_CONTRACT)
+    if outside.any() and x[outside].abs().max() != 0:
+        raise _fail(
+            name,
+            f"{label} is not 0 where response_mask is 0 (max |value| there: "
+            f"{float(x[outside].abs().max()):.4g}); multiply by response_mask.",
+            _ESTIMATOR_CONTRACT,
+        )
 
 
 def _check_group_permutation(
@@ -320,6 +328,17 @@ def check_policy_loss(
     mask = case["response_mask"]
     lp = case["log_prob"].clone().requires_grad_(True)
     per_token, metrics = _call_loss(loss, case, lp)
+    _check_loss_outputs(name, per_token, metrics, mask)
+    for mode in loss_agg_modes:
+        full = agg_loss(per_token, mask, mode, max_response_len=length)
+        (grad,) = torch.autograd.grad(full, lp, retain_graph=True)
+        _check_gradient(name, grad, mask, mode)
+        _check_split(loss, case, full, grad, mode, length)
+
+
+def _check_loss_outputs(name: str, per_token: torch.Tensor, metrics: dict, mask: torch.Tensor) -> None:
+    """A policy loss's ``(per_token_loss, metrics)`` as the contract asks: a finite floating [B, T] tensor
+    with a gradient, and finite Python numbers under un-prefixed metric names."""
     if tuple(per_token.shape) != tuple(mask.shape) or not per_token.is_floating_point():
         raise _fail(
             name,
@@ -354,11 +373,6 @@ def check_policy_loss(
                 f"metric {key!r} is prefixed; return un-prefixed names (the actor adds actor/).",
                 _LOSS_CONTRACT,
             )
-    for mode in loss_agg_modes:
-        full = agg_loss(per_token, mask, mode, max_response_len=length)
-        (grad,) = torch.autograd.grad(full, lp, retain_graph=True)
-        _check_gradient(name, grad, mask, mode)
-        _check_split(loss, case, full, grad, mode, length)
 
 
 def _check_gradient(name: str, grad: torch.Tensor, mask: torch.Tensor, mode: str) -> None:
