@@ -491,19 +491,27 @@ def machine_record(threads: int | None = None) -> dict:
 
 
 def save_results(
-    name: str, record: dict, markdown: str, *, machine: dict | None = None, out_dir: Path = RESULTS
+    name: str,
+    record: dict,
+    markdown: str,
+    *,
+    machine: dict | None = None,
+    out_dir: Path = RESULTS,
+    command: str | None = None,
 ) -> Path:
     """Write ``benchmarks/results/<stamp>-<name>.json`` (``record`` plus ``command`` and ``machine``) and
     ``.md`` (the command, the machine line and ``markdown``) — the files a docs table names (``<!-- results:
-    ...; command: ... -->``, tests/unit/test_docs.py). Returns the JSON path."""
+    ...; command: ... -->``, tests/unit/test_docs.py). ``command``: what was run, from the repository root
+    (default: this Python process's own command line). Returns the JSON path."""
     import shlex
     import sys
 
     machine = machine or machine_record()
-    script = Path(sys.argv[0]).resolve()
-    root = Path(__file__).resolve().parent.parent
-    argv = [str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0], *sys.argv[1:]]
-    command = "python " + " ".join(shlex.quote(a) for a in argv)  # from the repository root
+    if command is None:
+        script = Path(sys.argv[0]).resolve()
+        root = Path(__file__).resolve().parent.parent
+        argv = [str(script.relative_to(root)) if script.is_relative_to(root) else sys.argv[0], *sys.argv[1:]]
+        command = "python " + " ".join(shlex.quote(a) for a in argv)  # from the repository root
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stamp}-{name}.json"

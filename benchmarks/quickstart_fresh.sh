@@ -13,7 +13,8 @@ CMD=$(awk '/<!-- main-command -->/{f=1;next} f&&/^```bash/{i=1;next} i&&/^```/{e
 echo "+ $CMD"
 echo "commit $(git rev-parse --short HEAD); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "load before: $LOAD_BEFORE"
 start=$(date +%s.%N)
 env RLKIT_CACHE="$D-cache" HF_HUB_OFFLINE=1 bash -c "$CMD" > "$D.log" 2>&1; rc=$?
 end=$(date +%s.%N)
@@ -22,3 +23,7 @@ echo "started $(date -d @"${start%.*}" +%T); data written $(stat -c %y data/arit
      "run folder: $(stat -c %y outputs/rlkit/quickstart/params.json | cut -c12-19) params," \
      "$(stat -c %y outputs/rlkit/quickstart/metrics.jsonl | cut -c12-19) last metrics; ended $(date -d @"${end%.*}" +%T)"
 grep "done:" "$D.log"
+"$D/.venv/bin/python" "$REPO/benchmarks/quickstart_record.py" --clone "$D" --log "$D.log" --rc "$rc" \
+    --seconds "$(echo "$end - $start" | bc)" --started "$start" --load-before "$LOAD_BEFORE" \
+    --load-after "$(cut -d' ' -f1-3 /proc/loadavg)" --args "$*"
+exit "$rc"

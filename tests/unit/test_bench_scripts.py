@@ -38,3 +38,44 @@ def test_ort_nbits_spike_packs_the_weights_onnxruntime_dequantises(benchmark_mod
         (got,) = script.session(weights, f"nbits{bits}-acc0", 32).run(None, {"x64": x})
         np.testing.assert_allclose(got, x @ dequant.T, rtol=1e-4, atol=1e-5)
         assert np.abs(dequant - weights[0]).max() > 0  # quantised, not the weights themselves
+
+
+def test_quickstart_record_writes_the_runs_steps_and_validation(benchmark_module, monkeypatch, tmp_path):
+    """``quickstart_fresh.sh``'s results file: each step's timings and the greedy validation, read from the
+    fresh clone's run folder, with the shell script's command (not this Python process's)."""
+    import json
+
+    script = benchmark_module("quickstart_record.py")
+    run = tmp_path / "clone" / "outputs" / "rlkit" / "quickstart"
+    run.mkdir(parents=True)
+    val = "val-core/rlkit/arithmetic/score/mean@1"
+    rows = [{"step": 0, val: 0.54}]
+    rows += [
+        {"step": s, "timing_s/step": 20.0 + s, "timing_s/gen": 7.0, "timing_s/update_actor": 13.0}
+        for s in (1, 2)
+    ]
+    rows[-1][val] = 0.86
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "params.json").write_text("{}")
+    log = tmp_path / "clone.log"
+    log.write_text("noise\ndone: {'val': 0.86}\n")
+    saved = {}
+
+    def save(name, record, text, *, machine, command):
+        saved.update(name=name, record=record, text=text, command=command)
+        return tmp_path / f"{name}.json"
+
+    monkeypatch.setattr(script, "save_results", save)
+    monkeypatch.setattr(script, "machine_record", lambda: {})
+    argv = ["--clone", str(tmp_path / "clone"), "--log", str(log), "--rc", "0", "--seconds", "505.2"]
+    argv += ["--started", "0", "--load-before", "0.5 0.6 0.7", "--load-after", "2 1 1", "--args", "/tmp/x"]
+    monkeypatch.setattr(sys, "argv", ["quickstart_record.py", *argv])
+    script.main()
+    assert (
+        saved["name"] == "quickstart-fresh"
+        and saved["command"] == "bash benchmarks/quickstart_fresh.sh /tmp/x"
+    )
+    assert saved["record"]["validation"] == {0: 0.54, 2: 0.86}
+    assert [s["timing_s/step"] for s in saved["record"]["steps"]] == [21.0, 22.0]
+    assert saved["record"]["done"] == "done: {'val': 0.86}"
+    assert "| s/step (`timing_s/step`) | 21.0, 22.0 |" in saved["text"] and "0.54 / 0.86" in saved["text"]
