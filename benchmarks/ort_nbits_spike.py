@@ -97,8 +97,13 @@ def session(weights: list[np.ndarray], variant: str, block: int):
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
+    from rlkit.hardware.mlas import _threads_shared
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    if _threads_shared():  # the process-wide pool rlkit's sessions run on (one per process once made)
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
