@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
-from common import Report, machine_record, one_thread  # noqa: E402
+from common import Report, one_thread  # noqa: E402
 
 
 def layer_weights(model_dir: str) -> list[np.ndarray]:
@@ -117,7 +117,6 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
-    machine = machine_record()
     report = Report("ort-nbits")
     weights = layer_weights(args.model)
     variants = ["gemm", "nbits8-acc0", "nbits8-acc4", "nbits4-acc0", "nbits4-acc4"]
@@ -149,19 +148,21 @@ def main() -> None:
             + " | ".join(f"{ms[v]:.1f}" for v in variants[1:])
             + f" | {best / ms['gemm']:.2f} |"
         )
-    errors = {}
-    for bits in (8, 4):
-        num = sum(float(np.square(quantise(w, bits, args.block)[2] - w).sum()) for w in weights)
-        errors[f"int{bits} blocks of {args.block}"] = (
-            num / sum(float(np.square(w).sum()) for w in weights)
-        ) ** 0.5
-    num = sum(float(np.square(w.astype(np.float16).astype(np.float32) - w).sum()) for w in weights)
-    errors["fp16"] = (num / sum(float(np.square(w).sum()) for w in weights)) ** 0.5
+    norm = sum(float(np.square(w).sum()) for w in weights)
+
+    def relative_error(approx) -> float:  # approx(w) -> the weight as that format stores it
+        return (sum(float(np.square(approx(w) - w).sum()) for w in weights) / norm) ** 0.5
+
+    errors = {
+        f"int{bits} blocks of {args.block}": relative_error(lambda w, b=bits: quantise(w, b, args.block)[2])
+        for bits in (8, 4)
+    }
+    errors["fp16"] = relative_error(lambda w: w.astype(np.float16).astype(np.float32))
     report(
         "relative Frobenius error of the dequantised layer weights: "
         + ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
     )
-    report.save({"args": vars(args), "ms": timings, "weight_error": errors, "machine_record": machine})
+    report.save({"args": vars(args), "ms": timings, "weight_error": errors})  # save adds the machine
 
 
 if __name__ == "__main__":

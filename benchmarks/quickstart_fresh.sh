@@ -18,12 +18,13 @@ echo "load before: $LOAD_BEFORE"
 start=$(date +%s.%N)
 env RLKIT_CACHE="$D-cache" HF_HUB_OFFLINE=1 bash -c "$CMD" > "$D.log" 2>&1; rc=$?
 end=$(date +%s.%N)
-echo "rc=$rc total=$(echo "$end - $start" | bc) s; load after: $(cut -d' ' -f1-3 /proc/loadavg); log: $D.log"
+TOTAL=$(echo "$end - $start" | bc)
+echo "rc=$rc total=$TOTAL s; load after: $(cut -d' ' -f1-3 /proc/loadavg); log: $D.log"
 echo "started $(date -d @"${start%.*}" +%T); data written $(stat -c %y data/arithmetic/train.parquet | cut -c12-19);" \
      "run folder: $(stat -c %y outputs/rlkit/quickstart/params.json | cut -c12-19) params," \
      "$(stat -c %y outputs/rlkit/quickstart/metrics.jsonl | cut -c12-19) last metrics; ended $(date -d @"${end%.*}" +%T)"
 grep "done:" "$D.log"
 "$D/.venv/bin/python" "$REPO/benchmarks/quickstart_record.py" --clone "$D" --log "$D.log" --rc "$rc" \
-    --seconds "$(echo "$end - $start" | bc)" --started "$start" --load-before "$LOAD_BEFORE" \
+    --seconds "$TOTAL" --started "$start" --load-before "$LOAD_BEFORE" \
     --load-after "$(cut -d' ' -f1-3 /proc/loadavg)" --args "$*"
 exit "$rc"

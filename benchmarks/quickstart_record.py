@@ -58,7 +58,7 @@ def main() -> None:
     phases = {
         "data written": after_start(clone / "data" / "arithmetic" / "train.parquet"),
         "run folder created (params.json)": after_start(run / "params.json"),
-        "last metrics": after_start(run / "metrics.jsonl"),
+        "last metrics": after_start(metrics),
         "merged model": after_start(run / "hf_model" / "config.json"),
     }
     record = {
