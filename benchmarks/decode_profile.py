@@ -354,6 +354,11 @@ def _markdown_rows(label: str, result: dict, unprofiled_step_us: float) -> list[
             f"{o['op'].removeprefix('aten::')} ({o['category']}) {o['us_per_step']:.0f} µs" for o in top
         ),
     ]
+    if not result["gemm_shapes"]:  # fbgemm's fp16 linear records its input's shape, not its packed weight's
+        return lines + [
+            "",
+            "GEMMs by shape: none recorded (fbgemm's fp16 linear does not record its weight's shape).",
+        ]
     lines += [
         "",
         "| GEMM (M, N, K) | calls / step | µs / call | GFLOP/s | % of probe | isolated fp32 µs (GFLOP/s) "

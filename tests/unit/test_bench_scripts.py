@@ -79,3 +79,33 @@ def test_quickstart_record_writes_the_runs_steps_and_validation(benchmark_module
     assert [s["timing_s/step"] for s in saved["record"]["steps"]] == [21.0, 22.0]
     assert saved["record"]["done"] == "done: {'val': 0.86}"
     assert "| s/step (`timing_s/step`) | 21.0, 22.0 |" in saved["text"] and "0.54 / 0.86" in saved["text"]
+
+
+def test_ort_hybrid_spike_decodes_what_the_graph_step_decodes(benchmark_module, tiny_model_dir):
+    """The spike's speed ratio is only a verdict on the hybrid step if it computes the graph's step: its
+    logits follow ``OrtDecodeStep``'s to fp16-weight rounding (the tiny Qwen2 has q/k/v biases, so the fused
+    q/k/v packing and its bias are checked), step after step over the cache both write."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.rollout.ort_step import OrtDecodeStep
+
+    script = benchmark_module("ort_hybrid_spike.py")
+    common = sys.modules["common"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # the tiny model's biases start at zero
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+        graph, hybrid = OrtDecodeStep(model), script.HybridStep(model)
+        graph.refresh(model)
+        pa, pb = (common.prefilled_arithmetic(tok, model, 8, 4) for _ in range(2))
+        la, lb, last = pa.logits, pb.logits, pa.positions[:, -1]
+        for step in range(4):
+            token, last = la.argmax(-1, keepdim=True), last + 1
+            la = graph(pa.cache, token, last, pa.step_mask(step))
+            lb = hybrid(pb.cache, token, last, pa.step_mask(step))
+            torch.testing.assert_close(lb, la, rtol=0, atol=1e-3)  # fp16 weights: ~1.2e-4 here
+            assert (lb - la).abs().max() > 0  # fp16 weights, not the fp32 graph itself

@@ -88,6 +88,17 @@ def test_categories_sum_to_the_wall_and_gemms_get_their_rate(dp):
     }
 
 
+
+def test_fp16_linears_say_their_shapes_are_not_recorded(dp):
+    """fbgemm's fp16 linear records its input's shape only (its weight is a packed object), so its GEMMs are
+    not split by shape: the report says so instead of printing a table with no rows."""
+    step = [dp.OpRecord("quantized::linear_dynamic_fp16", ((8, 576), ()), 40.0, "forward")]
+    result = dp.attribute(step, wall_us=100.0, steps=1, peak_flops=100e9)
+    assert result["per_step_us"]["gemm"] == 40.0 and result["gemm_shapes"] == []
+    lines = dp._markdown_rows("8x64", result, unprofiled_step_us=90.0)
+    assert lines[-1].startswith("GEMMs by shape: none recorded")
+    assert not any(line.startswith("| GEMM (M, N, K)") for line in lines)
+
 class _Event:
     """The raw profiler event's interface ops_from_events reads (times in ns)."""
 
