@@ -4,6 +4,7 @@ standard library and ``rlkit.errors``; a test checks it).
 - ``advantages`` / ``estimators``: advantage estimators (natural signatures / the registry's one).
 - ``token_baseline``: the optimal token baseline (OTB, TIR-OTB) and Σπ² from logits.
 - ``policy_losses``: per-token policy losses with the registry's signature.
+- ``cov_losses``: Clip-Cov and KL-Cov (policy losses too) and their mini-batch token selections.
 - ``rollout_correction``: importance weights / masks for off-policy rollouts (TIS, MIS, IcePop, decoupled).
 - ``aggregation``: ``agg_loss`` with global token/sequence counts (micro-batch and rank exact).
 - ``kl``: KL estimators, controllers, KL-in-reward. ``value``: clipped critic loss.

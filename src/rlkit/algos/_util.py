@@ -17,6 +17,9 @@ __all__ = [
     "masked_whiten",
     "group_ids",
     "group_sizes",
+    "check_bt",
+    "clamped_log_ratio",
+    "k1_kl",
 ]
 
 
@@ -76,3 +79,19 @@ def check_bt(name: str, tensor: torch.Tensor, like: torch.Tensor) -> None:
     """Raise unless ``tensor`` has the [B, T] shape of ``like``."""
     if tensor.shape != like.shape:
         raise AlgoError(f"{name} must have shape {tuple(like.shape)} ([B, T]), got {tuple(tensor.shape)}")
+
+
+def clamped_log_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """``log_prob - old_log_prob`` [B, T] clamped to [-20, 20] (veRL's stability clamp), after checking
+    that every argument has ``log_prob`` 's shape; the ratio every PPO-style loss starts from."""
+    check_bt("old_log_prob", old_log_prob, log_prob)
+    check_bt("advantages", advantages, log_prob)
+    check_bt("response_mask", response_mask, log_prob)
+    return (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)  # veRL's stability clamp
+
+
+def k1_kl(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """k1 estimate of KL(old || new) over valid tokens."""
+    return float(masked_mean(-log_ratio.detach(), response_mask))

@@ -80,8 +80,8 @@ def _est(name: str) -> LazyFunction:
     return LazyFunction(f"rlkit.algos.estimators:{name}")
 
 
-def _loss(name: str) -> LazyFunction:
-    return LazyFunction(f"rlkit.algos.policy_losses:{name}")
+def _loss(name: str, module: str = "policy_losses") -> LazyFunction:
+    return LazyFunction(f"rlkit.algos.{module}:{name}")
 
 
 def _grpo_family() -> list[EstimatorSpec]:
@@ -263,17 +263,17 @@ def _entropy_and_sequence_losses() -> list[PolicyLossSpec]:
     return [
         PolicyLossSpec(
             name="clip_cov",
-            fn=_loss("clip_cov"),
+            fn=_loss("clip_cov", "cov_losses"),
             params=ClipCovParams,
-            mini_batch_selection=_loss("clip_cov_mini_batch_selection"),
+            mini_batch_selection=_loss("clip_cov_mini_batch_selection", "cov_losses"),
             description="Clip-Cov: PPO clip, plus a random few high-covariance tokens get no gradient",
             paper="Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)",
         ),
         PolicyLossSpec(
             name="kl_cov",
-            fn=_loss("kl_cov"),
+            fn=_loss("kl_cov", "cov_losses"),
             params=KLCovParams,
-            mini_batch_selection=_loss("kl_cov_mini_batch_selection"),
+            mini_batch_selection=_loss("kl_cov_mini_batch_selection", "cov_losses"),
             description="KL-Cov: no clip; a |log ratio| penalty on the top-covariance tokens",
             paper="Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)",
         ),

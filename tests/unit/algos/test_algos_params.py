@@ -9,14 +9,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rlkit.algos import cov_losses as C
 from rlkit.algos import estimators as E
 from rlkit.algos import policy_losses as P
 from rlkit.algos import rollout_correction as R
 from rlkit.builtin import algo_params as A
 
 PAIRS = [
-    (A.ClipCovParams, P.clip_cov),
-    (A.KLCovParams, P.kl_cov),
+    (A.ClipCovParams, C.clip_cov),
+    (A.KLCovParams, C.kl_cov),
     (A.GeoMeanParams, P.geo_mean),
     (A.LuspoParams, P.luspo),
     (A.VespoParams, P.vespo),
@@ -111,7 +112,8 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
     adv = torch.randn(3, 4, generator=g, dtype=torch.float64)
     mask = torch.ones(3, 4, dtype=torch.float64)
     via_recipe, _ = resolved.fn(log_prob, old, adv, mask, **resolved.kwargs)
-    direct, _ = getattr(P, resolved.name)(log_prob, old, adv, mask, **resolved.kwargs)
+    module = C if resolved.name.endswith("_cov") else P
+    direct, _ = getattr(module, resolved.name)(log_prob, old, adv, mask, **resolved.kwargs)
     torch.testing.assert_close(via_recipe, direct)
     bad = {**RECIPE, "actor": {**RECIPE["actor"], "policy_loss": {"name": name, "no_such_key": 1}}}
     with pytest.raises(RecipeError, match="no_such_key"):
@@ -120,7 +122,7 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
 
 @pytest.mark.parametrize(
     ("loss", "select"),
-    [(P.clip_cov, P.clip_cov_mini_batch_selection), (P.kl_cov, P.kl_cov_mini_batch_selection)],
+    [(C.clip_cov, C.clip_cov_mini_batch_selection), (C.kl_cov, C.kl_cov_mini_batch_selection)],
 )
 def test_clip_cov_and_kl_cov_are_registered_with_a_mini_batch_selection_taking_their_parameters(loss, select):
     """The actor calls the spec's selection with the loss's validated parameters: same keywords, same

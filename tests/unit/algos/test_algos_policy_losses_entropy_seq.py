@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlkit.algos import AlgoError, agg_loss, global_counts
+from rlkit.algos import cov_losses as C
 from rlkit.algos import policy_losses as P
 
 F64 = dict(dtype=torch.float64)
@@ -35,7 +36,7 @@ def test_clip_cov_hand_worked():
     # r = 1 everywhere: loss -A = [-2, 2, -0.5, 0.5] -> [0, 0, -0.5, 0.5]; gradient -A r on kept tokens.
     log_prob = t(LOGP).requires_grad_(True)
     mask = torch.ones(1, 4, **F64)
-    loss, m = P.clip_cov(
+    loss, m = C.clip_cov(
         log_prob, t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0
     )
     torch.testing.assert_close(loss, t([[0.0, 0.0, -0.5, 0.5]]))
@@ -43,7 +44,7 @@ def test_clip_cov_hand_worked():
     torch.testing.assert_close(log_prob.grad, t([[0.0, 0.0, -0.5, 0.5]]))
     assert m["pg_clipfrac"] == 0.5 and m["ratio_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
     # ub 1.5 < cov 2: nothing is a candidate, plain PPO
-    loss, m = P.clip_cov(t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=1.5)
+    loss, m = C.clip_cov(t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=1.5)
     torch.testing.assert_close(loss, t([[-2.0, 2.0, -0.5, 0.5]]))
     assert m["pg_clipfrac"] == 0.0
 
@@ -53,10 +54,10 @@ def test_clip_cov_draws_its_subset_from_the_generator():
     mask = torch.ones(1, 4, **F64)
     picks = set()
     for seed in range(20):
-        loss, _ = P.clip_cov(
+        loss, _ = C.clip_cov(
             t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25, generator=torch.Generator().manual_seed(seed)
         )
-        again, _ = P.clip_cov(
+        again, _ = C.clip_cov(
             t(LOGP), t(LOGP), t(ADV), mask, clip_cov_ratio=0.25, generator=torch.Generator().manual_seed(seed)
         )
         assert torch.equal(loss, again)
@@ -70,7 +71,7 @@ def test_clip_cov_never_cuts_a_ratio_clipped_token():
     # token 0: r = e^0.5 > 1.2 with A > 0: the PPO clip binds (loss -1.2 * 2 = -2.4), so it is no candidate
     old = t([[-1.5, -3.0, -2.0, -2.0]])
     log_prob = t(LOGP)
-    loss, m = P.clip_cov(log_prob, old, t(ADV), torch.ones(1, 4, **F64), clip_cov_ratio=1.0)
+    loss, m = C.clip_cov(log_prob, old, t(ADV), torch.ones(1, 4, **F64), clip_cov_ratio=1.0)
     assert float(loss[0, 0]) == pytest.approx(-2.4) and float(loss[0, 1]) == 0.0
     assert m["ratio_clipfrac"] == 0.25 and m["pg_clipfrac"] == 0.25
 
@@ -81,13 +82,13 @@ def test_mini_batch_selections_hand_worked():
     candidates (cov 2) is left; KL-Cov takes the top-k covariance tokens (k = 1: token 0, the earlier tie)."""
     old = t([[-1.5, -3.0, -2.0, -2.0]])  # token 0: r = e^0.5 > 1.2 with A > 0, the ratio clip binds
     mask = torch.ones(1, 4, **F64)
-    sel = P.clip_cov_mini_batch_selection(
+    sel = C.clip_cov_mini_batch_selection(
         t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, generator=torch.Generator().manual_seed(0)
     )
     assert sel.tolist() == [[False, True, False, False]]
-    loss, m = P.clip_cov(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, selected=sel)
+    loss, m = C.clip_cov(t(LOGP), old, t(ADV), mask, clip_cov_ratio=1.0, selected=sel)
     assert float(loss[0, 1]) == 0.0 and m["pg_clipfrac"] == 0.25  # the loss cuts exactly the selection
-    sel = P.kl_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, kl_cov_ratio=0.25)
+    sel = C.kl_cov_mini_batch_selection(t(LOGP), old, t(ADV), mask, kl_cov_ratio=0.25)
     assert sel.tolist() == [[True, False, False, False]]
 
 
@@ -97,7 +98,7 @@ def test_kl_cov_hand_worked():
     # gradient -2 e^0.5 + 1 = -2.297443. Others: -A r = [2, -0.5, 0.5], gradient -A.
     log_prob = t(LOGP).requires_grad_(True)
     old = t([[-1.5, -3.0, -2.0, -2.0]])
-    loss, m = P.kl_cov(log_prob, old, t(ADV), torch.ones(1, 4, **F64), kl_cov_ratio=0.25, ppo_kl_coef=1.0)
+    loss, m = C.kl_cov(log_prob, old, t(ADV), torch.ones(1, 4, **F64), kl_cov_ratio=0.25, ppo_kl_coef=1.0)
     e = math.exp(0.5)
     torch.testing.assert_close(loss, t([[-2 * e + 0.5, 2.0, -0.5, 0.5]]))
     loss.sum().backward()
@@ -160,9 +161,9 @@ def test_vespo_hand_worked():
 def test_bad_parameters_are_explained():
     x = torch.zeros(1, 2)
     with pytest.raises(AlgoError, match="clip_cov_lb < clip_cov_ub"):
-        P.clip_cov(x, x, x, x + 1, clip_cov_lb=5.0, clip_cov_ub=1.0)
+        C.clip_cov(x, x, x, x + 1, clip_cov_lb=5.0, clip_cov_ub=1.0)
     with pytest.raises(AlgoError, match="kl_cov_ratio > 0"):
-        P.kl_cov(x, x, x, x + 1, kl_cov_ratio=0.0)
+        C.kl_cov(x, x, x, x + 1, kl_cov_ratio=0.0)
     with pytest.raises(AlgoError, match="lambda_pos, lambda_neg > 0"):
         P.vespo(x, x, x, x + 1, lambda_neg=0.0)
 
@@ -188,7 +189,7 @@ def loss_inputs(draw, seq_adv: bool = False):
 )
 def test_clip_cov_matches_loop(inputs, ratio, bounds, seed):
     log_prob, old, adv, mask = inputs
-    loss, m = P.clip_cov(
+    loss, m = C.clip_cov(
         log_prob,
         old,
         adv,
@@ -213,7 +214,7 @@ def test_clip_cov_matches_loop(inputs, ratio, bounds, seed):
 @given(loss_inputs(), st.sampled_from([0.01, 0.2, 0.5, 1.0]), st.sampled_from([0.0, 1.0, 3.0]))
 def test_kl_cov_matches_loop(inputs, ratio, coef):
     log_prob, old, adv, mask = inputs
-    loss, _ = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=ratio, ppo_kl_coef=coef)
+    loss, _ = C.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=ratio, ppo_kl_coef=coef)
     torch.testing.assert_close(loss, t(ref.kl_cov(log_prob, old, adv, mask, ratio, coef)))
 
 
@@ -270,12 +271,12 @@ def test_on_policy_every_new_loss_is_plain_policy_gradient(inputs):
     """r = 1: kl_cov's penalty |log r| is 0, clip_cov cuts only (some) tokens, vespo's phi(1) = 1, and
     geo_mean / luspo give -A with the policy-gradient direction."""
     _, old, adv, mask = inputs
-    for fn in (P.kl_cov, P.vespo):
+    for fn in (C.kl_cov, P.vespo):
         lp = old.clone().requires_grad_(True)
         loss, _ = fn(lp, old, adv, mask)
         loss.sum().backward()
         torch.testing.assert_close(lp.grad * mask, -adv * mask)
-    loss, _ = P.clip_cov(old, old, adv, mask)
+    loss, _ = C.clip_cov(old, old, adv, mask)
     assert bool(((loss == -adv) | (loss == 0)).all())
     for fn in (P.geo_mean, P.luspo):
         lp = old.clone().requires_grad_(True)
@@ -299,7 +300,7 @@ def test_vespo_weight_is_bounded_by_the_kernel_maximum(inputs, kl):
 @given(loss_inputs(), st.sampled_from([0.0002, 0.1, 0.6]))
 def test_kl_cov_penalises_exactly_k_tokens(inputs, ratio):
     log_prob, old, adv, mask = inputs
-    _, m = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=ratio)
+    _, m = C.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=ratio)
     n = float(mask.sum())
     assert m["kl_cov_frac"] * n == pytest.approx(max(1, int(n * ratio)))
 
@@ -359,7 +360,7 @@ def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode
     tokens, seqs = global_counts(mask)
     bounds = [0, *sorted(c for c in cuts if c < b), b]
     selections = {
-        P.clip_cov: P.clip_cov_selection(
+        C.clip_cov: C.clip_cov_selection(
             log_prob,
             adv,
             mask,
@@ -368,7 +369,7 @@ def test_cov_losses_split_exactly_with_a_mini_batch_selection(inputs, cuts, mode
             clip_cov_ub=1e9,
             generator=torch.Generator().manual_seed(seed),
         ),
-        P.kl_cov: P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3),
+        C.kl_cov: C.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3),
     }
     for fn, sel in selections.items():
         full_lp = log_prob.clone().requires_grad_(True)
@@ -397,13 +398,13 @@ def test_cov_losses_select_within_the_call_by_default(inputs, seed):
     """Without `selected` the loss draws its own selection from the call's tokens (veRL's behaviour):
     the same as passing the selection functions' result for that call."""
     log_prob, old, adv, mask = inputs
-    a, _ = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.3)
-    b, _ = P.kl_cov(
-        log_prob, old, adv, mask, selected=P.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3)
+    a, _ = C.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.3)
+    b, _ = C.kl_cov(
+        log_prob, old, adv, mask, selected=C.kl_cov_selection(log_prob, adv, mask, kl_cov_ratio=0.3)
     )
     torch.testing.assert_close(a, b)
     # on-policy nothing is ratio-clipped, so the draw is the selection function's with the same seed
-    a, _ = P.clip_cov(
+    a, _ = C.clip_cov(
         old,
         old,
         adv,
@@ -413,7 +414,7 @@ def test_cov_losses_select_within_the_call_by_default(inputs, seed):
         clip_cov_ub=1e9,
         generator=torch.Generator().manual_seed(seed),
     )
-    sel = P.clip_cov_selection(
+    sel = C.clip_cov_selection(
         old,
         adv,
         mask,
@@ -422,5 +423,5 @@ def test_cov_losses_select_within_the_call_by_default(inputs, seed):
         clip_cov_ub=1e9,
         generator=torch.Generator().manual_seed(seed),
     )
-    b, _ = P.clip_cov(old, old, adv, mask, selected=sel)
+    b, _ = C.clip_cov(old, old, adv, mask, selected=sel)
     torch.testing.assert_close(a, b)

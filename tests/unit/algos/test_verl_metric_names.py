@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from rlkit.algos import agg_loss
+from rlkit.algos import cov_losses as C
 from rlkit.algos import policy_losses as P
 
 F64 = dict(dtype=torch.float64)
@@ -87,10 +88,10 @@ def test_clip_cov_pg_clipfrac_is_the_share_cut_by_the_covariance_rule_hand_worke
     ppo_kl = mean(old - new) = -0.5 / 4 = -0.125."""
     lp, old = t([[-1.0, -3.0, -2.0, -2.0]]), t([[-1.5, -3.0, -2.0, -2.0]])
     adv, mask = t([[2.0, -2.0, 0.5, -0.5]]), torch.ones(1, 4, **F64)
-    _, m = P.clip_cov(lp, old, adv, mask, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    _, m = C.clip_cov(lp, old, adv, mask, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0)
     assert m == pytest.approx({"pg_clipfrac": 0.25, "ratio_clipfrac": 0.25, "ppo_kl": -0.125})
     # bounds (-1e9, 1e9): every unclipped valid token is cut (3 of 4); the ratio clip share stays 1/4
-    _, m = P.clip_cov(lp, old, adv, mask, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+    _, m = C.clip_cov(lp, old, adv, mask, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9)
     assert m["pg_clipfrac"] == 0.75 and m["ratio_clipfrac"] == 0.25
 
 
@@ -100,7 +101,7 @@ def test_kl_cov_ppo_kl_is_the_mean_absolute_log_ratio_hand_worked():
     old = t([[-1.5, -2.7, -2.0, -2.0, -10.0]])
     lp = t([[-1.0, -3.0, -2.0, -2.0, -1.0]])
     mask = t([[1.0, 1.0, 1.0, 1.0, 0.0]])
-    _, m = P.kl_cov(lp, old, t([[2.0, -2.0, 0.5, -0.5, 7.0]]), mask, kl_cov_ratio=0.25)
+    _, m = C.kl_cov(lp, old, t([[2.0, -2.0, 0.5, -0.5, 7.0]]), mask, kl_cov_ratio=0.25)
     assert m["ppo_kl"] == pytest.approx(0.2) and m["ppo_kl_k1"] == pytest.approx(-0.05)
     assert m["kl_cov_frac"] == 0.25
 
@@ -133,7 +134,7 @@ def _inputs(seed: int, token_level_adv: bool = True):
 @pytest.mark.parametrize("seed", range(6))
 def test_clip_cov_metrics_equal_verl_loop(seed):
     log_prob, old, adv, mask = _inputs(seed)
-    _, m = P.clip_cov(
+    _, m = C.clip_cov(
         log_prob,
         old,
         adv,
@@ -153,7 +154,7 @@ def test_clip_cov_metrics_equal_verl_loop(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_kl_cov_ppo_kl_equals_verl_loop(seed):
     log_prob, old, adv, mask = _inputs(seed)
-    _, m = P.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.2)
+    _, m = C.kl_cov(log_prob, old, adv, mask, kl_cov_ratio=0.2)
     assert m["ppo_kl"] == pytest.approx(verl_kl_cov_ppo_kl(log_prob, old, mask), abs=1e-12)
 
 
