@@ -204,9 +204,7 @@ def _fused_outputs(
     )
 
     def outputs(hidden: torch.Tensor) -> torch.Tensor:  # [b, t, H] -> [b, t, k]
-        got = head_outputs(hidden[rows], head.weight, labels[rows], **want)  # each [N]
-        zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
-        return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
+        return _scattered(head_outputs(hidden[rows], head.weight, labels[rows], **want), rows, names)
 
     layout = layout_of(module, ids, mask, p_keep, t, plan)
     if layout == "shared":
@@ -220,23 +218,7 @@ def _fused_outputs(
         eager = eager_kind(module.config._attn_implementation)
         packed = pack_groups(ids, mask, pos, p_keep, t, additive=torch.float32 if eager else None)
     if packed is not None and bool((packed.source[rows] >= 0).all()):
-        src = packed.source[rows]  # [N] flat index into the packed [G * L] hidden states
-
-        def packed_outputs(hidden: torch.Tensor) -> torch.Tensor:  # [G, L, H] -> [b, t, k]
-            got = head_outputs(hidden.reshape(-1, hidden.shape[-1])[src], head.weight, labels[rows], **want)
-            zeros = torch.zeros(rows.shape, dtype=torch.float32, device=hidden.device)
-            return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
-
-        with head_replaced(head, packed_outputs):
-            stacked = module(
-                input_ids=packed.input_ids,
-                attention_mask=packed.attention_mask,
-                position_ids=packed.position_ids,
-                use_cache=False,
-                logits_to_keep=0,
-            ).logits
-        if tally is not None:
-            tally.add("packed", flops.packed_rows(*packed.input_ids.shape, head=float(rows.sum())))
+        stacked = _packed_outputs(module, head, packed, labels, rows, want, names, tally)
         return dict(zip(names, stacked.unbind(-1), strict=True))
     with head_replaced(head, lambda hidden: outputs(hidden[:, :t])):  # hidden [b, t + 1, H]
         stacked = module(
@@ -244,6 +226,43 @@ def _fused_outputs(
         ).logits
     _count(tally, "padded", ids, mask, p_keep, t, head_rows=float(rows.sum()))
     return dict(zip(names, stacked.unbind(-1), strict=True))
+
+
+def _scattered(got: dict[str, torch.Tensor], rows: torch.Tensor, names: list[str]) -> torch.Tensor:
+    """``got`` (name → [N], a value per ``rows`` token) placed into [b, t, k] (k: ``names``), 0 elsewhere."""
+    zeros = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
+    return torch.stack([zeros.index_put((rows,), got[name]) for name in names], dim=-1)
+
+
+def _packed_outputs(
+    module: nn.Module,
+    head: nn.Linear,
+    packed,
+    labels: torch.Tensor,
+    rows: torch.Tensor,
+    want: dict,
+    names: list[str],
+    tally: flops.FlopTally | None,
+) -> torch.Tensor:
+    """The ``rows`` tokens' outputs [b, t, k] from one forward over ``packed`` 's padding-free rows [G, L]:
+    the swapped head reads each token's hidden state at its packed position (``packed.source``)."""
+    src = packed.source[rows]  # [N] flat index into the packed [G * L] hidden states
+
+    def from_packed(hidden: torch.Tensor) -> torch.Tensor:  # [G, L, H] -> [b, t, k]
+        flat = hidden.reshape(-1, hidden.shape[-1])[src]
+        return _scattered(head_outputs(flat, head.weight, labels[rows], **want), rows, names)
+
+    with head_replaced(head, from_packed):
+        stacked = module(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            logits_to_keep=0,
+        ).logits
+    if tally is not None:
+        tally.add("packed", flops.packed_rows(*packed.input_ids.shape, head=float(rows.sum())))
+    return stacked
 
 
 def _count(
