@@ -242,21 +242,7 @@ class ProtocolModel:
         torch = self._torch
         from rlkit.batch import Batch
 
-        n = int(p.get("n", 1))
-        max_new = int(p.get("max_new_tokens", 128))
-        temperature = float(p.get("temperature", 1.0))
-        top_k = int(p.get("top_k", -1))
-        stop = p.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        if n < 1 or max_new < 1:
-            raise RequestError("n and max_new_tokens must be >= 1")
-        if n > self.max_n:
-            raise RequestError(f"n={n} is over this server's limit of {self.max_n} (rlkit serve --max-n)")
-        if max_new > self.max_new_tokens:
-            raise RequestError(
-                f"max_new_tokens={max_new} is over this server's limit of "
-                f"{self.max_new_tokens} (rlkit serve --max-new-tokens)"
-            )
+        n, max_new, temperature, top_k, stop = self._sampling_params(p)
         width = max(len(s) for s in inputs)
         pad = self.rollout.pad_token_id
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in inputs])  # [B, P] left-padded
@@ -282,27 +268,38 @@ class ProtocolModel:
         for r in range(len(out)):
             length = int(out["response_mask"][r].sum())
             tokens = out["responses"][r, :length].tolist()
-            logps = out["rollout_log_probs"][r, :length].tolist()
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            if tokens and tokens[-1] in eos:
-                reason: dict = {"type": "stop", "matched": tokens[-1]}
-            elif length < max_new or any(s in text for s in stop):
-                matched = next((s for s in stop if s in text), None)
-                reason = {"type": "stop", "matched": matched}
-            else:
-                reason = {"type": "length", "length": length}
             meta = {
                 "id": uuid.uuid4().hex,
-                "finish_reason": reason,
+                "finish_reason": _finish_reason(tokens, text, eos, stop, max_new),
                 "prompt_tokens": len(inputs[r // n]),
                 "completion_tokens": length,
                 "cached_tokens": 0,
                 "weight_version": str(self.weight_version),
             }
             if return_logprob:
+                logps = out["rollout_log_probs"][r, :length].tolist()
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logps, tokens)]
             results[r // n].append({"text": text, "output_ids": tokens, "meta_info": meta})
         return results
+
+    def _sampling_params(self, p: dict) -> tuple[int, int, float, int, list[str]]:
+        """``(n, max_new_tokens, temperature, top_k, stop strings)`` of a request's ``sampling_params``,
+        within this server's limits (a RequestError names the limit and the ``rlkit serve`` flag)."""
+        n = int(p.get("n", 1))
+        max_new = int(p.get("max_new_tokens", 128))
+        stop = p.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        if n < 1 or max_new < 1:
+            raise RequestError("n and max_new_tokens must be >= 1")
+        if n > self.max_n:
+            raise RequestError(f"n={n} is over this server's limit of {self.max_n} (rlkit serve --max-n)")
+        if max_new > self.max_new_tokens:
+            raise RequestError(
+                f"max_new_tokens={max_new} is over this server's limit of "
+                f"{self.max_new_tokens} (rlkit serve --max-new-tokens)"
+            )
+        return n, max_new, float(p.get("temperature", 1.0)), int(p.get("top_k", -1)), stop
 
     # ----- weights and memory -----------------------------------------------------------------
     def update_weights_from_disk(self, body: dict) -> dict:
@@ -336,6 +333,16 @@ class ProtocolModel:
             "is_generation": True,
             "weight_version": str(self.weight_version),
         }
+
+
+def _finish_reason(tokens: list[int], text: str, eos: set[int], stop: list[str], max_new: int) -> dict:
+    """SGLang's ``finish_reason`` of one completion: ``stop`` (an eos token, with it as ``matched``; a stop
+    string, or none where the completion ended early otherwise) or ``length`` (it used ``max_new`` tokens)."""
+    if tokens and tokens[-1] in eos:
+        return {"type": "stop", "matched": tokens[-1]}
+    if len(tokens) < max_new or any(s in text for s in stop):
+        return {"type": "stop", "matched": next((s for s in stop if s in text), None)}
+    return {"type": "length", "length": len(tokens)}
 
 
 def _handler(model: ProtocolModel, verbose: bool) -> type[BaseHTTPRequestHandler]:
