@@ -273,6 +273,19 @@ def _record(run: Decoding, responses, log_probs, response_mask, rows, step, toke
     response_mask[rows, step] = live.long()
 
 
+def _rows_to_keep(finished: torch.Tensor) -> torch.Tensor | None:
+    """Which of the loop's rows to keep forwarding (indices into them), given which have ended (``finished``
+    [A], bool): None while fewer than ``1 / _COMPACT_FRACTION`` of them have (compacting the cache costs a
+    copy); never empty: where every row here is done but other ranks' are not, one row keeps forwarding."""
+    keep = ~finished  # [A]
+    dropped = len(keep) - int(keep.sum())
+    if not dropped or dropped < max(1, len(keep) // _COMPACT_FRACTION):
+        return None
+    if not keep.any():
+        keep[0] = True
+    return keep.nonzero().flatten()
+
+
 def _decode_slab(
     run: Decoding,
     module: nn.Module,
@@ -313,12 +326,8 @@ def _decode_slab(
         finished[rows] |= ended
         if step + 1 == max_new or run.all_done(finished):
             break
-        keep = ~finished[rows]  # [A]
-        dropped = len(rows) - int(keep.sum())
-        if dropped and dropped >= max(1, len(rows) // _COMPACT_FRACTION):
-            if not keep.any():  # every row here is done, other ranks are not: keep one row forwarding
-                keep[0] = True
-            index = keep.nonzero().flatten()
+        index = _rows_to_keep(finished[rows])
+        if index is not None:
             cache.batch_select_indices(index)
             rows, last_pos = rows[index], last_pos[index]
         last_pos = last_pos + 1
