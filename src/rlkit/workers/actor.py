@@ -252,9 +252,8 @@ class FSDPActor:
         mismatch: UpdateMismatch | None = None,
         tally: flops.FlopTally | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected`` [b,
-        T]:
-        the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
+        """This micro-batch's share of the mini-batch loss, and its share of every metric. ``selected``
+        [b, T]: the rows of the loss's mini-batch selection (``rlkit.model.loss_inputs``)."""
         cfg = self.cfg
         mask = micro["response_mask"].to(self.device)  # [b, T]
         width = mask.shape[1]
