@@ -88,7 +88,6 @@ def test_categories_sum_to_the_wall_and_gemms_get_their_rate(dp):
     }
 
 
-
 def test_fp16_linears_say_their_shapes_are_not_recorded(dp):
     """fbgemm's fp16 linear records its input's shape only (its weight is a packed object), so its GEMMs are
     not split by shape: the report says so instead of printing a table with no rows."""
@@ -98,6 +97,7 @@ def test_fp16_linears_say_their_shapes_are_not_recorded(dp):
     lines = dp._markdown_rows("8x64", result, unprofiled_step_us=90.0)
     assert lines[-1].startswith("GEMMs by shape: none recorded")
     assert not any(line.startswith("| GEMM (M, N, K)") for line in lines)
+
 
 class _Event:
     """The raw profiler event's interface ops_from_events reads (times in ns)."""
