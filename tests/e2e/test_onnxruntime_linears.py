@@ -34,6 +34,9 @@ def test_a_run_decodes_on_onnxruntime_linears(tiny_assets, tmp_path):
     linears = 7 * AutoConfig.from_pretrained(model).num_hidden_layers + 1  # q k v o gate up down, the head
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for step in (r for r in raw if "training/global_step" in r):  # records() drops timings: read the file
+        assert 0 < step["perf/decode_weights_s"] < step["timing_s/gen"]  # the session rebuilt, within gen
     for step in steps:
         # every linear packed at step 1 (the copy is made) and again after the weight sync that followed it
         assert step["rollout/mlas_repacked_linears"] == linears

@@ -36,6 +36,7 @@ Layout of the returned Batch: ``rlkit.rollout.base``. Shapes: ``B`` prompts × n
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -275,7 +276,9 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
         sharded = self._keep_unsharded(True)
+        begin = time.perf_counter()
         module = self._decoder()
+        weights_s = time.perf_counter() - begin  # a session rebuilt or a copy repacked after a weight sync
         module.eval()
         run = self._decoding(
             stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
@@ -298,7 +301,7 @@ class HFRollout:
         meta = {
             "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
             "do_sample": bool(do_sample),
-            "metrics": self._decode_metrics(path, module, graph),
+            "metrics": self._decode_metrics(path, module, graph) | {"perf/decode_weights_s": weights_s},
         }
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
 

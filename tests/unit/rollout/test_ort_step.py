@@ -40,7 +40,9 @@ def test_the_graph_step_decodes_what_the_fp32_lean_step_decodes(request, arch, c
     metrics = graph.meta["metrics"]
     assert metrics["rollout/onnxruntime_graph_step"] == 1.0 and metrics["rollout/lean_step"] == 1.0
     assert metrics["rollout/mlas_repacked_linears"] == 7 * model.config.num_hidden_layers + 1
+    assert metrics["perf/decode_weights_s"] > 0  # the graph's session was built for this generate
     assert "rollout/onnxruntime_graph_step" not in lean.meta["metrics"]
+    assert lean.meta["metrics"]["perf/decode_weights_s"] >= 0  # the module itself decoded
 
 
 def test_the_graph_step_follows_the_plan_off_the_lean_step(tok_and_model):
