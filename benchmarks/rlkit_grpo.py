@@ -192,6 +192,8 @@ def phases(metrics: dict[str, float], wall: float) -> dict[str, float]:
             out[key.split("/", 1)[1]] = value
         elif key.startswith("perf/worker_s/"):
             out["worker_" + key.rsplit("/", 1)[1]] = value
+        elif key == "perf/decode_weights_s":  # inside gen: the decode weights readied after the weight sync
+            out["decode_weights"] = value
         elif key == "training/rollout_probs_diff_max":  # the rollout's policy against the actor's
             out["rollout_probs_diff_max"] = value
     return out

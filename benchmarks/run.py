@@ -390,6 +390,7 @@ PHASES = [
     "step",
     "gen",
     "worker_gen",
+    "decode_weights",
     "reward",
     "old_log_prob",
     "adv",

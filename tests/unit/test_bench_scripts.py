@@ -109,3 +109,20 @@ def test_ort_hybrid_spike_decodes_what_the_graph_step_decodes(benchmark_module, 
             lb = hybrid(pb.cache, token, last, pa.step_mask(step))
             torch.testing.assert_close(lb, la, rtol=0, atol=1e-3)  # fp16 weights: ~1.2e-4 here
             assert (lb - la).abs().max() > 0  # fp16 weights, not the fp32 graph itself
+
+
+def test_the_harness_reads_the_decode_weights_rebuild_as_a_phase_inside_gen(benchmark_module):
+    """``perf/decode_weights_s`` (the rollout's weight rebuild) reaches the harness's per-step phases beside
+    ``gen``, and the report's phase table has a column for it."""
+    script = benchmark_module("rlkit_grpo.py")
+    metrics = {
+        "perf/total_num_tokens": 100.0,
+        "prompt_length/max": 44.0,
+        "timing_s/gen": 5.0,
+        "timing_s/update_actor": 9.0,
+        "perf/worker_s/gen": 4.9,
+        "perf/decode_weights_s": 0.8,
+    }
+    out = script.phases(metrics, wall=14.5)
+    assert out["decode_weights"] == 0.8 and out["gen"] == 5.0 and out["worker_gen"] == 4.9
+    assert "decode_weights" in benchmark_module("run.py").PHASES
