@@ -89,7 +89,7 @@ def clamped_log_ratio(
     check_bt("old_log_prob", old_log_prob, log_prob)
     check_bt("advantages", advantages, log_prob)
     check_bt("response_mask", response_mask, log_prob)
-    return (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)  # veRL's stability clamp
+    return (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
 
 
 def k1_kl(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> float:
