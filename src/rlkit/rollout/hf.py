@@ -273,18 +273,43 @@ class HFRollout:
         response_mask = torch.zeros((b, max_new), dtype=torch.long, device=self.device)
         log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
 
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
+        path, module, graph, weights_s = self._decode(
+            stop, sampling, prompt_ids, prompt_mask, responses, log_probs, response_mask
+        )
+        meta = {
+            "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
+            "do_sample": bool(do_sample),
+            "metrics": self._decode_metrics(path, module, graph) | {"perf/decode_weights_s": weights_s},
+        }
+        return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
+
+    def _decode(
+        self,
+        stop: list[str],
+        sampling: dict[str, Any],
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        responses: torch.Tensor,
+        log_probs: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> tuple[str, nn.Module, OrtDecodeStep | None, float]:
+        """Fill ``responses`` / ``log_probs`` / ``response_mask`` [B, T] for ``prompt_ids`` [B, P], the
+        module in eval mode and unsharded meanwhile (restored after, also where readying the weights fails):
+        ``(decode's path, the module it decoded with, the graph step it was offered, seconds readying the
+        weights)``."""
         was_training = self.module.training
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
         sharded = self._keep_unsharded(True)
-        begin = time.perf_counter()
-        module = self._decoder()
-        weights_s = time.perf_counter() - begin  # a session rebuilt or a copy repacked after a weight sync
-        module.eval()
-        run = self._decoding(
-            stop, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
-        )
-        graph = self._graph_step if module is self.module and self._graph_step else None
         try:
+            begin = time.perf_counter()
+            module = self._decoder()
+            weights_s = (
+                time.perf_counter() - begin
+            )  # a session rebuilt or a copy repacked after a weight sync
+            module.eval()
+            graph = self._graph_step if module is self.module and self._graph_step else None
+            run = self._decoding(stop, sampling)
             path = decode(
                 run,
                 module,
@@ -298,12 +323,7 @@ class HFRollout:
         finally:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
-        meta = {
-            "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
-            "do_sample": bool(do_sample),
-            "metrics": self._decode_metrics(path, module, graph) | {"perf/decode_weights_s": weights_s},
-        }
-        return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
+        return path, module, graph, weights_s
 
     def _decode_metrics(self, path: str, module: nn.Module, graph: OrtDecodeStep | None) -> dict[str, float]:
         """What one ``decode`` ran (``path``: its loop; ``module``: the model it decoded with; ``graph``: the
