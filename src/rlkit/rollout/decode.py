@@ -279,7 +279,7 @@ def _rows_to_keep(finished: torch.Tensor) -> torch.Tensor | None:
     copy); never empty: where every row here is done but other ranks' are not, one row keeps forwarding."""
     keep = ~finished  # [A]
     dropped = len(keep) - int(keep.sum())
-    if not dropped or dropped < max(1, len(keep) // _COMPACT_FRACTION):
+    if dropped < max(1, len(keep) // _COMPACT_FRACTION):
         return None
     if not keep.any():
         keep[0] = True

@@ -302,11 +302,10 @@ class HFRollout:
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
         sharded = self._keep_unsharded(True)
         try:
+            # readying the decode weights: a session rebuilt or a copy repacked after a weight sync
             begin = time.perf_counter()
             module = self._decoder()
-            weights_s = (
-                time.perf_counter() - begin
-            )  # a session rebuilt or a copy repacked after a weight sync
+            weights_s = time.perf_counter() - begin
             module.eval()
             graph = self._graph_step if module is self.module and self._graph_step else None
             run = self._decoding(stop, sampling)

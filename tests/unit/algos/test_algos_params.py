@@ -112,8 +112,8 @@ def test_a_recipe_names_each_registered_new_loss_with_its_parameters(name, param
     adv = torch.randn(3, 4, generator=g, dtype=torch.float64)
     mask = torch.ones(3, 4, dtype=torch.float64)
     via_recipe, _ = resolved.fn(log_prob, old, adv, mask, **resolved.kwargs)
-    module = C if resolved.name.endswith("_cov") else P
-    direct, _ = getattr(module, resolved.name)(log_prob, old, adv, mask, **resolved.kwargs)
+    function = getattr(P, resolved.name, None) or getattr(C, resolved.name)  # Clip-Cov, KL-Cov: cov_losses
+    direct, _ = function(log_prob, old, adv, mask, **resolved.kwargs)
     torch.testing.assert_close(via_recipe, direct)
     bad = {**RECIPE, "actor": {**RECIPE["actor"], "policy_loss": {"name": name, "no_such_key": 1}}}
     with pytest.raises(RecipeError, match="no_such_key"):
