@@ -14,6 +14,11 @@ falls back to eager). Each variant runs in its own process, one thread; the firs
 is reported apart from the best of ``--reps`` later ones (each shape compiles into a fresh inductor cache,
 so the first call includes a cold compile).
 
+``--dynamic`` asks what a real run would see, whose response lengths change every step: the layers compile
+with ``dynamic=True`` and every timed call after the first two has a token width neither variant has run
+before (``tokens`` plus :data:`WIDTH_OFFSETS`, in turn); it reports the sum over those calls as well as the
+best, so a recompile on a new width shows up in the sum.
+
 It is not rlkit's update path: that one runs the shared prompt's pass with a KV cache (whose per-layer
 update makes dynamo recompile per layer) and the fused head; this is the part a compile could fuse. Writes
 ``benchmarks/results/<stamp>-update-compile.{json,md}``.
@@ -30,10 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
+WIDTH_OFFSETS = (-13, 7, -5, 11, 3, -9, 5)  # --dynamic: each timed call at tokens + the next offset
 SHAPES = [("bf16", 16, 76), ("bf16", 8, 590), ("fp32", 8, 300)]  # (dtype, rows, tokens): the harness's widths
 
 
-def child(model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, reps: int) -> dict:
+def child(
+    model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, reps: int, dynamic: bool = False
+) -> dict:
+    """One variant in this process: the first call's seconds, each timed call's and their best (and, with
+    ``dynamic``, the token width of each timed call)."""
     import torch
     import torch._dynamo
     from transformers import AutoModelForCausalLM
@@ -53,11 +63,11 @@ def child(model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, re
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.recompile_limit = 64
         for layer in model.model.layers:
-            layer.compile(dynamic=False)
-    ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
-    mask = torch.ones(rows, tokens, dtype=torch.long)
+            layer.compile(dynamic=dynamic)
 
-    def step() -> float:
+    def step(width: int = tokens) -> float:
+        ids = torch.randint(0, model.config.vocab_size, (rows, width))
+        mask = torch.ones(rows, width, dtype=torch.long)
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
             hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
@@ -68,8 +78,9 @@ def child(model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, re
 
     first = step()
     step()
-    times = [step() for _ in range(reps)]
-    return {"first_s": first, "steps_s": times, "best_s": min(times)}
+    widths = [tokens + WIDTH_OFFSETS[i % len(WIDTH_OFFSETS)] if dynamic else tokens for i in range(reps)]
+    times = [step(width) for width in widths]
+    return {"first_s": first, "steps_s": times, "best_s": min(times), "sum_s": sum(times), "widths": widths}
 
 
 def main() -> None:
@@ -83,11 +94,16 @@ def main() -> None:
         default="bf16,fp32",
         help="the shapes of these dtypes (machine_sweep.sh drops bf16 where the CPU has no native bf16)",
     )
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="compile with dynamic=True and time every call at a new token width (module docstring)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         dtype, rows, tokens, compiled = json.loads(args.child)
-        print(json.dumps(child(args.model, dtype, rows, tokens, compiled, args.reps)))
+        print(json.dumps(child(args.model, dtype, rows, tokens, compiled, args.reps, args.dynamic)))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import Report, hardware_line, one_thread
@@ -97,10 +113,14 @@ def main() -> None:
     report = Report("update-compile")
     report(hardware_line())
     report(
-        "| dtype | rows × tokens | eager s (best) | compiled s (best) | compiled / eager "
-        "| first call s eager / compiled |"
+        f"compile: dynamic={args.dynamic}"
+        + (f", timed widths tokens + {WIDTH_OFFSETS}" if args.dynamic else "")
     )
-    report("|---|---|---:|---:|---:|---:|")
+    report(
+        "| dtype | rows × tokens | eager s (best) | compiled s (best) | compiled / eager "
+        "| eager / compiled s (sum of timed calls) | first call s eager / compiled |"
+    )
+    report("|---|---|---:|---:|---:|---:|---:|")
     results = []
     cache = tempfile.mkdtemp(prefix="rlkit-inductor-")  # a cold compile: no graph cached by an earlier run
     for dtype, rows, tokens in [shape for shape in SHAPES if shape[0] in args.dtypes.split(",")]:
@@ -108,6 +128,7 @@ def main() -> None:
         for compiled in (False, True):
             spec = json.dumps([dtype, rows, tokens, compiled])
             cmd = [sys.executable, __file__, "--model", args.model, "--reps", str(args.reps), "--child", spec]
+            cmd += ["--dynamic"] if args.dynamic else []
             fresh = env | {"TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, f"{dtype}-{rows}x{tokens}")}
             out = subprocess.run(cmd, env=fresh, capture_output=True, text=True, check=True).stdout
             got[compiled] = json.loads(out.strip().splitlines()[-1])
@@ -115,7 +136,8 @@ def main() -> None:
         results.append({"dtype": dtype, "rows": rows, "tokens": tokens, "eager": eager, "compiled": comp})
         report(
             f"| {dtype} | {rows} × {tokens} | {eager['best_s']:.3f} | {comp['best_s']:.3f} | "
-            f"{comp['best_s'] / eager['best_s']:.3f} | {eager['first_s']:.1f} / {comp['first_s']:.1f} |"
+            f"{comp['best_s'] / eager['best_s']:.3f} | {eager['sum_s']:.2f} / {comp['sum_s']:.2f} | "
+            f"{eager['first_s']:.1f} / {comp['first_s']:.1f} |"
         )
     report.save({"args": vars(args), "rows": results})
 

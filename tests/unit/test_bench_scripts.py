@@ -126,3 +126,23 @@ def test_the_harness_reads_the_decode_weights_rebuild_as_a_phase_inside_gen(benc
     out = script.phases(metrics, wall=14.5)
     assert out["decode_weights"] == 0.8 and out["gen"] == 5.0 and out["worker_gen"] == 4.9
     assert "decode_weights" in benchmark_module("run.py").PHASES
+
+
+def test_update_compile_dynamic_times_each_call_at_a_width_not_run_before(benchmark_module, tiny_model_dir):
+    """``--dynamic`` is only a verdict on real runs (response lengths change every step) if every timed call
+    runs a new token width, the same widths in both variants, and the sum over them is reported (a recompile
+    on a new width shows there, not in the best call)."""
+    import torch
+
+    script = benchmark_module("update_compile.py")
+    threads = torch.get_num_threads()
+    try:
+        got = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 3, dynamic=True)
+        fixed = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 2)
+    finally:
+        torch.set_num_threads(threads)
+    offsets = script.WIDTH_OFFSETS
+    assert got["widths"] == [20 + offsets[0], 20 + offsets[1], 20 + offsets[2]]
+    assert len(set(got["widths"] + [20])) == 4  # none repeats the first calls' width or another timed one
+    assert len(got["steps_s"]) == 3 and got["sum_s"] == sum(got["steps_s"]) > 0
+    assert fixed["widths"] == [20, 20]
