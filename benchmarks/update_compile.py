@@ -83,6 +83,17 @@ def child(
     return {"first_s": first, "steps_s": times, "best_s": min(times), "sum_s": sum(times), "widths": widths}
 
 
+def _run_child(cmd: list[str], env: dict[str, str]) -> dict:
+    """The child's result, or ``{"error": the last error line of its stderr}`` where it failed (a compile that
+    fails on a shape is a finding the report keeps, not a reason to lose the shapes measured before it)."""
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        errors = [line for line in lines if "Error" in line.split(":")[0]]  # "XError: why", not a hint
+        return {"error": (errors or lines or [f"exit status {done.returncode}"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -130,10 +141,13 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--model", args.model, "--reps", str(args.reps), "--child", spec]
             cmd += ["--dynamic"] if args.dynamic else []
             fresh = env | {"TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, f"{dtype}-{rows}x{tokens}")}
-            out = subprocess.run(cmd, env=fresh, capture_output=True, text=True, check=True).stdout
-            got[compiled] = json.loads(out.strip().splitlines()[-1])
+            got[compiled] = _run_child(cmd, fresh)
         eager, comp = got[False], got[True]
         results.append({"dtype": dtype, "rows": rows, "tokens": tokens, "eager": eager, "compiled": comp})
+        if "error" in eager or "error" in comp:
+            failed = eager.get("error") or comp.get("error")
+            report(f"| {dtype} | {rows} × {tokens} | failed: {failed} ||||||")
+            continue
         report(
             f"| {dtype} | {rows} × {tokens} | {eager['best_s']:.3f} | {comp['best_s']:.3f} | "
             f"{comp['best_s'] / eager['best_s']:.3f} | {eager['sum_s']:.2f} / {comp['sum_s']:.2f} | "

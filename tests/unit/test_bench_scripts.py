@@ -146,3 +146,14 @@ def test_update_compile_dynamic_times_each_call_at_a_width_not_run_before(benchm
     assert len(set(got["widths"] + [20])) == 4  # none repeats the first calls' width or another timed one
     assert len(got["steps_s"]) == 3 and got["sum_s"] == sum(got["steps_s"]) > 0
     assert fixed["widths"] == [20, 20]
+
+
+def test_update_compile_keeps_a_failed_shape_as_its_error(benchmark_module):
+    """A compile that fails on one shape is reported with its error line (not a hint printed after it), and a
+    child that succeeds hands back its JSON."""
+    script = benchmark_module("update_compile.py")
+    stderr = "W warn\\nValueError: boom\\n\\nSet VERBOSE=1 for more\\n"
+    failing = f"import sys; sys.stderr.write('{stderr}'); sys.exit(1)"
+    assert script._run_child([sys.executable, "-c", failing], {}) == {"error": "ValueError: boom"}
+    fine = "print('log line'); print('{\"best_s\": 1.5}')"
+    assert script._run_child([sys.executable, "-c", fine], {}) == {"best_s": 1.5}
