@@ -40,10 +40,20 @@ def _models(request, arch: str):
 ARCHS = ["qwen2", "llama", "qwen3", "mistral"]
 
 
-def assert_close_rollouts(lean, full) -> None:
+def assert_close_rollouts(lean, full, tolerance: float = 1e-4) -> None:
     assert torch.equal(lean["responses"], full["responses"])
     assert torch.equal(lean["response_mask"], full["response_mask"])
-    torch.testing.assert_close(lean["rollout_log_probs"], full["rollout_log_probs"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        lean["rollout_log_probs"], full["rollout_log_probs"], atol=tolerance, rtol=tolerance
+    )
+
+
+# The bf16 copy rounds every GEMM input to bf16 (8 bits of mantissa): where the lean step's fp32 ops (one
+# F.rms_norm, its rotary) and the forward's differ in the last fp32 bit, an input can round to the
+# neighbouring bf16 value, one ulp (2**-8 relative) of one element, and which inputs sit on such a boundary
+# depends on the CPU's bf16 kernel (AMX: 9e-4 at worst in a log-prob; Zen 4: under 1e-4). Any real
+# difference in what the step computes changes the sampled tokens, compared exactly above.
+BF16_COPY_TOLERANCE = 5e-3
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -86,7 +96,7 @@ def test_the_lean_step_decodes_through_a_packed_decode_copy(request, arch, preci
     (lean, lean_rows), (full, _) = (
         generate(tok, packed, fast=True, lean=on, eos=eos, **kw) for on in (True, False)
     )
-    assert_close_rollouts(lean, full)
+    assert_close_rollouts(lean, full, BF16_COPY_TOLERANCE if fused else 1e-4)
     assert len(lean_rows) == 1
 
 
