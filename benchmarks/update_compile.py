@@ -42,19 +42,15 @@ SHAPES = [("bf16", 16, 76), ("bf16", 8, 590), ("fp32", 8, 300)]  # (dtype, rows,
 def child(
     model_dir: str, dtype: str, rows: int, tokens: int, compiled: bool, reps: int, dynamic: bool = False
 ) -> dict:
-    """One variant in this process: the first call's seconds, each timed call's and their best (and, with
-    ``dynamic``, the token width of each timed call)."""
+    """One variant: the first call's seconds, each timed call's and their best (and, with ``dynamic``, the
+    token width of each timed call; ``reps`` at most ``len(WIDTH_OFFSETS)`` then). The caller sets the
+    process up (one thread, the workers' allocator)."""
     import torch
     import torch._dynamo
     from transformers import AutoModelForCausalLM
 
     from rlkit.model.attention import grouped_eager_name
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import keep_freed_memory
-
-    keep_freed_memory()  # as rlkit's workers run (rlkit.hardware.allocator)
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.set_attn_implementation(grouped_eager_name())
@@ -78,7 +74,7 @@ def child(
 
     first = step()
     step()
-    widths = [tokens + WIDTH_OFFSETS[i % len(WIDTH_OFFSETS)] if dynamic else tokens for i in range(reps)]
+    widths = [tokens + WIDTH_OFFSETS[i] if dynamic else tokens for i in range(reps)]
     times = [step(width) for width in widths]
     return {"first_s": first, "steps_s": times, "best_s": min(times), "sum_s": sum(times), "widths": widths}
 
@@ -112,7 +108,18 @@ def main() -> None:
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dynamic and args.reps > len(WIDTH_OFFSETS):
+        parser.error(
+            f"--dynamic times at most {len(WIDTH_OFFSETS)} calls (one per new width): --reps too large"
+        )
     if args.child:
+        import torch
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import keep_freed_memory
+
+        keep_freed_memory()  # as rlkit's workers run (rlkit.hardware.allocator); this process only
+        torch.set_num_threads(1)
         dtype, rows, tokens, compiled = json.loads(args.child)
         print(json.dumps(child(args.model, dtype, rows, tokens, compiled, args.reps, args.dynamic)))
         return

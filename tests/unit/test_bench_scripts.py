@@ -132,15 +132,9 @@ def test_update_compile_dynamic_times_each_call_at_a_width_not_run_before(benchm
     """``--dynamic`` is only a verdict on real runs (response lengths change every step) if every timed call
     runs a new token width, the same widths in both variants, and the sum over them is reported (a recompile
     on a new width shows there, not in the best call)."""
-    import torch
-
     script = benchmark_module("update_compile.py")
-    threads = torch.get_num_threads()
-    try:
-        got = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 3, dynamic=True)
-        fixed = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 2)
-    finally:
-        torch.set_num_threads(threads)
+    got = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 3, dynamic=True)
+    fixed = script.child(str(tiny_model_dir), "fp32", 2, 20, False, 2)
     offsets = script.WIDTH_OFFSETS
     assert got["widths"] == [20 + offsets[0], 20 + offsets[1], 20 + offsets[2]]
     assert len(set(got["widths"] + [20])) == 4  # none repeats the first calls' width or another timed one
