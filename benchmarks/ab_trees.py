@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
+from common import HARNESS_DTYPES, Report, machine_line, matmul_peak_flops, memory_bandwidth  # noqa: E402
 from run import LONG_PROMPT_WORKLOADS, WORKLOADS, long_prompt_file  # noqa: E402
 from worker_malloc import one_run, report_medians, report_run  # noqa: E402
 
@@ -47,7 +47,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="runs per tree, alternating A B, B A, ...")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
     parser.add_argument("--workload", choices=tuple(WORKLOADS), default="smollm2")
-    parser.add_argument("--dtype", default="fp32", help="the harness dtype (fp32, fp32auto, bf16)")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(HARNESS_DTYPES),
+        default="fp32",
+        help="the harness dtype (common.HARNESS_DTYPES)",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per run (as run.py)")
     args = parser.parse_args()
     from rlkit.model.smollm2 import smollm2_dir

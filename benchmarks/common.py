@@ -181,6 +181,23 @@ def hardware_line(info: dict | None = None) -> str:
     )
 
 
+# The harness's dtypes: what each toolkit trains and decodes in (run.py --dtypes).
+HARNESS_DTYPES = {
+    "fp32": "fp32 in both toolkits",
+    "bf16": "bf16 autocast over fp32 weights in both toolkits; rlkit decodes with its bf16 decode copy",
+    "fp16w": "fp32; rlkit decodes with fp16 weights (rollout.backend.dtype=float16; TRL has none)",
+    "fp32mlas": "fp32; rlkit decodes on ONNX Runtime's linears (rollout.backend.linears=onnxruntime)",
+    "fp32auto": "fp32 training in both; rlkit decodes as its auto chooses here (what a recipe that says "
+    "nothing about the decode gets), recorded as decode",
+    "bf16auto": "bf16 autocast training in both; rlkit decodes as its auto chooses here, recorded as decode",
+}
+
+
+def trains_in_bf16(dtype: str) -> bool:
+    """Whether harness dtype ``dtype`` trains under bf16 autocast (in both toolkits)."""
+    return dtype in ("bf16", "bf16auto")
+
+
 @dataclass(frozen=True)
 class Workload:
     """One GRPO step's work, identical in both toolkits.
@@ -192,11 +209,7 @@ class Workload:
 
     model: str  # HF folder
     model_name: str  # label in the report: tiny | smollm2
-    dtype: (
-        str  # fp32 | bf16 (autocast over fp32 weights in both toolkits) | fp16w (rlkit: fp16 decode weights)
-        # | fp32mlas (rlkit: fp32 decode on ONNX Runtime's linears)
-        # | fp32auto (rlkit: the decode its auto chooses)
-    )
+    dtype: str  # one of HARNESS_DTYPES
     data: str  # parquet file with veRL rows (prompt = chat messages, reward_model.ground_truth)
     prompts: int = 8
     group: int = 8
@@ -235,7 +248,8 @@ def workload_args(description: str) -> tuple[Workload, Path]:
     ):
         required = name in ("model", "model-name", "dtype", "data")
         default = None if required else Workload.__dataclass_fields__[name.replace("-", "_")].default
-        parser.add_argument(f"--{name}", type=kind, required=required, default=default)
+        choices = tuple(HARNESS_DTYPES) if name == "dtype" else None
+        parser.add_argument(f"--{name}", type=kind, required=required, default=default, choices=choices)
     parser.add_argument("--out", required=True, help="JSON result file")
     args = vars(parser.parse_args())
     out = Path(args.pop("out"))

@@ -22,10 +22,21 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
+    trains_in_bf16,
     update_flops,
     workload_args,
     write_result,
 )
+
+# rollout.backend.dtype per harness dtype (common.HARNESS_DTYPES)
+DECODE_DTYPE = {
+    "fp32": "float32",
+    "fp32mlas": "float32",
+    "bf16": "bfloat16",
+    "fp16w": "float16",
+    "fp32auto": "auto",
+    "bf16auto": "auto",
+}
 
 
 def recipe_dict(w: Workload, out_dir: str) -> dict:
@@ -50,7 +61,7 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
             "ppo_micro_batch_size_per_rank": samples,
             "use_kl_loss": False,
             "entropy_coeff": 0.0,
-            "mixed_precision": "bf16" if w.dtype == "bf16" else "fp32",
+            "mixed_precision": "bf16" if trains_in_bf16(w.dtype) else "fp32",
         },
         "rollout": {
             "n": w.group,
@@ -62,12 +73,14 @@ def recipe_dict(w: Workload, out_dir: str) -> dict:
             # TRL: bf16 autocast; fp32 is set, not left to auto (an AMX machine would decode in bf16)
             "backend": {
                 "name": "hf",
-                # fp32auto: fp32 training, the decode as auto chooses it on this machine (what a recipe that
+                # fp32auto / bf16auto: the decode as auto chooses it on this machine (what a recipe that
                 # says nothing gets); the run's choice is recorded as decode
-                "dtype": {"bf16": "bfloat16", "fp16w": "float16", "fp32auto": "auto"}.get(w.dtype, "float32"),
+                "dtype": DECODE_DTYPE[w.dtype],
                 # fp32mlas: fp32 decode on ONNX Runtime's prepacked GEMM (rlkit.rollout.mlas_weights);
                 # set, not left to auto, as the dtype is
-                "linears": {"fp32mlas": "onnxruntime", "fp32auto": "auto"}.get(w.dtype, "torch"),
+                "linears": {"fp32mlas": "onnxruntime", "fp32auto": "auto", "bf16auto": "auto"}.get(
+                    w.dtype, "torch"
+                ),
             },
         },
         "resources": {
@@ -108,7 +121,7 @@ def main() -> None:
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
 
-    peak = matmul_peak_flops(w.dtype, device=w.device)
+    peak = matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device)
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         path = Path(tmp) / "recipe.yaml"
         path.write_text(yaml.safe_dump(recipe_dict(w, str(Path(tmp) / "out"))))
@@ -138,7 +151,7 @@ def main() -> None:
                     steps.append(phases(metrics, wall) | counted)
         finally:
             runtime.close()
-    peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
+    peak = max(peak, matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device))
     decoded = runtime.hardware.precision  # the run's resolved decode dtype and linears
     write_result(
         out,

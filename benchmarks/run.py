@@ -33,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import (  # noqa: E402
+    HARNESS_DTYPES,
     decode_roofline,
     executed_update_flops,
     hardware,
@@ -41,6 +42,7 @@ from common import (  # noqa: E402
     memory_bandwidth,
     model_shape,
     save_results,
+    trains_in_bf16,
 )
 
 WORK = HERE / ".work"
@@ -259,10 +261,11 @@ def bounds(
     # bf16 probe where it decoded with bf16 weights); earlier rlkit runs and TRL: a bf16 row decodes (and
     # caches) in bf16
     decode_dtype = str(med.get("decode", "")).split(" ")[0]
-    half = w["dtype"] == "bf16" or (
-        rlkit and (w["dtype"] == "fp16w" or decode_dtype in ("bfloat16", "float16"))
-    )
-    kv = 2 if w["dtype"] == "bf16" and not (rlkit and decode_dtype) else 4
+    if rlkit and decode_dtype:  # what it recorded it decoded in
+        half = decode_dtype in ("bfloat16", "float16")
+    else:
+        half = trains_in_bf16(w["dtype"]) or (rlkit and w["dtype"] == "fp16w")
+    kv = 2 if trains_in_bf16(w["dtype"]) and not (rlkit and decode_dtype) else 4
     decode = decode_roofline(
         shape,
         completions,
@@ -415,10 +418,7 @@ def main() -> None:
     parser.add_argument(
         "--dtypes",
         default="fp32,bf16",
-        help="of: fp32, bf16 (autocast in both toolkits), fp16w "
-        "(rlkit decodes with fp16 weights, rollout.backend.dtype=float16; TRL has none: fp32), fp32mlas "
-        "(rlkit decodes in fp32 on ONNX Runtime's linears, rollout.backend.linears=onnxruntime; TRL: fp32), "
-        "fp32auto (both train in fp32; rlkit decodes as its auto chooses here, recorded as decode)",
+        help="comma-separated, of: " + "; ".join(f"{k} ({v})" for k, v in HARNESS_DTYPES.items()),
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs per framework, alternating (ABBA)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -440,6 +440,9 @@ def main() -> None:
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; valid: {', '.join(WORKLOADS)}")
+    unknown = [d for d in dtypes if d not in HARNESS_DTYPES]
+    if unknown:
+        parser.error(f"unknown dtype(s) {', '.join(unknown)}; valid: {', '.join(HARNESS_DTYPES)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 

@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
+    trains_in_bf16,
     update_flops,
     workload_args,
     write_result,
@@ -48,7 +49,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    peak = matmul_peak_flops(w.dtype, device=w.device)
+    peak = matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device)
     rows = pd.read_parquet(w.data).head(w.prompts)
     dataset = Dataset.from_list(
         [
@@ -136,7 +137,7 @@ def main() -> None:
             top_k=0,
             shuffle_dataset=False,
             generation_kwargs={"min_new_tokens": w.tokens},
-            bf16=w.dtype == "bf16",
+            bf16=trains_in_bf16(w.dtype),
             model_init_kwargs={"dtype": "float32"},
             dataloader_num_workers=0,
         )
@@ -160,7 +161,7 @@ def main() -> None:
         startup_s = time.perf_counter() - launched
         trainer.train()
     n_params = sum(p.numel() for p in model.parameters())
-    peak = max(peak, matmul_peak_flops(w.dtype, device=w.device))
+    peak = max(peak, matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device))
     write_result(
         out,
         w,

@@ -5,6 +5,7 @@ manager no longer took, unnoticed for several sessions). Nothing is timed or ass
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def test_reward_timeout_overhead_scores_through_every_manager(benchmark_module, monkeypatch, tmp_path):
@@ -126,6 +127,43 @@ def test_the_harness_reads_the_decode_weights_rebuild_as_a_phase_inside_gen(benc
     out = script.phases(metrics, wall=14.5)
     assert out["decode_weights"] == 0.8 and out["gen"] == 5.0 and out["worker_gen"] == 4.9
     assert "decode_weights" in benchmark_module("run.py").PHASES
+
+
+def test_each_harness_dtype_trains_and_decodes_as_it_says(benchmark_module):
+    """Every harness dtype maps to the actor precision and decode its description names: ``bf16auto`` trains
+    under bf16 autocast in both toolkits and leaves rlkit's decode to ``auto`` (what a bf16 recipe that says
+    nothing about the decode gets); the bounds count its TRL decode in bf16 and rlkit's as it recorded."""
+    common, script, run = (benchmark_module(f) for f in ("common.py", "rlkit_grpo.py", "run.py"))
+    expected = {  # dtype: (actor.mixed_precision, rollout.backend.dtype, rollout.backend.linears)
+        "fp32": ("fp32", "float32", "torch"),
+        "bf16": ("bf16", "bfloat16", "torch"),
+        "fp16w": ("fp32", "float16", "torch"),
+        "fp32mlas": ("fp32", "float32", "onnxruntime"),
+        "fp32auto": ("fp32", "auto", "auto"),
+        "bf16auto": ("bf16", "auto", "auto"),
+    }
+    assert set(expected) == set(common.HARNESS_DTYPES)
+    for dtype, (precision, decode, linears) in expected.items():
+        w = common.Workload(model="m", model_name="tiny", dtype=dtype, data="d.parquet")
+        recipe = script.recipe_dict(w, "/tmp/out")
+        backend = recipe["rollout"]["backend"]
+        got = (recipe["actor"]["mixed_precision"], backend["dtype"], backend["linears"])
+        assert got == (precision, decode, linears), dtype
+    assert common.trains_in_bf16("bf16auto") and not common.trains_in_bf16("fp32auto")
+
+
+def test_the_harness_refuses_a_dtype_it_does_not_know(benchmark_module, tmp_path):
+    """An unknown ``--dtypes`` entry is a usage error naming the valid ones, not a silent fp32 run."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(Path(benchmark_module("run.py").__file__)), "--dtypes", "fp32,bf16autoo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown dtype(s) bf16autoo" in proc.stderr and "bf16auto" in proc.stderr
 
 
 def test_update_compile_dynamic_times_each_call_at_a_width_not_run_before(benchmark_module, tiny_model_dir):
