@@ -198,6 +198,11 @@ def trains_in_bf16(dtype: str) -> bool:
     return dtype in ("bf16", "bf16auto")
 
 
+def training_probe_dtype(dtype: str) -> str:
+    """The matmul probe (``matmul_peak_flops``) a harness dtype's update is measured against."""
+    return "bf16" if trains_in_bf16(dtype) else "fp32"
+
+
 @dataclass(frozen=True)
 class Workload:
     """One GRPO step's work, identical in both toolkits.

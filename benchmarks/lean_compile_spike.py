@@ -97,15 +97,17 @@ def register_packed(lean) -> None:
             _PACKED.append(part)
 
 
-def compile_layers(lean) -> None:
-    """Replace each ``_LeanLayer``'s two cache-free halves in ``lean`` (a ``LeanStep``) by compiled functions:
-    the step's own code then calls ``project``/``mlp``; the rotary and the residual adds are folded into them
-    by wrapping ``LeanStep.__call__``'s layer loop (see ``layered_call``)."""
+def compile_layers(lean, compile_fn=None) -> None:
+    """Give each ``_LeanLayer`` in ``lean`` (a ``LeanStep``) its two cache-free halves as ``layer.pre`` /
+    ``layer.post`` (called by :func:`layered_call`), each through ``compile_fn`` (default: inductor,
+    ``dynamic=True``; the identity runs them eager, as the test of the spike does)."""
     import torch
 
+    if compile_fn is None:
+        compile_fn = lambda fn: torch.compile(fn, dynamic=True)  # noqa: E731
     for layer in lean.layers:
-        layer.pre = torch.compile(_pre_attention(layer), dynamic=True)
-        layer.post = torch.compile(_post_attention(layer), dynamic=True)
+        layer.pre = compile_fn(_pre_attention(layer))
+        layer.post = compile_fn(_post_attention(layer))
 
 
 def _pre_attention(layer):

@@ -22,6 +22,7 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
+    training_probe_dtype,
     trains_in_bf16,
     update_flops,
     workload_args,
@@ -121,7 +122,7 @@ def main() -> None:
     from rlkit.runtime.build import Runtime
     from rlkit.step.trainer import Trainer
 
-    peak = matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device)
+    peak = matmul_peak_flops(training_probe_dtype(w.dtype), device=w.device)
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         path = Path(tmp) / "recipe.yaml"
         path.write_text(yaml.safe_dump(recipe_dict(w, str(Path(tmp) / "out"))))
@@ -151,7 +152,7 @@ def main() -> None:
                     steps.append(phases(metrics, wall) | counted)
         finally:
             runtime.close()
-    peak = max(peak, matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device))
+    peak = max(peak, matmul_peak_flops(training_probe_dtype(w.dtype), device=w.device))
     decoded = runtime.hardware.precision  # the run's resolved decode dtype and linears
     write_result(
         out,

@@ -244,6 +244,18 @@ def rooflines(runs: list[dict], model_dir: str, med: dict, peak: float) -> dict:
     )
 
 
+def decode_bytes(dtype: str, framework: str, decode_dtype: str) -> tuple[int, int]:
+    """(bytes per weight, bytes per KV-cache element) of a run's decode for its bound. rlkit: the decode it
+    recorded (``decode_dtype``, since session 15: bf16 and fp16 weights 2 bytes, its KV cache fp32 with
+    either; its arithmetic's peak is ``decode_peak_flops``); earlier rlkit runs (none recorded) and TRL: a
+    row that trains in bf16 decodes and caches in bf16, rlkit's fp16w row decodes fp16 weights."""
+    rlkit = framework.startswith("rlkit")
+    if rlkit and decode_dtype:
+        return (2 if decode_dtype in ("bfloat16", "float16") else 4), 4
+    half = trains_in_bf16(dtype) or (rlkit and dtype == "fp16w")
+    return (2 if half else 4), (2 if trains_in_bf16(dtype) else 4)
+
+
 def bounds(
     w: dict, framework: str, shape, med: dict, peak: float, bandwidth: float, model_flops: float
 ) -> dict:
@@ -256,22 +268,13 @@ def bounds(
     completions = w["prompts"] * w["group"]
     prompt_mean = (med["tokens"] - completions * w["tokens"]) / completions
     rlkit = framework.startswith("rlkit")
-    # rlkit: the weights' bytes of the decode it ran (recorded as decode since session 15: bf16 and fp16
-    # weights 2 bytes, its KV cache fp32 with either) at the peak of its arithmetic (decode_peak_flops: the
-    # bf16 probe where it decoded with bf16 weights); earlier rlkit runs and TRL: a bf16 row decodes (and
-    # caches) in bf16
-    decode_dtype = str(med.get("decode", "")).split(" ")[0]
-    if rlkit and decode_dtype:  # what it recorded it decoded in
-        half = decode_dtype in ("bfloat16", "float16")
-    else:
-        half = trains_in_bf16(w["dtype"]) or (rlkit and w["dtype"] == "fp16w")
-    kv = 2 if trains_in_bf16(w["dtype"]) and not (rlkit and decode_dtype) else 4
+    weight_bytes, kv = decode_bytes(w["dtype"], framework, str(med.get("decode", "")).split(" ")[0])
     decode = decode_roofline(
         shape,
         completions,
         prompt_mean,
         w["tokens"],
-        2 if half else 4,
+        weight_bytes,
         bandwidth,
         med.get("decode_peak_flops") or peak,
         prompts=w["prompts"],

@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     matmul_peak_flops,
     memory_bandwidth,
     one_thread,
+    training_probe_dtype,
     trains_in_bf16,
     update_flops,
     workload_args,
@@ -49,7 +50,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    peak = matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device)
+    peak = matmul_peak_flops(training_probe_dtype(w.dtype), device=w.device)
     rows = pd.read_parquet(w.data).head(w.prompts)
     dataset = Dataset.from_list(
         [
@@ -161,7 +162,7 @@ def main() -> None:
         startup_s = time.perf_counter() - launched
         trainer.train()
     n_params = sum(p.numel() for p in model.parameters())
-    peak = max(peak, matmul_peak_flops("bf16" if trains_in_bf16(w.dtype) else "fp32", device=w.device))
+    peak = max(peak, matmul_peak_flops(training_probe_dtype(w.dtype), device=w.device))
     write_result(
         out,
         w,

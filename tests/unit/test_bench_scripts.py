@@ -134,6 +134,14 @@ def test_each_harness_dtype_trains_and_decodes_as_it_says(benchmark_module):
     under bf16 autocast in both toolkits and leaves rlkit's decode to ``auto`` (what a bf16 recipe that says
     nothing about the decode gets); the bounds count its TRL decode in bf16 and rlkit's as it recorded."""
     common, script, run = (benchmark_module(f) for f in ("common.py", "rlkit_grpo.py", "run.py"))
+    # (bytes per weight, per KV element) of the decode the bound assumes: TRL's bf16auto row in bf16, rlkit's
+    # as its run recorded (here fp32 weights: auto picked float32), bf16 as before
+    assert run.decode_bytes("bf16auto", "trl", "") == (2, 2)
+    assert run.decode_bytes("bf16auto", "rlkit", "float32") == (4, 4)
+    assert run.decode_bytes("bf16auto", "rlkit", "bfloat16") == (2, 4)
+    assert run.decode_bytes("bf16", "trl", "") == (2, 2) and run.decode_bytes("fp32auto", "trl", "") == (4, 4)
+    assert run.decode_bytes("fp16w", "rlkit", "") == (2, 4)
+    assert common.training_probe_dtype("bf16auto") == "bf16" == common.training_probe_dtype("bf16")
     expected = {  # dtype: (actor.mixed_precision, rollout.backend.dtype, rollout.backend.linears)
         "fp32": ("fp32", "float32", "torch"),
         "bf16": ("bf16", "bfloat16", "torch"),
@@ -152,7 +160,7 @@ def test_each_harness_dtype_trains_and_decodes_as_it_says(benchmark_module):
     assert common.trains_in_bf16("bf16auto") and not common.trains_in_bf16("fp32auto")
 
 
-def test_the_harness_refuses_a_dtype_it_does_not_know(benchmark_module, tmp_path):
+def test_the_harness_refuses_a_dtype_it_does_not_know(benchmark_module):
     """An unknown ``--dtypes`` entry is a usage error naming the valid ones, not a silent fp32 run."""
     import subprocess
 
@@ -164,6 +172,55 @@ def test_the_harness_refuses_a_dtype_it_does_not_know(benchmark_module, tmp_path
     )
     assert proc.returncode == 2
     assert "unknown dtype(s) bf16autoo" in proc.stderr and "bf16auto" in proc.stderr
+
+
+def test_the_compile_spikes_layer_halves_compute_the_lean_step(benchmark_module, tiny_model_dir):
+    """``lean_compile_spike.py`` times its compiled variant against rlkit's lean step: run eager, its layer
+    halves (``layered_call``) must give the lean step's own tokens and log-probs, or the spike compares a
+    different computation (fp32 decode on the tiny model; no compile here)."""
+    import torch
+
+    import rlkit.rollout.decode as decode_module
+    from rlkit.batch import Batch
+    from rlkit.builtin.params import HFRolloutParams
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig, RolloutConfig
+    from rlkit.rollout import hf
+    from rlkit.rollout.lean_step import lean_step_for
+
+    spike = benchmark_module("lean_compile_spike.py")
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    enc = tok(["2 + 2 =", "what is 17 + 6?"], return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    config = RolloutConfig(n=3, temperature=1.0, ignore_eos=True)
+    ro = hf.HFRollout(
+        module=model,
+        tokenizer=tok,
+        max_response_length=12,
+        seed=1,
+        rollout_config=config,
+        params=HFRolloutParams(dtype="float32"),
+    )
+
+    def layered(module):
+        lean = lean_step_for(module)
+        spike.compile_layers(lean, compile_fn=lambda fn: fn)
+        return lambda *args: spike.layered_call(lean, *args)
+
+    outs = []
+    original = decode_module.lean_step_for
+    try:
+        for step_for in (original, layered):
+            decode_module.lean_step_for = step_for
+            ro.generator.manual_seed(1)
+            outs.append(ro.generate(prompts))
+    finally:
+        decode_module.lean_step_for = original
+    eager, halves = outs
+    assert torch.equal(eager["responses"], halves["responses"])
+    torch.testing.assert_close(eager["rollout_log_probs"], halves["rollout_log_probs"], atol=1e-5, rtol=1e-5)
 
 
 def test_update_compile_dynamic_times_each_call_at_a_width_not_run_before(benchmark_module, tiny_model_dir):
