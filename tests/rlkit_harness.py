@@ -231,9 +231,15 @@ def ray_session(out: Path) -> dict:
     return json.loads((out / "ray_session.json").read_text())
 
 
-def sessions_started_by(pid: int, ray_tmp: Path = Path("/tmp/ray")) -> list[str]:
-    """Ray names a session ``session_<date>_<time>_<pid of the driver that started it>``."""
-    return [p.name for p in ray_tmp.glob(f"session_*_{pid}")] if ray_tmp.is_dir() else []
+def sessions_started_by(pid: int, ray_tmp: Path = Path("/tmp/ray"), since: float | None = None) -> list[str]:
+    """Ray names a session ``session_<date>_<time>_<pid of the driver that started it>``. ``since``: only
+    folders made at or after this ``time.time()`` — pids are reused, and an earlier run's driver (another
+    test session on this machine) may have had this pid (seen: a refused run's pid matched a session left by
+    the previous suite run)."""
+    if not ray_tmp.is_dir():
+        return []
+    found = ray_tmp.glob(f"session_*_{pid}")
+    return [p.name for p in found if since is None or p.stat().st_mtime >= since - 1]
 
 
 def session_processes(session: dict) -> list[psutil.Process]:

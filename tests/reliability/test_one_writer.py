@@ -102,6 +102,7 @@ def test_a_second_run_into_a_busy_output_folder_refuses_and_the_first_stays_inta
     while not (lock.exists() and lock.read_text().strip()):  # the first run holds the folder
         assert first.poll() is None and time.time() < deadline, f"no lock record (rc={first.poll()})"
         time.sleep(0.05)
+    launched = time.time()
     proc = start("run", str(path))
     second = finish(proc, timeout=180)
     still_running = first.poll() is None
@@ -115,7 +116,7 @@ def test_a_second_run_into_a_busy_output_folder_refuses_and_the_first_stays_inta
         in error
     )
     assert "started 20" in error and f"run {path}" in error and "Traceback" not in second.stderr
-    assert sessions_started_by(proc.pid) == []
+    assert sessions_started_by(proc.pid, since=launched) == []
     steps = [r["step"] for r in records(out) if "training/global_step" in r]
     assert steps == [1, 2, 3, 4], steps  # no duplicate, no step going backwards
     assert check_checkpoints(out) == [1, 2, 3, 4]
@@ -130,6 +131,7 @@ def test_second_run_starts_no_ray_session(recipe, tmp_path):
     out.mkdir(parents=True)
     held = RunLock.acquire(out / LOCK_FILE, f"output folder {out}")
     try:
+        launched = time.time()
         proc = start("run", str(path))
         result = finish(proc, timeout=180)
     finally:
@@ -138,5 +140,5 @@ def test_second_run_starts_no_ray_session(recipe, tmp_path):
         result.returncode == 1
         and f"output folder {out} is in use by another run (pid {os.getpid()}" in result.stderr
     )
-    assert sessions_started_by(proc.pid) == []
+    assert sessions_started_by(proc.pid, since=launched) == []
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
