@@ -29,6 +29,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          model's own forward (``--decode-dtype float16``: both on the fp16 decode copy)
   sharedattn  rollout, lean step: a group's prompt K/V read once per step for its rows
          (``DecodePlan.share_prompt_attention``, rlkit.rollout.shared_prompt) vs SDPA over every row's copy
+  scripted  rollout, lean step: its layers as one TorchScript function (``DecodePlan.scripted_layers``,
+         rlkit.rollout.scripted_step) vs its Python loop (``--decode-dtype bfloat16``: both on the bf16 copy)
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -94,6 +96,7 @@ def plans(change: str, on: bool):
         share_prefill=not (change == "prefill" and off),
         lean_step=not (change == "lean" and off),
         share_prompt_attention=not (change == "sharedattn" and off),
+        scripted_layers=not (change == "scripted" and off),
     )
 
 

@@ -22,9 +22,10 @@ does not fit. With ``lean_step=False`` both give the same tokens and log-probs u
   cache is copied to every row.
 - **Lean step** (``DecodePlan.lean_step``, ``rlkit.rollout.lean_step``): after the prefill, a Llama-family
   plain module decodes each token through its own modules without transformers' forward plumbing (a
-  whole generate 0.87-0.95× as long); other models through their forward. ``rollout.backend.linears:
-  onnxruntime`` replaces it with one ONNX Runtime graph per step (``rlkit.rollout.ort_step``, the
-  ``graph_step`` argument of :func:`decode`) over the same cache.
+  whole generate 0.87-0.95× as long), its layers as one TorchScript function where they fit
+  (``DecodePlan.scripted_layers``, ``rlkit.rollout.scripted_step``); other models through their forward.
+  ``rollout.backend.linears: onnxruntime`` replaces it with one ONNX Runtime graph per step
+  (``rlkit.rollout.ort_step``, the ``graph_step`` argument of :func:`decode`) over the same cache.
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
@@ -154,6 +155,9 @@ class DecodePlan:
     share_prefill: bool = True  # one prefill per distinct prompt, its cache copied to the group's rows
     lean_step: bool = True  # fast loop, Llama-family plain module: tokens after the prefill by LeanStep
     share_prompt_attention: bool = True  # lean step: a group's prompt K/V read once per step for its rows
+    scripted_layers: bool = (
+        True  # lean step: its layers as one TorchScript function (rlkit.rollout.scripted_step)
+    )
 
 
 @dataclass
@@ -255,16 +259,18 @@ def decode(
     ``graph_step``: a step with the lean step's contract that replaces it (``rlkit.rollout.ort_step``), where
     the plan takes the lean step. Returns the path taken: ``"plain"`` (the model's own cache), ``"slab"`` (the
     fast loop through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean
-    step) or ``"graph"`` (by ``graph_step``)."""
+    step), ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by ``graph_step``)."""
     layers = slab_layers(module) if run.plan.slab_cache else None
     if layers is None:
         _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
         return "plain"
-    lean = lean_step_for(module) if run.plan.lean_step else None
+    lean = lean_step_for(module, scripted=run.plan.scripted_layers) if run.plan.lean_step else None
     if lean is not None and graph_step is not None:
         lean = graph_step
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers, lean)
-    return "slab" if lean is None else "graph" if lean is graph_step else "lean"
+    if lean is None:
+        return "slab"
+    return "graph" if lean is graph_step else "scripted" if lean.scripted is not None else "lean"
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

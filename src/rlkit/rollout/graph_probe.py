@@ -9,13 +9,14 @@ what each path really runs, on one decoder layer of the run's own architecture (
 and a 256-word vocabulary, random weights), at ``GRAPH_PROBE_ROWS`` rows over a ``GRAPH_PROBE_CONTEXT``-token
 prefill, one thread, the best of ``GRAPH_PROBE_ROUNDS`` rounds:
 
-- ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear``;
+- ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear``, its layers under
+  TorchScript as the decode runs them (``rlkit.rollout.scripted_step``);
 - ``fp16_s``: the same step over fbgemm fp16 weights (``rlkit.rollout.fp16_weights``; inf where this torch
   has no fbgemm), ``fp16_pack_s`` repacking them once (one weight hand-over);
 - ``graph_s``: the one-graph step (``OrtDecodeStep``), ``graph_pack_s`` rebuilding its session once;
-- ``bf16_s``: the lean step over oneDNN-packed bf16 weights (``rlkit.rollout.bf16_weights``), ``bf16_pack_s``
-  repacking them once; only on a CPU with native bf16 (``CpuInfo.native_bf16``: avx512_bf16, AMX) where torch
-  has oneDNN, inf elsewhere (emulated bf16 is many times slower than fp32: nothing to weigh).
+- ``bf16_s``: the lean step over oneDNN-packed bf16 weights (``rlkit.rollout.bf16_weights``; scripted too),
+  ``bf16_pack_s`` repacking them once; only on a CPU with native bf16 (``CpuInfo.native_bf16``: avx512_bf16,
+  AMX) where torch has oneDNN, inf elsewhere (emulated bf16 is many times slower than fp32: nothing to weigh).
 
 Each path costs ``margin × pack + tokens × step`` for a decode of ``tokens`` (no pack for ``F.linear``;
 ``margin``: ``rlkit.hardware.mlas.MLAS_PAYBACK_MARGIN``, the per-linear probes' margin); the cheapest wins
@@ -138,7 +139,7 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
             packed.refresh(model)
     names = ("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s", "bf16_s", "bf16_pack_s")
     best = dict.fromkeys(names, math.inf)
-    lean = LeanStep(model)
+    lean = LeanStep(model, scripted=True)  # as the decode runs it (DecodePlan.scripted_layers)
     for _ in range(rounds):
         start = time.perf_counter()
         graph.refresh(model)
@@ -148,7 +149,7 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
         for kind, packed in copies.items():
             if packed is not None:
                 start = time.perf_counter()
-                step = LeanStep(packed.refresh(model, trainable_moved=True))
+                step = LeanStep(packed.refresh(model, trainable_moved=True), scripted=True)
                 best[f"{kind}_pack_s"] = min(best[f"{kind}_pack_s"], time.perf_counter() - start)
                 best[f"{kind}_s"] = min(best[f"{kind}_s"], _time_steps(step, cache, ids, mask, _STEPS))
     return best
@@ -217,7 +218,9 @@ def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None =
         "num_key_value_heads",
         "head_dim",
     )
-    kind = "graph-decode-" + "-".join(str(config.get(k)) for k in keys)
+    # "scripted": measured since the lean step's layers run under TorchScript (an older entry timed its Python
+    # loop)
+    kind = "graph-decode-scripted-" + "-".join(str(config.get(k)) for k in keys)
 
     def measured() -> dict[str, Any]:
         result = (probe or probe_graph_step)(config)

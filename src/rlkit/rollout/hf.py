@@ -327,7 +327,10 @@ class HFRollout:
     def _decode_metrics(self, path: str, module: nn.Module, graph: OrtDecodeStep | None) -> dict[str, float]:
         """What one ``decode`` ran (``path``: its loop; ``module``: the model it decoded with; ``graph``: the
         one-graph step it was offered) and what it repacked, as rollout metrics."""
-        metrics = {"rollout/lean_step": float(path in ("lean", "graph"))}
+        metrics = {
+            "rollout/lean_step": float(path in ("lean", "scripted", "graph")),
+            "rollout/scripted_layers": float(path == "scripted"),  # the lean step's layers under TorchScript
+        }
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")
             metrics["rollout/mlas_repacked_linears"] = float(graph.repacked)

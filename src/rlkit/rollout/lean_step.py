@@ -40,15 +40,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkit.rollout.packed_copy import FusedMember, FusedOutputs
+from rlkit.rollout.scripted_step import ScriptedLayers
 from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing
 
-__all__ = ["LeanStep", "lean_step_for"]
+__all__ = ["LeanStep", "RMSNormCall", "lean_step_for"]
 
 _ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
 
-def lean_step_for(module: nn.Module) -> LeanStep | None:
-    """The lean step for ``module``, or None where the model's own forward must run (module docstring)."""
+def lean_step_for(module: nn.Module, *, scripted: bool = False) -> LeanStep | None:
+    """The lean step for ``module``, or None where the model's own forward must run (module docstring);
+    ``scripted``: its layers run as one TorchScript function where they can
+    (``rlkit.rollout.scripted_step``)."""
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
@@ -63,19 +66,20 @@ def lean_step_for(module: nn.Module) -> LeanStep | None:
         return None
     if any(isinstance(m, FSDPModule) for m in module.modules()):
         return None
-    return LeanStep(module)
+    return LeanStep(module, scripted=scripted)
 
 
 class LeanStep:
     """``step(cache, ids, positions, mask)``: the next-token logits of one decode step (module docstring)."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, *, scripted: bool = False):
         config = module.config
         self.model, self.head = module.model, module.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = [_LeanLayer(layer, self.heads, self.kv_heads, self.dim) for layer in self.model.layers]
         self.final_norm = _rms_norm(self.model.norm)
+        self.scripted = ScriptedLayers.of(self) if scripted else None  # None: the loop below, in Python
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
@@ -87,7 +91,7 @@ class LeanStep:
         half = self.dim // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's signs folded in
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
-        shared = getattr(cache, "shared_prompt", None)
+        shared, prompt_bias, response_bias = getattr(cache, "shared_prompt", None), None, None
         if not (
             x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
         ):
@@ -96,6 +100,9 @@ class LeanStep:
             bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask.bool(), float("-inf"))
             prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
+        if self.scripted is not None:
+            x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias)
+            return self.head(self.final_norm(x))
         for i, (layer, slab) in enumerate(zip(self.layers, cache.layers, strict=True)):
             qk, v = layer.project(layer.input_norm(x))  # [A, H + Hkv, D], [A, Hkv, D]
             # rotary on q and k at once: x·cos + rotate_half(x)·sin, rotate_half(x) = roll(x)·(−1 | +1)
@@ -122,19 +129,27 @@ class LeanStep:
         return self.head(self.final_norm(x))  # [A, V]
 
 
-def _rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+class RMSNormCall:
     """``norm`` (the accepted models' RMSNorm: ``weight · x / sqrt(mean(x²) + eps)`` over the last dim) as one
     ``F.rms_norm`` call, where HF's module runs eight ops; the module itself for an input of another dtype
-    than its weight (a bf16 module whose linears hand back fp32) or a norm that is not that one."""
+    than its weight (a bf16 module whose linears hand back fp32)."""
+
+    def __init__(self, norm: nn.Module):
+        self.norm, self.weight, self.eps = norm, norm.weight, norm.variance_epsilon
+        self.shape = tuple(norm.weight.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (
+            F.rms_norm(x, self.shape, self.weight, self.eps) if x.dtype == self.weight.dtype else self.norm(x)
+        )
+
+
+def _rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``norm`` as an :class:`RMSNormCall` where it is that RMSNorm, else the module itself."""
     eps, weight = getattr(norm, "variance_epsilon", None), getattr(norm, "weight", None)
     if not type(norm).__name__.endswith("RMSNorm") or eps is None or weight is None or weight.dim() != 1:
         return norm
-    shape = tuple(weight.shape)
-
-    def rms_norm(x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, shape, weight, eps) if x.dtype == weight.dtype else norm(x)
-
-    return rms_norm
+    return RMSNormCall(norm)
 
 
 def _fused_group(members: list[nn.Module]) -> FusedOutputs | None:

@@ -32,7 +32,16 @@ class Recorder:
 
 
 def generate(
-    tok, model, *, fast: bool, share: bool = True, lean: bool = False, eos=None, cls=HFRollout, **kw
+    tok,
+    model,
+    *,
+    fast: bool,
+    share: bool = True,
+    lean: bool = False,
+    scripted: bool = True,
+    eos=None,
+    cls=HFRollout,
+    **kw,
 ) -> tuple[Batch, list[int]]:
     cfg = {k: kw.pop(k) for k in ("n", "temperature", "top_k", "top_p", "stop") if k in kw}
     ro = cls(
@@ -42,7 +51,9 @@ def generate(
         max_response_length=T,
         seed=5,
         eos_token_ids=eos,
-        decode_plan=DecodePlan(slab_cache=fast, share_prefill=share, lean_step=lean),
+        decode_plan=DecodePlan(
+            slab_cache=fast, share_prefill=share, lean_step=lean, scripted_layers=scripted
+        ),
     )
     rec = Recorder(model)
     try:

@@ -176,7 +176,8 @@ def test_the_lean_step_decodes_through_a_lora_adapter(tok_and_model):
 def test_a_groups_prompt_is_attended_once_for_its_rows(tok_and_model, monkeypatch):
     """3 prompts × 4 rows in group order: the lean step attends through the group's own prompt K/V
     (rlkit.rollout.shared_prompt) at every step before rows are dropped, and decodes what it decodes with SDPA
-    over every row's copy (same tokens, log-probs to float rounding)."""
+    over every row's copy (same tokens, log-probs to float rounding). Its Python loop, where the calls can be
+    counted; the scripted one is compared with it in test_scripted_step.py."""
     from rlkit.rollout import lean_step
 
     tok, model = tok_and_model
@@ -187,10 +188,10 @@ def test_a_groups_prompt_is_attended_once_for_its_rows(tok_and_model, monkeypatc
     )
     kw = {"n": 4, **CASES["sampled"]}
     eos = ending_tokens(tok, model, **kw)
-    shared, _ = generate(tok, model, fast=True, lean=True, eos=eos, **kw)
+    shared, _ = generate(tok, model, fast=True, lean=True, scripted=False, eos=eos, **kw)
     used = len(calls)
     monkeypatch.setattr(lean_step, "worth_sharing", lambda *a: False)
-    apart, _ = generate(tok, model, fast=True, lean=True, eos=eos, **kw)
+    apart, _ = generate(tok, model, fast=True, lean=True, scripted=False, eos=eos, **kw)
     layers = model.config.num_hidden_layers
     assert used >= layers and used % layers == 0 and len(calls) == used  # used, then not
     assert set(calls) == {12}  # only while every group's rows are all in the batch

@@ -1,0 +1,317 @@
+"""The lean decode step's layers as one TorchScript function (``DecodePlan.scripted_layers``, default on).
+
+A lean step (``rlkit.rollout.lean_step``) of SmolLM2 runs ~1,240 small operators, and on a CPU at 8-16 rows
+each one costs Python as well as its kernel: the interpreter's bytecode between the calls, the module and
+wrapper calls around them. :func:`layer_loop` is the same loop — each layer's RMSNorm, q/k/v projection,
+rotary, K/V written into the slab, attention (SDPA, or the group's shared prompt read once:
+``rlkit.rollout.shared_prompt``), output projection, residual, RMSNorm, gate/up, SiLU, down and residual —
+compiled once per process by ``torch.jit.script`` and run by TorchScript's interpreter, so a step calls into
+Python once for the whole stack instead of for every operator (a CUDA-graph-like replay on the CPU, without
+capturing shapes: the cache length grows every step). The operators and their order are the lean step's, so
+the tokens and log-probs are the same bit for bit (``tests/unit/rollout/test_scripted_step.py``).
+
+Measured on SmolLM2-135M with the bf16 decode copy on an Intel Xeon with AMX, one thread (docs/benchmarks.md,
+"the lean step's layers under TorchScript"): the step 0.85× the Python loop's at 8 rows × 32 tokens.
+
+Accepted (:meth:`ScriptedLayers.of`): a :class:`~rlkit.rollout.lean_step.LeanStep` on the CPU whose every
+layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``) or all the bf16 decode copy's
+oneDNN-packed ones (``rlkit.rollout.bf16_weights``; q/k/v and gate/up fused or not), whose norms are RMSNorms
+with one epsilon run as ``F.rms_norm`` and whose activation is SiLU. Anything else — fp16 or MLAS weights, a
+LoRA adapter's layers, another activation, a GPU — runs the lean step's Python loop.
+
+Shapes: ``A`` rows, ``L`` filled cache positions after the step, ``H``/``Hkv`` query/KV heads, ``D`` head
+size, ``P`` the shared prompt's width.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import TYPE_CHECKING, List, Optional, Union  # noqa: UP035  (TorchScript reads these)
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlkit.errors import RlkitError
+
+if TYPE_CHECKING:
+    from rlkit.rollout.lean_step import LeanStep
+
+__all__ = ["ScriptedLayers", "layer_loop"]
+
+
+def _linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],  # noqa: UP045
+    packed: bool,
+) -> torch.Tensor:  # noqa: UP045
+    """``x @ W.T + b``: ``F.linear`` (plain weights) or the bf16 decode copy's oneDNN-packed GEMM with fp32
+    activations in and out (``rlkit.rollout.bf16_weights._packed_linear``, the same ops)."""
+    if not packed:
+        return F.linear(x, weight, bias)
+    scalars: List[Optional[Union[int, float, complex]]] = []  # noqa: UP006, UP007, UP045
+    y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight, None, "none", scalars, "").float()
+    return y if bias is None else y + bias
+
+
+def _project(
+    x: torch.Tensor,
+    weights: List[torch.Tensor],  # noqa: UP006
+    biases: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    packed: bool,
+) -> torch.Tensor:
+    """Sibling projections of ``x``, their outputs side by side on the last dim (one fused GEMM, or each)."""
+    if len(weights) == 1:
+        return _linear(x, weights[0], biases[0], packed)
+    return torch.cat([_linear(x, weights[i], biases[i], packed) for i in range(len(weights))], dim=-1)
+
+
+def _shared_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    prompt_keys: torch.Tensor,
+    prompt_values: torch.Tensor,
+    prompt_bias: torch.Tensor,
+    response_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``rlkit.rollout.shared_prompt.shared_prompt_attention`` 's ops, in TorchScript: ``[A, H, 1, D]``."""
+    a, heads, d = q.shape[0], q.shape[1], q.shape[3]
+    g, kv_heads, p = prompt_keys.shape[0], prompt_keys.shape[1], prompt_keys.shape[2]
+    n, per = a // g, heads // kv_heads
+    by_row = q.reshape(a, kv_heads, per, d)
+    by_group = by_row.view(g, n, kv_heads, per, d).transpose(1, 2).reshape(g, kv_heads, n * per, d)
+    prompt_scores = torch.matmul(by_group, prompt_keys.transpose(-1, -2)).mul_(scale).add_(prompt_bias)
+    prompt_scores = prompt_scores.view(g, kv_heads, n, per, p).transpose(1, 2).reshape(a, kv_heads, per, p)
+    own_scores = torch.matmul(by_row, keys[:, :, p:].transpose(-1, -2)).mul_(scale).add_(response_bias)
+    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
+    prompt_probs = (
+        probs[..., :p].reshape(g, n, kv_heads, per, p).transpose(1, 2).reshape(g, kv_heads, n * per, p)
+    )
+    out = torch.matmul(prompt_probs, prompt_values)
+    out = out.view(g, kv_heads, n, per, d).transpose(1, 2).reshape(a, kv_heads, per, d)
+    return torch.matmul(probs[..., p:], values[:, :, p:]).add_(out).view(a, heads, 1, d)
+
+
+def layer_loop(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: torch.Tensor,
+    norms: List[torch.Tensor],  # noqa: UP006
+    qkv: List[List[torch.Tensor]],  # noqa: UP006
+    qkv_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    head_norms: List[torch.Tensor],  # noqa: UP006
+    out_proj: List[torch.Tensor],  # noqa: UP006
+    out_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    gate_up: List[List[torch.Tensor]],  # noqa: UP006
+    gate_up_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    down: List[torch.Tensor],  # noqa: UP006
+    down_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    key_slabs: List[torch.Tensor],  # noqa: UP006
+    value_slabs: List[torch.Tensor],  # noqa: UP006
+    prompt_keys: List[torch.Tensor],  # noqa: UP006
+    prompt_values: List[torch.Tensor],  # noqa: UP006
+    prompt_bias: Optional[torch.Tensor],  # noqa: UP045
+    response_bias: Optional[torch.Tensor],  # noqa: UP045
+    start: int,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    intermediate: int,
+    scale: float,
+    packed: bool,
+) -> torch.Tensor:
+    """Every decoder layer of one lean step (``LeanStep.__call__``'s loop, the same ops in the same order):
+    ``x [A, hidden]`` the token's embedding, ``cos``/``sin [A, 1, D]`` its rotary tables (``sin`` with
+    ``rotate_half``'s signs folded in), ``attend [A, 1, 1, L]`` the padding mask; per layer ``i``:
+    ``norms[2i]``/``norms[2i+1]`` the input/post-attention RMSNorm weights, ``qkv[i]`` the q/k/v weights
+    (one fused matrix or three), ``head_norms[2i]``/``[2i+1]`` Qwen3's q/k norms (empty: none), ``out_proj``,
+    ``gate_up`` (fused or two) and ``down``, each with its bias (None: none), and ``key_slabs``/``value_slabs
+    [A, Hkv, capacity, D]`` written at position ``start`` (``L = start + 1``). With ``prompt_keys`` (a
+    group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once per group, under
+    ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. Returns ``[A, hidden]``."""
+    a, hidden, half = x.shape[0], x.shape[1], dim // 2
+    for i in range(len(qkv)):
+        h = F.rms_norm(x, [hidden], norms[2 * i], eps)
+        y = _project(h, qkv[i], qkv_bias[i], packed).reshape(a, heads + 2 * kv_heads, dim)
+        qk, v = y[:, : heads + kv_heads], y[:, heads + kv_heads :]
+        if len(head_norms) > 0:
+            qk = torch.cat(
+                [
+                    F.rms_norm(qk[:, :heads], [dim], head_norms[2 * i], eps),
+                    F.rms_norm(qk[:, heads:], [dim], head_norms[2 * i + 1], eps),
+                ],
+                dim=1,
+            )
+        qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+        q = qk[:, :heads, None]
+        key_slab, value_slab = key_slabs[i], value_slabs[i]
+        key_slab[:, :, start : start + 1].copy_(qk[:, heads:, None])
+        value_slab[:, :, start : start + 1].copy_(v[:, :, None])
+        keys, values = key_slab[:, :, : start + 1], value_slab[:, :, : start + 1]
+        if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
+            o = _shared_attention(
+                q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+            )
+        else:
+            o = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True
+            )
+        x = x + _linear(o.reshape(a, heads * dim), out_proj[i], out_bias[i], packed)
+        gu = _project(F.rms_norm(x, [hidden], norms[2 * i + 1], eps), gate_up[i], gate_up_bias[i], packed)
+        gate, up = gu[..., :intermediate], gu[..., intermediate:]
+        x = x + _linear(F.silu(gate) * up, down[i], down_bias[i], packed)
+    return x
+
+
+@functools.cache
+def scripted_layer_loop() -> torch.jit.ScriptFunction | None:
+    """:func:`layer_loop` compiled by TorchScript, once per process; None (with a warning) where it cannot be:
+    TorchScript reads the function's source, which an install without ``.py`` files lacks."""
+    try:
+        return torch.jit.script(layer_loop)
+    except Exception as err:  # noqa: BLE001  (any failure: the Python loop runs instead)
+        warnings.warn(
+            "rlkit: the lean decode step's layers could not be compiled by TorchScript "
+            f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}); they run in Python "
+            "(slower, same tokens).",
+            stacklevel=2,
+        )
+        return None
+
+
+class ScriptedLayers:
+    """A lean step's layers as :func:`layer_loop`'s arguments, gathered once per ``generate``; calling it runs
+    every layer of one step and keeps each slab's ``length`` and views as ``SlabLayer.update`` does."""
+
+    def __init__(self, lean: LeanStep, parts: dict, packed: bool, eps: float, intermediate: int):
+        self.lean, self.parts, self.packed, self.eps, self.intermediate = (
+            lean,
+            parts,
+            packed,
+            eps,
+            intermediate,
+        )
+        self.loop = scripted_layer_loop()
+
+    @classmethod
+    def of(cls, lean: LeanStep) -> ScriptedLayers | None:
+        """The scripted loop for ``lean``, or None where the Python loop must run (module docstring)."""
+        gathered = [_layer_parts(layer) for layer in lean.layers]
+        if scripted_layer_loop() is None or not gathered or any(parts is None for parts in gathered):
+            return None
+        kinds = {parts["packed"] for parts in gathered}
+        eps = {e for parts in gathered for e in parts["eps"]}
+        widths = {parts["intermediate"] for parts in gathered}
+        if len(kinds) != 1 or len(eps) != 1 or len(widths) != 1:
+            return None
+        if any(p.device.type != "cpu" for parts in gathered for p in parts["norms"]):
+            return None
+        names = ("norms", "qkv", "qkv_bias", "head_norms", "out_proj", "out_bias", "gate_up", "gate_up_bias")
+        merged = {name: [] for name in (*names, "down", "down_bias")}
+        for parts in gathered:
+            for name in merged:
+                item = parts[name]
+                merged[name].extend(item) if name in ("norms", "head_norms") else merged[name].append(item)
+        return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop())
+
+    def __call__(self, x, cos, sin, attend, cache, shared, prompt_bias, response_bias) -> torch.Tensor:
+        """Every layer of one step for ``x [A, hidden]`` (``LeanStep.__call__``'s arguments): the new K/V
+        written into each slab (its ``length`` advanced) and the last layer's output returned."""
+        slabs = cache.layers
+        start = slabs[0].length
+        end = start + 1
+        if end > slabs[0].capacity:
+            raise RlkitError(
+                f"rollout decode: the KV cache holds {slabs[0].capacity} positions, a step needs {end}; "
+                "this is a bug in rlkit.rollout.decode (the cache is sized prompt + max_new_tokens)."
+            )
+        lean = self.lean
+        out = self.loop(
+            x,
+            cos,
+            sin,
+            attend,
+            **self.parts,
+            key_slabs=[slab.key_slab for slab in slabs],
+            value_slabs=[slab.value_slab for slab in slabs],
+            prompt_keys=shared.keys if shared is not None else [],
+            prompt_values=shared.values if shared is not None else [],
+            prompt_bias=prompt_bias,
+            response_bias=response_bias,
+            start=start,
+            eps=self.eps,
+            heads=lean.heads,
+            kv_heads=lean.kv_heads,
+            dim=lean.dim,
+            intermediate=self.intermediate,
+            scale=float(lean.layers[0].scale),
+            packed=self.packed,
+        )
+        for slab in slabs:
+            slab.length = end
+            slab.keys, slab.values = slab.key_slab[:, :, :end], slab.value_slab[:, :, :end]
+        return out
+
+
+def _weights(linears: list[nn.Module], fused) -> tuple[list, list, bool] | None:
+    """``(weights, biases, packed)`` of sibling projections ``linears`` (``fused``: the packed group that
+    holds them as one matrix, or None), or None where one is neither plain nor oneDNN-packed bf16."""
+    from rlkit.rollout.bf16_weights import Bf16FusedLinear, Bf16Linear
+
+    if fused is not None:
+        if type(fused) is not Bf16FusedLinear:
+            return None
+        return [fused.packed], [fused.bias], True
+    if all(type(m) is nn.Linear for m in linears):
+        return [m.weight for m in linears], [m.bias for m in linears], False
+    if all(type(m) is Bf16Linear for m in linears):
+        return [m.packed for m in linears], [m.bias for m in linears], True
+    return None
+
+
+def _norm_weight(norm) -> tuple[torch.Tensor, float] | None:
+    """The weight and epsilon of a lean layer's norm where it runs as one fp32 ``F.rms_norm``
+    (``rlkit.rollout.lean_step.RMSNormCall``), else None."""
+    from rlkit.rollout.lean_step import RMSNormCall
+
+    if not isinstance(norm, RMSNormCall) or norm.weight.dtype != torch.float32:
+        return None
+    return norm.weight, float(norm.eps)
+
+
+def _layer_parts(layer) -> dict | None:
+    """One ``_LeanLayer``'s weights as :func:`layer_loop` takes them, or None where it cannot run there."""
+    norms = [_norm_weight(layer.input_norm), _norm_weight(layer.post_norm)]
+    head_norms = [_norm_weight(n) for n in layer.qk_norms] if layer.qk_norms is not None else []
+    if any(n is None for n in (*norms, *head_norms)):
+        return None
+    if type(layer.act) is not nn.SiLU and type(layer.act).__name__ != "SiLUActivation":
+        return None
+    qkv = _weights([layer.q_proj, layer.k_proj, layer.v_proj], layer.qkv)
+    gate_up = _weights([layer.gate_proj, layer.up_proj], layer.gate_up)
+    out_proj, down = _weights([layer.o_proj], None), _weights([layer.down_proj], None)
+    parts = (qkv, gate_up, out_proj, down)
+    if any(p is None for p in parts) or len({p[2] for p in parts}) != 1:
+        return None
+    intermediate = layer.gate_proj.out_features
+    return {
+        "packed": qkv[2],
+        "eps": [n[1] for n in (*norms, *head_norms)],
+        "intermediate": intermediate,
+        "norms": [n[0] for n in norms],
+        "head_norms": [n[0] for n in head_norms],
+        "qkv": qkv[0],
+        "qkv_bias": qkv[1],
+        "out_proj": out_proj[0][0],
+        "out_bias": out_proj[1][0],
+        "gate_up": gate_up[0],
+        "gate_up_bias": gate_up[1],
+        "down": down[0][0],
+        "down_bias": down[1][0],
+    }
