@@ -113,7 +113,7 @@ def compile_layers(lean, compile_fn=None) -> None:
 def _pre_attention(layer):
     def pre(x, cos, sin, half: int, heads: int):
         qk, v = layer.project(layer.input_norm(x))
-        qk = qk * cos + qk.roll(half, dims=-1) * sin
+        qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # as the lean step (one rounding)
         return qk[:, :heads, None], qk[:, heads:, None], v[:, :, None]
 
     return pre

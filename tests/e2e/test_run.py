@@ -147,6 +147,9 @@ def test_sync_run_matches_the_sync_reference(fp32_run):
     )
     check_sync_reference_within_tolerance(rows, checkpoint, reference)
     check_sync_reference_exactly(rows, checkpoint, reference)
+    # the fp32 decode ran the lean step's layers under TorchScript (rlkit.rollout.scripted_step), which
+    # decodes the recording's tokens bit for bit
+    assert all(r["rollout/scripted_layers"] == 1.0 for r in rows if "rollout/lean_step" in r)
 
 
 def test_sync_reference_checks_can_fail_and_skip_visibly(monkeypatch, tmp_path):

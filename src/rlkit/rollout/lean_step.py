@@ -185,6 +185,15 @@ class _LeanLayer:
         )
         self.gate_up = _fused_group([mlp.gate_proj, mlp.up_proj])
 
+    def norm_weights(self) -> list[tuple[torch.Tensor, float]] | None:
+        """``(weight, eps)`` of the input and post-attention norms, then Qwen3's q and k norms, where each
+        runs as one fp32 ``F.rms_norm`` (:class:`RMSNormCall`); None where one does not
+        (``rlkit.rollout.scripted_step`` reads them)."""
+        norms = [self.input_norm, self.post_norm, *(self.qk_norms or ())]
+        if not all(isinstance(n, RMSNormCall) and n.weight.dtype == torch.float32 for n in norms):
+            return None
+        return [(n.weight, float(n.eps)) for n in norms]
+
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``h [A, hidden]`` → the queries and keys as one ``[A, H + Hkv, D]`` (before the rotation) and the
         values ``[A, Hkv, D]``."""

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, List, Optional, Union  # noqa: UP035  (TorchScript reads these)
+from typing import List, Optional, Union  # noqa: UP035  (TorchScript reads these)
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rlkit.errors import RlkitError
-
-if TYPE_CHECKING:
-    from rlkit.rollout.lean_step import LeanStep
 
 __all__ = ["ScriptedLayers", "layer_loop"]
 
@@ -189,19 +186,15 @@ class ScriptedLayers:
     """A lean step's layers as :func:`layer_loop`'s arguments, gathered once per ``generate``; calling it runs
     every layer of one step and keeps each slab's ``length`` and views as ``SlabLayer.update`` does."""
 
-    def __init__(self, lean: LeanStep, parts: dict, packed: bool, eps: float, intermediate: int):
-        self.lean, self.parts, self.packed, self.eps, self.intermediate = (
-            lean,
-            parts,
-            packed,
-            eps,
-            intermediate,
-        )
+    def __init__(self, lean, parts: dict, packed: bool, eps: float, intermediate: int):
+        self.lean, self.parts, self.packed = lean, parts, packed
+        self.eps, self.intermediate = eps, intermediate
         self.loop = scripted_layer_loop()
 
     @classmethod
-    def of(cls, lean: LeanStep) -> ScriptedLayers | None:
-        """The scripted loop for ``lean``, or None where the Python loop must run (module docstring)."""
+    def of(cls, lean) -> ScriptedLayers | None:
+        """The scripted loop for ``lean`` (a ``rlkit.rollout.lean_step.LeanStep``), or None where the Python
+        loop must run (module docstring)."""
         gathered = [_layer_parts(layer) for layer in lean.layers]
         if scripted_layer_loop() is None or not gathered or any(parts is None for parts in gathered):
             return None
@@ -275,22 +268,13 @@ def _weights(linears: list[nn.Module], fused) -> tuple[list, list, bool] | None:
     return None
 
 
-def _norm_weight(norm) -> tuple[torch.Tensor, float] | None:
-    """The weight and epsilon of a lean layer's norm where it runs as one fp32 ``F.rms_norm``
-    (``rlkit.rollout.lean_step.RMSNormCall``), else None."""
-    from rlkit.rollout.lean_step import RMSNormCall
-
-    if not isinstance(norm, RMSNormCall) or norm.weight.dtype != torch.float32:
-        return None
-    return norm.weight, float(norm.eps)
-
-
 def _layer_parts(layer) -> dict | None:
-    """One ``_LeanLayer``'s weights as :func:`layer_loop` takes them, or None where it cannot run there."""
-    norms = [_norm_weight(layer.input_norm), _norm_weight(layer.post_norm)]
-    head_norms = [_norm_weight(n) for n in layer.qk_norms] if layer.qk_norms is not None else []
-    if any(n is None for n in (*norms, *head_norms)):
+    """One lean layer's (``rlkit.rollout.lean_step._LeanLayer``) weights as :func:`layer_loop` takes them, or
+    None where it cannot run there."""
+    weighed = layer.norm_weights()
+    if weighed is None:
         return None
+    norms, head_norms = weighed[:2], weighed[2:]
     if type(layer.act) is not nn.SiLU and type(layer.act).__name__ != "SiLUActivation":
         return None
     qkv = _weights([layer.q_proj, layer.k_proj, layer.v_proj], layer.qkv)
