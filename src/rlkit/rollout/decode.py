@@ -155,9 +155,7 @@ class DecodePlan:
     share_prefill: bool = True  # one prefill per distinct prompt, its cache copied to the group's rows
     lean_step: bool = True  # fast loop, Llama-family plain module: tokens after the prefill by LeanStep
     share_prompt_attention: bool = True  # lean step: a group's prompt K/V read once per step for its rows
-    scripted_layers: bool = (
-        True  # lean step: its layers as one TorchScript function (rlkit.rollout.scripted_step)
-    )
+    scripted_layers: bool = True  # lean step: its layers as one TorchScript function (rollout.scripted_step)
 
 
 @dataclass

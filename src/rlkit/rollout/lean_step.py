@@ -12,6 +12,9 @@ boolean padding mask sliced from the loop's own — or, where the cache keeps a 
 step skips enough of the K/V that way, attention that reads each prompt once for its rows
 (``rlkit.rollout.shared_prompt``). What it leaves out is what transformers runs around the same ops at every
 token: per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
+Where its layers fit (plain fp32 or oneDNN-packed bf16 linears on the CPU), the layer loop itself runs as one
+TorchScript function with the same ops (``rlkit.rollout.scripted_step``, ``scripted=True``; the decode's
+``DecodePlan.scripted_layers``), so Python is called once per step instead of once per operator.
 
 Measured on SmolLM2-135M, one AVX2 core (docs/benchmarks.md, "A lean decode forward"): a whole ``generate``
 0.87× as long with fp16 weights at 8 rows × 64 tokens and 0.95× in fp32 at 16 × 32 (``benchmarks/ab.py

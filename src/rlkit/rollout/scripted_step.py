@@ -10,8 +10,10 @@ Python once for the whole stack instead of for every operator (a CUDA-graph-like
 capturing shapes: the cache length grows every step). The operators and their order are the lean step's, so
 the tokens and log-probs are the same bit for bit (``tests/unit/rollout/test_scripted_step.py``).
 
-Measured on SmolLM2-135M with the bf16 decode copy on an Intel Xeon with AMX, one thread (docs/benchmarks.md,
-"the lean step's layers under TorchScript"): the step 0.85× the Python loop's at 8 rows × 32 tokens.
+Measured on SmolLM2-135M on an Intel Xeon with AMX, one thread, 2 prompts × 4 samples × 64 tokens
+(``benchmarks/ab.py --change scripted --phase gen``; docs/benchmarks.md, "the lean step's layers under
+TorchScript"): a whole generate 0.84× the Python loop's with the bf16 decode copy, 0.96× in fp32, where the
+GEMMs are most of the step.
 
 Accepted (:meth:`ScriptedLayers.of`): a :class:`~rlkit.rollout.lean_step.LeanStep` on the CPU whose every
 layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``) or all the bf16 decode copy's
