@@ -12,7 +12,8 @@ GEMMs run at the roofline and the rest of the step — about 23 of 48 ms at 16 r
 ``rows × tokens`` (8 distinct prompts, eos ignored, temperature 1), one thread. Variants, each patched in
 here only (nothing in rlkit changes):
 
-- **eager**: ``rlkit.rollout.lean_step.LeanStep`` as rlkit runs it;
+- **eager**: ``rlkit.rollout.lean_step.LeanStep`` 's Python loop, as rlkit ran it in session 26 (its layers
+  now run under TorchScript by default: ``rlkit.rollout.scripted_step``);
 - **layers**: each layer's two cache-free halves compiled (inductor, ``dynamic=True``): the input norm, q/k/v
   projection and rotary; the output projection, residual, norm, MLP and residual. The cache write and the
   attention stay eager between them;
@@ -221,7 +222,7 @@ def measure_shape(report, model, tok, prompts, rows: int, tokens: int, args) -> 
         return steps[name]
 
     def generate(name: str):
-        decode_module.lean_step_for = lambda module: patched(module, name)
+        decode_module.lean_step_for = lambda module, scripted=False: patched(module, name)  # the Python loop
         ro.generator.manual_seed(1)
         start = time.perf_counter()
         out = ro.generate(prompts)

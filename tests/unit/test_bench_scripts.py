@@ -204,7 +204,7 @@ def test_the_compile_spikes_layer_halves_compute_the_lean_step(benchmark_module,
         params=HFRolloutParams(dtype="float32"),
     )
 
-    def layered(module):
+    def layered(module, scripted=False):  # the spike's halves stand in for the Python loop
         lean = lean_step_for(module)
         spike.compile_layers(lean, compile_fn=lambda fn: fn)
         return lambda *args: spike.layered_call(lean, *args)

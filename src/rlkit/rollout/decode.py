@@ -268,7 +268,9 @@ def decode(
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers, lean)
     if lean is None:
         return "slab"
-    return "graph" if lean is graph_step else "scripted" if lean.scripted is not None else "lean"
+    if lean is graph_step:
+        return "graph"
+    return "scripted" if getattr(lean, "scripted", None) is not None else "lean"
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

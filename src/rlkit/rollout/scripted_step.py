@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkit.errors import RlkitError
+from rlkit.rollout.shared_prompt import shared_prompt_attention  # compiled into the script with it
 
 __all__ = ["ScriptedLayers", "layer_loop"]
 
@@ -65,34 +66,6 @@ def _project(
     if len(weights) == 1:
         return _linear(x, weights[0], biases[0], packed)
     return torch.cat([_linear(x, weights[i], biases[i], packed) for i in range(len(weights))], dim=-1)
-
-
-def _shared_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    prompt_keys: torch.Tensor,
-    prompt_values: torch.Tensor,
-    prompt_bias: torch.Tensor,
-    response_bias: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """``rlkit.rollout.shared_prompt.shared_prompt_attention`` 's ops, in TorchScript: ``[A, H, 1, D]``."""
-    a, heads, d = q.shape[0], q.shape[1], q.shape[3]
-    g, kv_heads, p = prompt_keys.shape[0], prompt_keys.shape[1], prompt_keys.shape[2]
-    n, per = a // g, heads // kv_heads
-    by_row = q.reshape(a, kv_heads, per, d)
-    by_group = by_row.view(g, n, kv_heads, per, d).transpose(1, 2).reshape(g, kv_heads, n * per, d)
-    prompt_scores = torch.matmul(by_group, prompt_keys.transpose(-1, -2)).mul_(scale).add_(prompt_bias)
-    prompt_scores = prompt_scores.view(g, kv_heads, n, per, p).transpose(1, 2).reshape(a, kv_heads, per, p)
-    own_scores = torch.matmul(by_row, keys[:, :, p:].transpose(-1, -2)).mul_(scale).add_(response_bias)
-    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-    prompt_probs = (
-        probs[..., :p].reshape(g, n, kv_heads, per, p).transpose(1, 2).reshape(g, kv_heads, n * per, p)
-    )
-    out = torch.matmul(prompt_probs, prompt_values)
-    out = out.view(g, kv_heads, n, per, d).transpose(1, 2).reshape(a, kv_heads, per, d)
-    return torch.matmul(probs[..., p:], values[:, :, p:]).add_(out).view(a, heads, 1, d)
 
 
 def layer_loop(
@@ -154,7 +127,7 @@ def layer_loop(
         value_slab[:, :, start : start + 1].copy_(v[:, :, None])
         keys, values = key_slab[:, :, : start + 1], value_slab[:, :, : start + 1]
         if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
-            o = _shared_attention(
+            o = shared_prompt_attention(
                 q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
             )
         else:
