@@ -46,7 +46,7 @@ def _linear(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],  # noqa: UP045
     packed: bool,
-) -> torch.Tensor:  # noqa: UP045
+) -> torch.Tensor:
     """``x @ W.T + b``: ``F.linear`` (plain weights) or the bf16 decode copy's oneDNN-packed GEMM with fp32
     activations in and out (``rlkit.rollout.bf16_weights._packed_linear``, the same ops)."""
     if not packed:
