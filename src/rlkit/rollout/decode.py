@@ -80,18 +80,23 @@ class SlabLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
+        self.advance(end)
+        self.key_slab[:, :, start:end].copy_(key_states)
+        self.value_slab[:, :, start:end].copy_(value_states)
+        if start == 0:  # the prefill attends over its own (contiguous) states, as with DynamicCache
+            return key_states, value_states
+        return self.keys, self.values
+
+    def advance(self, end: int) -> None:
+        """Count positions ``0 .. end`` as filled (``keys``/``values`` their views), before they are written
+        (here, or by ``rlkit.rollout.scripted_step``'s loop); an error where they do not fit."""
         if end > self.capacity:
             raise RlkitError(
                 f"rollout decode: the KV cache holds {self.capacity} positions, a step needs {end}; "
                 "this is a bug in rlkit.rollout.decode (the cache is sized prompt + max_new_tokens)."
             )
-        self.key_slab[:, :, start:end].copy_(key_states)
-        self.value_slab[:, :, start:end].copy_(value_states)
         self.length = end
         self.keys, self.values = self.key_slab[:, :, :end], self.value_slab[:, :, :end]
-        if start == 0:  # the prefill attends over its own (contiguous) states, as with DynamicCache
-            return key_states, value_states
-        return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return self.length

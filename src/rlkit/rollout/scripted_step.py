@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlkit.errors import RlkitError
 from rlkit.rollout.shared_prompt import shared_prompt_attention  # compiled into the script with it
 
 __all__ = ["ScriptedLayers", "layer_loop"]
@@ -159,7 +158,7 @@ def scripted_layer_loop() -> torch.jit.ScriptFunction | None:
 
 class ScriptedLayers:
     """A lean step's layers as :func:`layer_loop`'s arguments, gathered once per ``generate``; calling it runs
-    every layer of one step and keeps each slab's ``length`` and views as ``SlabLayer.update`` does."""
+    every layer of one step, each slab advanced as ``SlabLayer.update`` advances it."""
 
     def __init__(self, lean, parts: dict, packed: bool, eps: float, intermediate: int):
         self.lean, self.parts, self.packed = lean, parts, packed
@@ -193,14 +192,10 @@ class ScriptedLayers:
         written into each slab (its ``length`` advanced) and the last layer's output returned."""
         slabs = cache.layers
         start = slabs[0].length
-        end = start + 1
-        if end > slabs[0].capacity:
-            raise RlkitError(
-                f"rollout decode: the KV cache holds {slabs[0].capacity} positions, a step needs {end}; "
-                "this is a bug in rlkit.rollout.decode (the cache is sized prompt + max_new_tokens)."
-            )
+        for slab in slabs:
+            slab.advance(start + 1)  # (SlabLayer.advance) the loop below writes position ``start``
         lean = self.lean
-        out = self.loop(
+        return self.loop(
             x,
             cos,
             sin,
@@ -221,10 +216,6 @@ class ScriptedLayers:
             scale=float(lean.layers[0].scale),
             packed=self.packed,
         )
-        for slab in slabs:
-            slab.length = end
-            slab.keys, slab.values = slab.key_slab[:, :, :end], slab.value_slab[:, :, :end]
-        return out
 
 
 def _weights(linears: list[nn.Module], fused) -> tuple[list, list, bool] | None:

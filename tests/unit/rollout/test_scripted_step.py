@@ -86,7 +86,7 @@ def test_the_scripted_layers_read_a_groups_prompt_once(tok_and_model, monkeypatc
     assert_identical(scripted, loop)
 
 
-def test_weights_the_script_does_not_take_run_the_python_loop(request, tok_and_model):
+def test_weights_the_script_does_not_take_run_the_python_loop(tok_and_model):
     """fbgemm's fp16 linears and a LoRA adapter's layers are modules the script cannot call: the lean step
     keeps its Python loop and says so (``rollout/scripted_layers`` 0)."""
     from rlkit.model.lora import apply_lora
@@ -122,3 +122,25 @@ def test_without_torchscript_the_python_loop_runs_with_a_warning(tok_and_model, 
         scripted_step.scripted_layer_loop.cache_clear()
     assert out.meta["metrics"]["rollout/scripted_layers"] == 0.0
     assert_identical(out, loop)
+
+
+@pytest.mark.parametrize("scripted", [True, False])
+def test_a_step_past_the_slabs_capacity_is_an_error_on_both_loops(tok_and_model, scripted):
+    """Both loops advance the slab through ``SlabLayer.advance``, which refuses a position past its capacity
+    before anything is written."""
+    from rlkit.errors import RlkitError
+    from rlkit.model.kv_cache import cache_argument
+    from rlkit.rollout.decode import SlabCache, slab_layers
+
+    _, model = tok_and_model
+    ids = torch.randint(0, 50, (2, 4))
+    mask = torch.ones(2, 4, dtype=torch.long)
+    cache = SlabCache(slab_layers(model), capacity=4)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, use_cache=True, **cache_argument(model, cache))
+        step = lean_step_for(model, scripted=scripted)
+        assert (step.scripted is not None) == scripted
+        before = cache.layers[0].key_slab.clone()
+        with pytest.raises(RlkitError, match="the KV cache holds 4 positions, a step needs 5"):
+            step(cache, ids[:, -1:], torch.tensor([4, 4]), torch.ones(2, 5, dtype=torch.long))
+    assert torch.equal(cache.layers[0].key_slab, before) and cache.layers[0].length == 4
