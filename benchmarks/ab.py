@@ -34,6 +34,9 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
+  compile  actor: each decoder layer's MLP and RMSNorms under ``torch.compile`` (inductor, dynamic shapes;
+         the parts with no KV cache and no data-dependent branch) vs eager; measured, not built into rlkit
+         (docs/benchmarks.md, "session 28"). The first call compiles (warm-up; a C++ compiler at run time)
   malloc glibc's malloc keeps freed memory for reuse (``keep_freed_memory``: no mmap'd blocks, no heap trim)
          vs its defaults; measured, not built into rlkit (docs/benchmarks.md, "Three more levers on AVX2").
          The setting is process-wide, so A and B run in separate processes: ``--processes`` pairs (A B, then
@@ -98,6 +101,18 @@ def plans(change: str, on: bool):
         share_prompt_attention=not (change == "sharedattn" and off),
         scripted_layers=not (change == "scripted" and off),
     )
+
+
+def compile_mlp_and_norms(module) -> None:
+    """``compile``'s B: every decoder layer's ``mlp``, ``input_layernorm`` and ``post_attention_layernorm``
+    compiled in place (``nn.Module.compile``, dynamic shapes: one graph per module class serves every layer
+    and every token width)."""
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    for layer in module.model.layers:
+        for part in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+            part.compile(dynamic=True)
 
 
 @contextmanager
@@ -239,6 +254,8 @@ def main() -> None:
                 rollout_config=RolloutConfig(ignore_eos=not args.eos, backend=backend),
                 decode_plan=decode_plan,
             )
+            if args.change == "compile" and on:
+                compile_mlp_and_norms(actor.module)
             if args.change == "attn" and on:
                 actor.module.set_attn_implementation("eager")
             built[on] = (actor, rollout)

@@ -246,3 +246,16 @@ def test_update_compile_keeps_a_failed_shape_as_its_error(benchmark_module):
     assert script._run_child([sys.executable, "-c", failing], {}) == {"error": "ValueError: boom"}
     fine = "print('log line'); print('{\"best_s\": 1.5}')"
     assert script._run_child([sys.executable, "-c", fine], {}) == {"best_s": 1.5}
+
+
+def test_decode_attention_variants_compute_the_steps_attention(benchmark_module):
+    """``decode_attention.py`` compares formulations of the lean step's attention: each must compute what the
+    step's ``enable_gqa`` SDPA computes (the grouped query heads map to the KV head the step's would), the
+    bf16 cache within bf16 rounding, and the bound count the K and V bytes of every layer."""
+    script = benchmark_module("decode_attention.py")
+    got = script.measure(rows=3, length=11, reps=1, bandwidth=1e9, layers=2, evict_bytes=4096)
+    assert set(got["ms"]) == set(script.VARIANTS) and all(ms > 0 for ms in got["ms"].values())
+    diff = got["max_abs_diff"]
+    assert diff["sdpa_gqa"] == 0 and diff["sdpa_grouped"] < 1e-5 and diff["matmul"] < 1e-5
+    assert 1e-4 < diff["bf16_kv"] < 5e-2  # rounded to bf16, not another head's values
+    assert got["bound_ms"] == 2 * 3 * script.KV_HEADS * 11 * script.DIM * 4 * 2 / 1e9 * 1e3
