@@ -259,3 +259,31 @@ def test_decode_attention_variants_compute_the_steps_attention(benchmark_module)
     assert diff["sdpa_gqa"] == 0 and diff["sdpa_grouped"] < 1e-5 and diff["matmul"] < 1e-5
     assert 1e-4 < diff["bf16_kv"] < 5e-2  # rounded to bf16, not another head's values
     assert got["bound_ms"] == 2 * 3 * script.KV_HEADS * 11 * script.DIM * 4 * 2 / 1e9 * 1e3
+
+
+def test_ab_compile_compiles_each_layers_mlp_and_norms_and_keeps_the_numbers(
+    benchmark_module, tiny_model_dir
+):
+    """``ab.py --change compile``'s B must run the compiled parts (not silently eager: a renamed submodule
+    would leave nothing compiled) and compute what eager computes, forward and backward."""
+    import torch
+    import torch._dynamo
+    from transformers import AutoModelForCausalLM
+
+    script = benchmark_module("ab.py")
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    compiled = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch._dynamo.reset()
+    script.compile_mlp_and_norms(compiled)
+    ids = torch.randint(0, eager.config.vocab_size, (2, 9))
+    losses = []
+    for model in (eager, compiled):
+        loss = model(input_ids=ids).logits.float().pow(2).mean()
+        loss.backward()
+        losses.append(loss)
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    assert frames >= 2  # the MLP's and the RMSNorm's forward, at least
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
