@@ -18,7 +18,7 @@ core (``decode_profile.py``). This asks whether another formulation reads the sa
 SmolLM2's heads (9 query, 3 KV, 64 wide), 30 layers with distinct caches and a layer's weights' worth of
 bytes (9 MiB) read between two layers' attention, so each layer's cache is as cold as in a real step. The
 bound is the fp32 cache's bytes over the measured read bandwidth (``common.memory_bandwidth``). Variants run
-interleaved, each rep in a new order; medians per step (30 layers). Writes
+interleaved, the order reversed every other rep; medians per step (30 layers). Writes
 ``benchmarks/results/<stamp>-decode-attention.{json,md}``.
 """
 
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_prompt_attention import DIM, HEADS, KV_HEADS, LAYERS  # noqa: E402  (SmolLM2's heads, one place)
 
 SHAPES = [(8, 108), (16, 76), (16, 108), (8, 300), (8, 560)]  # (rows, filled positions L)
-LAYERS, HEADS, KV_HEADS, DIM = 30, 9, 3, 64
 VARIANTS = ("sdpa_gqa", "sdpa_grouped", "matmul", "bf16_kv")
 LAYER_BYTES = 9 * 2**20  # ~ a SmolLM2 layer's bf16 weights, read between two layers' attention
 
