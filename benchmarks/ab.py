@@ -31,6 +31,9 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          (``DecodePlan.share_prompt_attention``, rlkit.rollout.shared_prompt) vs SDPA over every row's copy
   scripted  rollout, lean step: its layers as one TorchScript function (``DecodePlan.scripted_layers``,
          rlkit.rollout.scripted_step) vs its Python loop (``--decode-dtype bfloat16``: both on the bf16 copy)
+  bf16kv  rollout, lean step over the bf16 copy (use ``--decode-dtype bfloat16``): bf16 K/V in the slab cache
+         (rlkit.rollout.bf16_kv) at any cache length vs fp32 K/V (the default takes bf16 from
+         ``BF16_KV_MIN_POSITIONS`` positions)
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -100,6 +103,8 @@ def plans(change: str, on: bool):
         lean_step=not (change == "lean" and off),
         share_prompt_attention=not (change == "sharedattn" and off),
         scripted_layers=not (change == "scripted" and off),
+        # bf16kv: A fp32 K/V, B bf16 K/V at any length (where it pays decides BF16_KV_MIN_POSITIONS)
+        **({"bf16_kv_from": 0 if on else None} if change == "bf16kv" else {}),
     )
 
 

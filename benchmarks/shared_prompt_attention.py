@@ -9,13 +9,12 @@ layer's K/V hot in cache reads ~2x faster). Shapes ``g × n, P, t``: g prompts �
 positions, t response positions so far; ``saved`` is the share of the K/V bytes the shared path does not
 read, (A − g) · P / (A · (P + t)), which ``worth_sharing`` compares with ``MIN_SAVED_FRACTION``.
 
-Two more variants of the shared path, not rlkit's (a lead for a bf16 KV cache; docs/benchmarks.md,
-session 28):
-``two_sdpa`` computes it as two SDPA calls — the group's queries over its prompt, each row's over its own
-positions — merged by the log-sum-exps the CPU flash kernel returns
-(``aten::_scaled_dot_product_flash_attention_for_cpu``), its scores fp32 inside SDPA; ``two_sdpa_bf16`` the
-same over a bf16 copy of the K/V (the queries cast to bf16, the output back to fp32). Prints and writes
-``benchmarks/results/<stamp>-shared-prompt-attention.{json,md}``.
+The bf16 KV cache's paths (``rlkit.rollout.bf16_kv``): ``two_sdpa`` is its shared path
+(``shared_prompt_sdpa``: two SDPA calls — the group's queries over its prompt, each row's over its own
+positions — merged by the log-sum-exps the CPU flash kernel returns), timed over the fp32 K/V and over a
+bf16 copy (``two_sdpa_bf16``: the queries cast to bf16, the output back to fp32); ``sdpa_bf16`` its
+unshared path (``kv_attention``) over the bf16 copy, against which ``two_sdpa_bf16`` decides whether sharing
+pays over a bf16 cache. Prints and writes ``benchmarks/results/<stamp>-shared-prompt-attention.{json,md}``.
 """
 
 from __future__ import annotations
@@ -52,33 +51,9 @@ def per_layer_us(step, reps: int) -> float:
     return (time.perf_counter() - start) / reps / LAYERS * 1e6
 
 
-def two_sdpa(q, keys, values, prompt_keys, prompt_values, prompt_bias, response_bias, scale) -> torch.Tensor:
-    """``shared_prompt_attention``'s output (same arguments) from two SDPA calls merged by their log-sum-exps,
-    computed in the K/V's dtype (the queries and masks cast to it) and returned in fp32 ``[A, H, 1, D]``."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    a, heads, _, d = q.shape
-    g, kv_heads, p, _ = prompt_keys.shape
-    n, per, dtype = a // g, heads // kv_heads, prompt_keys.dtype
-    by_row = q.reshape(a, kv_heads, per, d).to(dtype)  # [A, Hkv, per, D]
-    by_group = by_row.view(g, n, kv_heads, per, d).transpose(1, 2).reshape(g, kv_heads, n * per, d)
-    prompt_out, prompt_lse = flash(
-        by_group, prompt_keys, prompt_values, 0.0, False, attn_mask=prompt_bias.to(dtype), scale=scale
-    )
-    prompt_out = prompt_out.view(g, kv_heads, n, per, d).transpose(1, 2).reshape(a, kv_heads, per, d)
-    prompt_lse = prompt_lse.view(g, kv_heads, n, per).transpose(1, 2).reshape(a, kv_heads, per)
-    own_out, own_lse = flash(
-        by_row, keys[:, :, p:], values[:, :, p:], 0.0, False, attn_mask=response_bias.to(dtype), scale=scale
-    )
-    lse = torch.logaddexp(prompt_lse, own_lse)  # [A, Hkv, per], fp32
-    out = (
-        prompt_out.float() * (prompt_lse - lse).exp()[..., None]
-        + own_out.float() * (own_lse - lse).exp()[..., None]
-    )
-    return out.reshape(a, heads, 1, d)
-
-
 def measure(groups: int, n: int, p: int, t: int, reps: int) -> dict:
     """Per-layer µs of every path at one shape, and each one's largest output difference from SDPA's."""
+    from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
     from rlkit.rollout.shared_prompt import shared_prompt_attention
 
     torch.manual_seed(0)
@@ -111,7 +86,13 @@ def measure(groups: int, n: int, p: int, t: int, reps: int) -> dict:
         (keys, values), (prompt_keys, prompt_values) = (
             (rows_kv16[layer], prompt_kv16[layer]) if bf16 else (rows_kv[layer], prompt_kv[layer])
         )
-        return two_sdpa(q, keys, values, prompt_keys, prompt_values, prompt_bias, response_bias, scale)
+        return shared_prompt_sdpa(
+            q, keys, values, prompt_keys, prompt_values, prompt_bias, response_bias, scale
+        )
+
+    def sdpa_bf16(layer: int) -> torch.Tensor:
+        keys, values = rows_kv16[layer]
+        return kv_attention(q, keys, values, mask[:, None, None, :], scale)
 
     reference = sdpa(0)
     return {
@@ -127,6 +108,7 @@ def measure(groups: int, n: int, p: int, t: int, reps: int) -> dict:
         "shared_us": per_layer_us(lambda: [shared(i) for i in range(LAYERS)], reps),
         "two_sdpa_us": per_layer_us(lambda: [split(i) for i in range(LAYERS)], reps),
         "two_sdpa_bf16_us": per_layer_us(lambda: [split(i, True) for i in range(LAYERS)], reps),
+        "sdpa_bf16_us": per_layer_us(lambda: [sdpa_bf16(i) for i in range(LAYERS)], reps),
     }
 
 
@@ -143,9 +125,10 @@ def main() -> None:
     report(hardware_line(), f"| MIN_SAVED_FRACTION {MIN_SAVED_FRACTION}")
     report(
         "| g × n | P | t | saved | SDPA µs/layer | shared µs/layer | shared / SDPA | max abs diff "
-        "| two SDPA µs/layer | two SDPA, bf16 K/V µs/layer | bf16 / shared | bf16 max abs diff |"
+        "| two SDPA µs/layer | two SDPA, bf16 K/V µs/layer | bf16 / shared | bf16 max abs diff "
+        "| SDPA, bf16 K/V µs/layer | two SDPA / SDPA, both bf16 |"
     )
-    report("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    report("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for shape in SHAPES:
         r = measure(*shape, args.reps)
@@ -154,7 +137,8 @@ def main() -> None:
             f"| {r['groups']} × {r['n']} | {r['P']} | {r['t']} | {r['saved']:.2f} | {r['sdpa_us']:.0f} | "
             f"{r['shared_us']:.0f} | {r['shared_us'] / r['sdpa_us']:.2f} | {r['max_abs_diff']:.1e} | "
             f"{r['two_sdpa_us']:.0f} | {r['two_sdpa_bf16_us']:.0f} | "
-            f"{r['two_sdpa_bf16_us'] / r['shared_us']:.2f} | {r['two_sdpa_bf16_max_abs_diff']:.1e} |"
+            f"{r['two_sdpa_bf16_us'] / r['shared_us']:.2f} | {r['two_sdpa_bf16_max_abs_diff']:.1e} | "
+            f"{r['sdpa_bf16_us']:.0f} | {r['two_sdpa_bf16_us'] / r['sdpa_bf16_us']:.2f} |"
         )
     report.save({"args": vars(args), "rows": rows})
 

@@ -289,29 +289,15 @@ def test_ab_compile_compiles_each_layers_mlp_and_norms_and_keeps_the_numbers(
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_shared_prompt_attention_two_sdpa_merges_to_the_shared_paths_output(benchmark_module):
-    """The two-SDPA variant of ``shared_prompt_attention.py`` (the prompt and each row's own positions apart,
-    merged by their log-sum-exps) must compute rlkit's shared-prompt attention: in fp32 to float rounding,
-    over a bf16 K/V to bf16's; padding and a group's rows mapped as rlkit maps them."""
-    import torch
-
-    from rlkit.rollout.shared_prompt import shared_prompt_attention
-
+def test_shared_prompt_attention_times_every_path_it_names(benchmark_module):
+    """``shared_prompt_attention.py`` times rlkit's attentions (SDPA, the shared path, the bf16 cache's two
+    SDPA calls and grouped SDPA): each must run at its shape and compute SDPA's output, fp32 to float
+    rounding, bf16 K/V to bf16's (the paths themselves: tests/unit/rollout/test_bf16_kv.py)."""
     script = benchmark_module("shared_prompt_attention.py")
-    torch.manual_seed(0)
-    g, n, p, t, kv, heads, d = 2, 3, 7, 4, 2, 6, 8
-    a = g * n
-    prompt_k, prompt_v = torch.randn(g, kv, p, d), torch.randn(g, kv, p, d)
-    keys = torch.cat([prompt_k.repeat_interleave(n, 0), torch.randn(a, kv, t, d)], dim=2)
-    values = torch.cat([prompt_v.repeat_interleave(n, 0), torch.randn(a, kv, t, d)], dim=2)
-    q = torch.randn(a, heads, 1, d)
-    bias = torch.zeros(a, p + t)
-    bias[n:, :2] = float("-inf")  # the second prompt left-padded
-    prompt_bias, response_bias = bias[::n, None, None, :p], bias[:, None, None, p:]
-    args = (prompt_bias, response_bias, 0.3)
-    want = shared_prompt_attention(q, keys, values, prompt_k, prompt_v, *args)
-    torch.testing.assert_close(script.two_sdpa(q, keys, values, prompt_k, prompt_v, *args), want)
-    bf16 = script.two_sdpa(
-        q, keys.bfloat16(), values.bfloat16(), prompt_k.bfloat16(), prompt_v.bfloat16(), *args
+    row = script.measure(2, 3, 9, 4, reps=1)
+    assert row["saved"] == (6 - 2) * 9 / (6 * 13)
+    assert row["max_abs_diff"] < 1e-5 and row["two_sdpa_max_abs_diff"] < 1e-5
+    assert 1e-4 < row["two_sdpa_bf16_max_abs_diff"] < 5e-2
+    assert all(
+        row[k] > 0 for k in ("sdpa_us", "shared_us", "two_sdpa_us", "two_sdpa_bf16_us", "sdpa_bf16_us")
     )
-    assert bf16.dtype == torch.float32 and 1e-4 < float((bf16 - want).abs().max()) < 5e-2

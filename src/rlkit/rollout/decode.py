@@ -26,6 +26,8 @@ does not fit. With ``lean_step=False`` both give the same tokens and log-probs u
   (``DecodePlan.scripted_layers``, ``rlkit.rollout.scripted_step``); other models through their forward.
   ``rollout.backend.linears: onnxruntime`` replaces it with one ONNX Runtime graph per step
   (``rlkit.rollout.ort_step``, the ``graph_step`` argument of :func:`decode`) over the same cache.
+- **bf16 K/V** (``DecodePlan.bf16_kv_from``, ``rlkit.rollout.bf16_kv``): the lean step over the bf16 decode
+  copy keeps a long decode's K/V in bf16 (half the bytes attention reads at every step).
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
@@ -46,32 +48,34 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 from rlkit.rollout.shared_prompt import SharedPrompt
 
-__all__ = ["DecodePlan", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
+__all__ = ["DecodePlan", "Decoded", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
 
 _COMPACT_FRACTION = 8  # compact once 1/8 of the rows in the batch have finished
 
 
 class SlabLayer(DynamicLayer):
     """One layer's keys and values in a zeroed buffer allocated once, ``[B, H, capacity, D]``; ``update``
-    writes the new positions in place and returns views ``[B, H, length, D]`` of the filled prefix."""
+    writes the new positions in place and returns views ``[B, H, length, D]`` of the filled prefix.
+    ``dtype``: the buffer's (None: the first states'; ``rlkit.rollout.bf16_kv``: bf16 under fp32 states)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
-        self.capacity = capacity
+        self.capacity, self.slab_dtype = capacity, dtype
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
+        self.dtype, self.device = self.slab_dtype or key_states.dtype, key_states.device
         b, h, _, _ = key_states.shape
         # zeros, not garbage, past the filled prefix: the ONNX Runtime step (rlkit.rollout.ort_step) reads the
         # whole buffer under a mask, and a NaN there would survive a zero attention weight
-        self.key_slab = key_states.new_zeros(b, h, self.capacity, key_states.shape[-1])
+        self.key_slab = key_states.new_zeros(b, h, self.capacity, key_states.shape[-1], dtype=self.dtype)
         self.value_slab = value_states.new_zeros(
-            b, value_states.shape[1], self.capacity, value_states.shape[-1]
+            b, value_states.shape[1], self.capacity, value_states.shape[-1], dtype=self.dtype
         )
         self.is_initialized = True
 
@@ -83,7 +87,9 @@ class SlabLayer(DynamicLayer):
         self.advance(end)
         self.key_slab[:, :, start:end].copy_(key_states)
         self.value_slab[:, :, start:end].copy_(value_states)
-        if start == 0:  # the prefill attends over its own (contiguous) states, as with DynamicCache
+        if (
+            start == 0
+        ):  # the prefill attends over its own (contiguous, unrounded) states, as with DynamicCache
             return key_states, value_states
         return self.keys, self.values
 
@@ -114,12 +120,12 @@ class SlabLayer(DynamicLayer):
 
 
 class SlabCache(Cache):
-    """A ``Cache`` of :class:`SlabLayer`, one per decoder layer, each ``capacity`` positions long;
-    ``shared_prompt``: the prompts' own K/V while the rows are the prompts' groups in order
-    (``rlkit.rollout.shared_prompt``), else None."""
+    """A ``Cache`` of :class:`SlabLayer`, one per decoder layer, each ``capacity`` positions long (``dtype``:
+    theirs, None: the model's states'); ``shared_prompt``: the prompts' own K/V while the rows are the
+    prompts' groups in order (``rlkit.rollout.shared_prompt``), else None."""
 
-    def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[SlabLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, dtype: torch.dtype | None = None):
+        super().__init__(layers=[SlabLayer(capacity, dtype) for _ in range(num_layers)])
         self.shared_prompt: SharedPrompt | None = None
 
     def repeat_rows(self, inverse: torch.Tensor, keep_prompts: bool) -> None:
@@ -161,6 +167,20 @@ class DecodePlan:
     lean_step: bool = True  # fast loop, Llama-family plain module: tokens after the prefill by LeanStep
     share_prompt_attention: bool = True  # lean step: a group's prompt K/V read once per step for its rows
     scripted_layers: bool = True  # lean step: its layers as one TorchScript function (rollout.scripted_step)
+    # lean step over the bf16 decode copy: bf16 K/V where a step attends over at least this many positions on
+    # average (prompt width + max_new_tokens / 2; rollout.bf16_kv); None: fp32 K/V always
+    bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What :func:`decode` ran. ``path``: ``"plain"`` (the model's own cache), ``"slab"`` (the fast loop
+    through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean step),
+    ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by the graph step);
+    ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``)."""
+
+    path: str
+    bf16_kv: bool = False
 
 
 @dataclass
@@ -256,26 +276,33 @@ def decode(
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     graph_step: Callable | None = None,
-) -> str:
+) -> Decoded:
     """Prefill ``prompt_ids/prompt_mask [B, P]`` and sample up to ``T`` tokens per row into ``responses``,
     ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names.
     ``graph_step``: a step with the lean step's contract that replaces it (``rlkit.rollout.ort_step``), where
-    the plan takes the lean step. Returns the path taken: ``"plain"`` (the model's own cache), ``"slab"`` (the
-    fast loop through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean
-    step), ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by ``graph_step``)."""
+    the plan takes the lean step. Returns the path taken (:class:`Decoded`)."""
     layers = slab_layers(module) if run.plan.slab_cache else None
     if layers is None:
         _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
-        return "plain"
+        return Decoded("plain")
     lean = lean_step_for(module, scripted=run.plan.scripted_layers) if run.plan.lean_step else None
     if lean is not None and graph_step is not None:
         lean = graph_step
-    _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, layers, lean)
+    width, max_new, start = prompt_ids.shape[1], responses.shape[1], run.plan.bf16_kv_from
+    bf16_kv = (
+        lean is not None
+        and lean is not graph_step
+        and start is not None
+        and width + max_new / 2 >= start
+        and bf16_kv_cache_fits(lean)
+    )
+    cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None)
+    _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean)
     if lean is None:
-        return "slab"
+        return Decoded("slab")
     if lean is graph_step:
-        return "graph"
-    return "scripted" if getattr(lean, "scripted", None) is not None else "lean"
+        return Decoded("graph")
+    return Decoded("scripted" if getattr(lean, "scripted", None) is not None else "lean", bf16_kv)
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:
@@ -305,18 +332,18 @@ def _decode_slab(
     responses: torch.Tensor,
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
-    num_layers: int,
+    cache: SlabCache,
     lean: Callable | None,
 ) -> None:
-    """The fast loop: a :class:`SlabCache`, finished rows dropped, the full batch's random draws; ``lean``:
-    the step that decodes every token after the prefill (None: the model's forward)."""
+    """The fast loop: ``cache`` (empty, prompt width + ``T`` positions long), finished rows dropped, the full
+    batch's random draws; ``lean``: the step that decodes every token after the prefill (None: the model's
+    forward)."""
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
     # [B, P+T]
     mask = torch.cat([prompt_mask, torch.ones((b, max_new), dtype=prompt_mask.dtype, device=device)], 1)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = SlabCache(num_layers, width + max_new)
     _, logits = run.prefill(module, prompt_ids, prompt_mask, pos, cache=cache)  # [B, V]
     last_pos = pos[:, -1]  # [A]
     rows = torch.arange(b, device=device)  # [A]: each batch row's index among the B rows

@@ -50,7 +50,7 @@ from rlkit.model.attention import eager_kind
 from rlkit.recipe.schema import RolloutConfig
 from rlkit.rollout.base import assemble_rollout
 from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
-from rlkit.rollout.decode import DecodePlan, Decoding, decode
+from rlkit.rollout.decode import Decoded, DecodePlan, Decoding, decode
 from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 from rlkit.rollout.mlas_weights import MlasDecodeCopy
 from rlkit.rollout.ort_step import OrtDecodeStep, ort_step_for
@@ -274,13 +274,13 @@ class HFRollout:
         log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
 
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "do_sample": do_sample}
-        path, module, graph, weights_s = self._decode(
+        decoded, module, graph, weights_s = self._decode(
             stop, sampling, prompt_ids, prompt_mask, responses, log_probs, response_mask
         )
         meta = {
             "temperature": float(temperature) if do_sample and temperature > 0 else 1.0,
             "do_sample": bool(do_sample),
-            "metrics": self._decode_metrics(path, module, graph) | {"perf/decode_weights_s": weights_s},
+            "metrics": self._decode_metrics(decoded, module, graph) | {"perf/decode_weights_s": weights_s},
         }
         return assemble_rollout(prompt_ids, prompt_mask, responses, response_mask, log_probs, meta)
 
@@ -293,10 +293,10 @@ class HFRollout:
         responses: torch.Tensor,
         log_probs: torch.Tensor,
         response_mask: torch.Tensor,
-    ) -> tuple[str, nn.Module, OrtDecodeStep | None, float]:
+    ) -> tuple[Decoded, nn.Module, OrtDecodeStep | None, float]:
         """Fill ``responses`` / ``log_probs`` / ``response_mask`` [B, T] for ``prompt_ids`` [B, P], the
         module in eval mode and unsharded meanwhile (restored after, also where readying the weights fails):
-        ``(decode's path, the module it decoded with, the graph step it was offered, seconds readying the
+        ``(what decode ran, the module it decoded with, the graph step it was offered, seconds readying the
         weights)``."""
         was_training = self.module.training
         self.module.eval()  # also turns HF gradient checkpointing off, which would disable the cache
@@ -309,7 +309,7 @@ class HFRollout:
             module.eval()
             graph = self._graph_step if module is self.module and self._graph_step else None
             run = self._decoding(stop, sampling)
-            path = decode(
+            decoded = decode(
                 run,
                 module,
                 prompt_ids,
@@ -322,14 +322,18 @@ class HFRollout:
         finally:
             self.module.train(was_training)
             self._keep_unsharded(False, sharded)
-        return path, module, graph, weights_s
+        return decoded, module, graph, weights_s
 
-    def _decode_metrics(self, path: str, module: nn.Module, graph: OrtDecodeStep | None) -> dict[str, float]:
-        """What one ``decode`` ran (``path``: its loop; ``module``: the model it decoded with; ``graph``: the
-        one-graph step it was offered) and what it repacked, as rollout metrics."""
+    def _decode_metrics(
+        self, decoded: Decoded, module: nn.Module, graph: OrtDecodeStep | None
+    ) -> dict[str, float]:
+        """What one ``decode`` ran (``decoded``: its loop and cache; ``module``: the model it decoded with;
+        ``graph``: the one-graph step it was offered) and what it repacked, as rollout metrics."""
+        path = decoded.path
         metrics = {
             "rollout/lean_step": float(path in ("lean", "scripted", "graph")),
             "rollout/scripted_layers": float(path == "scripted"),  # the lean step's layers under TorchScript
+            "rollout/bf16_kv_cache": float(decoded.bf16_kv),  # the slab cache held bf16 K/V (rollout.bf16_kv)
         }
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")

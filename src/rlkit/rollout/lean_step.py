@@ -10,8 +10,9 @@ step and applied to q and k together (``roll`` with the sign of ``rotate_half`` 
 K/V written into the slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a
 boolean padding mask sliced from the loop's own — or, where the cache keeps a group's shared prompt and the
 step skips enough of the K/V that way, attention that reads each prompt once for its rows
-(``rlkit.rollout.shared_prompt``). What it leaves out is what transformers runs around the same ops at every
-token: per-module keyword plumbing, the causal-mask builder, the cache API and the output containers.
+(``rlkit.rollout.shared_prompt``); over a bf16 cache (``rlkit.rollout.bf16_kv``) both in bf16. What it leaves
+out is what transformers runs around the same ops at every token: per-module keyword plumbing, the causal-mask
+builder, the cache API and the output containers.
 Where its layers fit (plain fp32 or oneDNN-packed bf16 linears on the CPU), the layer loop itself runs as one
 TorchScript function with the same ops (``rlkit.rollout.scripted_step``, ``scripted=True``; the decode's
 ``DecodePlan.scripted_layers``), so Python is called once per step instead of once per operator.
@@ -42,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
 from rlkit.rollout.packed_copy import FusedMember, FusedOutputs
 from rlkit.rollout.scripted_step import ScriptedLayers
 from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing
@@ -94,17 +96,19 @@ class LeanStep:
         half = self.dim // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's signs folded in
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
+        kv_dtype = cache.layers[0].key_slab.dtype
+        bf16_kv = kv_dtype == torch.bfloat16 and x.dtype == torch.float32  # rlkit.rollout.bf16_kv
         shared, prompt_bias, response_bias = getattr(cache, "shared_prompt", None), None, None
         if not (
             x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
         ):
             shared = None
-        else:  # additive masks: the group's prompt positions, each row's own
-            bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask.bool(), float("-inf"))
+        else:  # additive masks (in the K/V's dtype): the group's prompt positions, each row's own
+            bias = torch.zeros(mask.shape, dtype=kv_dtype).masked_fill_(~mask.bool(), float("-inf"))
             prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
         if self.scripted is not None:
-            x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias)
+            x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv)
             return self.head(self.final_norm(x))
         for i, (layer, slab) in enumerate(zip(self.layers, cache.layers, strict=True)):
             qk, v = layer.project(layer.input_norm(x))  # [A, H + Hkv, D], [A, Hkv, D]
@@ -113,7 +117,7 @@ class LeanStep:
             q = qk[:, : self.heads, None]  # [A, H, 1, D]
             keys, values = slab.update(qk[:, self.heads :, None], v[:, :, None])  # [A, Hkv, L, D] views
             if shared is not None:  # the group's prompt K/V read once (rlkit.rollout.shared_prompt)
-                o = shared_prompt_attention(
+                o = (shared_prompt_sdpa if bf16_kv else shared_prompt_attention)(
                     q,
                     keys,
                     values,
@@ -123,6 +127,8 @@ class LeanStep:
                     response_bias,
                     layer.scale,
                 )
+            elif bf16_kv:
+                o = kv_attention(q, keys, values, attend, layer.scale)
             else:
                 o = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=attend, scale=layer.scale, enable_gqa=True

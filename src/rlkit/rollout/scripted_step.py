@@ -4,11 +4,12 @@ A lean step (``rlkit.rollout.lean_step``) of SmolLM2 runs ~1,240 small operators
 each one costs Python as well as its kernel: the interpreter's bytecode between the calls, the module and
 wrapper calls around them. :func:`layer_loop` is the same loop — each layer's RMSNorm, q/k/v projection,
 rotary, K/V written into the slab, attention (SDPA, or the group's shared prompt read once:
-``rlkit.rollout.shared_prompt``), output projection, residual, RMSNorm, gate/up, SiLU, down and residual —
-compiled once per process by ``torch.jit.script`` and run by TorchScript's interpreter, so a step calls into
-Python once for the whole stack instead of for every operator (a CUDA-graph-like replay on the CPU, without
-capturing shapes: the cache length grows every step). The operators and their order are the lean step's, so
-the tokens and log-probs are the same bit for bit (``tests/unit/rollout/test_scripted_step.py``).
+``rlkit.rollout.shared_prompt``; over a bf16 cache ``rlkit.rollout.bf16_kv``'s), output projection, residual,
+RMSNorm, gate/up, SiLU, down and residual — compiled once per process by ``torch.jit.script`` and run by
+TorchScript's interpreter, so a step calls into Python once for the whole stack instead of for every operator
+(a CUDA-graph-like replay on the CPU, without capturing shapes: the cache length grows every step). The
+operators and their order are the lean step's, so the tokens and log-probs are the same bit for bit
+(``tests/unit/rollout/test_scripted_step.py``).
 
 Measured on SmolLM2-135M on an Intel Xeon with AMX, one thread, 2 prompts × 4 samples × 64 tokens
 (``benchmarks/ab.py --change scripted --phase gen``; docs/benchmarks.md, "the lean step's layers under
@@ -35,7 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlkit.rollout.shared_prompt import shared_prompt_attention  # compiled into the script with it
+# compiled into the script with it
+from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
+from rlkit.rollout.shared_prompt import shared_prompt_attention
 
 __all__ = ["ScriptedLayers", "layer_loop"]
 
@@ -96,6 +99,7 @@ def layer_loop(
     intermediate: int,
     scale: float,
     packed: bool,
+    bf16_kv: bool,
 ) -> torch.Tensor:
     """Every decoder layer of one lean step (``LeanStep.__call__``'s loop, the same ops in the same order):
     ``x [A, hidden]`` the token's embedding, ``cos``/``sin [A, 1, D]`` its rotary tables (``sin`` with
@@ -105,7 +109,8 @@ def layer_loop(
     ``gate_up`` (fused or two) and ``down``, each with its bias (None: none), and ``key_slabs``/``value_slabs
     [A, Hkv, capacity, D]`` written at position ``start`` (``L = start + 1``). With ``prompt_keys`` (a
     group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once per group, under
-    ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. Returns ``[A, hidden]``."""
+    ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. ``bf16_kv``: the slabs hold
+    bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. Returns ``[A, hidden]``."""
     a, hidden, half = x.shape[0], x.shape[1], dim // 2
     for i in range(len(qkv)):
         h = F.rms_norm(x, [hidden], norms[2 * i], eps)
@@ -126,9 +131,16 @@ def layer_loop(
         value_slab[:, :, start : start + 1].copy_(v[:, :, None])
         keys, values = key_slab[:, :, : start + 1], value_slab[:, :, : start + 1]
         if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
-            o = shared_prompt_attention(
-                q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
-            )
+            if bf16_kv:
+                o = shared_prompt_sdpa(
+                    q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+                )
+            else:
+                o = shared_prompt_attention(
+                    q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+                )
+        elif bf16_kv:
+            o = kv_attention(q, keys, values, attend, scale)
         else:
             o = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True
@@ -187,7 +199,9 @@ class ScriptedLayers:
                 merged[name].extend(item) if name in ("norms", "head_norms") else merged[name].append(item)
         return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop())
 
-    def __call__(self, x, cos, sin, attend, cache, shared, prompt_bias, response_bias) -> torch.Tensor:
+    def __call__(
+        self, x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv: bool = False
+    ) -> torch.Tensor:
         """Every layer of one step for ``x [A, hidden]`` (``LeanStep.__call__``'s arguments): the new K/V
         written into each slab (its ``length`` advanced) and the last layer's output returned."""
         slabs = cache.layers
@@ -215,6 +229,7 @@ class ScriptedLayers:
             intermediate=self.intermediate,
             scale=float(lean.layers[0].scale),
             packed=self.packed,
+            bf16_kv=bf16_kv,
         )
 
 

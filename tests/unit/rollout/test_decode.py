@@ -10,6 +10,7 @@ from _models import chat_prompts
 
 from rlkit.batch import Batch
 from rlkit.recipe.schema import RolloutConfig
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS
 from rlkit.rollout.decode import DecodePlan, Decoding, SlabCache, slab_layers
 from rlkit.rollout.hf import HFRollout
 from rlkit.rollout.sampling import _inverse_cdf_sample, _log_prob, _truncated_probs, sample_next
@@ -39,6 +40,7 @@ def generate(
     share: bool = True,
     lean: bool = False,
     scripted: bool = True,
+    bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS,
     eos=None,
     cls=HFRollout,
     **kw,
@@ -52,7 +54,11 @@ def generate(
         seed=5,
         eos_token_ids=eos,
         decode_plan=DecodePlan(
-            slab_cache=fast, share_prefill=share, lean_step=lean, scripted_layers=scripted
+            slab_cache=fast,
+            share_prefill=share,
+            lean_step=lean,
+            scripted_layers=scripted,
+            bf16_kv_from=bf16_kv_from,
         ),
     )
     rec = Recorder(model)

@@ -1,0 +1,179 @@
+"""A bf16 KV cache for the bf16 decode copy (rlkit.rollout.bf16_kv): its two attentions against a plain loop
+and rlkit's fp32 ones, the decode over it — both lean loops the same bit for bit, rows compacted and a group's
+prompt read once in bf16, greedy tokens those of the fp32 cache — and the rule that picks it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decode import CASES, ending_tokens, generate
+from test_lean_step import _models, other_archs  # noqa: F401  (the fixture)
+
+from rlkit.rollout import decode as decode_module
+from rlkit.rollout import lean_step
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, kv_attention, shared_prompt_sdpa
+from rlkit.rollout.shared_prompt import shared_prompt_attention
+
+
+def plain_attention(q, keys, values, bias, scale) -> torch.Tensor:
+    """Attention row by row and head by head in fp64: ``q [A, H, 1, D]``, ``keys``/``values [A, Hkv, L, D]``,
+    additive ``bias [A, L]``; query head ``h`` reads KV head ``h // (H / Hkv)``."""
+    a, heads, _, d = q.shape
+    per = heads // keys.shape[1]
+    out = torch.zeros(a, heads, 1, d, dtype=torch.float64)
+    for r in range(a):
+        for h in range(heads):
+            k, v = keys[r, h // per].double(), values[r, h // per].double()
+            scores = k @ q[r, h, 0].double() * scale + bias[r].double()
+            out[r, h, 0] = torch.softmax(scores, dim=0) @ v
+    return out
+
+
+def grouped_inputs(g=2, n=3, p=7, t=4, kv=2, heads=6, d=8):
+    """Two prompts' rows (the second left-padded) over a cache holding each prompt's K/V in every row."""
+    torch.manual_seed(0)
+    a = g * n
+    prompt_k, prompt_v = torch.randn(g, kv, p, d), torch.randn(g, kv, p, d)
+    keys = torch.cat([prompt_k.repeat_interleave(n, 0), torch.randn(a, kv, t, d)], dim=2)
+    values = torch.cat([prompt_v.repeat_interleave(n, 0), torch.randn(a, kv, t, d)], dim=2)
+    q = torch.randn(a, heads, 1, d)
+    bias = torch.zeros(a, p + t)
+    bias[n:, :2] = float("-inf")
+    return q, keys, values, prompt_k, prompt_v, bias, n, p
+
+
+def rounded(*tensors):
+    return [x.bfloat16().float() for x in tensors]
+
+
+def test_kv_attention_is_sdpa_over_grouped_query_heads():
+    q, keys, values, _, _, bias, _, _ = grouped_inputs()
+    attend = (bias == 0)[:, None, None, :]
+    want = plain_attention(q, keys, values, bias, 0.3)
+    torch.testing.assert_close(kv_attention(q, keys, values, attend, 0.3).double(), want)  # fp32 K/V
+    torch.testing.assert_close(
+        F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=0.3, enable_gqa=True),
+        kv_attention(q, keys, values, attend, 0.3),
+    )
+    out = kv_attention(q, keys.bfloat16(), values.bfloat16(), attend, 0.3)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    # bf16 in: the same attention of the rounded operands, its output rounded to bf16 (2**-8 relative)
+    torch.testing.assert_close(out.double(), plain_attention(*rounded(q, keys, values), bias, 0.3), **BF16)
+
+
+BF16 = {"atol": 1e-2, "rtol": 1e-2}
+
+
+def test_shared_prompt_sdpa_is_the_shared_prompt_attention():
+    """Two SDPA calls merged by their log-sum-exps compute rlkit's shared-prompt attention: in fp32 to float
+    rounding, over bf16 K/V as the plain loop over the rounded operands does; padding and a group's rows
+    mapped as rlkit maps them."""
+    q, keys, values, prompt_k, prompt_v, bias, n, p = grouped_inputs()
+    biases = (bias[::n, None, None, :p], bias[:, None, None, p:], 0.3)
+    want = shared_prompt_attention(q, keys, values, prompt_k, prompt_v, *biases)
+    torch.testing.assert_close(want.double(), plain_attention(q, keys, values, bias, 0.3))
+    torch.testing.assert_close(shared_prompt_sdpa(q, keys, values, prompt_k, prompt_v, *biases), want)
+    low = [x.bfloat16() for x in (keys, values, prompt_k, prompt_v)]
+    out = shared_prompt_sdpa(q, *low, *biases)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    reference = plain_attention(*rounded(q, keys, values), bias, 0.3)
+    torch.testing.assert_close(out.double(), reference, **BF16)
+    assert float((out - want).abs().max()) > 1e-4  # it did attend in bf16
+
+
+def _bf16_copy(request, arch: str):
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+
+    if bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+    tok, model = _models(request, arch)
+    return tok, model, Bf16DecodeCopy(model).module
+
+
+@pytest.fixture
+def slab_dtypes(monkeypatch) -> list[torch.dtype]:
+    """The dtype of every slab buffer the decode allocates (a wrapper on the real ``SlabLayer``)."""
+    seen: list[torch.dtype] = []
+    real = decode_module.SlabLayer.lazy_initialization
+
+    def recording(self, key_states, value_states):
+        real(self, key_states, value_states)
+        seen.append(self.key_slab.dtype)
+
+    monkeypatch.setattr(decode_module.SlabLayer, "lazy_initialization", recording)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_both_lean_loops_decode_the_same_over_bf16_kv(request, arch, slab_dtypes, monkeypatch):
+    """3 prompts × 4 rows ending at different steps over a bf16 cache: the TorchScript loop and the Python
+    loop decode the same tokens and log-probs bit for bit, a group's prompt read once (in bf16) on both."""
+    tok, _, packed = _bf16_copy(request, arch)
+    shared_calls: list[int] = []
+    real = lean_step.shared_prompt_sdpa
+    monkeypatch.setattr(lean_step, "shared_prompt_sdpa", lambda *a: shared_calls.append(1) or real(*a))
+    kw = {"n": 4, **CASES["sampled"]}
+    eos = ending_tokens(tok, packed, **kw)
+    (scripted, _), (loop, _) = (
+        generate(tok, packed, fast=True, lean=True, scripted=on, bf16_kv_from=0, eos=eos, **kw)
+        for on in (True, False)
+    )
+    assert torch.equal(scripted["responses"], loop["responses"])
+    assert torch.equal(scripted["rollout_log_probs"], loop["rollout_log_probs"])
+    lengths = loop["response_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # rows ended apart: the bf16 slabs were compacted
+    assert shared_calls  # the Python loop read the prompts once, over bf16 K/V
+    assert set(slab_dtypes) == {torch.bfloat16}
+    for out in (scripted, loop):
+        assert out.meta["metrics"]["rollout/bf16_kv_cache"] == 1.0
+    assert scripted.meta["metrics"]["rollout/scripted_layers"] == 1.0
+
+
+def recomputed_log_probs(model, out) -> torch.Tensor:
+    """Log-probs of the sampled tokens (temperature 1) from one plain forward of ``model`` over prompt +
+    response: fp32 K/V, no cache."""
+    ids, mask, pos = (out[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    width = out["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+    lp = torch.log_softmax(logits[:, -width - 1 : -1], -1).gather(-1, ids[:, -width:, None]).squeeze(-1)
+    return lp * out["response_mask"]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_bf16_kv_log_probs_stay_near_the_copys_forward(request, arch, slab_dtypes):
+    """The bf16 cache's rollout log-probs, against the bf16 copy's own forward over the same tokens (fp32
+    K/V): moved by the K/V rounding (more than the fp32 cache's are) and by little (on these tiny random
+    models, whose activations are larger than a trained model's: mean 0.015, max 0.07)."""
+    tok, _, packed = _bf16_copy(request, arch)
+    moved = {}
+    for start in (0, None):
+        out, _ = generate(tok, packed, fast=True, lean=True, bf16_kv_from=start, n=4, temperature=1.0)
+        assert out.meta["metrics"]["rollout/bf16_kv_cache"] == float(start == 0)
+        moved[start] = (out["rollout_log_probs"] - recomputed_log_probs(packed, out)).abs()
+    layers = len(packed.model.layers)
+    assert slab_dtypes == [torch.bfloat16] * layers + [torch.float32] * layers
+    assert moved[None].mean() < moved[0].mean() < 0.05
+    assert float(moved[0].max()) < 0.2
+
+
+def test_the_rule_takes_bf16_kv_for_long_caches_of_the_bf16_copy_only(request, slab_dtypes):
+    """Default plan: fp32 K/V for a short decode, bf16 once prompt width + max_new_tokens / 2 reaches
+    ``BF16_KV_MIN_POSITIONS``; never for fp32 or fp16 weights (their linears read fp32 activations)."""
+    from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+
+    tok, model, packed = _bf16_copy(request, "qwen2")
+    short, _ = generate(tok, packed, fast=True, lean=True, n=2, do_sample=False)
+    long, _ = generate(
+        tok, packed, fast=True, lean=True, n=2, do_sample=False, max_new_tokens=2 * BF16_KV_MIN_POSITIONS
+    )
+    assert short.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0
+    assert long.meta["metrics"]["rollout/bf16_kv_cache"] == 1.0
+    for other in (model, Fp16DecodeCopy(model).module):
+        out, _ = generate(tok, other, fast=True, lean=True, n=2, do_sample=False, bf16_kv_from=0)
+        assert out.meta["metrics"]["rollout/lean_step"] == 1.0
+        assert out.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0
+    off, _ = generate(tok, packed, fast=True, lean=False, n=2, do_sample=False, bf16_kv_from=0)
+    assert off.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0  # the model's forward reads fp32 K/V
+    assert slab_dtypes.count(torch.bfloat16) == len(packed.model.layers)  # the long decode's only
