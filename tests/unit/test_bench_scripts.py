@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_reward_timeout_overhead_scores_through_every_manager(benchmark_module, monkeypatch, tmp_path):
     script = benchmark_module("reward_timeout_overhead.py")
@@ -301,3 +303,27 @@ def test_shared_prompt_attention_times_every_path_it_names(benchmark_module):
     assert all(
         row[k] > 0 for k in ("sdpa_us", "shared_us", "two_sdpa_us", "two_sdpa_bf16_us", "sdpa_bf16_us")
     )
+
+
+def test_bf16_kv_drift_measures_both_caches_against_the_fp32_model(benchmark_module, tiny_model_dir):
+    """``bf16_kv_drift.py`` samples with the bf16 copy over fp32 and over bf16 K/V and compares each
+    rollout's log-probs with the fp32 model's on its tokens: both measured, non-zero (the copy's bf16 weights)
+    and small."""
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig
+    from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+
+    if bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+    script = benchmark_module("bf16_kv_drift.py")
+    cfg = ModelConfig(path=str(tiny_model_dir))
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).float().eval()
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False) for q in ("1+1?", "2+5?")
+    ]
+    row = script.drift(model, tok, texts, samples=2, tokens=6)
+    assert row["tokens"] == 6 and row["prompt_width"] > 0
+    for kv in ("fp32_kv", "bf16_kv"):
+        assert 0 < row[kv]["logp_mean"] <= row[kv]["logp_max"] < 0.5
+        assert 0 < row[kv]["prob_mean"] <= row[kv]["prob_max"]

@@ -1,0 +1,64 @@
+"""A bf16 KV cache through ``rlkit run``: a recipe that decodes with the bf16 copy (``rollout.backend.dtype:
+bfloat16``) on prompts long enough that its steps attend over at least ``BF16_KV_MIN_POSITIONS`` positions
+on average keeps its K/V in bf16 (``rlkit.rollout.bf16_kv``), trains on what it samples (a non-zero gradient)
+and logs how far the rollout's log-probs are from the fp32 actor's; the same recipe on short prompts keeps
+fp32 K/V. Real parts throughout: the Ray worker, the oneDNN-packed copy, the TorchScript loop, the update."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records
+from rlkit_harness import run as run_rlkit
+
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS
+from rlkit.rollout.bf16_weights import bf16_weights_unavailable
+
+pytestmark = pytest.mark.skipif(bf16_weights_unavailable() is not None, reason="no oneDNN bf16 packing here")
+
+NOTE = "Read this note first. " * 20  # ~300 tokens of the tiny model's tokenizer
+
+
+def long_prompt_data(data, root):
+    """``data``'s arithmetic parquet files with ``NOTE`` before every question."""
+    root.mkdir()
+    for name in ("train.parquet", "test.parquet"):
+        rows = pq.read_table(data / name).to_pylist()
+        for row in rows:
+            row["prompt"] = [{**m, "content": NOTE + m["content"]} for m in row["prompt"]]
+        pq.write_table(pa.Table.from_pylist(rows), root / name)
+    return root
+
+
+def run_two_steps(model, data, out):
+    overrides = TWO_GRADED_STEPS | {
+        "rollout.backend": {"name": "hf", "dtype": "bfloat16"},
+        "data.max_prompt_length": 512,
+    }
+    recipe = out.parent / f"{out.name}.yaml"
+    recipe.write_text(recipe_text(model, data, out, overrides))
+    result = run_rlkit("run", str(recipe), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    return steps
+
+
+def test_long_prompts_decode_over_a_bf16_kv_cache(tiny_assets, tmp_path):
+    model, data = tiny_assets
+    steps = run_two_steps(model, long_prompt_data(data, tmp_path / "long"), tmp_path / "out-long")
+    for step in steps:
+        assert step["rollout/bf16_kv_cache"] == 1.0
+        assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop over bf16 slabs
+        assert step["prompt_length/mean"] + 12 / 2 >= BF16_KV_MIN_POSITIONS
+        assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
+        assert step["critic/score/min"] < step["critic/score/max"]
+        # the bf16 copy over bf16 K/V is not the fp32 actor: measured, small and non-zero
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert 0 < step["training/rollout_probs_diff_max"] < 0.1
+    short = run_two_steps(model, data, tmp_path / "out-short")
+    assert [s["rollout/bf16_kv_cache"] for s in short] == [0.0, 0.0]
+    assert all(s["rollout/lean_step"] == 1.0 for s in short)
