@@ -36,9 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# compiled into the script with it
-from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
-from rlkit.rollout.shared_prompt import shared_prompt_attention
+from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa  # compiled into the script with it
+from rlkit.rollout.shared_prompt import shared_prompt_attention  # (likewise)
 
 __all__ = ["ScriptedLayers", "layer_loop"]
 
