@@ -5,12 +5,13 @@ about half of what oneDNN's bf16 GEMM does at that shape when oneDNN gets the we
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the packing torch's CPU compiler uses), and a
 decode copy whose every parameter is bf16 also runs the attention in bf16, where torch's CPU SDPA is 5–8×
 slower than in fp32 (SmolLM2 at 8 rows × 300 positions: 2.3 ms a layer against 0.29). The decode copy here
-(:class:`Bf16DecodeCopy`, ``rlkit.rollout.packed_copy.PackedDecodeCopy`` 's machinery) therefore packs
-every ``nn.Linear`` 's weight for oneDNN in bf16 and keeps everything else fp32: each linear takes fp32
-activations, multiplies in bf16 with fp32 accumulation and hands back fp32 (:class:`Bf16Linear`), so the
-residual stream, norms, rotary, KV cache, attention and sampling stay fp32 — what ``torch.autocast`` does
-for the actor's bf16 forward. Sibling projections that read one input (q/k/v, gate/up) are packed as one
-matrix (:class:`Bf16FusedLinear`): one GEMM, one cast in and one out where there were three or two.
+(:class:`Bf16DecodeCopy`, ``rlkit.rollout.packed_copy.PackedDecodeCopy`` 's machinery) therefore packs every
+``nn.Linear`` 's weight for oneDNN in bf16 and keeps everything else fp32: each linear takes fp32 activations,
+multiplies in bf16 with fp32 accumulation and hands back fp32 (:class:`Bf16Linear`), so the residual stream,
+norms, rotary, KV cache, attention and sampling stay fp32 — what ``torch.autocast`` does for the actor's bf16
+forward (a long decode's KV cache and attention excepted: ``rlkit.rollout.bf16_kv``). Sibling projections that
+read one input (q/k/v, gate/up) are packed as one matrix (:class:`Bf16FusedLinear`): one GEMM, one cast in and
+one out where there were three or two.
 Measured in docs/benchmarks.md ("bf16 weights packed for oneDNN").
 
 Numerics: each GEMM's output equals ``F.linear`` on the bf16-rounded input and weight (bitwise on the
