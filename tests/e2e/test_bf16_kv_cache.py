@@ -1,8 +1,10 @@
 """A bf16 KV cache through ``rlkit run``: a recipe that decodes with the bf16 copy (``rollout.backend.dtype:
-bfloat16``) on prompts long enough that its steps attend over at least ``BF16_KV_MIN_POSITIONS`` positions
-on average keeps its K/V in bf16 (``rlkit.rollout.bf16_kv``), trains on what it samples (a non-zero gradient)
-and logs how far the rollout's log-probs are from the fp32 actor's; the same recipe on short prompts keeps
-fp32 K/V. Real parts throughout: the Ray worker, the oneDNN-packed copy, the TorchScript loop, the update."""
+bfloat16``) on prompts long enough that its steps attend over at least ``BF16_KV_MIN_POSITIONS`` positions on
+average keeps its K/V in bf16 (``rlkit.rollout.bf16_kv``), trains on what it samples (a non-zero gradient) and
+logs how far the rollout's log-probs are from the fp32 actor's; the same recipe keeps fp32 K/V on short
+prompts, and on a CPU whose attention probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled here
+as such a machine would have measured it) found bf16 K/V no faster. Real parts throughout: the Ray worker, the
+oneDNN-packed copy, the TorchScript loop, the update."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records
+from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
 from rlkit_harness import run as run_rlkit
 
-from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, KvAttentionProbe, cached_kv_attention_probe
 from rlkit.rollout.bf16_weights import bf16_weights_unavailable
 
 pytestmark = pytest.mark.skipif(bf16_weights_unavailable() is not None, reason="no oneDNN bf16 packing here")
@@ -33,14 +35,26 @@ def long_prompt_data(data, root):
     return root
 
 
-def run_two_steps(model, data, out):
+def attention_probe(model, cache, pays: bool) -> None:
+    """The hardware cache ``cache`` holding this CPU's attention probe for ``model`` 's heads as a machine
+    where bf16 K/V do (or do not) attend faster would have measured it."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 0.95)
+    cached_kv_attention_probe(heads, kv_heads, dim, cache / "hardware.json", probe=lambda *_: measured)
+
+
+def run_two_steps(model, data, out, cache):
     overrides = TWO_GRADED_STEPS | {
         "rollout.backend": {"name": "hf", "dtype": "bfloat16"},
         "data.max_prompt_length": 512,
     }
     recipe = out.parent / f"{out.name}.yaml"
     recipe.write_text(recipe_text(model, data, out, overrides))
-    result = run_rlkit("run", str(recipe), timeout=600)
+    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in records(out) if "training/global_step" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -49,8 +63,11 @@ def run_two_steps(model, data, out):
 
 def test_long_prompts_decode_over_a_bf16_kv_cache(tiny_assets, tmp_path):
     model, data = tiny_assets
-    steps = run_two_steps(model, long_prompt_data(data, tmp_path / "long"), tmp_path / "out-long")
-    for step in steps:
+    pays, slower = tmp_path / "pays", tmp_path / "slower"
+    attention_probe(model, pays, True)
+    attention_probe(model, slower, False)
+    long = long_prompt_data(data, tmp_path / "long")
+    for step in run_two_steps(model, long, tmp_path / "out-long", pays):
         assert step["rollout/bf16_kv_cache"] == 1.0
         assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop over bf16 slabs
         assert step["prompt_length/mean"] + 12 / 2 >= BF16_KV_MIN_POSITIONS
@@ -59,6 +76,10 @@ def test_long_prompts_decode_over_a_bf16_kv_cache(tiny_assets, tmp_path):
         # the bf16 copy over bf16 K/V is not the fp32 actor: measured, small and non-zero
         assert step["training/rollout_probs_diff_valid"] == 1.0
         assert 0 < step["training/rollout_probs_diff_max"] < 0.1
-    short = run_two_steps(model, data, tmp_path / "out-short")
-    assert [s["rollout/bf16_kv_cache"] for s in short] == [0.0, 0.0]
-    assert all(s["rollout/lean_step"] == 1.0 for s in short)
+    # the same long prompts on a CPU whose probe found bf16 attention no faster; short prompts where it did
+    for steps in (
+        run_two_steps(model, long, tmp_path / "out-long-slower", slower),
+        run_two_steps(model, data, tmp_path / "out-short", pays),
+    ):
+        assert [s["rollout/bf16_kv_cache"] for s in steps] == [0.0, 0.0]
+        assert all(s["rollout/lean_step"] == 1.0 for s in steps)

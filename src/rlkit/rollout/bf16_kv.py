@@ -1,14 +1,16 @@
 """A bf16 KV cache for the bf16 decode copy's lean step, once a decode's cache is long.
 
-The bf16 decode copy (``rlkit.rollout.bf16_weights``) keeps activations fp32 and rounds each linear's input
-to bf16; its slab cache (``rlkit.rollout.decode.SlabCache``) holds fp32 K/V, and attention reads all of it at
+The bf16 decode copy (``rlkit.rollout.bf16_weights``) keeps activations fp32 and rounds each linear's input to
+bf16; its slab cache (``rlkit.rollout.decode.SlabCache``) holds fp32 K/V, and attention reads all of it at
 every step: at 8 rows × 512 tokens of SmolLM2 a quarter of the step (docs/benchmarks.md, session 28). With
 ``DecodePlan.bf16_kv_from`` (default :data:`BF16_KV_MIN_POSITIONS`) a decode under that copy whose steps
 attend over at least that many positions on average (prompt width + ``max_new_tokens`` / 2) holds its K/V in
-bf16, half the bytes to read: the prefill
-writes its fp32 states rounded to bf16 (and attends over its own fp32 ones, as before), and every later step
-attends in bf16 — the query rounded to bf16, scores, softmax and sums accumulated in fp32 by torch's CPU flash
-kernel, the output handed to the output projection, which rounds its input to bf16 anyway. Attention:
+bf16, half the bytes to read — where this CPU attends over bf16 K/V fast (``DecodePlan.bf16_kv_probe``:
+:class:`KvAttentionProbe`, timed once per machine and cached beside the other hardware probes; torch's CPU
+SDPA in bf16 was 5–8× slower than in fp32 on a Zen 4 in session 15, 0.8× on AMX). The prefill writes its fp32
+states rounded to bf16 (and attends over its own fp32 ones, as before), and every later step attends in bf16 —
+the query rounded to bf16, scores, softmax and sums accumulated in fp32 by torch's CPU flash kernel, the
+output handed to the output projection, which rounds its input to bf16 anyway. Attention:
 
 - :func:`kv_attention`: SDPA with the query heads grouped per KV head (``[A, Hkv, H / Hkv, D]``; no
   ``enable_gqa``), the form that was fastest over a bf16 cache (``benchmarks/decode_attention.py``).
@@ -30,10 +32,27 @@ the shared prompt's width.
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BF16_KV_MIN_POSITIONS", "bf16_kv_cache_fits", "kv_attention", "shared_prompt_sdpa"]
+__all__ = [
+    "BF16_KV_MAX_RATIO",
+    "BF16_KV_MIN_POSITIONS",
+    "KvAttentionProbe",
+    "bf16_kv_cache_fits",
+    "bf16_kv_pays",
+    "cached_kv_attention_probe",
+    "kv_attention",
+    "probe_kv_attention",
+    "shared_prompt_sdpa",
+]
 
 # the mean positions a step attends over (prompt width + max_new_tokens / 2) from which the bf16 copy keeps
 # bf16 K/V. Measured on AMX, SmolLM2, 2 prompts x 4 rows (benchmarks/ab.py --change bf16kv --phase gen): a
@@ -41,6 +60,98 @@ __all__ = ["BF16_KV_MIN_POSITIONS", "bf16_kv_cache_fits", "kv_attention", "share
 # reps equal) at 44 x 256 (mean ~172), 0.995x at 44 x 64; one step's attention breaks even between 108 and
 # 300 positions (benchmarks/decode_attention.py)
 BF16_KV_MIN_POSITIONS = 256
+
+# bf16 K/V only where this CPU's probe (KvAttentionProbe) timed attention over them at most this share of
+# the fp32 attention's time: on AMX 0.7 (benchmarks/decode_attention.py, 8 rows x 300-560 positions: 0.79-0.85
+# cold); on Zen 4, session 15 timed torch's CPU SDPA in bf16 5-8x slower than in fp32 (docs/benchmarks.md)
+BF16_KV_MAX_RATIO = 0.9
+PROBE_ROWS, PROBE_POSITIONS, PROBE_LAYERS, PROBE_REPS = 8, 512, 8, 5
+
+
+@dataclass(frozen=True)
+class KvAttentionProbe:
+    """One decode step's attention on this CPU at ``rows`` rows over ``positions`` positions, ``PROBE_LAYERS``
+    layers of distinct K/V (median seconds of ``PROBE_REPS`` interleaved reps): fp32 K/V with SDPA over
+    ``enable_gqa`` (the lean step's), and bf16 K/V with :func:`kv_attention`."""
+
+    fp32_s: float
+    bf16_s: float
+    rows: int = PROBE_ROWS
+    positions: int = PROBE_POSITIONS
+
+    @property
+    def pays(self) -> bool:
+        """bf16 K/V attend in at most ``BF16_KV_MAX_RATIO`` of the fp32 time."""
+        return self.bf16_s <= BF16_KV_MAX_RATIO * self.fp32_s
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> KvAttentionProbe:
+        return cls(
+            fp32_s=float(entry["fp32_s"]),
+            bf16_s=float(entry["bf16_s"]),
+            rows=int(entry["rows"]),
+            positions=int(entry["positions"]),
+        )
+
+
+def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
+    """Time both attentions (:class:`KvAttentionProbe`) for a model of ``heads``/``kv_heads`` heads of
+    ``dim``, on this process's torch threads (a fraction of a second)."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (PROBE_ROWS, kv_heads, PROBE_POSITIONS, dim)
+    keys = [torch.randn(shape, generator=generator) for _ in range(PROBE_LAYERS)]
+    values = [torch.randn(shape, generator=generator) for _ in range(PROBE_LAYERS)]
+    keys16, values16 = [k.bfloat16() for k in keys], [v.bfloat16() for v in values]
+    q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
+    attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
+    scale = dim**-0.5
+
+    def fp32() -> None:
+        for k, v in zip(keys, values, strict=True):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
+
+    def bf16() -> None:
+        for k, v in zip(keys16, values16, strict=True):
+            kv_attention(q, k, v, attend, scale)
+
+    times: dict[Any, list[float]] = {fp32: [], bf16: []}
+    fp32(), bf16()  # warm-up
+    for rep in range(PROBE_REPS):
+        for step in (fp32, bf16) if rep % 2 == 0 else (bf16, fp32):
+            start = time.perf_counter()
+            step()
+            times[step].append(time.perf_counter() - start)
+    return KvAttentionProbe(statistics.median(times[fp32]), statistics.median(times[bf16]))
+
+
+def cached_kv_attention_probe(
+    heads: int, kv_heads: int, dim: int, cache_path: Path | None = None, *, probe=probe_kv_attention
+) -> KvAttentionProbe:
+    """The probe for these heads on this CPU and torch version from the hardware cache
+    (``rlkit.hardware.cpu.cached_entry``: ``$RLKIT_CACHE/hardware.json``), or measured now and added to it:
+    one machine decides the same way on every run."""
+    from rlkit.hardware import cached_entry, cpu_info
+
+    return cached_entry(
+        f"bf16-kv-attention-{heads}-{kv_heads}-{dim}",
+        cpu_info(),
+        lambda: asdict(probe(heads, kv_heads, dim)),
+        KvAttentionProbe.from_entry,
+        cache_path,
+    )
+
+
+def bf16_kv_pays(heads: int, kv_heads: int, dim: int) -> bool:
+    """Whether this CPU's probe (:func:`cached_kv_attention_probe`, read once per process and cache file)
+    finds bf16 K/V worth it for these heads."""
+    from rlkit.hardware import default_cache_path
+
+    return _pays(heads, kv_heads, dim, default_cache_path())
+
+
+@functools.cache
+def _pays(heads: int, kv_heads: int, dim: int, cache_path: Path) -> bool:
+    return cached_kv_attention_probe(heads, kv_heads, dim, cache_path).pays
 
 
 def bf16_kv_cache_fits(lean) -> bool:

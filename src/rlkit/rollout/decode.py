@@ -27,7 +27,8 @@ does not fit. With ``lean_step=False`` both give the same tokens and log-probs u
   ``rollout.backend.linears: onnxruntime`` replaces it with one ONNX Runtime graph per step
   (``rlkit.rollout.ort_step``, the ``graph_step`` argument of :func:`decode`) over the same cache.
 - **bf16 K/V** (``DecodePlan.bf16_kv_from``, ``rlkit.rollout.bf16_kv``): the lean step over the bf16 decode
-  copy keeps a long decode's K/V in bf16 (half the bytes attention reads at every step).
+  copy keeps a long decode's K/V in bf16 (half the bytes attention reads at every step), where this CPU's
+  attention probe finds that faster (``DecodePlan.bf16_kv_probe``).
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
   truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
 
@@ -48,7 +49,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
-from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits
+from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits, bf16_kv_pays
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 from rlkit.rollout.shared_prompt import SharedPrompt
@@ -170,6 +171,9 @@ class DecodePlan:
     # lean step over the bf16 decode copy: bf16 K/V where a step attends over at least this many positions on
     # average (prompt width + max_new_tokens / 2; rollout.bf16_kv); None: fp32 K/V always
     bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS
+    # ... and only where this CPU's attention probe finds bf16 K/V faster (rollout.bf16_kv.bf16_kv_pays);
+    # False: without asking it (tests and benchmarks that compare the two caches on any CPU)
+    bf16_kv_probe: bool = True
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,7 @@ def decode(
         and start is not None
         and width + max_new / 2 >= start
         and bf16_kv_cache_fits(lean)
+        and (not run.plan.bf16_kv_probe or bf16_kv_pays(lean.heads, lean.kv_heads, lean.dim))
     )
     cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None)
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean)

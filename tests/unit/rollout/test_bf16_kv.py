@@ -1,6 +1,7 @@
 """A bf16 KV cache for the bf16 decode copy (rlkit.rollout.bf16_kv): its two attentions against a plain loop
 and rlkit's fp32 ones, the decode over it — both lean loops the same bit for bit, rows compacted and a group's
-prompt read once in bf16, greedy tokens those of the fp32 cache — and the rule that picks it."""
+prompt read once in bf16, log-probs near the copy's forward — the rule that picks it and this CPU's probe
+that gates it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from test_lean_step import _models, other_archs  # noqa: F401  (the fixture)
 
 from rlkit.rollout import decode as decode_module
 from rlkit.rollout import lean_step
-from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, kv_attention, shared_prompt_sdpa
+from rlkit.rollout.bf16_kv import (
+    BF16_KV_MAX_RATIO,
+    BF16_KV_MIN_POSITIONS,
+    KvAttentionProbe,
+    cached_kv_attention_probe,
+    kv_attention,
+    probe_kv_attention,
+    shared_prompt_sdpa,
+)
 from rlkit.rollout.shared_prompt import shared_prompt_attention
 
 
@@ -116,7 +125,9 @@ def test_both_lean_loops_decode_the_same_over_bf16_kv(request, arch, slab_dtypes
     kw = {"n": 4, **CASES["sampled"]}
     eos = ending_tokens(tok, packed, **kw)
     (scripted, _), (loop, _) = (
-        generate(tok, packed, fast=True, lean=True, scripted=on, bf16_kv_from=0, eos=eos, **kw)
+        generate(
+            tok, packed, fast=True, lean=True, scripted=on, bf16_kv_from=0, bf16_kv_probe=False, eos=eos, **kw
+        )
         for on in (True, False)
     )
     assert torch.equal(scripted["responses"], loop["responses"])
@@ -149,7 +160,9 @@ def test_bf16_kv_log_probs_stay_near_the_copys_forward(request, arch, slab_dtype
     tok, _, packed = _bf16_copy(request, arch)
     moved = {}
     for start in (0, None):
-        out, _ = generate(tok, packed, fast=True, lean=True, bf16_kv_from=start, n=4, temperature=1.0)
+        out, _ = generate(
+            tok, packed, fast=True, lean=True, bf16_kv_from=start, bf16_kv_probe=False, n=4, temperature=1.0
+        )
         assert out.meta["metrics"]["rollout/bf16_kv_cache"] == float(start == 0)
         moved[start] = (out["rollout_log_probs"] - recomputed_log_probs(packed, out)).abs()
     layers = len(packed.model.layers)
@@ -158,22 +171,58 @@ def test_bf16_kv_log_probs_stay_near_the_copys_forward(request, arch, slab_dtype
     assert float(moved[0].max()) < 0.2
 
 
-def test_the_rule_takes_bf16_kv_for_long_caches_of_the_bf16_copy_only(request, slab_dtypes):
-    """Default plan: fp32 K/V for a short decode, bf16 once prompt width + max_new_tokens / 2 reaches
-    ``BF16_KV_MIN_POSITIONS``; never for fp32 or fp16 weights (their linears read fp32 activations)."""
+@pytest.fixture
+def attention_probe(tmp_path, monkeypatch):
+    """``probe(pays)``: this CPU's cached attention probe for the tiny models' heads, as a machine where bf16
+    K/V do (or do not) pay would have measured it (a hardware cache of this test's own: ``RLKIT_CACHE``)."""
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+
+    def probe(pays: bool, heads: int, kv_heads: int, dim: int) -> None:
+        measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 0.95)
+        cached_kv_attention_probe(heads, kv_heads, dim, probe=lambda *_: measured)
+
+    return probe
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_rule_takes_bf16_kv_for_long_decodes_of_the_bf16_copy_where_the_probe_says(
+    request, slab_dtypes, attention_probe, pays
+):
+    """Default plan: fp32 K/V for a short decode; bf16 once prompt width + max_new_tokens / 2 reaches
+    ``BF16_KV_MIN_POSITIONS``, where this CPU's attention probe found bf16 K/V faster; never for fp32 or fp16
+    weights (their linears read fp32 activations) or the model's own forward."""
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
     tok, model, packed = _bf16_copy(request, "qwen2")
+    step = lean_step.lean_step_for(packed)
+    attention_probe(pays, step.heads, step.kv_heads, step.dim)
     short, _ = generate(tok, packed, fast=True, lean=True, n=2, do_sample=False)
     long, _ = generate(
         tok, packed, fast=True, lean=True, n=2, do_sample=False, max_new_tokens=2 * BF16_KV_MIN_POSITIONS
     )
     assert short.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0
-    assert long.meta["metrics"]["rollout/bf16_kv_cache"] == 1.0
+    assert long.meta["metrics"]["rollout/bf16_kv_cache"] == float(pays)
     for other in (model, Fp16DecodeCopy(model).module):
         out, _ = generate(tok, other, fast=True, lean=True, n=2, do_sample=False, bf16_kv_from=0)
         assert out.meta["metrics"]["rollout/lean_step"] == 1.0
         assert out.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0
     off, _ = generate(tok, packed, fast=True, lean=False, n=2, do_sample=False, bf16_kv_from=0)
     assert off.meta["metrics"]["rollout/bf16_kv_cache"] == 0.0  # the model's forward reads fp32 K/V
-    assert slab_dtypes.count(torch.bfloat16) == len(packed.model.layers)  # the long decode's only
+    assert slab_dtypes.count(torch.bfloat16) == (len(packed.model.layers) if pays else 0)  # the long decode's
+
+
+def test_the_attention_probe_times_both_caches_once_per_machine(tmp_path):
+    """The real probe: both attentions timed; cached, so a second read measures nothing and decides alike."""
+    measured: list[KvAttentionProbe] = []
+
+    def probe(*heads):
+        measured.append(probe_kv_attention(*heads))
+        return measured[-1]
+
+    cache = tmp_path / "hardware.json"
+    first = cached_kv_attention_probe(9, 3, 64, cache, probe=probe)
+    again = cached_kv_attention_probe(9, 3, 64, cache, probe=probe)
+    assert len(measured) == 1 and again == first == measured[0]
+    assert first.fp32_s > 0 and first.bf16_s > 0
+    assert first.pays == (first.bf16_s <= BF16_KV_MAX_RATIO * first.fp32_s)
+    assert "bf16-kv-attention-9-3-64" in cache.read_text()

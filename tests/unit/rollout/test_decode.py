@@ -41,6 +41,7 @@ def generate(
     lean: bool = False,
     scripted: bool = True,
     bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS,
+    bf16_kv_probe: bool = True,
     eos=None,
     cls=HFRollout,
     **kw,
@@ -59,6 +60,7 @@ def generate(
             lean_step=lean,
             scripted_layers=scripted,
             bf16_kv_from=bf16_kv_from,
+            bf16_kv_probe=bf16_kv_probe,
         ),
     )
     rec = Recorder(model)

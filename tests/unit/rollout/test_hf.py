@@ -71,7 +71,7 @@ def test_layout_and_n_samples(tok_and_model):
     metrics = out.meta.pop("metrics")
     assert out.meta == {"temperature": 1.0, "do_sample": True}
     assert metrics.pop("perf/decode_weights_s") >= 0
-    assert metrics == {"rollout/lean_step": 1.0, "rollout/scripted_layers": 1.0}
+    assert metrics == {"rollout/lean_step": 1.0, "rollout/scripted_layers": 1.0, "rollout/bf16_kv_cache": 0.0}
 
 
 def test_rollout_log_probs_match_the_actor(tiny_model_dir, gloo_world1):
