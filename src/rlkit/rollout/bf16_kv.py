@@ -62,8 +62,8 @@ __all__ = [
 BF16_KV_MIN_POSITIONS = 256
 
 # bf16 K/V only where this CPU's probe (KvAttentionProbe) timed attention over them at most this share of
-# the fp32 attention's time: on AMX 0.7 (benchmarks/decode_attention.py, 8 rows x 300-560 positions: 0.79-0.85
-# cold); on Zen 4, session 15 timed torch's CPU SDPA in bf16 5-8x slower than in fp32 (docs/benchmarks.md)
+# the fp32 attention's time: on AMX the probe read 0.73-0.77 (benchmarks/decode_attention.py, 8 rows x
+# 300-560 positions: 0.79-0.85); on Zen 4, session 15 timed torch's CPU SDPA in bf16 5-8x slower than fp32
 BF16_KV_MAX_RATIO = 0.9
 PROBE_ROWS, PROBE_POSITIONS, PROBE_LAYERS, PROBE_REPS = 8, 512, 8, 5
 
