@@ -88,9 +88,8 @@ class SlabLayer(DynamicLayer):
         self.advance(end)
         self.key_slab[:, :, start:end].copy_(key_states)
         self.value_slab[:, :, start:end].copy_(value_states)
-        if (
-            start == 0
-        ):  # the prefill attends over its own (contiguous, unrounded) states, as with DynamicCache
+        # the prefill attends over its own (contiguous, unrounded) states, as with DynamicCache
+        if start == 0:
             return key_states, value_states
         return self.keys, self.values
 
