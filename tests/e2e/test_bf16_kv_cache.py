@@ -43,7 +43,7 @@ def attention_probe(model, cache, pays: bool) -> None:
     config = AutoConfig.from_pretrained(model)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 0.95)
+    measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 1.5)
     cached_kv_attention_probe(heads, kv_heads, dim, cache / "hardware.json", probe=lambda *_: measured)
 
 

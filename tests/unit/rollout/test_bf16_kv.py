@@ -178,7 +178,7 @@ def attention_probe(tmp_path, monkeypatch):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
 
     def probe(pays: bool, heads: int, kv_heads: int, dim: int) -> None:
-        measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 0.95)
+        measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 1.5)
         cached_kv_attention_probe(heads, kv_heads, dim, probe=lambda *_: measured)
 
     return probe
@@ -225,4 +225,4 @@ def test_the_attention_probe_times_both_caches_once_per_machine(tmp_path):
     assert len(measured) == 1 and again == first == measured[0]
     assert first.fp32_s > 0 and first.bf16_s > 0
     assert first.pays == (first.bf16_s <= BF16_KV_MAX_RATIO * first.fp32_s)
-    assert "bf16-kv-attention-9-3-64" in cache.read_text()
+    assert "bf16-kv-attention-cold-9-3-64" in cache.read_text()
