@@ -68,7 +68,7 @@ BF16_KV_MIN_POSITIONS = 256
 # 300-560 positions: 0.79-0.85); on Zen 4, session 15 timed torch's CPU SDPA in bf16 5-8x slower than fp32
 BF16_KV_MAX_RATIO = 0.95
 PROBE_ROWS, PROBE_POSITIONS, PROBE_LAYERS, PROBE_REPS = 8, 512, 8, 5
-PROBE_EVICT_BYTES = 32 * 2**20  # read between two layers' attention (module docstring of the probe)
+PROBE_EVICT_BYTES = 32 * 2**20  # read before each layer's attention (probe_kv_attention; 256 MiB in all)
 
 
 @dataclass(frozen=True)
