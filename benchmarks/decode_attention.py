@@ -12,8 +12,8 @@ core (``decode_profile.py``). This asks whether another formulation reads the sa
 - ``sdpa_grouped``: the ``H / Hkv`` query heads of a KV head as that many query positions of one head
   (``q.view(A, Hkv, H / Hkv, D)``: no expansion; the same numbers within float rounding);
 - ``matmul``: scores, mask, softmax and the weighted sum as batched matmuls (``shared_prompt``'s ops);
-- ``bf16_kv``: ``sdpa_grouped`` over a bf16 copy of the cache (half the bytes; K/V rounded to bf16, which
-  the step does not do: its V comes out of the bf16 GEMM exactly, its K after rotary does not).
+- ``bf16_kv``: ``sdpa_grouped`` over a bf16 copy of the cache (half the bytes; K/V rounded to bf16), as
+  ``rlkit.rollout.bf16_kv.kv_attention`` runs it where the decode keeps bf16 K/V (session 29).
 
 SmolLM2's heads (9 query, 3 KV, 64 wide), 30 layers with distinct caches and a layer's weights' worth of
 bytes (9 MiB) read between two layers' attention, so each layer's cache is as cold as in a real step. The
@@ -46,6 +46,8 @@ def measure(
 ) -> dict:
     """Per-step ms of every variant at one shape (median of ``reps``; ``layers`` per step, ``evict_bytes``
     read between two), the bound and the largest difference of each variant's output from ``sdpa_gqa``'s."""
+    from rlkit.rollout.bf16_kv import kv_attention
+
     torch.manual_seed(0)
     per = HEADS // KV_HEADS
     capacity = length + 32  # views into a larger slab, as the step reads them
@@ -69,11 +71,8 @@ def measure(
             scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(scale)
             scores.masked_fill_(~attend, float("-inf"))
             out = torch.matmul(torch.softmax(scores, dim=-1), v)
-        else:  # bf16_kv
-            k16, v16 = keys16[i][:, :, :length], values16[i][:, :, :length]
-            out = F.scaled_dot_product_attention(
-                grouped.bfloat16(), k16, v16, attn_mask=attend, scale=scale
-            ).float()
+        else:  # bf16_kv: rlkit's own (rlkit.rollout.bf16_kv), already [A, H, 1, D] in fp32
+            return kv_attention(q, keys16[i][:, :, :length], values16[i][:, :, :length], attend, scale)
         return out.reshape(rows, HEADS, 1, DIM)
 
     def step(variant: str) -> float:
