@@ -49,6 +49,13 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
+from rlkit.rollout.attention_kernel import (
+    attends_with_kernel,
+    kernel_fits,
+    kernel_pays,
+    kernel_unavailable,
+    padded_capacity,
+)
 from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits, bf16_kv_pays
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
@@ -62,22 +69,28 @@ _COMPACT_FRACTION = 8  # compact once 1/8 of the rows in the batch have finished
 class SlabLayer(DynamicLayer):
     """One layer's keys and values in a zeroed buffer allocated once, ``[B, H, capacity, D]``; ``update``
     writes the new positions in place and returns views ``[B, H, length, D]`` of the filled prefix.
-    ``dtype``: the buffer's (None: the first states'; ``rlkit.rollout.bf16_kv``: bf16 under fp32 states)."""
+    ``dtype``: the buffer's (None: the first states'; ``rlkit.rollout.bf16_kv``: bf16 under fp32 states).
+    ``transposed_keys``: the keys also as ``key_slab_t [B, H, D, capacity']`` (position fastest, capacity
+    rounded up: ``rlkit.rollout.attention_kernel``), written with them."""
 
-    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
+    key_slab_t: torch.Tensor | None = None
+
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None, transposed_keys: bool = False):
         super().__init__()
-        self.capacity, self.slab_dtype = capacity, dtype
+        self.capacity, self.slab_dtype, self.transposed_keys = capacity, dtype, transposed_keys
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = self.slab_dtype or key_states.dtype, key_states.device
-        b, h, _, _ = key_states.shape
+        b, h, _, d = key_states.shape
         # zeros, not garbage, past the filled prefix: the ONNX Runtime step (rlkit.rollout.ort_step) reads the
         # whole buffer under a mask, and a NaN there would survive a zero attention weight
-        self.key_slab = key_states.new_zeros(b, h, self.capacity, key_states.shape[-1], dtype=self.dtype)
+        self.key_slab = key_states.new_zeros(b, h, self.capacity, d, dtype=self.dtype)
         self.value_slab = value_states.new_zeros(
             b, value_states.shape[1], self.capacity, value_states.shape[-1], dtype=self.dtype
         )
+        if self.transposed_keys:
+            self.key_slab_t = key_states.new_zeros(b, h, d, padded_capacity(self.capacity), dtype=self.dtype)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -88,6 +101,8 @@ class SlabLayer(DynamicLayer):
         self.advance(end)
         self.key_slab[:, :, start:end].copy_(key_states)
         self.value_slab[:, :, start:end].copy_(value_states)
+        if self.key_slab_t is not None:
+            self.key_slab_t[..., start:end].copy_(key_states.transpose(-1, -2))
         # the prefill attends over its own (contiguous, unrounded) states, as with DynamicCache
         if start == 0:
             return key_states, value_states
@@ -116,16 +131,27 @@ class SlabLayer(DynamicLayer):
             new = slab.new_zeros(len(indices), *slab.shape[1:])
             new[:, :, : self.length] = slab[indices, :, : self.length]
             setattr(self, name, new)
+        if self.key_slab_t is not None:
+            new = self.key_slab_t.new_zeros(len(indices), *self.key_slab_t.shape[1:])
+            new[..., : self.length] = self.key_slab_t[indices, ..., : self.length]
+            self.key_slab_t = new
         self.keys, self.values = self.key_slab[:, :, : self.length], self.value_slab[:, :, : self.length]
 
 
 class SlabCache(Cache):
     """A ``Cache`` of :class:`SlabLayer`, one per decoder layer, each ``capacity`` positions long (``dtype``:
-    theirs, None: the model's states'); ``shared_prompt``: the prompts' own K/V while the rows are the
+    theirs, None: the model's states'; ``transposed_keys``: each also keeps its keys transposed, for
+    ``rlkit.rollout.attention_kernel``); ``shared_prompt``: the prompts' own K/V while the rows are the
     prompts' groups in order (``rlkit.rollout.shared_prompt``), else None."""
 
-    def __init__(self, num_layers: int, capacity: int, dtype: torch.dtype | None = None):
-        super().__init__(layers=[SlabLayer(capacity, dtype) for _ in range(num_layers)])
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        dtype: torch.dtype | None = None,
+        transposed_keys: bool = False,
+    ):
+        super().__init__(layers=[SlabLayer(capacity, dtype, transposed_keys) for _ in range(num_layers)])
         self.shared_prompt: SharedPrompt | None = None
 
     def repeat_rows(self, inverse: torch.Tensor, keep_prompts: bool) -> None:
@@ -173,6 +199,11 @@ class DecodePlan:
     # ... and only where this CPU's attention probe finds bf16 K/V faster (rollout.bf16_kv.bf16_kv_pays);
     # False: without asking it (tests and benchmarks that compare the two caches on any CPU)
     bf16_kv_probe: bool = True
+    # lean step over fp32 K/V: attention by the compiled kernel (rollout.attention_kernel) where it builds on
+    # this machine, fits the model's heads and its probe finds it faster than SDPA; False: SDPA
+    attention_kernel: bool = True
+    # False: the kernel wherever it builds and fits, without asking the probe (tests and benchmarks)
+    attention_kernel_probe: bool = True
 
 
 @dataclass(frozen=True)
@@ -180,10 +211,12 @@ class Decoded:
     """What :func:`decode` ran. ``path``: ``"plain"`` (the model's own cache), ``"slab"`` (the fast loop
     through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean step),
     ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by the graph step);
-    ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``)."""
+    ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``); ``attention_kernel``: the lean
+    step attended with the compiled kernel (``rlkit.rollout.attention_kernel``)."""
 
     path: str
     bf16_kv: bool = False
+    attention_kernel: bool = False
 
 
 @dataclass
@@ -300,13 +333,23 @@ def decode(
         and bf16_kv_cache_fits(lean)
         and (not run.plan.bf16_kv_probe or bf16_kv_pays(lean.heads, lean.kv_heads, lean.dim))
     )
-    cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None)
+    kernel = (
+        lean is not None
+        and lean is not graph_step
+        and not bf16_kv
+        and run.plan.attention_kernel
+        and kernel_fits(lean)
+        and kernel_unavailable() is None
+        and (not run.plan.attention_kernel_probe or kernel_pays(lean.heads, lean.kv_heads, lean.dim))
+    )
+    cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None, transposed_keys=kernel)
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean)
     if lean is None:
         return Decoded("slab")
     if lean is graph_step:
         return Decoded("graph")
-    return Decoded("scripted" if getattr(lean, "scripted", None) is not None else "lean", bf16_kv)
+    path = "scripted" if getattr(lean, "scripted", None) is not None else "lean"
+    return Decoded(path, bf16_kv, attends_with_kernel(cache))
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

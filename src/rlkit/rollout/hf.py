@@ -334,6 +334,8 @@ class HFRollout:
             "rollout/lean_step": float(path in ("lean", "scripted", "graph")),
             "rollout/scripted_layers": float(path == "scripted"),  # the lean step's layers under TorchScript
             "rollout/bf16_kv_cache": float(decoded.bf16_kv),  # the slab cache held bf16 K/V (rollout.bf16_kv)
+            # the lean step attended with the compiled kernel (rollout.attention_kernel)
+            "rollout/attention_kernel": float(decoded.attention_kernel),
         }
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")

@@ -10,9 +10,10 @@ step and applied to q and k together (``roll`` with the sign of ``rotate_half`` 
 K/V written into the slab in place, SDPA over the filled prefix with ``enable_gqa`` (no repeated K/V) and a
 boolean padding mask sliced from the loop's own — or, where the cache keeps a group's shared prompt and the
 step skips enough of the K/V that way, attention that reads each prompt once for its rows
-(``rlkit.rollout.shared_prompt``); over a bf16 cache (``rlkit.rollout.bf16_kv``) both in bf16. What it leaves
-out is what transformers runs around the same ops at every token: per-module keyword plumbing, the causal-mask
-builder, the cache API and the output containers.
+(``rlkit.rollout.shared_prompt``); over a bf16 cache (``rlkit.rollout.bf16_kv``) both in bf16; over a cache
+that keeps its keys transposed too, the compiled kernel instead of SDPA (``rlkit.rollout.attention_kernel``).
+What it leaves out is what transformers runs around the same ops at every token: per-module keyword plumbing,
+the causal-mask builder, the cache API and the output containers.
 Where its layers fit (plain fp32 or oneDNN-packed bf16 linears on the CPU), the layer loop itself runs as one
 TorchScript function with the same ops (``rlkit.rollout.scripted_step``, ``scripted=True``; the decode's
 ``DecodePlan.scripted_layers``), so Python is called once per step instead of once per operator.
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlkit.rollout.attention_kernel import attends_with_kernel, decode_attention
 from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
 from rlkit.rollout.packed_copy import FusedMember, FusedOutputs
 from rlkit.rollout.scripted_step import ScriptedLayers
@@ -98,6 +100,7 @@ class LeanStep:
         attend = mask.bool()[:, None, None, :]  # [A, 1, 1, L]
         kv_dtype = cache.layers[0].key_slab.dtype
         bf16_kv = kv_dtype == torch.bfloat16 and x.dtype == torch.float32  # rlkit.rollout.bf16_kv
+        kernel = attends_with_kernel(cache) and x.dtype == torch.float32  # rlkit.rollout.attention_kernel
         shared, prompt_bias, response_bias = getattr(cache, "shared_prompt", None), None, None
         if not (
             x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
@@ -108,7 +111,7 @@ class LeanStep:
             prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
         if self.scripted is not None:
-            x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv)
+            x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv, kernel)
             return self.head(self.final_norm(x))
         for i, (layer, slab) in enumerate(zip(self.layers, cache.layers, strict=True)):
             qk, v = layer.project(layer.input_norm(x))  # [A, H + Hkv, D], [A, Hkv, D]
@@ -129,6 +132,8 @@ class LeanStep:
                 )
             elif bf16_kv:
                 o = kv_attention(q, keys, values, attend, layer.scale)
+            elif kernel:
+                o = decode_attention(q, slab.key_slab_t, slab.value_slab, attend, keys.shape[2], layer.scale)
             else:
                 o = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=attend, scale=layer.scale, enable_gqa=True

@@ -4,7 +4,8 @@ A lean step (``rlkit.rollout.lean_step``) of SmolLM2 runs ~1,240 small operators
 each one costs Python as well as its kernel: the interpreter's bytecode between the calls, the module and
 wrapper calls around them. :func:`layer_loop` is the same loop — each layer's RMSNorm, q/k/v projection,
 rotary, K/V written into the slab, attention (SDPA, or the group's shared prompt read once:
-``rlkit.rollout.shared_prompt``; over a bf16 cache ``rlkit.rollout.bf16_kv``'s), output projection, residual,
+``rlkit.rollout.shared_prompt``; over a bf16 cache ``rlkit.rollout.bf16_kv``'s; the compiled kernel where the
+slab keeps its keys transposed: ``rlkit.rollout.attention_kernel``), output projection, residual,
 RMSNorm, gate/up, SiLU, down and residual — compiled once per process by ``torch.jit.script`` and run by
 TorchScript's interpreter, so a step calls into Python once for the whole stack instead of for every operator
 (a CUDA-graph-like replay on the CPU, without capturing shapes: the cache length grows every step). The
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlkit.rollout import attention_kernel  # noqa: F401  (defines rlkit::decode_attention, which the loop calls)
 from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa  # compiled into the script with it
 from rlkit.rollout.shared_prompt import shared_prompt_attention  # (likewise)
 
@@ -86,6 +88,7 @@ def layer_loop(
     down_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
     key_slabs: List[torch.Tensor],  # noqa: UP006
     value_slabs: List[torch.Tensor],  # noqa: UP006
+    key_slabs_t: List[torch.Tensor],  # noqa: UP006
     prompt_keys: List[torch.Tensor],  # noqa: UP006
     prompt_values: List[torch.Tensor],  # noqa: UP006
     prompt_bias: Optional[torch.Tensor],  # noqa: UP045
@@ -99,6 +102,7 @@ def layer_loop(
     scale: float,
     packed: bool,
     bf16_kv: bool,
+    kernel: bool,
 ) -> torch.Tensor:
     """Every decoder layer of one lean step (``LeanStep.__call__``'s loop, the same ops in the same order):
     ``x [A, hidden]`` the token's embedding, ``cos``/``sin [A, 1, D]`` its rotary tables (``sin`` with
@@ -109,7 +113,9 @@ def layer_loop(
     [A, Hkv, capacity, D]`` written at position ``start`` (``L = start + 1``). With ``prompt_keys`` (a
     group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once per group, under
     ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. ``bf16_kv``: the slabs hold
-    bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. Returns ``[A, hidden]``."""
+    bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. ``kernel``: ``key_slabs_t [A, Hkv, D, C]``
+    hold the keys transposed too (written at ``start``), attended by ``rlkit::decode_attention``
+    (``rlkit.rollout.attention_kernel``) instead of SDPA. Returns ``[A, hidden]``."""
     a, hidden, half = x.shape[0], x.shape[1], dim // 2
     for i in range(len(qkv)):
         h = F.rms_norm(x, [hidden], norms[2 * i], eps)
@@ -128,6 +134,8 @@ def layer_loop(
         key_slab, value_slab = key_slabs[i], value_slabs[i]
         key_slab[:, :, start : start + 1].copy_(qk[:, heads:, None])
         value_slab[:, :, start : start + 1].copy_(v[:, :, None])
+        if kernel:
+            key_slabs_t[i][:, :, :, start : start + 1].copy_(qk[:, heads:, :, None])
         keys, values = key_slab[:, :, : start + 1], value_slab[:, :, : start + 1]
         if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
             if bf16_kv:
@@ -140,6 +148,8 @@ def layer_loop(
                 )
         elif bf16_kv:
             o = kv_attention(q, keys, values, attend, scale)
+        elif kernel:
+            o = torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slab, attend, start + 1, scale)
         else:
             o = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True
@@ -199,7 +209,17 @@ class ScriptedLayers:
         return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop())
 
     def __call__(
-        self, x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv: bool = False
+        self,
+        x,
+        cos,
+        sin,
+        attend,
+        cache,
+        shared,
+        prompt_bias,
+        response_bias,
+        bf16_kv: bool = False,
+        kernel: bool = False,
     ) -> torch.Tensor:
         """Every layer of one step for ``x [A, hidden]`` (``LeanStep.__call__``'s arguments): the new K/V
         written into each slab (its ``length`` advanced) and the last layer's output returned."""
@@ -216,6 +236,7 @@ class ScriptedLayers:
             **self.parts,
             key_slabs=[slab.key_slab for slab in slabs],
             value_slabs=[slab.value_slab for slab in slabs],
+            key_slabs_t=[slab.key_slab_t for slab in slabs] if kernel else [],
             prompt_keys=shared.keys if shared is not None else [],
             prompt_values=shared.values if shared is not None else [],
             prompt_bias=prompt_bias,
@@ -229,6 +250,7 @@ class ScriptedLayers:
             scale=float(lean.layers[0].scale),
             packed=self.packed,
             bf16_kv=bf16_kv,
+            kernel=kernel,
         )
 
 

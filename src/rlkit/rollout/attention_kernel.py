@@ -1,0 +1,329 @@
+"""A compiled CPU kernel for the lean decode step's attention (``DecodePlan.attention_kernel``, default on).
+
+At a decode step each row's query heads attend over its cached positions. torch's CPU SDPA spends 57–111 ns
+per (row, KV head, position) there on an Intel Xeon with AMX whether the cache is cold or in L2 — time spent
+computing small dot products and softmaxes, not reading the cache (docs/benchmarks.md, "session 30"). The
+operator ``rlkit::decode_attention`` (``kernels/decode_attention.cpp``) computes the same attention per (row,
+KV head): the scores of its query heads for 8 or 16 positions at a time in vector registers over keys kept
+transposed (:class:`rlkit.rollout.decode.SlabLayer`'s ``key_slab_t``, written beside the keys), a vectorised
+softmax, and the weighted sum of the value rows with the outputs held in registers: 0.56–0.68× SDPA's time per
+step of 30 layers at 8–16 rows on that machine, cold.
+
+The operator's schema is defined here, at import (so TorchScript's layer loop,
+``rlkit.rollout.scripted_step``, compiles with it); its implementation is the C++ file, compiled on first use for this CPU — AVX-512 (16 floats
+a vector) where the CPU has it, else AVX2 (8) — by the machine's ``g++`` against the installed torch, cached
+under ``$RLKIT_CACHE/kernels/`` by a hash of the source, the compiler, the flags and the torch version, and
+loaded into the process (:func:`kernel_unavailable`). Where it cannot be (no x86-64 CPU with AVX2 and FMA, no
+``g++``, a failed compile), the step attends with SDPA as before and says why once. Where it can, a probe
+(:class:`KernelAttentionProbe`, timed once per machine and cached beside the other hardware probes) keeps it
+only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time (:func:`kernel_pays`).
+
+Numerics: fp32 throughout; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
+with SDPA's to float rounding (within 1e-6 on random caches), not bit for bit; the two lean loops (Python and
+TorchScript) call the same operator, so they agree bit for bit with each other
+(``tests/unit/rollout/test_attention_kernel.py``).
+
+Shapes: ``A`` rows, ``H``/``Hkv`` query/KV heads, ``D`` head size, ``C`` slab capacity, ``L`` filled
+positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "KERNEL_MAX_RATIO",
+    "KernelAttentionProbe",
+    "attends_with_kernel",
+    "cached_kernel_probe",
+    "decode_attention",
+    "kernel_fits",
+    "kernel_pays",
+    "kernel_unavailable",
+    "padded_capacity",
+    "probe_kernel",
+]
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent / "kernels" / "decode_attention.cpp"
+SCHEMA = (
+    "decode_attention(Tensor q, Tensor keys_t, Tensor values, Tensor attend, int length, float scale)"
+    " -> Tensor"
+)
+_LIBRARY = torch.library.Library("rlkit", "DEF")  # kept alive: the schema lives as long as the process
+_LIBRARY.define(SCHEMA)
+
+# the kernel only where this CPU's probe timed it at most this share of SDPA's time (AMX, session 30:
+# 0.56-0.68 over 30 cold layers at 8-16 rows; benchmarks/decode_attention_kernel.py): a margin for the probe's
+# spread, so a machine where it merely ties keeps SDPA
+KERNEL_MAX_RATIO = 0.9
+HEAD_SIZES = (16, 32, 64, 128)  # the kernel's instantiations (kernels/decode_attention.cpp)
+MAX_QUERY_HEADS_PER_KV_HEAD = 8
+SLAB_ALIGN = 16  # key_slab_t's capacity is a multiple of this: a vector block may read past the filled length
+PROBE_ROWS, PROBE_POSITIONS, PROBE_LAYERS, PROBE_REPS = 8, 128, 8, 5
+PROBE_EVICT_BYTES = 8 * 2**20  # read before each layer's attention: its K/V come from memory, as in a step
+
+_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+
+
+def padded_capacity(capacity: int) -> int:
+    """``key_slab_t``'s positions for a slab of ``capacity``: rounded up to :data:`SLAB_ALIGN`."""
+    return -(-capacity // SLAB_ALIGN) * SLAB_ALIGN
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def build_flags(flags: set[str]) -> tuple[list[str], int] | None:
+    """The compiler's target flags and the kernel's vector width (floats) for a CPU with ``flags``, or None
+    where it has no AVX2 and FMA. Only what the CPU reports: never ``-march=native``'s tuning."""
+    if {"avx2", "fma", *_AVX512} <= flags:
+        return [*(f"-m{f}" for f in _AVX512), "-mavx2", "-mfma"], 16
+    if {"avx2", "fma"} <= flags:
+        return ["-mavx2", "-mfma"], 8
+    return None
+
+
+def _compiler() -> str | None:
+    return shutil.which("g++")
+
+
+def _compile_command(compiler: str, target: list[str], width: int, out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths
+
+    lib = Path(torch.__file__).resolve().parent / "lib"
+    return [
+        compiler,
+        "-O3",
+        "-std=gnu++20",  # GNU mode: GCC contracts a * b + c into FMAs (ISO mode does not)
+        "-fno-math-errno",
+        "-shared",
+        "-fPIC",
+        "-w",
+        *target,
+        f"-DRLKIT_VEC={width}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in include_paths()),
+        str(SOURCE),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+        "-o",
+        str(out),
+    ]
+
+
+def kernel_library(cache_dir: Path | None = None) -> tuple[Path | None, str | None]:
+    """The compiled kernel for this CPU and torch (compiled now where the cache lacks it), or None and why
+    not."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"the kernel is for x86-64 Linux (this is {platform.system()} on {platform.machine()})"
+    target = build_flags(_cpu_flags())
+    if target is None:
+        return None, "this CPU has no AVX2 and FMA"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no g++ on PATH to compile it"
+    flags, width = target
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    digest = hashlib.sha256()
+    for part in (
+        SOURCE.read_bytes(),
+        str(version).encode(),
+        " ".join(flags).encode(),
+        torch.__version__.encode(),
+    ):
+        digest.update(part)
+    from rlkit.hardware import default_cache_path
+
+    directory = cache_dir or default_cache_path().parent / "kernels"
+    path = directory / f"decode_attention-{width}-{digest.hexdigest()[:16]}.so"
+    if path.exists():
+        return path, None
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    command = _compile_command(compiler, flags, width, tmp)
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
+        return None, f"compiling {SOURCE.name} failed ({first})"
+    os.replace(tmp, path)  # another process may have compiled it too: either file is the same kernel
+    log.info("compiled the decode attention kernel in %.1f s: %s", time.perf_counter() - started, path)
+    return path, None
+
+
+@functools.cache
+def kernel_unavailable() -> str | None:
+    """Why this process cannot use the kernel (said once, as a warning), or None once it is loaded."""
+    try:
+        path, why = kernel_library()
+        if path is not None:
+            torch.ops.load_library(str(path))
+    except Exception as err:  # noqa: BLE001 - any failure: SDPA, as before
+        path, why = None, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    if why is not None:
+        warnings.warn(
+            f"rlkit: the decode attention kernel is not used ({why}); the lean step attends with SDPA "
+            "(slower, same tokens to float rounding).",
+            stacklevel=2,
+        )
+    return why
+
+
+def decode_attention(
+    q: torch.Tensor,
+    keys_t: torch.Tensor,
+    values: torch.Tensor,
+    attend: torch.Tensor,
+    length: int,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA's output ``[A, H, 1, D]`` for queries ``q [A, H, 1, D]`` over the first ``length`` positions of
+    ``keys_t [A, Hkv, D, C]`` (transposed keys) and ``values [A, Hkv, C, D]`` where ``attend [A, 1, 1, L]``
+    (bool) is true; query head ``h`` reads KV head ``h // (H / Hkv)``. Needs the kernel loaded
+    (:func:`kernel_unavailable` None)."""
+    return torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale)
+
+
+@dataclass(frozen=True)
+class KernelAttentionProbe:
+    """One decode step's attention on this CPU, ``PROBE_LAYERS`` layers of distinct cold K/V at ``rows`` ×
+    ``positions`` (median seconds of ``PROBE_REPS`` interleaved reps): SDPA with ``enable_gqa`` (the lean
+    step's) and the kernel."""
+
+    sdpa_s: float
+    kernel_s: float
+    rows: int = PROBE_ROWS
+    positions: int = PROBE_POSITIONS
+
+    @property
+    def pays(self) -> bool:
+        """The kernel attends in at most ``KERNEL_MAX_RATIO`` of SDPA's time."""
+        return self.kernel_s <= KERNEL_MAX_RATIO * self.sdpa_s
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> KernelAttentionProbe:
+        return cls(
+            sdpa_s=float(entry["sdpa_s"]),
+            kernel_s=float(entry["kernel_s"]),
+            rows=int(entry["rows"]),
+            positions=int(entry["positions"]),
+        )
+
+
+def probe_kernel(heads: int, kv_heads: int, dim: int) -> KernelAttentionProbe:
+    """Time SDPA and the kernel (:class:`KernelAttentionProbe`) for ``heads``/``kv_heads`` heads of ``dim`` on
+    this process's torch threads (a fraction of a second); each layer's attention is timed after
+    ``PROBE_EVICT_BYTES`` of other memory is read. Needs the kernel loaded."""
+    generator = torch.Generator().manual_seed(0)
+    capacity = padded_capacity(PROBE_POSITIONS)
+    keys = [
+        torch.randn(PROBE_ROWS, kv_heads, capacity, dim, generator=generator) for _ in range(PROBE_LAYERS)
+    ]
+    keys_t = [k.transpose(-1, -2).contiguous() for k in keys]
+    values = [
+        torch.randn(PROBE_ROWS, kv_heads, capacity, dim, generator=generator) for _ in range(PROBE_LAYERS)
+    ]
+    evict = [torch.ones(PROBE_EVICT_BYTES // 4) for _ in range(PROBE_LAYERS)]
+    q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
+    attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
+    scale = dim**-0.5
+
+    def sdpa(layer: int) -> None:
+        k, v = keys[layer][:, :, :PROBE_POSITIONS], values[layer][:, :, :PROBE_POSITIONS]
+        F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
+
+    def kernel(layer: int) -> None:
+        decode_attention(q, keys_t[layer], values[layer], attend, PROBE_POSITIONS, scale)
+
+    def step(attention) -> float:
+        spent = 0.0
+        for layer in range(PROBE_LAYERS):
+            evict[layer].sum()
+            start = time.perf_counter()
+            attention(layer)
+            spent += time.perf_counter() - start
+        return spent
+
+    times: dict[Any, list[float]] = {sdpa: [], kernel: []}
+    step(sdpa), step(kernel)  # warm-up
+    for rep in range(PROBE_REPS):
+        for attention in (sdpa, kernel) if rep % 2 == 0 else (kernel, sdpa):
+            times[attention].append(step(attention))
+    return KernelAttentionProbe(statistics.median(times[sdpa]), statistics.median(times[kernel]))
+
+
+def cached_kernel_probe(
+    heads: int, kv_heads: int, dim: int, cache_path: Path | None = None, *, probe=probe_kernel
+) -> KernelAttentionProbe:
+    """The probe for these heads on this CPU and torch version from the hardware cache
+    (``rlkit.hardware.cpu.cached_entry``), or measured now and added to it."""
+    from rlkit.hardware import cached_entry, cpu_info
+
+    return cached_entry(
+        f"decode-attention-kernel-{heads}-{kv_heads}-{dim}",
+        cpu_info(),
+        lambda: asdict(probe(heads, kv_heads, dim)),
+        KernelAttentionProbe.from_entry,
+        cache_path,
+    )
+
+
+def kernel_pays(heads: int, kv_heads: int, dim: int) -> bool:
+    """Whether this CPU's probe (:func:`cached_kernel_probe`, read once per process and cache file) finds the
+    kernel worth it for these heads."""
+    from rlkit.hardware import default_cache_path
+
+    return _pays(heads, kv_heads, dim, default_cache_path())
+
+
+@functools.cache
+def _pays(heads: int, kv_heads: int, dim: int, cache_path: Path) -> bool:
+    return cached_kernel_probe(heads, kv_heads, dim, cache_path).pays
+
+
+def attends_with_kernel(cache) -> bool:
+    """Whether a lean step over ``cache`` (``rlkit.rollout.decode.SlabCache``) attends with the kernel: its
+    slabs keep fp32 keys transposed (the decode asked for them: ``DecodePlan.attention_kernel``)."""
+    slab = cache.layers[0].key_slab_t if cache.layers else None
+    return slab is not None and slab.dtype == torch.float32
+
+
+def kernel_fits(lean) -> bool:
+    """Whether lean step ``lean`` (``rlkit.rollout.lean_step.LeanStep``) has heads the kernel is built for, on
+    the CPU, with fp32 states (its K/V and queries)."""
+    layers = getattr(lean, "layers", None)
+    if not layers or lean.kv_heads <= 0 or lean.heads % lean.kv_heads:
+        return False
+    if lean.dim not in HEAD_SIZES or lean.heads // lean.kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD:
+        return False
+    embedding = lean.model.embed_tokens.weight
+    return embedding.device.type == "cpu" and embedding.dtype == torch.float32

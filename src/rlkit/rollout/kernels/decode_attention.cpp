@@ -1,0 +1,198 @@
+// One decode step's attention over rlkit's slab cache, on the CPU: the implementation of the operator
+// rlkit::decode_attention, whose schema rlkit.rollout.attention_kernel defines (it compiles this file with
+// g++ for the CPU it runs on, caches the library and loads it; see that module for when the lean step uses
+// it).
+//
+// decode_attention(q [A, H, 1, D], keys_t [A, Hkv, D, C], values [A, Hkv, C', D], attend [A, 1, 1, L'] bool,
+//                  length L, scale) -> [A, H, 1, D], fp32 throughout; query head h reads KV head
+//                  h / (H / Hkv).
+// keys_t holds each KV head's keys transposed (position fastest) with C >= L rounded up to RLKIT_VEC; values
+// are read at positions < L, attend at positions < L (1: attended). Per (row, KV head): the scores of its
+// H / Hkv queries, RLKIT_VEC positions at a time, as register accumulators (no horizontal sums); a vectorised
+// softmax (Cephes' expf polynomial, exp of x <= 0); the weighted sum of the value rows with the outputs held
+// in registers. RLKIT_VEC is the floats per vector register the build targets: 16 (AVX-512) or 8 (AVX2).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#ifndef RLKIT_VEC
+#define RLKIT_VEC 16
+#endif
+
+namespace {
+
+constexpr int kW = RLKIT_VEC;
+typedef float vf __attribute__((vector_size(kW * 4)));
+typedef int32_t vi __attribute__((vector_size(kW * 4)));
+typedef char vc __attribute__((vector_size(kW)));
+
+inline vf load(const float* p) {
+  vf x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof(x)); }
+
+inline vf exp_nonpositive(vf x) {  // exp(x) for x <= 0: Cephes' expf, 2^n from the exponent bits
+  const vf zero = {};
+  x = x < -87.0f ? zero - 87.0f : x;
+  const vf fx = x * 1.44269504088896341f + 0.5f;
+  const vi truncated = __builtin_convertvector(fx, vi);
+  const vi n = __builtin_convertvector(truncated, vf) > fx ? truncated - 1 : truncated;  // floor
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+          1.6666665459e-1f) * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  vf pow2;
+  const vi bits = (n + 127) << 23;
+  std::memcpy(&pow2, &bits, sizeof(pow2));
+  return y * pow2;
+}
+
+struct Pair {  // one (row, KV head): where its queries, keys, values, mask and outputs are
+  const float* q;
+  const float* keys_t;
+  int64_t key_stride;  // between two of the D rows of keys_t
+  const float* values;
+  int64_t value_stride;  // between two positions
+  const bool* attend;
+  int64_t attend_stride;
+  float* out;
+};
+
+template <int Per, int D>
+void attend_pair(const Pair& pair, int64_t len, float scale, float* scores) {
+  static_assert(D % kW == 0, "head size must be a multiple of the vector width");
+  const int64_t blocks = (len + kW - 1) / kW, width = blocks * kW;
+  const vf zero = {}, minus_inf = zero - INFINITY;
+  for (int64_t b = 0; b < blocks; ++b) {  // scores [Per, width]
+    vf acc[Per] = {};
+    for (int t = 0; t < D; ++t) {
+      const vf k = load(pair.keys_t + t * pair.key_stride + b * kW);
+      for (int p = 0; p < Per; ++p) acc[p] += pair.q[p * D + t] * k;
+    }
+    vc bytes = {};
+    const int64_t filled = std::min<int64_t>(kW, len - b * kW);
+    for (int64_t c = 0; c < filled; ++c) bytes[c] = pair.attend[(b * kW + c) * pair.attend_stride] ? 1 : 0;
+    const vf keep = __builtin_convertvector(bytes, vf);
+    for (int p = 0; p < Per; ++p)
+      store(scores + p * width + b * kW, keep > 0.0f ? acc[p] * scale : minus_inf);
+  }
+  for (int p = 0; p < Per; ++p) {  // softmax over each query's positions
+    float* s = scores + p * width;
+    vf top = minus_inf;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const vf x = load(s + b * kW);
+      top = x > top ? x : top;
+    }
+    float m = top[0];
+    for (int c = 1; c < kW; ++c) m = top[c] > m ? top[c] : m;
+    if (m == -INFINITY) m = 0.0f;  // nothing attended: zeros out (SDPA gives NaN; the lean step never asks)
+    vf sum = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const vf x = load(s + b * kW);
+      const vf e = x > minus_inf ? exp_nonpositive(x - m) : zero;
+      store(s + b * kW, e);
+      sum += e;
+    }
+    float total = 0.0f;
+    for (int c = 0; c < kW; ++c) total += sum[c];
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) store(s + b * kW, load(s + b * kW) * inv);
+  }
+  constexpr int chunks = D / kW;
+  vf o[Per][chunks] = {};
+  for (int64_t j = 0; j < len; ++j) {
+    const float* row = pair.values + j * pair.value_stride;
+    vf v[chunks];
+    for (int c = 0; c < chunks; ++c) v[c] = load(row + c * kW);
+    for (int p = 0; p < Per; ++p) {
+      const float w = scores[p * width + j];
+      for (int c = 0; c < chunks; ++c) o[p][c] += w * v[c];
+    }
+  }
+  for (int p = 0; p < Per; ++p)
+    for (int c = 0; c < chunks; ++c) store(pair.out + p * D + c * kW, o[p][c]);
+}
+
+using PairFn = void (*)(const Pair&, int64_t, float, float*);
+
+template <int D>
+PairFn for_group(int64_t per) {
+  switch (per) {
+    case 1: return &attend_pair<1, D>;
+    case 2: return &attend_pair<2, D>;
+    case 3: return &attend_pair<3, D>;
+    case 4: return &attend_pair<4, D>;
+    case 5: return &attend_pair<5, D>;
+    case 6: return &attend_pair<6, D>;
+    case 7: return &attend_pair<7, D>;
+    case 8: return &attend_pair<8, D>;
+    default: return nullptr;
+  }
+}
+
+PairFn kernel_for(int64_t per, int64_t dim) {
+  switch (dim) {
+    case 16: return for_group<16>(per);
+    case 32: return for_group<32>(per);
+    case 64: return for_group<64>(per);
+    case 128: return for_group<128>(per);
+    default: return nullptr;
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values,
+                            const at::Tensor& attend, int64_t length, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && keys_t.scalar_type() == at::kFloat &&
+                  values.scalar_type() == at::kFloat && attend.scalar_type() == at::kBool,
+              "rlkit::decode_attention: fp32 q, keys_t, values and a bool attend");
+  TORCH_CHECK(q.dim() == 4 && keys_t.dim() == 4 && values.dim() == 4 && attend.dim() == 4,
+              "rlkit::decode_attention: 4-d q, keys_t, values, attend");
+  const int64_t a = q.size(0), h = q.size(1), d = q.size(3), hkv = keys_t.size(1);
+  TORCH_CHECK(keys_t.size(0) == a && values.size(0) == a && attend.size(0) == a, "rows differ");
+  TORCH_CHECK(hkv > 0 && h % hkv == 0 && keys_t.size(2) == d && values.size(3) == d,
+              "heads or head size differ");
+  TORCH_CHECK(length > 0 && (length + kW - 1) / kW * kW <= keys_t.size(3) && length <= values.size(2) &&
+                  length <= attend.size(3),
+              "rlkit::decode_attention: keys_t needs room for the length rounded up to the vector width");
+  TORCH_CHECK(keys_t.stride(3) == 1 && values.stride(3) == 1, "keys_t and values: last dim contiguous");
+  const PairFn fn = kernel_for(h / hkv, d);
+  TORCH_CHECK(fn != nullptr, "rlkit::decode_attention: no kernel for ", h / hkv,
+              " query heads per KV head of ", d, " (1-8 heads of 16, 32, 64 or 128)");
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty({a, h, 1, d}, q.options());
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = keys_t.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  const bool* mp = attend.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  const int64_t per = h / hkv, width = (length + kW - 1) / kW * kW;
+  at::parallel_for(0, a * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(per * width);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / hkv, g = i % hkv;
+      const Pair pair{qp + (r * h + g * per) * d,
+                      kp + r * keys_t.stride(0) + g * keys_t.stride(1),
+                      keys_t.stride(2),
+                      vp + r * values.stride(0) + g * values.stride(1),
+                      values.stride(2),
+                      mp + r * attend.stride(0),
+                      attend.stride(3),
+                      op + (r * h + g * per) * d};
+      fn(pair, length, static_cast<float>(scale), scores.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkit, CPU, m) { m.impl("decode_attention", &decode_attention); }
