@@ -10,13 +10,14 @@ softmax, and the weighted sum of the value rows with the outputs held in registe
 step of 30 layers at 8–16 rows on that machine, cold.
 
 The operator's schema is defined here, at import (so TorchScript's layer loop,
-``rlkit.rollout.scripted_step``, compiles with it); its implementation is the C++ file, compiled on first use for this CPU — AVX-512 (16 floats
-a vector) where the CPU has it, else AVX2 (8) — by the machine's ``g++`` against the installed torch, cached
-under ``$RLKIT_CACHE/kernels/`` by a hash of the source, the compiler, the flags and the torch version, and
-loaded into the process (:func:`kernel_unavailable`). Where it cannot be (no x86-64 CPU with AVX2 and FMA, no
-``g++``, a failed compile), the step attends with SDPA as before and says why once. Where it can, a probe
-(:class:`KernelAttentionProbe`, timed once per machine and cached beside the other hardware probes) keeps it
-only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time (:func:`kernel_pays`).
+``rlkit.rollout.scripted_step``, compiles with it); its implementation is the C++ file, compiled on first use
+for this CPU — AVX-512 (16 floats a vector) where the CPU has it, else AVX2 (8) — by the machine's ``g++``
+against the installed torch, cached under ``$RLKIT_CACHE/kernels/`` by a hash of the source, the compiler, the
+flags and the torch version, and loaded into the process (:func:`kernel_unavailable`). Where it cannot be (no
+x86-64 CPU with AVX2 and FMA, no ``g++``, a failed compile), the step attends with SDPA as before and says why
+once. Where it can, a probe (:class:`KernelAttentionProbe`, timed once per machine and cached beside the other
+hardware probes) keeps it only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time
+(:func:`kernel_pays`).
 
 Numerics: fp32 throughout; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
 with SDPA's to float rounding (within 1e-6 on random caches), not bit for bit; the two lean loops (Python and
