@@ -34,6 +34,8 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   bf16kv  rollout, lean step over the bf16 copy (use ``--decode-dtype bfloat16``): bf16 K/V in the slab cache
          (rlkit.rollout.bf16_kv) at any cache length vs fp32 K/V (the default takes bf16 from
          ``BF16_KV_MIN_POSITIONS`` positions)
+  kernel  rollout, lean step over fp32 K/V: attention by the compiled kernel (``DecodePlan.attention_kernel``,
+         rlkit.rollout.attention_kernel) vs SDPA
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -105,6 +107,8 @@ def plans(change: str, on: bool):
         scripted_layers=not (change == "scripted" and off),
         # bf16kv: A fp32 K/V, B bf16 K/V at any length (where it pays decides BF16_KV_MIN_POSITIONS)
         **({"bf16_kv_from": 0 if on else None, "bf16_kv_probe": False} if change == "bf16kv" else {}),
+        # kernel: A SDPA, B the compiled kernel wherever it builds (without asking its probe)
+        **({"attention_kernel": on, "attention_kernel_probe": False} if change == "kernel" else {}),
     )
 
 

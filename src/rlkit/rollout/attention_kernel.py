@@ -140,12 +140,15 @@ def _compile_command(compiler: str, target: list[str], width: int, out: Path) ->
     ]
 
 
-def kernel_library(cache_dir: Path | None = None) -> tuple[Path | None, str | None]:
-    """The compiled kernel for this CPU and torch (compiled now where the cache lacks it), or None and why
-    not."""
+def kernel_library(
+    cache_dir: Path | None = None, cpu_flags: set[str] | None = None
+) -> tuple[Path | None, str | None]:
+    """The compiled kernel for this CPU (``cpu_flags``: for one with these flags instead; tests build the
+    AVX2 kernel on an AVX-512 CPU) and torch, compiled now where the cache (``cache_dir``, default
+    ``$RLKIT_CACHE/kernels``) lacks it; or None and why not."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None, f"the kernel is for x86-64 Linux (this is {platform.system()} on {platform.machine()})"
-    target = build_flags(_cpu_flags())
+    target = build_flags(_cpu_flags() if cpu_flags is None else cpu_flags)
     if target is None:
         return None, "this CPU has no AVX2 and FMA"
     compiler = _compiler()
@@ -171,6 +174,7 @@ def kernel_library(cache_dir: Path | None = None) -> tuple[Path | None, str | No
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     command = _compile_command(compiler, flags, width, tmp)
     started = time.perf_counter()
+    log.info("compiling the decode attention kernel for this CPU (once; cached as %s)", path)
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)

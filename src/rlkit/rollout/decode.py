@@ -89,8 +89,8 @@ class SlabLayer(DynamicLayer):
         self.value_slab = value_states.new_zeros(
             b, value_states.shape[1], self.capacity, value_states.shape[-1], dtype=self.dtype
         )
-        if self.transposed_keys:
-            self.key_slab_t = key_states.new_zeros(b, h, d, padded_capacity(self.capacity), dtype=self.dtype)
+        if self.transposed_keys:  # not zeroed: the kernel reads no position past the filled ones unmasked
+            self.key_slab_t = key_states.new_empty(b, h, d, padded_capacity(self.capacity), dtype=self.dtype)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -132,7 +132,7 @@ class SlabLayer(DynamicLayer):
             new[:, :, : self.length] = slab[indices, :, : self.length]
             setattr(self, name, new)
         if self.key_slab_t is not None:
-            new = self.key_slab_t.new_zeros(len(indices), *self.key_slab_t.shape[1:])
+            new = self.key_slab_t.new_empty(len(indices), *self.key_slab_t.shape[1:])
             new[..., : self.length] = self.key_slab_t[indices, ..., : self.length]
             self.key_slab_t = new
         self.keys, self.values = self.key_slab[:, :, : self.length], self.value_slab[:, :, : self.length]

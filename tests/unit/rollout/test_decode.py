@@ -42,6 +42,8 @@ def generate(
     scripted: bool = True,
     bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS,
     bf16_kv_probe: bool = True,
+    attention_kernel: bool = True,
+    attention_kernel_probe: bool = True,
     eos=None,
     cls=HFRollout,
     **kw,
@@ -61,6 +63,8 @@ def generate(
             scripted_layers=scripted,
             bf16_kv_from=bf16_kv_from,
             bf16_kv_probe=bf16_kv_probe,
+            attention_kernel=attention_kernel,
+            attention_kernel_probe=attention_kernel_probe,
         ),
     )
     rec = Recorder(model)

@@ -58,6 +58,7 @@ inline vf exp_nonpositive(vf x) {  // exp(x) for x <= 0: Cephes' expf, 2^n from 
 
 struct Pair {  // one (row, KV head): where its queries, keys, values, mask and outputs are
   const float* q;
+  int64_t q_stride;  // between two of its query heads
   const float* keys_t;
   int64_t key_stride;  // between two of the D rows of keys_t
   const float* values;
@@ -76,7 +77,7 @@ void attend_pair(const Pair& pair, int64_t len, float scale, float* scores) {
     vf acc[Per] = {};
     for (int t = 0; t < D; ++t) {
       const vf k = load(pair.keys_t + t * pair.key_stride + b * kW);
-      for (int p = 0; p < Per; ++p) acc[p] += pair.q[p * D + t] * k;
+      for (int p = 0; p < Per; ++p) acc[p] += pair.q[p * pair.q_stride + t] * k;
     }
     vc bytes = {};
     const int64_t filled = std::min<int64_t>(kW, len - b * kW);
@@ -167,9 +168,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const
   const PairFn fn = kernel_for(h / hkv, d);
   TORCH_CHECK(fn != nullptr, "rlkit::decode_attention: no kernel for ", h / hkv,
               " query heads per KV head of ", d, " (1-8 heads of 16, 32, 64 or 128)");
-  const at::Tensor qc = q.contiguous();
+  TORCH_CHECK(q.stride(3) == 1, "rlkit::decode_attention: q's last dim contiguous");
   at::Tensor out = at::empty({a, h, 1, d}, q.options());
-  const float* qp = qc.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();  // a view of the step's q/k projection: its strides, no copy
   const float* kp = keys_t.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
   const bool* mp = attend.data_ptr<bool>();
@@ -179,7 +180,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const
     std::vector<float> scores(per * width);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t r = i / hkv, g = i % hkv;
-      const Pair pair{qp + (r * h + g * per) * d,
+      const Pair pair{qp + r * q.stride(0) + g * per * q.stride(1),
+                      q.stride(1),
                       kp + r * keys_t.stride(0) + g * keys_t.stride(1),
                       keys_t.stride(2),
                       vp + r * values.stride(0) + g * values.stride(1),
