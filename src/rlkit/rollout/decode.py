@@ -50,7 +50,6 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
 from rlkit.rollout.attention_kernel import (
-    attends_with_kernel,
     kernel_fits,
     kernel_pays,
     kernel_unavailable,
@@ -211,7 +210,7 @@ class Decoded:
     """What :func:`decode` ran. ``path``: ``"plain"`` (the model's own cache), ``"slab"`` (the fast loop
     through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean step),
     ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by the graph step);
-    ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``); ``attention_kernel``: the lean
+    ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``); ``attention_kernel``: a lean
     step attended with the compiled kernel (``rlkit.rollout.attention_kernel``)."""
 
     path: str
@@ -349,7 +348,7 @@ def decode(
     if lean is graph_step:
         return Decoded("graph")
     path = "scripted" if getattr(lean, "scripted", None) is not None else "lean"
-    return Decoded(path, bf16_kv, attends_with_kernel(cache))
+    return Decoded(path, bf16_kv, lean.kernel_steps > 0)
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

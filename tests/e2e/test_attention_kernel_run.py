@@ -1,0 +1,67 @@
+"""The compiled decode attention kernel through ``rlkit run``: a recipe decoding in fp32 on a CPU whose kernel
+probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled here as such a machine would have measured
+it) found the kernel faster attends through it in the Ray worker's lean step
+(``rlkit.rollout.attention_kernel``), trains on what it samples (a non-zero gradient) with rollout log-probs
+that agree with the fp32 actor's to float rounding; on a CPU whose probe found it no faster the same recipe
+attends with SDPA. Real parts throughout: the compiled kernel (this machine's, copied into each run's cache),
+the Ray worker, the TorchScript loop, the update."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
+from rlkit_harness import run as run_rlkit
+
+from rlkit.rollout import attention_kernel as ak
+
+pytestmark = pytest.mark.skipif(
+    ak.kernel_unavailable() is not None, reason=f"no decode attention kernel here: {ak.kernel_unavailable()}"
+)
+
+
+def hardware_cache(model, root, pays: bool):
+    """A hardware cache at ``root`` holding this CPU's kernel probe for ``model`` 's heads as a machine where
+    the kernel is (or is not) faster would have measured it, and this machine's compiled kernel."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    measured = ak.KernelAttentionProbe(sdpa_s=1.0, kernel_s=0.5 if pays else 0.95)
+    ak.cached_kernel_probe(heads, kv_heads, dim, root / "hardware.json", probe=lambda *_: measured)
+    library, _ = ak.kernel_library()
+    (root / "kernels").mkdir()
+    shutil.copy(library, root / "kernels" / library.name)
+    return root
+
+
+def run_two_steps(model, data, out, cache):
+    overrides = TWO_GRADED_STEPS | {"rollout.backend": {"name": "hf", "dtype": "float32"}}
+    recipe = out.parent / f"{out.name}.yaml"
+    recipe.write_text(recipe_text(model, data, out, overrides))
+    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    return steps
+
+
+def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_path):
+    model, data = tiny_assets
+    pays = hardware_cache(model, tmp_path / "pays", True)
+    slower = hardware_cache(model, tmp_path / "slower", False)
+    for step in run_two_steps(model, data, tmp_path / "out-kernel", pays):
+        assert step["rollout/attention_kernel"] == 1.0
+        assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop called the operator
+        assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
+        assert step["critic/score/min"] < step["critic/score/max"]
+        # fp32 rollout through the kernel against the fp32 actor's recompute: float rounding only
+        assert step["training/rollout_probs_diff_valid"] == 1.0
+        assert step["training/rollout_probs_diff_max"] < 1e-3
+    for step in run_two_steps(model, data, tmp_path / "out-sdpa", slower):
+        assert step["rollout/attention_kernel"] == 0.0
+        assert step["rollout/lean_step"] == 1.0
+    assert not list((tmp_path / "pays" / "kernels").glob(".*.tmp"))  # the copied kernel was used, not rebuilt
