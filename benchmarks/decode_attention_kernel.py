@@ -1,26 +1,24 @@
-"""A spike: one decode step's attention as a hand-written C++ kernel (``kernels/decode_attention.cpp``)
-against the SDPA the lean step runs, at SmolLM2's heads. Not part of rlkit.
+"""rlkit's compiled decode attention kernel (``rlkit.rollout.attention_kernel``) against the SDPA the lean
+step runs otherwise, one step's attention alone, at SmolLM2's heads.
 
     OMP_NUM_THREADS=1 python benchmarks/decode_attention_kernel.py [--reps 8]
 
-Session 28 read the step's SDPA at 2.5-4.2x its K/V bytes' bound and called the rest "a kernel away". This
-compiles that kernel (g++, ``-O3 -march=x86-64-v4``: AVX-512 only; the script says so and stops elsewhere),
-loads it as a torch operator, checks it against SDPA, and times both per step of 30 layers, interleaved,
-the order reversed every other rep: ``cold`` (each layer's cache read after 9 MiB of other memory, as in
-``decode_attention.py``) and ``hot`` (one layer's cache, L2-resident, called 30 times). Each time is also
-given per (row, KV head, position): what one position of one KV head costs, whatever the bytes. The kernel
-keeps the keys transposed (``[A, Hkv, 64, C]``), which rlkit's slab cache does not. Writes
+Builds (or reads from ``$RLKIT_CACHE/kernels``) the kernel for this CPU, checks it against SDPA and times both
+per step of 30 layers, interleaved, the order reversed every other rep: ``cold`` (each layer's cache read
+after 9 MiB of other memory, as in ``decode_attention.py``) and ``hot`` (one layer's cache, L2-resident,
+called 30 times). Each time is also given per (row, KV head, position): what one position of one KV head
+costs, whatever the bytes. Attention alone, called from Python: in a whole decode (``ab.py --change kernel``)
+SDPA's share of a step is smaller than this suggests (docs/benchmarks.md, "session 30"). Session 30's first
+version of this script timed a spike of the kernel (AVX-512 only) built from its own copy of the source; the
+results files ``*-decode-attention-kernel`` before 2026-12-07 04:30 are that spike's. Writes
 ``benchmarks/results/<stamp>-decode-attention-kernel.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,43 +28,24 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shared_prompt_attention import DIM, HEADS, KV_HEADS, LAYERS  # noqa: E402  (SmolLM2's heads)
 
-SOURCE = Path(__file__).resolve().parent / "kernels" / "decode_attention.cpp"
-FLAGS = ["-O3", "-march=x86-64-v4", "-std=gnu++20", "-fno-math-errno", "-shared", "-fPIC"]
 SHAPES = [(8, 76), (8, 108), (16, 76), (16, 108), (8, 300), (8, 560)]  # (rows, filled positions L)
 EVICT_BYTES = 9 * 2**20  # ~ a SmolLM2 layer's bf16 weights, read between two layers' attention
 
 
 def unavailable() -> str | None:
-    """Why the kernel cannot be built and run here, or None."""
-    if shutil.which("g++") is None:
-        return "no g++ on PATH"
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    if "avx512f" not in flags:
-        return "the kernel is AVX-512 only (this CPU has no avx512f)"
-    return None
+    """Why the kernel cannot run here (``rlkit.rollout.attention_kernel.kernel_unavailable``), or None."""
+    from rlkit.rollout.attention_kernel import kernel_unavailable
 
-
-def build(directory: Path) -> list[str]:
-    """Compile the kernel into ``directory`` and load it (``torch.ops.rlkit_bench.decode_attention``);
-    returns the compile command."""
-    from torch.utils.cpp_extension import include_paths
-
-    lib = Path(torch.__file__).parent / "lib"
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    out = directory / "decode_attention.so"
-    command = ["g++", *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in include_paths()]]
-    command += [str(SOURCE), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(out)]
-    if not hasattr(torch.ops.rlkit_bench, "decode_attention"):  # an operator registers once per process
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        torch.ops.load_library(str(out))
-    return command
+    return kernel_unavailable()
 
 
 def measure(rows: int, length: int, reps: int, layers: int = LAYERS, evict_bytes: int = EVICT_BYTES) -> dict:
     """Per-step ms (median of ``reps``) of SDPA and the kernel, cold and hot, and the kernel's largest
     difference from SDPA."""
+    from rlkit.rollout.attention_kernel import decode_attention, padded_capacity
+
     torch.manual_seed(0)
-    capacity = (length + 15) // 16 * 16 + 32
+    capacity = padded_capacity(length + 32)
     keys = [torch.randn(rows, KV_HEADS, capacity, DIM) for _ in range(layers)]
     keys_t = [k.transpose(-1, -2).contiguous() for k in keys]  # [A, Hkv, D, C]
     values = [torch.randn(rows, KV_HEADS, capacity, DIM) for _ in range(layers)]
@@ -81,7 +60,7 @@ def measure(rows: int, length: int, reps: int, layers: int = LAYERS, evict_bytes
         if variant == "sdpa":
             k, v = keys[i][:, :, :length], values[i][:, :, :length]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
-        return torch.ops.rlkit_bench.decode_attention(q, keys_t[i], values[i], mask, length, scale)
+        return decode_attention(q, keys_t[i], values[i], attend, length, scale)
 
     def step(variant: str, cold: bool) -> float:
         spent = 0.0
@@ -125,30 +104,29 @@ def main() -> None:
     if why:
         raise SystemExit(f"decode_attention_kernel.py: {why}; nothing measured.")
     one_thread()
-    with tempfile.TemporaryDirectory() as tmp:
-        command = build(Path(tmp))
-        report = Report("decode-attention-kernel")
+    from rlkit.rollout.attention_kernel import kernel_library
+
+    library, _ = kernel_library()
+    report = Report("decode-attention-kernel")
+    report(hardware_line(), f"| kernel: {library.name} | {args.reps} reps, median, 30 layers a step")
+    report(
+        "| rows × L | SDPA cold ms | kernel cold ms | kernel / SDPA cold | SDPA hot ms | kernel hot ms | "
+        "kernel / SDPA hot | ns per (row, KV head, position): SDPA / kernel, hot | max abs diff |"
+    )
+    report("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    results = []
+    for rows, length in SHAPES:
+        r = measure(rows, length, args.reps)
+        results.append(r)
+        ms, ns = r["ms"], r["ns_per_pair_position"]
+        cold_ratio = ms["kernel_cold"] / ms["sdpa_cold"]
         report(
-            hardware_line(), f"| compiled: g++ {' '.join(FLAGS)} | {args.reps} reps, median, 30 layers a step"
+            f"| {rows} × {length} | {ms['sdpa_cold']:.2f} | {ms['kernel_cold']:.2f} | "
+            f"{cold_ratio:.2f} | {ms['sdpa_hot']:.2f} | {ms['kernel_hot']:.2f} | "
+            f"{ms['kernel_hot'] / ms['sdpa_hot']:.2f} | {ns['sdpa_hot']:.0f} / {ns['kernel_hot']:.0f} | "
+            f"{r['max_abs_diff']:.0e} |"
         )
-        report(
-            "| rows × L | SDPA cold ms | kernel cold ms | kernel / SDPA cold | SDPA hot ms | kernel hot ms | "
-            "kernel / SDPA hot | ns per (row, KV head, position): SDPA / kernel, hot | max abs diff |"
-        )
-        report("|---|---:|---:|---:|---:|---:|---:|---|---:|")
-        results = []
-        for rows, length in SHAPES:
-            r = measure(rows, length, args.reps)
-            results.append(r)
-            ms, ns = r["ms"], r["ns_per_pair_position"]
-            cold_ratio = ms["kernel_cold"] / ms["sdpa_cold"]
-            report(
-                f"| {rows} × {length} | {ms['sdpa_cold']:.2f} | {ms['kernel_cold']:.2f} | "
-                f"{cold_ratio:.2f} | {ms['sdpa_hot']:.2f} | {ms['kernel_hot']:.2f} | "
-                f"{ms['kernel_hot'] / ms['sdpa_hot']:.2f} | {ns['sdpa_hot']:.0f} / {ns['kernel_hot']:.0f} | "
-                f"{r['max_abs_diff']:.0e} |"
-            )
-        report.save({"args": vars(args), "compile": command[:2] + FLAGS, "shapes": results})
+    report.save({"args": vars(args), "kernel": library.name, "shapes": results})
 
 
 if __name__ == "__main__":

@@ -187,19 +187,23 @@ def kernel_library(
 
 @functools.cache
 def kernel_unavailable() -> str | None:
-    """Why this process cannot use the kernel (said once, as a warning), or None once it is loaded."""
+    """Why this process cannot use the kernel, or None once it is loaded. Said once as a warning where it
+    could have run (an x86-64 Linux CPU with AVX2 and FMA: no ``g++``, a failed compile or load); logged
+    elsewhere."""
+    fixable = False
     try:
         path, why = kernel_library()
+        fixable = path is None and why is not None and ("g++" in why or why.startswith("compiling"))
         if path is not None:
             torch.ops.load_library(str(path))
     except Exception as err:  # noqa: BLE001 - any failure: SDPA, as before
-        path, why = None, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+        path, why, fixable = None, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}", True
     if why is not None:
-        warnings.warn(
-            f"rlkit: the decode attention kernel is not used ({why}); the lean step attends with SDPA "
-            "(slower, same tokens to float rounding).",
-            stacklevel=2,
-        )
+        message = f"rlkit: the decode attention kernel is not used ({why}); the lean step attends with SDPA"
+        if fixable:
+            warnings.warn(f"{message} (slower, same tokens to float rounding).", stacklevel=2)
+        else:
+            log.info(message)
     return why
 
 

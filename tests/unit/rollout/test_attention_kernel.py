@@ -267,3 +267,27 @@ def test_the_probe_times_sdpa_and_the_kernel_once_per_machine(tmp_path):
     assert first.sdpa_s > 0 and first.kernel_s > 0
     assert first.pays == (first.kernel_s <= ak.KERNEL_MAX_RATIO * first.sdpa_s)
     assert "decode-attention-kernel-9-3-64" in cache.read_text()
+
+
+@pytest.mark.parametrize(
+    ("why", "warned"),
+    [("no g++ on PATH to compile it", True), ("compiling decode_attention.cpp failed (x)", True)]
+    + [("this CPU has no AVX2 and FMA", False), ("the kernel is for x86-64 Linux (this is Darwin)", False)],
+)
+def test_why_not_is_a_warning_only_where_the_kernel_could_have_run(monkeypatch, why, warned):
+    """A machine that could run the kernel but cannot build it says so once, as a warning; a CPU or system it
+    is not for only logs it. Either way the reason is returned and the step attends with SDPA."""
+    import warnings
+
+    monkeypatch.setattr(ak, "kernel_library", lambda: (None, why))
+    ak.kernel_unavailable.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert ak.kernel_unavailable() == why
+        said = [w for w in caught if "attention kernel" in str(w.message)]
+        assert len(said) == (1 if warned else 0)
+    finally:
+        monkeypatch.undo()
+        ak.kernel_unavailable.cache_clear()
+        ak.kernel_unavailable()  # this process's real answer again (a loaded library loads once)
