@@ -175,6 +175,20 @@ def records(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
+def two_graded_steps(
+    model: Path | str, data: Path, out: Path, cache: Path, overrides: Mapping[str, Any]
+) -> list[dict]:
+    """``rlkit run`` of ``TWO_GRADED_STEPS`` with ``overrides`` (recipe ``out``.yaml beside ``out``) under
+    the hardware cache ``cache`` (``RLKIT_CACHE``); asserts it ran both steps and returns their records."""
+    recipe = out.parent / f"{out.name}.yaml"
+    recipe.write_text(recipe_text(model, data, out, TWO_GRADED_STEPS | dict(overrides)))
+    result = run("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in records(out) if "training/global_step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    return steps
+
+
 def last_record_per_step(out: Path) -> dict[int, dict]:
     """The newest record of each step: what a resumed run finally reported for it."""
     return {r["step"]: r for r in records(out)}

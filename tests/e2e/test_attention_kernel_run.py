@@ -12,8 +12,7 @@ import math
 import shutil
 
 import pytest
-from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
-from rlkit_harness import run as run_rlkit
+from rlkit_harness import two_graded_steps
 
 from rlkit.rollout import attention_kernel as ak
 
@@ -39,14 +38,7 @@ def hardware_cache(model, root, pays: bool):
 
 
 def run_two_steps(model, data, out, cache):
-    overrides = TWO_GRADED_STEPS | {"rollout.backend": {"name": "hf", "dtype": "float32"}}
-    recipe = out.parent / f"{out.name}.yaml"
-    recipe.write_text(recipe_text(model, data, out, overrides))
-    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [r for r in records(out) if "training/global_step" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    return steps
+    return two_graded_steps(model, data, out, cache, {"rollout.backend": {"name": "hf", "dtype": "float32"}})
 
 
 def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_path):

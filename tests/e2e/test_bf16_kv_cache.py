@@ -13,8 +13,7 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rlkit_harness import TWO_GRADED_STEPS, recipe_text, records, rlkit_env
-from rlkit_harness import run as run_rlkit
+from rlkit_harness import two_graded_steps
 
 from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, KvAttentionProbe, cached_kv_attention_probe
 from rlkit.rollout.bf16_weights import bf16_weights_unavailable
@@ -48,17 +47,8 @@ def attention_probe(model, cache, pays: bool) -> None:
 
 
 def run_two_steps(model, data, out, cache):
-    overrides = TWO_GRADED_STEPS | {
-        "rollout.backend": {"name": "hf", "dtype": "bfloat16"},
-        "data.max_prompt_length": 512,
-    }
-    recipe = out.parent / f"{out.name}.yaml"
-    recipe.write_text(recipe_text(model, data, out, overrides))
-    result = run_rlkit("run", str(recipe), env=rlkit_env(RLKIT_CACHE=str(cache)), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [r for r in records(out) if "training/global_step" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    return steps
+    overrides = {"rollout.backend": {"name": "hf", "dtype": "bfloat16"}, "data.max_prompt_length": 512}
+    return two_graded_steps(model, data, out, cache, overrides)
 
 
 def test_long_prompts_decode_over_a_bf16_kv_cache(tiny_assets, tmp_path):

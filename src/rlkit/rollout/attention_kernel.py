@@ -36,7 +36,6 @@ import logging
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import time
 import warnings
@@ -46,6 +45,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from rlkit.rollout.cold_timing import time_cold_layers
 
 __all__ = [
     "KERNEL_MAX_RATIO",
@@ -261,7 +262,6 @@ def probe_kernel(heads: int, kv_heads: int, dim: int) -> KernelAttentionProbe:
     values = [
         torch.randn(PROBE_ROWS, kv_heads, capacity, dim, generator=generator) for _ in range(PROBE_LAYERS)
     ]
-    evict = [torch.ones(PROBE_EVICT_BYTES // 4) for _ in range(PROBE_LAYERS)]
     q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
     attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
     scale = dim**-0.5
@@ -273,21 +273,10 @@ def probe_kernel(heads: int, kv_heads: int, dim: int) -> KernelAttentionProbe:
     def kernel(layer: int) -> None:
         decode_attention(q, keys_t[layer], values[layer], attend, PROBE_POSITIONS, scale)
 
-    def step(attention) -> float:
-        spent = 0.0
-        for layer in range(PROBE_LAYERS):
-            evict[layer].sum()
-            start = time.perf_counter()
-            attention(layer)
-            spent += time.perf_counter() - start
-        return spent
-
-    times: dict[Any, list[float]] = {sdpa: [], kernel: []}
-    step(sdpa), step(kernel)  # warm-up
-    for rep in range(PROBE_REPS):
-        for attention in (sdpa, kernel) if rep % 2 == 0 else (kernel, sdpa):
-            times[attention].append(step(attention))
-    return KernelAttentionProbe(statistics.median(times[sdpa]), statistics.median(times[kernel]))
+    times = time_cold_layers(
+        sdpa, kernel, layers=PROBE_LAYERS, evict_bytes=PROBE_EVICT_BYTES, reps=PROBE_REPS
+    )
+    return KernelAttentionProbe(*times)
 
 
 def cached_kernel_probe(

@@ -33,14 +33,14 @@ the shared prompt's width.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from rlkit.rollout.cold_timing import time_cold_layers
 
 __all__ = [
     "BF16_KV_MAX_RATIO",
@@ -107,7 +107,6 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
     keys = [torch.randn(shape, generator=generator) for _ in range(PROBE_LAYERS)]
     values = [torch.randn(shape, generator=generator) for _ in range(PROBE_LAYERS)]
     keys16, values16 = [k.bfloat16() for k in keys], [v.bfloat16() for v in values]
-    evict = [torch.ones(PROBE_EVICT_BYTES // 4) for _ in range(PROBE_LAYERS)]
     q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
     attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
     scale = dim**-0.5
@@ -120,21 +119,8 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
     def bf16(layer: int) -> None:
         kv_attention(q, keys16[layer], values16[layer], attend, scale)
 
-    def step(attention) -> float:
-        spent = 0.0
-        for layer in range(PROBE_LAYERS):
-            evict[layer].sum()
-            start = time.perf_counter()
-            attention(layer)
-            spent += time.perf_counter() - start
-        return spent
-
-    times: dict[Any, list[float]] = {fp32: [], bf16: []}
-    step(fp32), step(bf16)  # warm-up
-    for rep in range(PROBE_REPS):
-        for attention in (fp32, bf16) if rep % 2 == 0 else (bf16, fp32):
-            times[attention].append(step(attention))
-    return KvAttentionProbe(statistics.median(times[fp32]), statistics.median(times[bf16]))
+    times = time_cold_layers(fp32, bf16, layers=PROBE_LAYERS, evict_bytes=PROBE_EVICT_BYTES, reps=PROBE_REPS)
+    return KvAttentionProbe(*times)
 
 
 def cached_kv_attention_probe(
