@@ -348,7 +348,7 @@ def decode(
     if lean is graph_step:
         return Decoded("graph")
     path = "scripted" if getattr(lean, "scripted", None) is not None else "lean"
-    return Decoded(path, bf16_kv, lean.kernel_steps > 0)
+    return Decoded(path, bf16_kv, getattr(lean, "kernel_steps", 0) > 0)  # a stand-in step may lack it
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

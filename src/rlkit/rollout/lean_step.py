@@ -87,7 +87,7 @@ class LeanStep:
         self.layers = [_LeanLayer(layer, self.heads, self.kv_heads, self.dim) for layer in self.model.layers]
         self.final_norm = _rms_norm(self.model.norm)
         self.scripted = ScriptedLayers.of(self) if scripted else None  # None: the loop below, in Python
-        self.kernel_steps = 0  # steps that attended with rlkit.rollout.attention_kernel
+        self.kernel_steps = 0  # steps whose attention was rlkit.rollout.attention_kernel's
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
@@ -102,7 +102,6 @@ class LeanStep:
         kv_dtype = cache.layers[0].key_slab.dtype
         bf16_kv = kv_dtype == torch.bfloat16 and x.dtype == torch.float32  # rlkit.rollout.bf16_kv
         kernel = attends_with_kernel(cache) and x.dtype == torch.float32  # rlkit.rollout.attention_kernel
-        self.kernel_steps += kernel
         shared, prompt_bias, response_bias = getattr(cache, "shared_prompt", None), None, None
         if not (
             x.device.type == "cpu" and x.dtype == torch.float32 and worth_sharing(shared, a, mask.shape[1])
@@ -112,6 +111,7 @@ class LeanStep:
             bias = torch.zeros(mask.shape, dtype=kv_dtype).masked_fill_(~mask.bool(), float("-inf"))
             prompt_bias = bias[:: shared.rows_per_group, None, None, : shared.length]  # [g, 1, 1, P]
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
+        self.kernel_steps += kernel and shared is None  # a step reading the shared prompt attends on its own
         if self.scripted is not None:
             x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv, kernel)
             return self.head(self.final_norm(x))
