@@ -38,21 +38,29 @@ def hardware_cache(model, root, pays: bool):
 
 
 def run_two_steps(model, data, out, cache):
-    return two_graded_steps(model, data, out, cache, {"rollout.backend": {"name": "hf", "dtype": "float32"}})
+    # 64 tokens: past the first ~20 steps of a group of 4 the rows' own positions outweigh the shared prompt
+    # (rlkit.rollout.shared_prompt.worth_sharing), and those steps attend through the kernel
+    # linears: torch, the lean step (auto may time the one-graph ONNX Runtime step faster for the tiny model)
+    backend = {"name": "hf", "dtype": "float32", "linears": "torch"}
+    overrides = {"rollout.backend": backend, "data.max_response_length": 64}
+    return two_graded_steps(model, data, out, cache, overrides)
 
 
 def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_path):
     model, data = tiny_assets
     pays = hardware_cache(model, tmp_path / "pays", True)
     slower = hardware_cache(model, tmp_path / "slower", False)
-    for step in run_two_steps(model, data, tmp_path / "out-kernel", pays):
+    steps = run_two_steps(model, data, tmp_path / "out-kernel", pays)
+    for step in steps:
         assert step["rollout/attention_kernel"] == 1.0
         assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop called the operator
-        assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
-        assert step["critic/score/min"] < step["critic/score/max"]
+        assert math.isfinite(step["actor/pg_loss"])
         # fp32 rollout through the kernel against the fp32 actor's recompute: float rounding only
         assert step["training/rollout_probs_diff_valid"] == 1.0
         assert step["training/rollout_probs_diff_max"] < 1e-3
+    # it trained on what it sampled: a step whose group's scores differ has a non-zero gradient
+    graded = [s for s in steps if s["critic/score/min"] < s["critic/score/max"]]
+    assert graded and all(s["actor/grad_norm"] > 0 for s in graded)
     for step in run_two_steps(model, data, tmp_path / "out-sdpa", slower):
         assert step["rollout/attention_kernel"] == 0.0
         assert step["rollout/lean_step"] == 1.0
