@@ -65,6 +65,23 @@ def test_cpu_info_reads_model_and_relevant_flags(tmp_path):
     assert hw.cpu_info(tmp_path / "missing").flags == ()  # no /proc/cpuinfo: a model name, no flags
 
 
+def test_cpu_flags_reads_every_flag_of_the_first_processor(tmp_path):
+    """What a build for this CPU needs (``rlkit.rollout.attention_kernel``), cpu_info's filtered flags too."""
+    assert hw.cpu_flags(write(tmp_path, EPYC)) == {
+        "fpu",
+        "sse",
+        "sse2",
+        "avx",
+        "f16c",
+        "fma",
+        "avx2",
+        "bmi2",
+        "sha_ni",
+    }
+    assert "sve" in hw.cpu_flags(write(tmp_path, GRAVITON))
+    assert hw.cpu_flags(tmp_path / "missing") == frozenset()
+
+
 def test_avx2_cpu_gets_fp32_and_says_how_much_slower_bf16_is(tmp_path):
     d = hw.decide_cpu(hw.cpu_info(write(tmp_path, EPYC)), SLOW_BF16)
     assert (d.mixed_precision, d.decode_dtype) == ("fp32", "float32")

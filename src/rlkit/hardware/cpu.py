@@ -45,6 +45,7 @@ __all__ = [
     "NATIVE_BF16_FLAGS",
     "RELEVANT_FLAGS",
     "CpuInfo",
+    "cpu_flags",
     "cpu_info",
     "MatmulProbe",
     "matmul_flops",
@@ -114,20 +115,38 @@ class CpuInfo:
         return tuple(f for f in NATIVE_BF16_FLAGS if f in self.flags)
 
 
-def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
-    """Model name and relevant flags from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); on a system
-    without it, ``platform.processor()`` and no flags."""
+def _cpuinfo_fields(cpuinfo: str | Path) -> dict[str, str] | None:
+    """The first processor's ``key: value`` fields of ``/proc/cpuinfo`` (None where it cannot be read)."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        import platform
-
-        return CpuInfo(model=platform.processor() or platform.machine() or "unknown", flags=())
+        return None
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() not in fields:  # the first processor's values
             fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """Every flag the CPU reports (x86 ``flags``, Arm ``Features``), not only the ``RELEVANT_FLAGS``; empty
+    where ``/proc/cpuinfo`` cannot be read."""
+    return _flags_of(_cpuinfo_fields(cpuinfo) or {})
+
+
+def _flags_of(fields: dict[str, str]) -> frozenset[str]:
+    return frozenset((fields.get("flags") or fields.get("Features") or "").split())
+
+
+def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
+    """Model name and relevant flags from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); on a system
+    without it, ``platform.processor()`` and no flags."""
+    fields = _cpuinfo_fields(cpuinfo)
+    if fields is None:
+        import platform
+
+        return CpuInfo(model=platform.processor() or platform.machine() or "unknown", flags=())
     model = (
         fields.get("model name")
         or fields.get("Model")
@@ -135,7 +154,7 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
         or fields.get("CPU part")
         or "unknown"
     )
-    present = set((fields.get("flags") or fields.get("Features") or "").split())
+    present = _flags_of(fields)
     return CpuInfo(model=re.sub(r"\s+", " ", model), flags=tuple(f for f in RELEVANT_FLAGS if f in present))
 
 

@@ -91,19 +91,7 @@ def padded_capacity(capacity: int) -> int:
     return -(-capacity // SLAB_ALIGN) * SLAB_ALIGN
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
-
-
-def build_flags(flags: set[str]) -> tuple[list[str], int] | None:
+def build_flags(flags: set[str] | frozenset[str]) -> tuple[list[str], int] | None:
     """The compiler's target flags and the kernel's vector width (floats) for a CPU with ``flags``, or None
     where it has no AVX2 and FMA. Only what the CPU reports: never ``-march=native``'s tuning."""
     if {"avx2", "fma", *_AVX512} <= flags:
@@ -151,7 +139,10 @@ def kernel_library(
     ``$RLKIT_CACHE/kernels``) lacks it; or None and why not."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None, f"the kernel is for x86-64 Linux (this is {platform.system()} on {platform.machine()})"
-    target = build_flags(_cpu_flags() if cpu_flags is None else cpu_flags)
+    from rlkit.hardware import cpu_flags as reported
+    from rlkit.hardware import default_cache_path
+
+    target = build_flags(reported() if cpu_flags is None else cpu_flags)
     if target is None:
         return None, "this CPU has no AVX2 and FMA"
     compiler = _compiler()
@@ -167,8 +158,6 @@ def kernel_library(
         torch.__version__.encode(),
     ):
         digest.update(part)
-    from rlkit.hardware import default_cache_path
-
     directory = cache_dir or default_cache_path().parent / "kernels"
     path = directory / f"decode_attention-{width}-{digest.hexdigest()[:16]}.so"
     if path.exists():
