@@ -291,3 +291,15 @@ def test_why_not_is_a_warning_only_where_the_kernel_could_have_run(monkeypatch, 
         monkeypatch.undo()
         ak.kernel_unavailable.cache_clear()
         ak.kernel_unavailable()  # this process's real answer again (a loaded library loads once)
+
+
+@needs_kernel
+def test_steps_that_read_a_shared_prompt_do_not_count_as_the_kernels(request, kernel_calls):
+    """A group's rows reading their shared prompt attend on that path, not the kernel's: with every step
+    shared (4 rows a prompt, 3 new tokens, no row ending early) the decode reports no kernel."""
+    tok, model = _models(request, "qwen2")
+    kw = {"fast": True, "lean": True, "scripted": False, "attention_kernel_probe": False, "eos": []}
+    shared, _ = generate(tok, model, n=4, do_sample=False, max_new_tokens=3, **kw)
+    assert shared.meta["metrics"]["rollout/attention_kernel"] == 0.0 and not kernel_calls
+    alone, _ = generate(tok, model, n=1, do_sample=False, max_new_tokens=3, **kw)  # no group: the kernel
+    assert alone.meta["metrics"]["rollout/attention_kernel"] == 1.0 and kernel_calls
