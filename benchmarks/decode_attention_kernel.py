@@ -33,8 +33,8 @@ EVICT_BYTES = 9 * 2**20  # ~ a SmolLM2 layer's bf16 weights, read between two la
 
 
 def unavailable() -> str | None:
-    """Why the kernel cannot run here (``rlkit.rollout.attention_kernel.kernel_unavailable``), or None."""
-    from rlkit.rollout.attention_kernel import kernel_unavailable
+    """Why the kernel cannot run here (``rlkit.rollout.cpu_kernels.kernel_unavailable``), or None."""
+    from rlkit.rollout.cpu_kernels import kernel_unavailable
 
     return kernel_unavailable()
 
@@ -104,7 +104,7 @@ def main() -> None:
     if why:
         raise SystemExit(f"decode_attention_kernel.py: {why}; nothing measured.")
     one_thread()
-    from rlkit.rollout.attention_kernel import kernel_library
+    from rlkit.rollout.cpu_kernels import kernel_library
 
     library, _ = kernel_library()
     report = Report("decode-attention-kernel")

@@ -3,8 +3,9 @@ probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled here as such 
 it) found the kernel faster attends through it in the Ray worker's lean step
 (``rlkit.rollout.attention_kernel``), trains on what it samples (a non-zero gradient) with rollout log-probs
 that agree with the fp32 actor's to float rounding; on a CPU whose probe found it no faster the same recipe
-attends with SDPA. Real parts throughout: the compiled kernel (this machine's, copied into each run's cache),
-the Ray worker, the TorchScript loop, the update."""
+attends with SDPA. Both runs' scripted layers call the compiled glue operators (norms, SiLU·up, rotary and
+K/V writes: ``rlkit.rollout.scripted_step.fused_layer_loop``). Real parts throughout: the compiled kernels
+(this machine's, copied into each run's cache), the Ray worker, the TorchScript loop, the update."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest
 from rlkit_harness import two_graded_steps
 
 from rlkit.rollout import attention_kernel as ak
+from rlkit.rollout import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
-    ak.kernel_unavailable() is not None, reason=f"no decode attention kernel here: {ak.kernel_unavailable()}"
+    cpu_kernels.kernel_unavailable() is not None,
+    reason=f"no compiled decode kernels here: {cpu_kernels.kernel_unavailable()}",
 )
 
 
@@ -31,7 +34,7 @@ def hardware_cache(model, root, pays: bool):
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     measured = ak.KernelAttentionProbe(sdpa_s=1.0, kernel_s=0.5 if pays else 0.95)
     ak.cached_kernel_probe(heads, kv_heads, dim, root / "hardware.json", probe=lambda *_: measured)
-    library, _ = ak.kernel_library()
+    library, _ = cpu_kernels.kernel_library()
     (root / "kernels").mkdir()
     shutil.copy(library, root / "kernels" / library.name)
     return root
@@ -54,6 +57,7 @@ def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_
     for step in steps:
         assert step["rollout/attention_kernel"] == 1.0
         assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop called the operator
+        assert step["rollout/fused_glue"] == 1.0  # ... and the compiled glue operators (scripted_step)
         assert math.isfinite(step["actor/pg_loss"])
         # fp32 rollout through the kernel against the fp32 actor's recompute: float rounding only
         assert step["training/rollout_probs_diff_valid"] == 1.0
@@ -64,4 +68,5 @@ def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_
     for step in run_two_steps(model, data, tmp_path / "out-sdpa", slower):
         assert step["rollout/attention_kernel"] == 0.0
         assert step["rollout/lean_step"] == 1.0
+        assert step["rollout/fused_glue"] == 1.0  # the glue operators load whatever the attention probe said
     assert not list((tmp_path / "pays" / "kernels").glob(".*.tmp"))  # the copied kernel was used, not rebuilt

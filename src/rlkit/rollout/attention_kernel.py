@@ -11,14 +11,11 @@ step of 30 layers at 8–16 rows on that machine, cold, timed alone; in a whole 
 (``benchmarks/ab.py --change kernel``) 0.94–0.96× at 64 tokens and 0.82–0.94× at 256 — attention is a smaller
 share of a real step than of attention timed on its own.
 
-The operator's schema is defined here, at import (so TorchScript's layer loop,
-``rlkit.rollout.scripted_step``, compiles with it); its implementation is the C++ file, compiled on first use
-for this CPU — AVX-512 (16 floats a vector) where the CPU has it, else AVX2 (8) — by the machine's ``g++``
-against the installed torch, cached under ``$RLKIT_CACHE/kernels/`` by a hash of the source, the compiler, the
-flags and the torch version, and loaded into the process (:func:`kernel_unavailable`). Where it cannot be (no
-x86-64 CPU with AVX2 and FMA, no ``g++``, a failed compile), the step attends with SDPA as before and says why
-once. Where it can, a probe (:class:`KernelAttentionProbe`, timed once per machine and cached beside the other
-hardware probes) keeps it only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time
+The operator's schema is defined, and the C++ file compiled for this CPU with the step's other operators,
+by ``rlkit.rollout.cpu_kernels`` (on first use, cached per machine and torch version). Where that cannot be
+(no x86-64 CPU with AVX2 and FMA, no ``g++``, a failed compile), the step attends with SDPA as before and
+says why once. Where it can, a probe (:class:`KernelAttentionProbe`, timed once per machine and cached beside
+the other hardware probes) keeps it only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time
 (:func:`kernel_pays`).
 
 Numerics: fp32 throughout; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
@@ -33,14 +30,6 @@ positions.
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlkit.rollout import cpu_kernels  # noqa: F401  (defines rlkit::decode_attention)
 from rlkit.rollout.cold_timing import time_cold_layers
 
 __all__ = [
@@ -58,20 +48,9 @@ __all__ = [
     "decode_attention",
     "kernel_fits",
     "kernel_pays",
-    "kernel_unavailable",
     "padded_capacity",
     "probe_kernel",
 ]
-
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).resolve().parent / "kernels" / "decode_attention.cpp"
-SCHEMA = (
-    "decode_attention(Tensor q, Tensor keys_t, Tensor values, Tensor attend, int length, float scale)"
-    " -> Tensor"
-)
-_LIBRARY = torch.library.Library("rlkit", "DEF")  # kept alive: the schema lives as long as the process
-_LIBRARY.define(SCHEMA)
 
 # the kernel only where this CPU's probe timed it at most this share of SDPA's time (AMX, session 30:
 # 0.56-0.68 over 30 cold layers at 8-16 rows; benchmarks/decode_attention_kernel.py): a margin for the probe's
@@ -83,120 +62,10 @@ SLAB_ALIGN = 16  # key_slab_t's capacity is a multiple of this: a vector block m
 PROBE_ROWS, PROBE_POSITIONS, PROBE_LAYERS, PROBE_REPS = 8, 128, 8, 5
 PROBE_EVICT_BYTES = 8 * 2**20  # read before each layer's attention: its K/V come from memory, as in a step
 
-_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
-
 
 def padded_capacity(capacity: int) -> int:
     """``key_slab_t``'s positions for a slab of ``capacity``: rounded up to :data:`SLAB_ALIGN`."""
     return -(-capacity // SLAB_ALIGN) * SLAB_ALIGN
-
-
-def build_flags(flags: set[str] | frozenset[str]) -> tuple[list[str], int] | None:
-    """The compiler's target flags and the kernel's vector width (floats) for a CPU with ``flags``, or None
-    where it has no AVX2 and FMA. Only what the CPU reports: never ``-march=native``'s tuning."""
-    if {"avx2", "fma", *_AVX512} <= flags:
-        return [*(f"-m{f}" for f in _AVX512), "-mavx2", "-mfma"], 16
-    if {"avx2", "fma"} <= flags:
-        return ["-mavx2", "-mfma"], 8
-    return None
-
-
-def _compiler() -> str | None:
-    return shutil.which("g++")
-
-
-def _compile_command(compiler: str, target: list[str], width: int, out: Path) -> list[str]:
-    from torch.utils.cpp_extension import include_paths
-
-    lib = Path(torch.__file__).resolve().parent / "lib"
-    return [
-        compiler,
-        "-O3",
-        "-std=gnu++20",  # GNU mode: GCC contracts a * b + c into FMAs (ISO mode does not)
-        "-fno-math-errno",
-        "-shared",
-        "-fPIC",
-        "-w",
-        *target,
-        f"-DRLKIT_VEC={width}",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        *(f"-I{p}" for p in include_paths()),
-        str(SOURCE),
-        f"-L{lib}",
-        "-lc10",
-        "-ltorch_cpu",
-        f"-Wl,-rpath,{lib}",
-        "-o",
-        str(out),
-    ]
-
-
-def kernel_library(
-    cache_dir: Path | None = None, cpu_flags: set[str] | None = None
-) -> tuple[Path | None, str | None]:
-    """The compiled kernel for this CPU (``cpu_flags``: for one with these flags instead; tests build the
-    AVX2 kernel on an AVX-512 CPU) and torch, compiled now where the cache (``cache_dir``, default
-    ``$RLKIT_CACHE/kernels``) lacks it; or None and why not."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"the kernel is for x86-64 Linux (this is {platform.system()} on {platform.machine()})"
-    from rlkit.hardware import cpu_flags as reported
-    from rlkit.hardware import default_cache_path
-
-    target = build_flags(reported() if cpu_flags is None else cpu_flags)
-    if target is None:
-        return None, "this CPU has no AVX2 and FMA"
-    compiler = _compiler()
-    if compiler is None:
-        return None, "no g++ on PATH to compile it"
-    flags, width = target
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    digest = hashlib.sha256()
-    for part in (
-        SOURCE.read_bytes(),
-        str(version).encode(),
-        " ".join(flags).encode(),
-        torch.__version__.encode(),
-    ):
-        digest.update(part)
-    directory = cache_dir or default_cache_path().parent / "kernels"
-    path = directory / f"decode_attention-{width}-{digest.hexdigest()[:16]}.so"
-    if path.exists():
-        return path, None
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    command = _compile_command(compiler, flags, width, tmp)
-    started = time.perf_counter()
-    log.info("compiling the decode attention kernel for this CPU (once; cached as %s)", path)
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
-        return None, f"compiling {SOURCE.name} failed ({first})"
-    os.replace(tmp, path)  # another process may have compiled it too: either file is the same kernel
-    log.info("compiled the decode attention kernel in %.1f s: %s", time.perf_counter() - started, path)
-    return path, None
-
-
-@functools.cache
-def kernel_unavailable() -> str | None:
-    """Why this process cannot use the kernel, or None once it is loaded. Said once as a warning where it
-    could have run (an x86-64 Linux CPU with AVX2 and FMA: no ``g++``, a failed compile or load); logged
-    elsewhere."""
-    fixable = False
-    try:
-        path, why = kernel_library()
-        fixable = path is None and why is not None and ("g++" in why or why.startswith("compiling"))
-        if path is not None:
-            torch.ops.load_library(str(path))
-    except Exception as err:  # noqa: BLE001 - any failure: SDPA, as before
-        path, why, fixable = None, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}", True
-    if why is not None:
-        message = f"rlkit: the decode attention kernel is not used ({why}); the lean step attends with SDPA"
-        if fixable:
-            warnings.warn(f"{message} (slower, same tokens to float rounding).", stacklevel=2)
-        else:
-            log.info(message)
-    return why
 
 
 def decode_attention(
@@ -210,7 +79,7 @@ def decode_attention(
     """SDPA's output ``[A, H, 1, D]`` for queries ``q [A, H, 1, D]`` over the first ``length`` positions of
     ``keys_t [A, Hkv, D, C]`` (transposed keys) and ``values [A, Hkv, C, D]`` where ``attend [A, 1, 1, L]``
     (bool) is true; query head ``h`` reads KV head ``h // (H / Hkv)``. Needs the kernel loaded
-    (:func:`kernel_unavailable` None)."""
+    (``rlkit.rollout.cpu_kernels.kernel_unavailable()`` None)."""
     return torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale)
 
 

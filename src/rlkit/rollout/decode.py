@@ -49,13 +49,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlkit.errors import RlkitError
 from rlkit.model.kv_cache import cache_argument, output_cache
-from rlkit.rollout.attention_kernel import (
-    kernel_fits,
-    kernel_pays,
-    kernel_unavailable,
-    padded_capacity,
-)
+from rlkit.rollout.attention_kernel import kernel_fits, kernel_pays, padded_capacity
 from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits, bf16_kv_pays
+from rlkit.rollout.cpu_kernels import kernel_unavailable
 from rlkit.rollout.lean_step import lean_step_for
 from rlkit.rollout.sampling import sample_next
 from rlkit.rollout.shared_prompt import SharedPrompt
@@ -203,6 +199,9 @@ class DecodePlan:
     attention_kernel: bool = True
     # False: the kernel wherever it builds and fits, without asking the probe (tests and benchmarks)
     attention_kernel_probe: bool = True
+    # scripted layers: the work between the GEMMs by the compiled glue operators where they build on this
+    # machine (rollout.scripted_step.fused_layer_loop); False: torch's operators
+    fused_glue: bool = True
 
 
 @dataclass(frozen=True)
@@ -211,11 +210,13 @@ class Decoded:
     through the model's forward), ``"lean"`` (the fast loop, tokens after the prefill by the lean step),
     ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by the graph step);
     ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``); ``attention_kernel``: a lean
-    step attended with the compiled kernel (``rlkit.rollout.attention_kernel``)."""
+    step attended with the compiled kernel (``rlkit.rollout.attention_kernel``); ``fused_glue``: its scripted
+    layers ran with the compiled glue operators (``rlkit.rollout.scripted_step.fused_layer_loop``)."""
 
     path: str
     bf16_kv: bool = False
     attention_kernel: bool = False
+    fused_glue: bool = False
 
 
 @dataclass
@@ -320,7 +321,15 @@ def decode(
     if layers is None:
         _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
         return Decoded("plain")
-    lean = lean_step_for(module, scripted=run.plan.scripted_layers) if run.plan.lean_step else None
+    lean = None
+    if run.plan.lean_step:
+        on_cpu = module.get_input_embeddings().weight.device.type == "cpu"
+        fused_glue = run.plan.scripted_layers and run.plan.fused_glue and on_cpu
+        lean = lean_step_for(
+            module,
+            scripted=run.plan.scripted_layers,
+            fused_glue=fused_glue and kernel_unavailable() is None,
+        )
     if lean is not None and graph_step is not None:
         lean = graph_step
     width, max_new, start = prompt_ids.shape[1], responses.shape[1], run.plan.bf16_kv_from
@@ -348,7 +357,9 @@ def decode(
     if lean is graph_step:
         return Decoded("graph")
     path = "scripted" if getattr(lean, "scripted", None) is not None else "lean"
-    return Decoded(path, bf16_kv, getattr(lean, "kernel_steps", 0) > 0)  # a stand-in step may lack it
+    return Decoded(  # a stand-in step (benchmarks' spikes) may lack the counts
+        path, bf16_kv, getattr(lean, "kernel_steps", 0) > 0, getattr(lean, "fused_steps", 0) > 0
+    )
 
 
 def _record(run: Decoding, responses, log_probs, response_mask, rows, step, tokens, lp, live) -> None:

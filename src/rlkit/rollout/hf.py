@@ -336,6 +336,8 @@ class HFRollout:
             "rollout/bf16_kv_cache": float(decoded.bf16_kv),  # the slab cache held bf16 K/V (rollout.bf16_kv)
             # the lean step attended with the compiled kernel (rollout.attention_kernel)
             "rollout/attention_kernel": float(decoded.attention_kernel),
+            # its scripted layers ran the compiled glue operators (rollout.scripted_step.fused_layer_loop)
+            "rollout/fused_glue": float(decoded.fused_glue),
         }
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")

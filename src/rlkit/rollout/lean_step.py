@@ -55,10 +55,11 @@ __all__ = ["LeanStep", "RMSNormCall", "lean_step_for"]
 _ACCEPTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
 
-def lean_step_for(module: nn.Module, *, scripted: bool = False) -> LeanStep | None:
+def lean_step_for(module: nn.Module, *, scripted: bool = False, fused_glue: bool = False) -> LeanStep | None:
     """The lean step for ``module``, or None where the model's own forward must run (module docstring);
     ``scripted``: its layers run as one TorchScript function where they can
-    (``rlkit.rollout.scripted_step``)."""
+    (``rlkit.rollout.scripted_step``); ``fused_glue``: that function with the compiled glue operators
+    (``scripted_step.fused_layer_loop``; they must be loaded)."""
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
@@ -73,21 +74,22 @@ def lean_step_for(module: nn.Module, *, scripted: bool = False) -> LeanStep | No
         return None
     if any(isinstance(m, FSDPModule) for m in module.modules()):
         return None
-    return LeanStep(module, scripted=scripted)
+    return LeanStep(module, scripted=scripted, fused_glue=fused_glue)
 
 
 class LeanStep:
     """``step(cache, ids, positions, mask)``: the next-token logits of one decode step (module docstring)."""
 
-    def __init__(self, module: nn.Module, *, scripted: bool = False):
+    def __init__(self, module: nn.Module, *, scripted: bool = False, fused_glue: bool = False):
         config = module.config
         self.model, self.head = module.model, module.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = [_LeanLayer(layer, self.heads, self.kv_heads, self.dim) for layer in self.model.layers]
         self.final_norm = _rms_norm(self.model.norm)
-        self.scripted = ScriptedLayers.of(self) if scripted else None  # None: the loop below, in Python
+        self.scripted = ScriptedLayers.of(self, fused_glue) if scripted else None  # None: the loop below
         self.kernel_steps = 0  # steps whose attention was rlkit.rollout.attention_kernel's
+        self.fused_steps = 0  # steps through scripted_step.fused_layer_loop
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
@@ -113,6 +115,7 @@ class LeanStep:
             response_bias = bias[:, None, None, shared.length :]  # [A, 1, 1, L - P]
         self.kernel_steps += kernel and shared is None  # a step reading the shared prompt attends on its own
         if self.scripted is not None:
+            self.fused_steps += self.scripted.fused
             x = self.scripted(x, cos, sin, attend, cache, shared, prompt_bias, response_bias, bf16_kv, kernel)
             return self.head(self.final_norm(x))
         for i, (layer, slab) in enumerate(zip(self.layers, cache.layers, strict=True)):

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import List, Optional, Union  # noqa: UP035  (TorchScript reads these)
+from typing import List, Optional, Tuple, Union  # noqa: UP035  (TorchScript reads these)
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlkit.rollout import attention_kernel  # noqa: F401  (defines rlkit::decode_attention, which the loop calls)
+from rlkit.rollout import cpu_kernels  # noqa: F401  (defines the rlkit:: operators the loops call)
 from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa  # compiled into the script with it
 from rlkit.rollout.shared_prompt import shared_prompt_attention  # (likewise)
 
@@ -136,24 +136,22 @@ def layer_loop(
         value_slab[:, :, start : start + 1].copy_(v[:, :, None])
         if kernel:
             key_slabs_t[i][:, :, :, start : start + 1].copy_(qk[:, heads:, :, None])
-        keys, values = key_slab[:, :, : start + 1], value_slab[:, :, : start + 1]
-        if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
-            if bf16_kv:
-                o = shared_prompt_sdpa(
-                    q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
-                )
-            else:
-                o = shared_prompt_attention(
-                    q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
-                )
-        elif bf16_kv:
-            o = kv_attention(q, keys, values, attend, scale)
-        elif kernel:
-            o = torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slab, attend, start + 1, scale)
-        else:
-            o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True
-            )
+        o = _attend(
+            q,
+            i,
+            key_slabs,
+            value_slabs,
+            key_slabs_t,
+            prompt_keys,
+            prompt_values,
+            prompt_bias,
+            response_bias,
+            attend,
+            start,
+            scale,
+            bf16_kv,
+            kernel,
+        )
         x = x + _linear(o.reshape(a, heads * dim), out_proj[i], out_bias[i], packed)
         gu = _project(F.rms_norm(x, [hidden], norms[2 * i + 1], eps), gate_up[i], gate_up_bias[i], packed)
         gate, up = gu[..., :intermediate], gu[..., intermediate:]
@@ -161,12 +159,158 @@ def layer_loop(
     return x
 
 
+def _attend(
+    q: torch.Tensor,
+    i: int,
+    key_slabs: List[torch.Tensor],  # noqa: UP006
+    value_slabs: List[torch.Tensor],  # noqa: UP006
+    key_slabs_t: List[torch.Tensor],  # noqa: UP006
+    prompt_keys: List[torch.Tensor],  # noqa: UP006
+    prompt_values: List[torch.Tensor],  # noqa: UP006
+    prompt_bias: Optional[torch.Tensor],  # noqa: UP045
+    response_bias: Optional[torch.Tensor],  # noqa: UP045
+    attend: torch.Tensor,
+    start: int,
+    scale: float,
+    bf16_kv: bool,
+    kernel: bool,
+) -> torch.Tensor:
+    """Layer ``i`` 's attention for queries ``q [A, H, 1, D]`` over its slabs' first ``start + 1`` positions
+    (the new token's K/V already written): a group's shared prompt read once, the bf16 cache's, the compiled
+    kernel's or SDPA (:func:`layer_loop`'s docstring). ``[A, H, 1, D]``."""
+    keys, values = key_slabs[i][:, :, : start + 1], value_slabs[i][:, :, : start + 1]
+    if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
+        if bf16_kv:
+            return shared_prompt_sdpa(
+                q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+            )
+        return shared_prompt_attention(
+            q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+        )
+    if bf16_kv:
+        return kv_attention(q, keys, values, attend, scale)
+    if kernel:
+        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True)
+
+
+def _gemm(
+    x: torch.Tensor,
+    weights: List[torch.Tensor],  # noqa: UP006
+    biases: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    packed: bool,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:  # noqa: UP006, UP045
+    """:func:`_project` for the fused loop: ``(output, bias still to add)``. One packed matrix gives its bf16
+    output as it is, its bias left to the fused operator that reads it; plain linears and several packed ones
+    give fp32 with their biases added (``None``)."""
+    if packed and len(weights) == 1:
+        scalars: List[Optional[Union[int, float, complex]]] = []  # noqa: UP006, UP007, UP045
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weights[0], None, "none", scalars, "")
+        return y, biases[0]
+    return _project(x, weights, biases, packed), None
+
+
+def fused_layer_loop(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: torch.Tensor,
+    norms: List[torch.Tensor],  # noqa: UP006
+    qkv: List[List[torch.Tensor]],  # noqa: UP006
+    qkv_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    head_norms: List[torch.Tensor],  # noqa: UP006
+    out_proj: List[torch.Tensor],  # noqa: UP006
+    out_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    gate_up: List[List[torch.Tensor]],  # noqa: UP006
+    gate_up_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    down: List[torch.Tensor],  # noqa: UP006
+    down_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    key_slabs: List[torch.Tensor],  # noqa: UP006
+    value_slabs: List[torch.Tensor],  # noqa: UP006
+    key_slabs_t: List[torch.Tensor],  # noqa: UP006
+    prompt_keys: List[torch.Tensor],  # noqa: UP006
+    prompt_values: List[torch.Tensor],  # noqa: UP006
+    prompt_bias: Optional[torch.Tensor],  # noqa: UP045
+    response_bias: Optional[torch.Tensor],  # noqa: UP045
+    start: int,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    intermediate: int,
+    scale: float,
+    packed: bool,
+    bf16_kv: bool,
+    kernel: bool,
+) -> torch.Tensor:
+    """:func:`layer_loop` (the same arguments, the same arithmetic to float rounding) with the work between
+    the GEMMs done by the compiled operators of ``kernels/decode_glue.cpp`` (``rlkit.rollout.cpu_kernels``),
+    one pass each: the residual add fused with the next RMSNorm and its cast to the GEMM's input dtype
+    (``add_rms_norm_cast``), the q/k/v bias, Qwen3's head norms, the rotation and the K/V writes
+    (``rotary_write``), SiLU times up (``silu_mul_cast``). A packed GEMM's bf16 output goes to them as it
+    is."""
+    a = x.shape[0]
+    layers = len(qkv)
+    h = torch.ops.rlkit.rms_norm_cast(x, norms[0], eps, packed)
+    for i in range(layers):
+        y, y_bias = _gemm(h, qkv[i], qkv_bias[i], packed)
+        q_norm: Optional[torch.Tensor] = None  # noqa: UP045
+        k_norm: Optional[torch.Tensor] = None  # noqa: UP045
+        if len(head_norms) > 0:
+            q_norm, k_norm = head_norms[2 * i], head_norms[2 * i + 1]
+        key_slab_t: Optional[torch.Tensor] = None  # noqa: UP045
+        if kernel:
+            key_slab_t = key_slabs_t[i]
+        q = torch.ops.rlkit.rotary_write(
+            y,
+            y_bias,
+            cos,
+            sin,
+            q_norm,
+            k_norm,
+            eps,
+            key_slabs[i],
+            value_slabs[i],
+            key_slab_t,
+            start,
+            heads,
+            kv_heads,
+        )
+        o = _attend(
+            q,
+            i,
+            key_slabs,
+            value_slabs,
+            key_slabs_t,
+            prompt_keys,
+            prompt_values,
+            prompt_bias,
+            response_bias,
+            attend,
+            start,
+            scale,
+            bf16_kv,
+            kernel,
+        )
+        attended, attended_bias = _gemm(o.reshape(a, heads * dim), [out_proj[i]], [out_bias[i]], packed)
+        x, h = torch.ops.rlkit.add_rms_norm_cast(x, attended, attended_bias, norms[2 * i + 1], eps, packed)
+        gu, gu_bias = _gemm(h, gate_up[i], gate_up_bias[i], packed)
+        m = torch.ops.rlkit.silu_mul_cast(gu, gu_bias, packed)
+        d, d_bias = _gemm(m, [down[i]], [down_bias[i]], packed)
+        if i + 1 < layers:
+            x, h = torch.ops.rlkit.add_rms_norm_cast(x, d, d_bias, norms[2 * i + 2], eps, packed)
+        else:
+            x = x + (d.float() if d_bias is None else d.float() + d_bias)
+    return x
+
+
 @functools.cache
-def scripted_layer_loop() -> torch.jit.ScriptFunction | None:
-    """:func:`layer_loop` compiled by TorchScript, once per process; None (with a warning) where it cannot be:
-    TorchScript reads the function's source, which an install without ``.py`` files lacks."""
+def scripted_layer_loop(fused: bool = False) -> torch.jit.ScriptFunction | None:
+    """:func:`layer_loop` (``fused``: :func:`fused_layer_loop`) compiled by TorchScript, once per process;
+    None (with a warning) where it cannot be: TorchScript reads the function's source, which an install
+    without ``.py`` files lacks."""
     try:
-        return torch.jit.script(layer_loop)
+        return torch.jit.script(fused_layer_loop if fused else layer_loop)
     except Exception as err:  # noqa: BLE001  (any failure: the Python loop runs instead)
         warnings.warn(
             "rlkit: the lean decode step's layers could not be compiled by TorchScript "
@@ -181,15 +325,17 @@ class ScriptedLayers:
     """A lean step's layers as :func:`layer_loop`'s arguments, gathered once per ``generate``; calling it runs
     every layer of one step, each slab advanced as ``SlabLayer.update`` advances it."""
 
-    def __init__(self, lean, parts: dict, packed: bool, eps: float, intermediate: int):
+    def __init__(self, lean, parts: dict, packed: bool, eps: float, intermediate: int, fused: bool = False):
         self.lean, self.parts, self.packed = lean, parts, packed
         self.eps, self.intermediate = eps, intermediate
-        self.loop = scripted_layer_loop()
+        self.fused = fused and scripted_layer_loop(True) is not None
+        self.loop = scripted_layer_loop(self.fused)
 
     @classmethod
-    def of(cls, lean) -> ScriptedLayers | None:
+    def of(cls, lean, fused: bool = False) -> ScriptedLayers | None:
         """The scripted loop for ``lean`` (a ``rlkit.rollout.lean_step.LeanStep``), or None where the Python
-        loop must run (module docstring)."""
+        loop must run (module docstring); ``fused``: :func:`fused_layer_loop` (the compiled operators must be
+        loaded: ``rlkit.rollout.cpu_kernels.kernel_unavailable()`` None)."""
         gathered = [_layer_parts(layer) for layer in lean.layers]
         if scripted_layer_loop() is None or not gathered or any(parts is None for parts in gathered):
             return None
@@ -206,7 +352,7 @@ class ScriptedLayers:
             for name in merged:
                 item = parts[name]
                 merged[name].extend(item) if name in ("norms", "head_norms") else merged[name].append(item)
-        return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop())
+        return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop(), fused)
 
     def __call__(
         self,

@@ -1,13 +1,9 @@
 """The compiled decode attention kernel (rlkit.rollout.attention_kernel): the operator against a plain loop
-and SDPA (both of its builds), how it is compiled, cached and refused, the slab's transposed keys, the decode
+and SDPA (its AVX2 build and how it is compiled: test_cpu_kernels.py), the slab's transposed keys, the decode
 through it — both lean loops the same bit for bit, rows compacted, against the SDPA decode to float
 rounding — and the rule and probe that pick it."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,11 +13,12 @@ from test_decode import CASES, ending_tokens, generate
 from test_lean_step import _models, other_archs  # noqa: F401  (the fixture)
 
 from rlkit.rollout import attention_kernel as ak
+from rlkit.rollout import cpu_kernels as ck
 from rlkit.rollout import lean_step
 from rlkit.rollout.decode import SlabLayer
 
 needs_kernel = pytest.mark.skipif(
-    ak.kernel_unavailable() is not None, reason=f"no decode attention kernel here: {ak.kernel_unavailable()}"
+    ck.kernel_unavailable() is not None, reason=f"no decode kernels here: {ck.kernel_unavailable()}"
 )
 
 SHAPES = [  # rows, query heads, KV heads, head size, filled positions
@@ -78,73 +75,6 @@ def test_the_kernel_refuses_what_it_was_not_built_for():
         ak.decode_attention(q, keys_t, values, mask[:, None, None], 20, 0.1)
 
 
-AVX2_CHECK = """
-import sys, torch, torch.nn.functional as F
-from rlkit.rollout import attention_kernel
-torch.ops.load_library(sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-from test_attention_kernel import SHAPES, kernel_inputs
-for shape in SHAPES:
-    q, keys, keys_t, values, mask = kernel_inputs(*shape)
-    length, scale = shape[-1], shape[3] ** -0.5
-    got = attention_kernel.decode_attention(q, keys_t, values, mask[:, None, None], length, scale)
-    k, v = keys[:, :, :length], values[:, :, :length]
-    attend = mask[:, None, None]
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
-print("ok", len(SHAPES))
-"""
-
-
-@needs_kernel
-def test_the_avx2_build_computes_the_same(tmp_path):
-    """The 8-wide build (an AVX2 CPU's), compiled here and run in a process of its own (an operator has one
-    implementation per process): the same attention."""
-    path, why = ak.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
-    assert why is None and path.name.startswith("decode_attention-8-")
-    done = subprocess.run(
-        [sys.executable, "-c", AVX2_CHECK, str(path), str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == f"ok {len(SHAPES)}"
-
-
-def test_the_build_follows_the_cpus_flags_and_says_why_not(tmp_path, monkeypatch):
-    assert ak.build_flags({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})[1] == 16
-    assert ak.build_flags({"avx2", "fma", "avx512f"})[1] == 8  # AVX-512 without BW/DQ/VL: the AVX2 build
-    assert ak.build_flags({"avx2"}) is None
-    path, why = ak.kernel_library(tmp_path, cpu_flags={"sse4_2"})
-    assert path is None and why == "this CPU has no AVX2 and FMA"
-    monkeypatch.setattr(ak, "_compiler", lambda: None)
-    path, why = ak.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
-    assert path is None and "no g++" in why
-
-
-@pytest.mark.skipif(ak._compiler() is None, reason="no g++ here")
-def test_a_failed_compile_is_a_reason_not_a_crash_and_a_good_one_is_cached(tmp_path, monkeypatch):
-    broken = tmp_path / "broken.cpp"
-    broken.write_text("this is not C++\n")
-    monkeypatch.setattr(ak, "SOURCE", broken)
-    path, why = ak.kernel_library(tmp_path / "a", cpu_flags={"avx2", "fma"})
-    assert path is None and why.startswith("compiling broken.cpp failed")
-    assert list((tmp_path / "a").iterdir()) == []  # no half-written library left behind
-    monkeypatch.undo()
-    first, _ = ak.kernel_library(tmp_path / "b", cpu_flags={"avx2", "fma"})
-    stamp = first.stat().st_mtime_ns
-    real = subprocess.run
-
-    def no_compile(command, *args, **kwargs):
-        assert "-shared" not in command, "compiled again"
-        return real(command, *args, **kwargs)
-
-    monkeypatch.setattr(ak.subprocess, "run", no_compile)
-    again, _ = ak.kernel_library(tmp_path / "b", cpu_flags={"avx2", "fma"})
-    assert again == first and again.stat().st_mtime_ns == stamp
-
-
 def test_the_slab_keeps_its_keys_transposed_through_steps_and_compaction():
     layer = SlabLayer(capacity=9, transposed_keys=True)
     torch.manual_seed(0)
@@ -177,6 +107,7 @@ def test_both_lean_loops_decode_the_same_with_the_kernel_and_sdpa_agrees(request
     kw = {"n": 4, **CASES["sampled"]}
     eos = ending_tokens(tok, model, **kw)
     common = {"fast": True, "lean": True, "eos": eos, "attention_kernel_probe": False, **kw}
+    common["fused_glue"] = False  # the same torch operators in both loops (test_cpu_kernels.py: fused)
     (scripted, _), (loop, _), (sdpa, _) = (
         generate(tok, model, scripted=scripted, attention_kernel=kernel, **common)
         for scripted, kernel in ((True, True), (False, True), (True, False))
@@ -267,30 +198,6 @@ def test_the_probe_times_sdpa_and_the_kernel_once_per_machine(tmp_path):
     assert first.sdpa_s > 0 and first.kernel_s > 0
     assert first.pays == (first.kernel_s <= ak.KERNEL_MAX_RATIO * first.sdpa_s)
     assert "decode-attention-kernel-9-3-64" in cache.read_text()
-
-
-@pytest.mark.parametrize(
-    ("why", "warned"),
-    [("no g++ on PATH to compile it", True), ("compiling decode_attention.cpp failed (x)", True)]
-    + [("this CPU has no AVX2 and FMA", False), ("the kernel is for x86-64 Linux (this is Darwin)", False)],
-)
-def test_why_not_is_a_warning_only_where_the_kernel_could_have_run(monkeypatch, why, warned):
-    """A machine that could run the kernel but cannot build it says so once, as a warning; a CPU or system it
-    is not for only logs it. Either way the reason is returned and the step attends with SDPA."""
-    import warnings
-
-    monkeypatch.setattr(ak, "kernel_library", lambda: (None, why))
-    ak.kernel_unavailable.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert ak.kernel_unavailable() == why
-        said = [w for w in caught if "attention kernel" in str(w.message)]
-        assert len(said) == (1 if warned else 0)
-    finally:
-        monkeypatch.undo()
-        ak.kernel_unavailable.cache_clear()
-        ak.kernel_unavailable()  # this process's real answer again (a loaded library loads once)
 
 
 @needs_kernel

@@ -44,6 +44,7 @@ def generate(
     bf16_kv_probe: bool = True,
     attention_kernel: bool = True,
     attention_kernel_probe: bool = True,
+    fused_glue: bool = True,
     eos=None,
     cls=HFRollout,
     **kw,
@@ -65,6 +66,7 @@ def generate(
             bf16_kv_probe=bf16_kv_probe,
             attention_kernel=attention_kernel,
             attention_kernel_probe=attention_kernel_probe,
+            fused_glue=fused_glue,
         ),
     )
     rec = Recorder(model)

@@ -29,7 +29,8 @@ def test_the_scripted_layers_decode_exactly_what_the_python_loop_decodes(request
     kw = {"n": 2, **CASES["sampled"]}
     eos = ending_tokens(tok, model, **kw)
     (scripted, rows), (loop, _) = (
-        generate(tok, model, fast=True, lean=True, scripted=on, eos=eos, **kw) for on in (True, False)
+        generate(tok, model, fast=True, lean=True, scripted=on, fused_glue=False, eos=eos, **kw)
+        for on in (True, False)
     )
     assert_identical(scripted, loop)
     lengths = loop["response_mask"].sum(1)
@@ -53,7 +54,8 @@ def test_the_scripted_layers_run_the_bf16_copys_fused_gemms(request, arch):
     assert all(len(w) == 1 for w in step.scripted.parts["qkv"] + step.scripted.parts["gate_up"])  # fused
     kw = {"n": 2, **CASES["temperature_top_k_top_p"]}
     (scripted, _), (loop, _) = (
-        generate(tok, packed, fast=True, lean=True, scripted=on, **kw) for on in (True, False)
+        generate(tok, packed, fast=True, lean=True, scripted=on, fused_glue=False, **kw)
+        for on in (True, False)
     )
     assert_identical(scripted, loop)
     assert scripted.meta["metrics"]["rollout/scripted_layers"] == 1.0
@@ -78,7 +80,7 @@ def test_the_scripted_layers_read_a_groups_prompt_once(tok_and_model, monkeypatc
         return real_call(self, x, cos, sin, attend, cache, shared, *biases)
 
     monkeypatch.setattr(scripted_step.ScriptedLayers, "__call__", counting)
-    kw = {"n": 4, **CASES["sampled"]}
+    kw = {"n": 4, "fused_glue": False, **CASES["sampled"]}
     scripted, _ = generate(tok, model, fast=True, lean=True, scripted=True, **kw)
     assert calls == [] and any(shared_steps)  # shared inside the script
     loop, _ = generate(tok, model, fast=True, lean=True, scripted=False, **kw)

@@ -1,0 +1,368 @@
+"""rlkit's compiled decode operators (rlkit.rollout.cpu_kernels): how their one library is compiled, cached
+and refused (its AVX2 build run in a process of its own); the glue operators (kernels/decode_glue.cpp)
+against the torch operators they replace; and the layer loop that calls them (rlkit.rollout.scripted_step.
+fused_layer_loop) against the torch operators' loop through whole decodes — fp32 on four model families, the
+bf16 decode copy's packed GEMMs, a group's prompt read once, the attention kernel, a bf16 KV cache — and the
+rule that picks it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_attention_kernel import SHAPES
+from test_decode import CASES, ending_tokens, generate
+from test_lean_step import ARCHS, _models, other_archs  # noqa: F401  (the fixture)
+
+from rlkit.rollout import cpu_kernels as ck
+from rlkit.rollout import scripted_step
+
+needs_kernels = pytest.mark.skipif(
+    ck.kernel_unavailable() is not None, reason=f"no decode kernels here: {ck.kernel_unavailable()}"
+)
+BF16_ULP = 2**-7  # a bf16 rounding of the same fp32 sum computed in another order may land one ulp apart
+
+
+def check_norms(bf16: bool, rows: int = 5, width: int = 584) -> None:
+    """``rms_norm_cast`` and ``add_rms_norm_cast`` (the sum exact; biased bf16 and fp32 GEMM outputs) against
+    ``F.rms_norm`` and a cast; ``width`` not a multiple of the vector width (the tail loop)."""
+    torch.manual_seed(0)
+    x, weight = 3 * torch.randn(rows, width), torch.randn(width)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    tolerance = {"rtol": BF16_ULP, "atol": 1e-6} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
+    got = torch.ops.rlkit.rms_norm_cast(x, weight, 1e-5, bf16)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, F.rms_norm(x, [width], weight, 1e-5).to(dtype), **tolerance)
+    for y_dtype in (torch.bfloat16, torch.float32):
+        y, bias = torch.randn(rows, width).to(y_dtype), torch.randn(width)
+        for b in (bias, None):
+            total, normed = torch.ops.rlkit.add_rms_norm_cast(x, y, b, weight, 1e-5, bf16)
+            want = x + (y.float() if b is None else y.float() + b)
+            assert torch.equal(total, want)
+            torch.testing.assert_close(normed, F.rms_norm(want, [width], weight, 1e-5).to(dtype), **tolerance)
+
+
+def check_silu_mul(bf16: bool, rows: int = 4, intermediate: int = 1544) -> None:
+    """``silu_mul_cast`` against SiLU(gate) · up in fp32 (large |gate| included: the exp's clamp)."""
+    torch.manual_seed(1)
+    for y_dtype in (torch.bfloat16, torch.float32):
+        gate_up = (8 * torch.randn(rows, 2 * intermediate)).to(y_dtype)
+        gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -90.0]).to(y_dtype)
+        bias = torch.randn(2 * intermediate)
+        for b in (bias, None):
+            g = gate_up.float() if b is None else gate_up.float() + b
+            want = F.silu(g[:, :intermediate]) * g[:, intermediate:]
+            got = torch.ops.rlkit.silu_mul_cast(gate_up, b, bf16)
+            assert got.shape == (rows, intermediate)
+            if bf16:
+                torch.testing.assert_close(got, want.bfloat16(), rtol=BF16_ULP, atol=1e-6)
+            else:
+                torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+
+
+def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) -> None:
+    """``rotary_write`` against the lean step's torch ops: bias added, Qwen3's head norms, q and k rotated
+    (``x·cos + roll(x, D/2)·sin``), k and v written at ``start`` only (NaN elsewhere stays NaN)."""
+    torch.manual_seed(2)
+    rows, heads, kv_heads, dim, start, capacity = 3, 6, 2, 32, 5, 9
+    width = (heads + 2 * kv_heads) * dim
+    angle = 6 * torch.rand(rows, 1, dim // 2)
+    cos = torch.cat([angle.cos(), angle.cos()], -1)
+    sin = torch.cat([-angle.sin(), angle.sin()], -1)  # rotate_half's signs folded in, as the lean step's
+    q_norm, k_norm = (torch.randn(dim), torch.randn(dim)) if head_norms else (None, None)
+    for y_dtype in (torch.bfloat16, torch.float32):
+        y, bias = torch.randn(rows, width).to(y_dtype), torch.randn(width)
+        keys = torch.full((rows, kv_heads, capacity, dim), float("nan"), dtype=slab_dtype)
+        values = torch.full_like(keys, float("nan"))
+        keys_t = torch.full((rows, kv_heads, dim, 16), float("nan")) if transposed else None
+        q = torch.ops.rlkit.rotary_write(
+            y, bias, cos, sin, q_norm, k_norm, 1e-6, keys, values, keys_t, start, heads, kv_heads
+        )
+        heads_of = (y.float() + bias).reshape(rows, heads + 2 * kv_heads, dim)
+        qk, v = heads_of[:, : heads + kv_heads], heads_of[:, heads + kv_heads :]
+        if head_norms:
+            qk = torch.cat(
+                [
+                    F.rms_norm(qk[:, :heads], [dim], q_norm, 1e-6),
+                    F.rms_norm(qk[:, heads:], [dim], k_norm, 1e-6),
+                ],
+                1,
+            )
+        qk = torch.addcmul(qk * cos, qk.roll(dim // 2, dims=-1), sin)
+        assert q.shape == (rows, heads, 1, dim) and q.dtype == torch.float32
+        torch.testing.assert_close(q, qk[:, :heads, None], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(keys[:, :, start], qk[:, heads:].to(slab_dtype), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(values[:, :, start], v.to(slab_dtype), rtol=0, atol=0)
+        others = [p for p in range(capacity) if p != start]
+        assert keys[:, :, others].isnan().all() and values[:, :, others].isnan().all()
+        if transposed:
+            torch.testing.assert_close(keys_t[..., start], qk[:, heads:], rtol=1e-5, atol=1e-6)
+            assert keys_t[..., [p for p in range(16) if p != start]].isnan().all()
+
+
+def check_all() -> int:
+    """Every check above, each case; returns how many ran (the AVX2 build's subprocess prints it)."""
+    cases = 0
+    for bf16 in (True, False):
+        check_norms(bf16)
+        check_silu_mul(bf16)
+        cases += 2
+    for slab_dtype in (torch.float32, torch.bfloat16):
+        for head_norms in (False, True):
+            check_rotary(slab_dtype, head_norms, transposed=slab_dtype == torch.float32)
+            cases += 1
+    return cases
+
+
+@needs_kernels
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_norm_operators_are_torchs_norm_add_and_cast(bf16):
+    check_norms(bf16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bf16", [True, False])
+def test_silu_mul_is_torchs_silu_times_up(bf16):
+    check_silu_mul(bf16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("slab_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_norms", [False, True])
+def test_rotary_write_rotates_and_writes_what_the_lean_step_does(slab_dtype, head_norms):
+    check_rotary(slab_dtype, head_norms, transposed=slab_dtype == torch.float32)
+
+
+@needs_kernels
+def test_the_glue_operators_refuse_what_they_cannot_read():
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="x must be fp32 or bf16"):
+        torch.ops.rlkit.rms_norm_cast(x.double(), torch.ones(8), 1e-5, True)
+    with pytest.raises(RuntimeError, match="fp32 x"):  # the residual stream stays fp32
+        torch.ops.rlkit.rms_norm_cast(x.bfloat16(), torch.ones(8), 1e-5, True)
+    with pytest.raises(RuntimeError, match="even width"):
+        torch.ops.rlkit.silu_mul_cast(torch.randn(2, 7), None, False)
+    slab = torch.zeros(2, 1, 4, 8)
+    with pytest.raises(RuntimeError, match=r"\(H \+ 2 Hkv\) D"):
+        torch.ops.rlkit.rotary_write(
+            torch.randn(2, 30), None, torch.ones(2, 1, 8), torch.ones(2, 1, 8), None, None, 1e-6,
+            slab, slab.clone(), None, 0, 2, 1,
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="room at start"):
+        torch.ops.rlkit.rotary_write(
+            torch.randn(2, 32), None, torch.ones(2, 1, 8), torch.ones(2, 1, 8), None, None, 1e-6,
+            slab, slab.clone(), None, 4, 2, 1,
+        )  # fmt: skip
+
+
+AVX2_CHECK = """
+import sys, torch, torch.nn.functional as F
+from rlkit.rollout import cpu_kernels
+torch.ops.load_library(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from test_attention_kernel import SHAPES, kernel_inputs
+from test_cpu_kernels import check_all
+for shape in SHAPES:
+    q, keys, keys_t, values, mask = kernel_inputs(*shape)
+    length, scale = shape[-1], shape[3] ** -0.5
+    got = torch.ops.rlkit.decode_attention(q, keys_t, values, mask[:, None, None], length, scale)
+    k, v = keys[:, :, :length], values[:, :, :length]
+    attend = mask[:, None, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+print("ok", len(SHAPES), check_all())
+"""
+
+
+@needs_kernels
+def test_the_avx2_build_computes_the_same(tmp_path):
+    """The 8-wide build (an AVX2 CPU's), compiled here and run in a process of its own (an operator has one
+    implementation per process): the same attention and glue."""
+    path, why = ck.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
+    assert why is None and path.name.startswith("decode_kernels-8-")
+    done = subprocess.run(
+        [sys.executable, "-c", AVX2_CHECK, str(path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"ok {len(SHAPES)} 8"
+
+
+def test_the_build_follows_the_cpus_flags_and_says_why_not(tmp_path, monkeypatch):
+    assert ck.build_flags({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})[1] == 16
+    assert ck.build_flags({"avx2", "fma", "avx512f"})[1] == 8  # AVX-512 without BW/DQ/VL: the AVX2 build
+    assert ck.build_flags({"avx2"}) is None
+    path, why = ck.kernel_library(tmp_path, cpu_flags={"sse4_2"})
+    assert path is None and why == "this CPU has no AVX2 and FMA"
+    monkeypatch.setattr(ck, "_compiler", lambda: None)
+    path, why = ck.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
+    assert path is None and "no g++" in why
+
+
+@pytest.mark.skipif(ck._compiler() is None, reason="no g++ here")
+def test_a_failed_compile_is_a_reason_not_a_crash_and_a_good_one_is_cached(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(ck, "SOURCES", (*ck.SOURCES, broken))
+    path, why = ck.kernel_library(tmp_path / "a", cpu_flags={"avx2", "fma"})
+    assert path is None and why.startswith(
+        "compiling decode_attention.cpp, decode_glue.cpp, broken.cpp failed"
+    )
+    assert list((tmp_path / "a").iterdir()) == []  # no half-written library left behind
+    monkeypatch.undo()
+    first, _ = ck.kernel_library(tmp_path / "b", cpu_flags={"avx2", "fma"})
+    stamp = first.stat().st_mtime_ns
+    real = subprocess.run
+
+    def no_compile(command, *args, **kwargs):
+        assert "-shared" not in command, "compiled again"
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(ck.subprocess, "run", no_compile)
+    again, _ = ck.kernel_library(tmp_path / "b", cpu_flags={"avx2", "fma"})
+    assert again == first and again.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize(
+    ("why", "warned"),
+    [("no g++ on PATH to compile them", True), ("compiling decode_glue.cpp failed (x)", True)]
+    + [("this CPU has no AVX2 and FMA", False), ("the kernels are for x86-64 Linux (this is Darwin)", False)],
+)
+def test_why_not_is_a_warning_only_where_the_kernels_could_have_run(monkeypatch, why, warned):
+    """A machine that could run the kernels but cannot build them says so once, as a warning; a CPU or system
+    they are not for only logs it. Either way the reason is returned and the step runs torch's operators."""
+    monkeypatch.setattr(ck, "kernel_library", lambda: (None, why))
+    ck.kernel_unavailable.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert ck.kernel_unavailable() == why
+        said = [w for w in caught if "decode kernels" in str(w.message)]
+        assert len(said) == (1 if warned else 0)
+    finally:
+        monkeypatch.undo()
+        ck.kernel_unavailable.cache_clear()
+        ck.kernel_unavailable()  # this process's real answer again (a loaded library loads once)
+
+
+def assert_close_decodes(fused, plain, tolerance: float = 1e-5) -> None:
+    assert torch.equal(fused["responses"], plain["responses"])
+    assert torch.equal(fused["response_mask"], plain["response_mask"])
+    torch.testing.assert_close(
+        fused["rollout_log_probs"], plain["rollout_log_probs"], atol=tolerance, rtol=tolerance
+    )
+    assert fused.meta["metrics"]["rollout/fused_glue"] == 1.0
+    assert plain.meta["metrics"]["rollout/fused_glue"] == 0.0
+    for out in (fused, plain):
+        assert out.meta["metrics"]["rollout/scripted_layers"] == 1.0
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_fused_loop_decodes_what_torchs_operators_decode(request, arch):
+    """fp32 weights (Qwen2's q/k/v biases, Qwen3's head norms, grouped KV heads), rows ending apart: the same
+    tokens, log-probs to float rounding."""
+    tok, model = _models(request, arch)
+    kw = {"n": 2, **CASES["sampled"]}
+    eos = ending_tokens(tok, model, **kw)
+    fused, plain = (
+        generate(tok, model, fast=True, lean=True, fused_glue=on, eos=eos, **kw)[0] for on in (True, False)
+    )
+    assert_close_decodes(fused, plain)
+    lengths = plain["response_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # rows ended apart: the slabs the operators wrote were compacted
+
+
+@pytest.fixture
+def packed_model(request):
+    """``packed(arch)``: the bf16 decode copy of a tiny model (its fused oneDNN GEMMs), or a skip."""
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+
+    if bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+
+    def packed(arch: str):
+        tok, model = _models(request, arch)
+        return tok, Bf16DecodeCopy(model).module
+
+    return packed
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "cache", ["kernel", "sdpa", "bf16_kv"], ids=["attention-kernel", "sdpa", "bf16-kv-cache"]
+)
+def test_the_fused_loop_through_the_bf16_copy_groups_and_every_cache(packed_model, arch, cache):
+    """The bf16 copy's packed GEMMs hand their bf16 outputs (and biases) to the operators as they are;
+    attending through SDPA or a bf16 KV cache (the operator writes its K/V rounded to bf16) over 3 prompts × 4
+    rows (a group's prompt read once), or through the kernel over 3 prompts × 1 row (a step that reads a
+    shared prompt attends on its own, so groups would hide the kernel): the same tokens, log-probs within
+    the bf16 copy's rounding."""
+    tok, packed = packed_model(arch)
+    kw = {
+        "n": 1 if cache == "kernel" else 4,
+        **CASES["temperature_top_k_top_p"],
+        "attention_kernel_probe": False,
+    }
+    kw |= {
+        "kernel": {"bf16_kv_from": None},
+        "sdpa": {"bf16_kv_from": None, "attention_kernel": False},
+        "bf16_kv": {"bf16_kv_from": 0, "bf16_kv_probe": False},
+    }[cache]
+    fused, plain = (
+        generate(tok, packed, fast=True, lean=True, fused_glue=on, **kw)[0] for on in (True, False)
+    )
+    assert_close_decodes(fused, plain, tolerance=2e-3)
+    metrics = fused.meta["metrics"]
+    assert metrics["rollout/attention_kernel"] == float(cache == "kernel")
+    assert metrics["rollout/bf16_kv_cache"] == float(cache == "bf16_kv")
+
+
+@needs_kernels
+def test_the_rule_takes_the_fused_loop_wherever_the_operators_load(tok_and_model, monkeypatch):
+    """Default plan: the fused loop under the scripted layers; torch's operators with ``fused_glue=False``,
+    the Python loop (``scripted_layers=False``) or where the library did not load (the reason said once by
+    ``cpu_kernels``)."""
+    from rlkit.rollout import decode as decode_module
+
+    tok, model = tok_and_model
+    kw = {"fast": True, "lean": True, "n": 2, "do_sample": False}
+    on, _ = generate(tok, model, **kw)
+    assert on.meta["metrics"]["rollout/fused_glue"] == 1.0
+    for off_kw in ({"fused_glue": False}, {"scripted": False}):
+        off, _ = generate(tok, model, **kw, **off_kw)
+        assert off.meta["metrics"]["rollout/fused_glue"] == 0.0
+        assert torch.equal(off["responses"], on["responses"])
+    monkeypatch.setattr(decode_module, "kernel_unavailable", lambda: "no g++ on PATH to compile them")
+    unloaded, _ = generate(tok, model, **kw, attention_kernel=False)
+    assert unloaded.meta["metrics"]["rollout/fused_glue"] == 0.0
+    assert unloaded.meta["metrics"]["rollout/scripted_layers"] == 1.0
+
+
+@needs_kernels
+def test_a_fused_loop_that_cannot_be_scripted_leaves_the_unfused_one(tok_and_model, monkeypatch):
+    tok, model = tok_and_model
+    real = torch.jit.script
+
+    def only_the_plain_loop(fn):
+        if fn is scripted_step.fused_layer_loop:
+            raise OSError("could not get source code")
+        return real(fn)
+
+    monkeypatch.setattr(torch.jit, "script", only_the_plain_loop)
+    scripted_step.scripted_layer_loop.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="could not be compiled by TorchScript"):
+            out, _ = generate(tok, model, fast=True, lean=True, n=2, do_sample=False)
+    finally:
+        scripted_step.scripted_layer_loop.cache_clear()
+    assert out.meta["metrics"]["rollout/scripted_layers"] == 1.0
+    assert out.meta["metrics"]["rollout/fused_glue"] == 0.0
