@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import perturbed_model
 from test_attention_kernel import SHAPES
 from test_decode import CASES, ending_tokens, generate
 from test_lean_step import ARCHS, _models, other_archs  # noqa: F401  (the fixture)
@@ -278,6 +279,34 @@ def test_the_fused_loop_decodes_what_torchs_operators_decode(request, arch):
     assert_close_decodes(fused, plain)
     lengths = plain["response_mask"].sum(1)
     assert lengths.min() < lengths.max()  # rows ended apart: the slabs the operators wrote were compacted
+
+
+@needs_kernels
+@pytest.mark.parametrize("packed", [False, True], ids=["fp32", "bf16-copy"])
+def test_the_fused_loop_adds_every_linears_bias(tmp_path, packed):
+    """A Llama with ``attention_bias`` and ``mlp_bias`` (a bias on o_proj, gate/up and down too; the bf16
+    copy's GEMMs leave each to the operator that reads their output): the same tokens, log-probs to float
+    rounding (the bf16 copy's rounding)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlkit.model.tiny import build_tiny_model
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+
+    if packed and bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+    path = build_tiny_model(tmp_path / "llama", arch="llama", seed=2)
+    config = AutoConfig.from_pretrained(path)
+    config.attention_bias, config.mlp_bias = True, True
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok, model = perturbed_model(path, seed=2)
+    assert model.model.layers[0].mlp.down_proj.bias.abs().sum() > 0
+    assert model.model.layers[0].self_attn.o_proj.bias.abs().sum() > 0
+    model = Bf16DecodeCopy(model).module if packed else model
+    kw = {"n": 2, **CASES["sampled"], "attention_kernel_probe": False}
+    fused, plain = (
+        generate(tok, model, fast=True, lean=True, fused_glue=on, **kw)[0] for on in (True, False)
+    )
+    assert_close_decodes(fused, plain, tolerance=2e-3 if packed else 1e-5)
 
 
 @pytest.fixture
