@@ -36,6 +36,9 @@ Changes (each toggled here by patching, never by a setting in rlkit):
          ``BF16_KV_MIN_POSITIONS`` positions)
   kernel  rollout, lean step over fp32 K/V: attention by the compiled kernel (``DecodePlan.attention_kernel``,
          rlkit.rollout.attention_kernel) vs SDPA
+  glue  rollout, scripted lean step: the work between the GEMMs (norms, casts, rotary, K/V writes, SiLU·up) by
+         the compiled operators of kernels/decode_glue.cpp (``DecodePlan.fused_glue``,
+         rlkit.rollout.scripted_step.fused_layer_loop) vs torch's operators
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -105,6 +108,7 @@ def plans(change: str, on: bool):
         lean_step=not (change == "lean" and off),
         share_prompt_attention=not (change == "sharedattn" and off),
         scripted_layers=not (change == "scripted" and off),
+        fused_glue=not (change == "glue" and off),
         # bf16kv: A fp32 K/V, B bf16 K/V at any length (where it pays decides BF16_KV_MIN_POSITIONS)
         **({"bf16_kv_from": 0 if on else None, "bf16_kv_probe": False} if change == "bf16kv" else {}),
         # kernel: A SDPA, B the compiled kernel wherever it builds (without asking its probe)
