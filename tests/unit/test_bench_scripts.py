@@ -341,3 +341,24 @@ def test_bf16_kv_drift_measures_both_caches_against_the_fp32_model(benchmark_mod
     for kv in ("fp32_kv", "bf16_kv"):
         assert 0 < row[kv]["logp_mean"] <= row[kv]["logp_max"] < 0.5
         assert 0 < row[kv]["prob_mean"] <= row[kv]["prob_max"]
+
+
+def test_ab_toggles_each_decode_plan_change_it_names(benchmark_module):
+    """``ab.py --change X``: A turns X's DecodePlan switch off, B is the default (on); every other switch
+    stays at its default in both."""
+    from dataclasses import asdict
+
+    from rlkit.rollout.decode import DecodePlan
+
+    script = benchmark_module("ab.py")
+    default = asdict(DecodePlan())
+    for change, field in [
+        ("glue", "fused_glue"),
+        ("scripted", "scripted_layers"),
+        ("lean", "lean_step"),
+        ("prefill", "share_prefill"),
+        ("sharedattn", "share_prompt_attention"),
+    ]:
+        a, b = (asdict(script.plans(change, on)[1]) for on in (False, True))
+        assert b == default, change
+        assert a == default | {field: False}, change
