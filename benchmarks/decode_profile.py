@@ -14,15 +14,17 @@ change to the loop itself). The prefill phase runs from the start of ``generate`
 phase from there to the end of ``generate`` (``tokens`` samplings, ``tokens − 1`` step forwards), reported
 per step (÷ ``tokens − 1``).
 
-The decode phase's outermost aten ops (ops called from Python, not from another op) are attributed
-(:func:`categorise`) to: GEMMs (``aten::linear``, fbgemm's fp16 and oneDNN's packed bf16 linears, grouped by
-(M, N, K) with achieved GFLOP/s and % of the fp32 1024² matmul probe, and each shape timed again outside the
-loop in fp32 and bf16), attention (SDPA and the attention-mask building), sampling (inside ``sample_next``,
-plus the loop's uniform draw), elementwise/norm/rope/activation, memory copies/cat/index (KV slab writes,
-rotate-half concat), views (no data moved), loop bookkeeping (the loop's other ops: recording tokens,
-finished-row masks), and other = phase wall − profiled ops (Python, dispatch between ops, the profiler's own
-cost). The profiled wall is compared with the unprofiled one (the profiler's inflation), and the unprofiled
-step with ``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe peak)).
+The decode phase's outermost aten ops (ops called from Python or TorchScript, not from another op; rlkit's
+compiled ``rlkit::`` operators among them) are attributed (:func:`categorise`) to: GEMMs (``aten::linear``,
+fbgemm's fp16 and oneDNN's packed bf16 linears, grouped by (M, N, K) with achieved GFLOP/s and % of the fp32
+1024² matmul probe, and each shape timed again outside the loop in fp32 and bf16), attention (SDPA or rlkit's
+compiled kernel, and the attention-mask building), sampling (inside ``sample_next``, plus the loop's uniform
+draw), elementwise/norm/rope/activation (rlkit's fused glue operators among them), memory copies/cat/index (KV
+slab writes, rotate-half concat), views (no data moved), loop bookkeeping (the loop's other ops: recording
+tokens, finished-row masks), and other = phase wall − profiled ops (Python, dispatch between ops, the
+profiler's own cost). The profiled wall is compared with the unprofiled one (the profiler's inflation), and
+the unprofiled step with ``common.decode_roofline`` (per decode step: max(bytes / bandwidth, FLOPs / probe
+peak)).
 Results: ``benchmarks/results/<stamp>-decode-profile.{json,md}``.
 """
 
@@ -85,6 +87,9 @@ _MASK = {  # transformers' attention-mask building, run in every forward
     "aten::where",
     "aten::masked_fill",
 }
+# rlkit's compiled glue operators (rollout.scripted_step.fused_layer_loop): norms, casts, rotary, K/V writes
+# (rlkit::decode_attention counts as attention by its name)
+_GLUE = {"rlkit::rms_norm_cast", "rlkit::add_rms_norm_cast", "rlkit::silu_mul_cast", "rlkit::rotary_write"}
 _LOOP_DRAWS = {"aten::rand"}  # the loop's one uniform draw per row, made before sample_next
 _ELEMENTWISE = {
     "aten::mul",
@@ -177,6 +182,8 @@ def categorise(op: OpRecord) -> str:
         return "mask"
     if any(part in name for part in _ATTENTION):
         return "attention"
+    if name in _GLUE:
+        return "elementwise"
     for category, names in (("elementwise", _ELEMENTWISE), ("memory", _MEMORY), ("views", _VIEWS)):
         if name in names:
             return category
@@ -277,7 +284,8 @@ def ops_from_events(events) -> tuple[list[OpRecord], dict[str, tuple[float, floa
         name = events[i].name()
         # quantized::linear_dynamic_fp16: fbgemm's fp16-weight linear (rollout.backend.dtype float16);
         # mkldnn::_linear_pointwise: oneDNN's packed bf16 linear (the bf16 decode copy)
-        op = name.startswith(("aten::", "quantized::", "mkldnn::"))
+        # rlkit::*: rlkit's compiled decode operators (rollout.cpu_kernels: attention, the fused glue)
+        op = name.startswith(("aten::", "quantized::", "mkldnn::", "rlkit::"))
         kind = "aten" if op else name if name in (FORWARD, SAMPLE) else ""
         if kind == "aten" and not open_count["aten"]:
             scope = "forward" if open_count[FORWARD] else "sample" if open_count[SAMPLE] else "loop"

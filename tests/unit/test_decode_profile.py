@@ -22,6 +22,9 @@ def test_ops_fall_into_the_category_of_their_work(dp):
         ("quantized::linear_dynamic_fp16", "forward"): "gemm",  # fbgemm fp16 weights (dtype float16)
         ("mkldnn::_linear_pointwise", "forward"): "gemm",  # oneDNN-packed bf16 weights (dtype bfloat16)
         ("aten::scaled_dot_product_attention", "forward"): "attention",
+        ("rlkit::decode_attention", "forward"): "attention",  # rlkit's compiled kernel (rollout.cpu_kernels)
+        ("rlkit::rotary_write", "forward"): "elementwise",  # ... and its fused glue
+        ("rlkit::add_rms_norm_cast", "forward"): "elementwise",
         ("aten::arange", "forward"): "mask",  # the causal mask, rebuilt every forward
         ("aten::mul", "forward"): "elementwise",
         ("aten::silu", "forward"): "elementwise",
@@ -137,6 +140,8 @@ def test_only_the_decode_phases_outermost_ops_count_each_with_its_scope(dp):
         ev("aten::linear", 31_000, 41_000, [[8, 1, 4], [6, 4], []]),
         ev("aten::addmm", 32_000, 40_000),  # inside linear: not outermost
         ev("aten::mul", 42_000, 43_000),
+        ev("rlkit::rotary_write", 44_000, 46_000),  # rlkit's compiled operator, called from the scripted loop
+        ev("aten::empty", 44_500, 45_000),  # inside it: not outermost
         ev("aten::mul", 62_000, 63_000, thread=2),  # another thread
     ]
     ops, phases = dp.ops_from_events(events)
@@ -145,6 +150,7 @@ def test_only_the_decode_phases_outermost_ops_count_each_with_its_scope(dp):
         ("aten::index_put_", "loop", 1.0),
         ("aten::linear", "forward", 10.0),
         ("aten::mul", "forward", 1.0),
+        ("rlkit::rotary_write", "forward", 2.0),
     ]
     assert ops[2].shapes == ((8, 1, 4), (6, 4), ())
     assert phases == {"generate": (0.0, 100.0), "prefill": (0.0, 20.0), "decode": (20.0, 100.0)}

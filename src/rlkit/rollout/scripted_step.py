@@ -17,6 +17,17 @@ Measured on SmolLM2-135M on an Intel Xeon with AMX, one thread, 2 prompts × 4 s
 TorchScript"): a whole generate 0.84× the Python loop's with the bf16 decode copy, 0.96× in fp32, where the
 GEMMs are most of the step.
 
+**The glue fused** (``DecodePlan.fused_glue``, default on; ``rollout/fused_glue``): :func:`fused_layer_loop`
+is the same loop with the work between the GEMMs done by compiled operators (``kernels/decode_glue.cpp``,
+built with the attention kernel by ``rlkit.rollout.cpu_kernels``): the residual add fused with the next
+RMSNorm and the cast to the GEMM's input dtype, the q/k/v bias with Qwen3's head norms, the rotation and the
+K/V writes into the slab (and its transposed keys), SiLU times up with its cast — each one pass over the
+rows in place of 3-9 torch operators, and the bf16 copy's packed GEMM outputs read as bf16 with their biases
+added on the way in. The same arithmetic to float rounding: the same tokens, log-probs within 1e-5 in fp32
+and within the bf16 copy's rounding (``tests/unit/rollout/test_cpu_kernels.py``). Measured on the same
+machine (``benchmarks/ab.py --change glue --phase gen``; docs/benchmarks.md, "the decode's glue fused"): a
+whole generate 0.87× the unfused loop's with the bf16 copy at 16 rows, 0.76× at 8, 0.95× in fp32 at 16.
+
 Accepted (:meth:`ScriptedLayers.of`): a :class:`~rlkit.rollout.lean_step.LeanStep` on the CPU whose every
 layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``) or all the bf16 decode copy's
 oneDNN-packed ones (``rlkit.rollout.bf16_weights``; q/k/v and gate/up fused or not), whose norms are RMSNorms
