@@ -18,7 +18,13 @@ says why once. Where it can, a probe (:class:`KernelAttentionProbe`, timed once 
 the other hardware probes) keeps it only where it is at most :data:`KERNEL_MAX_RATIO` of SDPA's time
 (:func:`kernel_pays`).
 
-Numerics: fp32 throughout; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
+Over the bf16 KV cache (``rlkit.rollout.bf16_kv``, chosen for long decodes) the same operator reads bf16 keys
+and values, widened to fp32 as they are loaded (half the bytes; the arithmetic stays fp32, where the SDPA it
+replaces there computes in bf16): 0.78–0.83× the fp32 kernel's time and 0.41–0.70× bf16 SDPA's per step of
+30 cold layers at 8–16 rows and 76–560 positions on the AMX machine
+(``benchmarks/decode_attention_kernel.py``; docs/benchmarks.md, "sessions 31–32").
+
+Numerics: fp32 arithmetic; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
 with SDPA's to float rounding (within 1e-6 on random caches), not bit for bit; the two lean loops (Python and
 TorchScript) call the same operator, so they agree bit for bit with each other
 (``tests/unit/rollout/test_attention_kernel.py``).
@@ -77,9 +83,9 @@ def decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """SDPA's output ``[A, H, 1, D]`` for queries ``q [A, H, 1, D]`` over the first ``length`` positions of
-    ``keys_t [A, Hkv, D, C]`` (transposed keys) and ``values [A, Hkv, C, D]`` where ``attend [A, 1, 1, L]``
-    (bool) is true; query head ``h`` reads KV head ``h // (H / Hkv)``. Needs the kernel loaded
-    (``rlkit.rollout.cpu_kernels.kernel_unavailable()`` None)."""
+    ``keys_t [A, Hkv, D, C]`` (transposed keys) and ``values [A, Hkv, C, D]`` (both fp32 or both bf16) where
+    ``attend [A, 1, 1, L]`` (bool) is true; query head ``h`` reads KV head ``h // (H / Hkv)``. Needs the
+    kernel loaded (``rlkit.rollout.cpu_kernels.kernel_unavailable()`` None)."""
     return torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale)
 
 
@@ -170,9 +176,10 @@ def _pays(heads: int, kv_heads: int, dim: int, cache_path: Path) -> bool:
 
 def attends_with_kernel(cache) -> bool:
     """Whether a lean step over ``cache`` (``rlkit.rollout.decode.SlabCache``) attends with the kernel: its
-    slabs keep fp32 keys transposed (the decode asked for them: ``DecodePlan.attention_kernel``)."""
+    slabs keep their keys transposed too (the decode asked for them: ``DecodePlan.attention_kernel``), fp32 or
+    bf16 (``rlkit.rollout.bf16_kv``'s cache)."""
     slab = cache.layers[0].key_slab_t if cache.layers else None
-    return slab is not None and slab.dtype == torch.float32
+    return slab is not None and slab.dtype in (torch.float32, torch.bfloat16)
 
 
 def kernel_fits(lean) -> bool:

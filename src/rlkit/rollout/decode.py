@@ -194,8 +194,8 @@ class DecodePlan:
     # ... and only where this CPU's attention probe finds bf16 K/V faster (rollout.bf16_kv.bf16_kv_pays);
     # False: without asking it (tests and benchmarks that compare the two caches on any CPU)
     bf16_kv_probe: bool = True
-    # lean step over fp32 K/V: attention by the compiled kernel (rollout.attention_kernel) where it builds on
-    # this machine, fits the model's heads and its probe finds it faster than SDPA; False: SDPA
+    # lean step over fp32 or bf16 K/V: attention by the compiled kernel (rollout.attention_kernel) where it
+    # builds on this machine, fits the model's heads and its probe finds it faster than SDPA; False: SDPA
     attention_kernel: bool = True
     # False: the kernel wherever it builds and fits, without asking the probe (tests and benchmarks)
     attention_kernel_probe: bool = True
@@ -344,7 +344,6 @@ def decode(
     kernel = (
         lean is not None
         and lean is not graph_step
-        and not bf16_kv
         and run.plan.attention_kernel
         and kernel_fits(lean)
         and kernel_unavailable() is None

@@ -11,7 +11,8 @@ K/V written into the slab in place, SDPA over the filled prefix with ``enable_gq
 boolean padding mask sliced from the loop's own — or, where the cache keeps a group's shared prompt and the
 step skips enough of the K/V that way, attention that reads each prompt once for its rows
 (``rlkit.rollout.shared_prompt``); over a bf16 cache (``rlkit.rollout.bf16_kv``) both in bf16; over a cache
-that keeps its keys transposed too, the compiled kernel instead of SDPA (``rlkit.rollout.attention_kernel``).
+that keeps its keys transposed too (fp32 or bf16), the compiled kernel instead of SDPA
+(``rlkit.rollout.attention_kernel``).
 What it leaves out is what transformers runs around the same ops at every token: per-module keyword plumbing,
 the causal-mask builder, the cache API and the output containers.
 Where its layers fit (plain fp32 or oneDNN-packed bf16 linears on the CPU), the layer loop itself runs as one
@@ -135,10 +136,10 @@ class LeanStep:
                     response_bias,
                     layer.scale,
                 )
+            elif kernel:  # over fp32 or bf16 K/V
+                o = decode_attention(q, slab.key_slab_t, slab.value_slab, attend, keys.shape[2], layer.scale)
             elif bf16_kv:
                 o = kv_attention(q, keys, values, attend, layer.scale)
-            elif kernel:
-                o = decode_attention(q, slab.key_slab_t, slab.value_slab, attend, keys.shape[2], layer.scale)
             else:
                 o = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=attend, scale=layer.scale, enable_gqa=True

@@ -125,8 +125,9 @@ def layer_loop(
     group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once per group, under
     ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. ``bf16_kv``: the slabs hold
     bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. ``kernel``: ``key_slabs_t [A, Hkv, D, C]``
-    hold the keys transposed too (written at ``start``), attended by ``rlkit::decode_attention``
-    (``rlkit.rollout.attention_kernel``) instead of SDPA. Returns ``[A, hidden]``."""
+    hold the keys transposed too (written at ``start``, in the slabs' dtype), attended by
+    ``rlkit::decode_attention`` (``rlkit.rollout.attention_kernel``; over fp32 or bf16 K/V) instead of SDPA
+    or the bf16 cache's SDPA. Returns ``[A, hidden]``."""
     a, hidden, half = x.shape[0], x.shape[1], dim // 2
     for i in range(len(qkv)):
         h = F.rms_norm(x, [hidden], norms[2 * i], eps)
@@ -198,10 +199,10 @@ def _attend(
         return shared_prompt_attention(
             q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
         )
+    if kernel:  # over fp32 or bf16 K/V
+        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
     if bf16_kv:
         return kv_attention(q, keys, values, attend, scale)
-    if kernel:
-        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True)
 
 

@@ -66,6 +66,24 @@ def test_the_kernel_is_attention_over_grouped_query_heads(shape):
 
 
 @needs_kernel
+@pytest.mark.parametrize("shape", SHAPES)
+def test_over_bf16_kv_the_kernel_is_attention_over_the_bf16_values(shape):
+    """bf16 keys and values (the bf16 KV cache's slabs, NaN past the filled positions): the float64 loop
+    over the same bf16 values, widened — the kernel's arithmetic stays fp32."""
+    rows, heads, kv_heads, dim, length = shape
+    q, keys, keys_t, values, mask = kernel_inputs(*shape)
+    keys16, keys16_t, values16 = keys.bfloat16(), keys_t.bfloat16(), values.bfloat16()
+    scale = dim**-0.5
+    got = ak.decode_attention(q, keys16_t, values16, mask[:, None, None, :], length, scale)
+    assert got.dtype == torch.float32
+    bias = torch.zeros(rows, length).masked_fill_(~mask, float("-inf"))
+    k, v = keys16[:, :, :length].float(), values16[:, :, :length].float()
+    torch.testing.assert_close(got.double(), plain_attention(q, k, v, bias, scale), atol=2e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="both fp32 or both bf16"):
+        ak.decode_attention(q, keys16_t, values, mask[:, None, None, :], length, scale)
+
+
+@needs_kernel
 def test_the_kernel_refuses_what_it_was_not_built_for():
     q, _, keys_t, values, mask = kernel_inputs(2, 9, 3, 64, 20)
     with pytest.raises(RuntimeError, match="room for the length"):
@@ -154,9 +172,11 @@ def test_the_rule_takes_the_kernel_where_the_probe_says(request, kernel_probe, p
 
 
 @needs_kernel
-def test_no_kernel_over_a_bf16_kv_cache(request, monkeypatch):
-    """The bf16 copy over fp32 K/V attends through the kernel; over bf16 K/V it does not, and its slabs keep
-    no transposed keys."""
+def test_the_kernel_reads_a_bf16_kv_cache(request, monkeypatch):
+    """The bf16 copy attends through the kernel over fp32 K/V and over bf16 K/V (its slabs keep their keys
+    transposed in bf16 too), and with ``attention_kernel=False`` over bf16 K/V through the bf16 cache's SDPA
+    (no transposed keys). (The two bf16 paths differ by more than float rounding — SDPA computes in bf16 —
+    and the tiny model's tokens follow such differences; the operator's numerics are checked above.)"""
     from rlkit.rollout import decode as decode_module
     from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
 
@@ -165,7 +185,7 @@ def test_no_kernel_over_a_bf16_kv_cache(request, monkeypatch):
 
     def recording(self, key_states, value_states):
         real(self, key_states, value_states)
-        transposed.append(self.key_slab_t is not None)
+        transposed.append(None if self.key_slab_t is None else self.key_slab_t.dtype)
 
     monkeypatch.setattr(decode_module.SlabLayer, "lazy_initialization", recording)
 
@@ -176,11 +196,16 @@ def test_no_kernel_over_a_bf16_kv_cache(request, monkeypatch):
     kw = {"fast": True, "lean": True, "n": 2, "do_sample": False, "attention_kernel_probe": False}
     fp32_kv, _ = generate(tok, packed, bf16_kv_from=None, **kw)
     bf16_kv, _ = generate(tok, packed, bf16_kv_from=0, bf16_kv_probe=False, **kw)
+    bf16_sdpa, _ = generate(tok, packed, bf16_kv_from=0, bf16_kv_probe=False, attention_kernel=False, **kw)
     assert fp32_kv.meta["metrics"]["rollout/attention_kernel"] == 1.0  # the bf16 copy attends over fp32 K/V
-    assert bf16_kv.meta["metrics"]["rollout/bf16_kv_cache"] == 1.0
-    assert bf16_kv.meta["metrics"]["rollout/attention_kernel"] == 0.0
+    for out, kernel in ((bf16_kv, 1.0), (bf16_sdpa, 0.0)):
+        assert out.meta["metrics"]["rollout/bf16_kv_cache"] == 1.0
+        assert out.meta["metrics"]["rollout/attention_kernel"] == kernel
     layers = len(packed.model.layers)
-    assert transposed == [True] * layers + [False] * layers
+    assert transposed == [torch.float32] * layers + [torch.bfloat16] * layers + [None] * layers
+    for out in (fp32_kv, bf16_kv, bf16_sdpa):
+        logp = out["rollout_log_probs"][out["response_mask"].bool()]
+        assert torch.isfinite(logp).all() and (logp <= 0).all()
 
 
 @needs_kernel

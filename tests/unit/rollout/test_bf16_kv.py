@@ -116,8 +116,10 @@ def slab_dtypes(monkeypatch) -> list[torch.dtype]:
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_both_lean_loops_decode_the_same_over_bf16_kv(request, arch, slab_dtypes, monkeypatch):
-    """3 prompts × 4 rows ending at different steps over a bf16 cache: the TorchScript loop and the Python
-    loop decode the same tokens and log-probs bit for bit, a group's prompt read once (in bf16) on both."""
+    """3 prompts × 4 rows ending at different steps over a bf16 cache: the TorchScript loop (with torch's
+    operators between its GEMMs, as the Python loop) and the Python loop decode the same tokens and log-probs
+    bit for bit, a group's prompt read once (in bf16) on both, the steps past it through the same attention
+    (the compiled kernel over bf16 K/V where it loads, else bf16 SDPA)."""
     tok, _, packed = _bf16_copy(request, arch)
     shared_calls: list[int] = []
     real = lean_step.shared_prompt_sdpa
@@ -126,7 +128,16 @@ def test_both_lean_loops_decode_the_same_over_bf16_kv(request, arch, slab_dtypes
     eos = ending_tokens(tok, packed, **kw)
     (scripted, _), (loop, _) = (
         generate(
-            tok, packed, fast=True, lean=True, scripted=on, bf16_kv_from=0, bf16_kv_probe=False, eos=eos, **kw
+            tok,
+            packed,
+            fast=True,
+            lean=True,
+            scripted=on,
+            fused_glue=False,
+            bf16_kv_from=0,
+            bf16_kv_probe=False,
+            eos=eos,
+            **kw,
         )
         for on in (True, False)
     )

@@ -68,7 +68,8 @@ def check_silu_mul(bf16: bool, rows: int = 4, intermediate: int = 1544) -> None:
 
 def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) -> None:
     """``rotary_write`` against the lean step's torch ops: bias added, Qwen3's head norms, q and k rotated
-    (``x·cos + roll(x, D/2)·sin``), k and v written at ``start`` only (NaN elsewhere stays NaN)."""
+    (``x·cos + roll(x, D/2)·sin``), k and v written at ``start`` only (NaN elsewhere stays NaN); the
+    transposed keys (the attention kernel's, in the slabs' dtype) hold the same values as the keys."""
     torch.manual_seed(2)
     rows, heads, kv_heads, dim, start, capacity = 3, 6, 2, 32, 5, 9
     width = (heads + 2 * kv_heads) * dim
@@ -80,7 +81,7 @@ def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) ->
         y, bias = torch.randn(rows, width).to(y_dtype), torch.randn(width)
         keys = torch.full((rows, kv_heads, capacity, dim), float("nan"), dtype=slab_dtype)
         values = torch.full_like(keys, float("nan"))
-        keys_t = torch.full((rows, kv_heads, dim, 16), float("nan")) if transposed else None
+        keys_t = torch.full((rows, kv_heads, dim, 16), float("nan"), dtype=slab_dtype) if transposed else None
         q = torch.ops.rlkit.rotary_write(
             y, bias, cos, sin, q_norm, k_norm, 1e-6, keys, values, keys_t, start, heads, kv_heads
         )
@@ -102,7 +103,7 @@ def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) ->
         others = [p for p in range(capacity) if p != start]
         assert keys[:, :, others].isnan().all() and values[:, :, others].isnan().all()
         if transposed:
-            torch.testing.assert_close(keys_t[..., start], qk[:, heads:], rtol=1e-5, atol=1e-6)
+            assert torch.equal(keys_t[..., start], keys[:, :, start])
             assert keys_t[..., [p for p in range(16) if p != start]].isnan().all()
 
 
@@ -115,8 +116,9 @@ def check_all() -> int:
         cases += 2
     for slab_dtype in (torch.float32, torch.bfloat16):
         for head_norms in (False, True):
-            check_rotary(slab_dtype, head_norms, transposed=slab_dtype == torch.float32)
-            cases += 1
+            for transposed in (False, True):
+                check_rotary(slab_dtype, head_norms, transposed)
+                cases += 1
     return cases
 
 
@@ -135,8 +137,9 @@ def test_silu_mul_is_torchs_silu_times_up(bf16):
 @needs_kernels
 @pytest.mark.parametrize("slab_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_norms", [False, True])
-def test_rotary_write_rotates_and_writes_what_the_lean_step_does(slab_dtype, head_norms):
-    check_rotary(slab_dtype, head_norms, transposed=slab_dtype == torch.float32)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_rotary_write_rotates_and_writes_what_the_lean_step_does(slab_dtype, head_norms, transposed):
+    check_rotary(slab_dtype, head_norms, transposed)
 
 
 @needs_kernels
@@ -171,11 +174,13 @@ from test_cpu_kernels import check_all
 for shape in SHAPES:
     q, keys, keys_t, values, mask = kernel_inputs(*shape)
     length, scale = shape[-1], shape[3] ** -0.5
-    got = torch.ops.rlkit.decode_attention(q, keys_t, values, mask[:, None, None], length, scale)
-    k, v = keys[:, :, :length], values[:, :, :length]
     attend = mask[:, None, None]
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    for dtype in (torch.float32, torch.bfloat16):  # fp32 K/V, and the bf16 cache's widened as loaded
+        kt, vs = keys_t.to(dtype), values.to(dtype)
+        got = torch.ops.rlkit.decode_attention(q, kt, vs, attend, length, scale)
+        k, v = keys[:, :, :length].to(dtype).float(), vs[:, :, :length].float()
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 print("ok", len(SHAPES), check_all())
 """
 
@@ -183,7 +188,7 @@ print("ok", len(SHAPES), check_all())
 @needs_kernels
 def test_the_avx2_build_computes_the_same(tmp_path):
     """The 8-wide build (an AVX2 CPU's), compiled here and run in a process of its own (an operator has one
-    implementation per process): the same attention and glue."""
+    implementation per process): the same attention (over fp32 and bf16 K/V) and glue."""
     path, why = ck.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
     assert why is None and path.name.startswith("decode_kernels-8-")
     done = subprocess.run(
@@ -193,7 +198,7 @@ def test_the_avx2_build_computes_the_same(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == f"ok {len(SHAPES)} 8"
+    assert done.stdout.strip() == f"ok {len(SHAPES)} 12"
 
 
 def test_the_build_follows_the_cpus_flags_and_says_why_not(tmp_path, monkeypatch):
@@ -327,17 +332,19 @@ def packed_model(request):
 @needs_kernels
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize(
-    "cache", ["kernel", "sdpa", "bf16_kv"], ids=["attention-kernel", "sdpa", "bf16-kv-cache"]
+    "cache",
+    ["kernel", "sdpa", "bf16_kv", "bf16_kv_sdpa"],
+    ids=["attention-kernel", "sdpa", "bf16-kv-cache-kernel", "bf16-kv-cache-sdpa"],
 )
 def test_the_fused_loop_through_the_bf16_copy_groups_and_every_cache(packed_model, arch, cache):
     """The bf16 copy's packed GEMMs hand their bf16 outputs (and biases) to the operators as they are;
-    attending through SDPA or a bf16 KV cache (the operator writes its K/V rounded to bf16) over 3 prompts × 4
-    rows (a group's prompt read once), or through the kernel over 3 prompts × 1 row (a step that reads a
-    shared prompt attends on its own, so groups would hide the kernel): the same tokens, log-probs within
-    the bf16 copy's rounding."""
+    attending through SDPA over fp32 or a bf16 KV cache (the operator writes its K/V, transposed keys too,
+    rounded to bf16) over 3 prompts × 4 rows (a group's prompt read once), or through the kernel over fp32 or
+    bf16 K/V over 3 prompts × 1 row (a step that reads a shared prompt attends on its own, so groups would
+    hide the kernel): the same tokens, log-probs within the bf16 copy's rounding."""
     tok, packed = packed_model(arch)
     kw = {
-        "n": 1 if cache == "kernel" else 4,
+        "n": 1 if cache in ("kernel", "bf16_kv") else 4,
         **CASES["temperature_top_k_top_p"],
         "attention_kernel_probe": False,
     }
@@ -345,14 +352,15 @@ def test_the_fused_loop_through_the_bf16_copy_groups_and_every_cache(packed_mode
         "kernel": {"bf16_kv_from": None},
         "sdpa": {"bf16_kv_from": None, "attention_kernel": False},
         "bf16_kv": {"bf16_kv_from": 0, "bf16_kv_probe": False},
+        "bf16_kv_sdpa": {"bf16_kv_from": 0, "bf16_kv_probe": False, "attention_kernel": False},
     }[cache]
     fused, plain = (
         generate(tok, packed, fast=True, lean=True, fused_glue=on, **kw)[0] for on in (True, False)
     )
     assert_close_decodes(fused, plain, tolerance=2e-3)
     metrics = fused.meta["metrics"]
-    assert metrics["rollout/attention_kernel"] == float(cache == "kernel")
-    assert metrics["rollout/bf16_kv_cache"] == float(cache == "bf16_kv")
+    assert metrics["rollout/attention_kernel"] == float(cache in ("kernel", "bf16_kv"))
+    assert metrics["rollout/bf16_kv_cache"] == float(cache.startswith("bf16_kv"))
 
 
 @needs_kernels

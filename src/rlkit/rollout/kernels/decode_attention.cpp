@@ -4,8 +4,9 @@
 // it).
 //
 // decode_attention(q [A, H, 1, D], keys_t [A, Hkv, D, C], values [A, Hkv, C', D], attend [A, 1, 1, L'] bool,
-//                  length L, scale) -> [A, H, 1, D], fp32 throughout; query head h reads KV head
-//                  h / (H / Hkv).
+//                  length L, scale) -> [A, H, 1, D]; q and the output fp32, keys_t and values both fp32 or
+//                  both bf16 (rlkit.rollout.bf16_kv's cache: widened to fp32 as they are loaded, the
+//                  arithmetic fp32 either way); query head h reads KV head h / (H / Hkv).
 // keys_t holds each KV head's keys transposed (position fastest) with C >= L rounded up to RLKIT_VEC; values
 // are read at positions < L, attend at positions < L (1: attended). Per (row, KV head): the scores of its
 // H / Hkv queries, RLKIT_VEC positions at a time, as register accumulators (no horizontal sums); a vectorised
@@ -31,11 +32,21 @@ constexpr int kW = RLKIT_VEC;
 typedef float vf __attribute__((vector_size(kW * 4)));
 typedef int32_t vi __attribute__((vector_size(kW * 4)));
 typedef char vc __attribute__((vector_size(kW)));
+typedef uint32_t vu __attribute__((vector_size(kW * 4)));
+typedef uint16_t vh __attribute__((vector_size(kW * 2)));
 
 inline vf load(const float* p) {
   vf x;
   std::memcpy(&x, p, sizeof(x));
   return x;
+}
+inline vf load(const uint16_t* p) {  // kW bf16 values widened to fp32 (exact: bf16 is fp32's top half)
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  const vu u = __builtin_convertvector(h, vu) << 16;
+  vf f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
 }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof(x)); }
 
@@ -56,20 +67,21 @@ inline vf exp_nonpositive(vf x) {  // exp(x) for x <= 0: Cephes' expf, 2^n from 
   return y * pow2;
 }
 
+template <typename T>  // the cache's element: float, or uint16_t for bf16
 struct Pair {  // one (row, KV head): where its queries, keys, values, mask and outputs are
   const float* q;
   int64_t q_stride;  // between two of its query heads
-  const float* keys_t;
+  const T* keys_t;
   int64_t key_stride;  // between two of the D rows of keys_t
-  const float* values;
+  const T* values;
   int64_t value_stride;  // between two positions
   const bool* attend;
   int64_t attend_stride;
   float* out;
 };
 
-template <int Per, int D>
-void attend_pair(const Pair& pair, int64_t len, float scale, float* scores) {
+template <typename T, int Per, int D>
+void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
   static_assert(D % kW == 0, "head size must be a multiple of the vector width");
   const int64_t blocks = (len + kW - 1) / kW, width = blocks * kW;
   const vf zero = {}, minus_inf = zero - INFINITY;
@@ -111,7 +123,7 @@ void attend_pair(const Pair& pair, int64_t len, float scale, float* scores) {
   constexpr int chunks = D / kW;
   vf o[Per][chunks] = {};
   for (int64_t j = 0; j < len; ++j) {
-    const float* row = pair.values + j * pair.value_stride;
+    const T* row = pair.values + j * pair.value_stride;
     vf v[chunks];
     for (int c = 0; c < chunks; ++c) v[c] = load(row + c * kW);
     for (int p = 0; p < Per; ++p) {
@@ -123,38 +135,70 @@ void attend_pair(const Pair& pair, int64_t len, float scale, float* scores) {
     for (int c = 0; c < chunks; ++c) store(pair.out + p * D + c * kW, o[p][c]);
 }
 
-using PairFn = void (*)(const Pair&, int64_t, float, float*);
+template <typename T>
+using PairFn = void (*)(const Pair<T>&, int64_t, float, float*);
 
-template <int D>
-PairFn for_group(int64_t per) {
+template <typename T, int D>
+PairFn<T> for_group(int64_t per) {
   switch (per) {
-    case 1: return &attend_pair<1, D>;
-    case 2: return &attend_pair<2, D>;
-    case 3: return &attend_pair<3, D>;
-    case 4: return &attend_pair<4, D>;
-    case 5: return &attend_pair<5, D>;
-    case 6: return &attend_pair<6, D>;
-    case 7: return &attend_pair<7, D>;
-    case 8: return &attend_pair<8, D>;
+    case 1: return &attend_pair<T, 1, D>;
+    case 2: return &attend_pair<T, 2, D>;
+    case 3: return &attend_pair<T, 3, D>;
+    case 4: return &attend_pair<T, 4, D>;
+    case 5: return &attend_pair<T, 5, D>;
+    case 6: return &attend_pair<T, 6, D>;
+    case 7: return &attend_pair<T, 7, D>;
+    case 8: return &attend_pair<T, 8, D>;
     default: return nullptr;
   }
 }
 
-PairFn kernel_for(int64_t per, int64_t dim) {
+template <typename T>
+PairFn<T> kernel_for(int64_t per, int64_t dim) {
   switch (dim) {
-    case 16: return for_group<16>(per);
-    case 32: return for_group<32>(per);
-    case 64: return for_group<64>(per);
-    case 128: return for_group<128>(per);
+    case 16: return for_group<T, 16>(per);
+    case 32: return for_group<T, 32>(per);
+    case 64: return for_group<T, 64>(per);
+    case 128: return for_group<T, 128>(per);
     default: return nullptr;
   }
+}
+
+template <typename T>
+void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values, const at::Tensor& attend,
+                int64_t length, double scale, const at::Tensor& out, const T* kp, const T* vp) {
+  const int64_t a = q.size(0), h = q.size(1), d = q.size(3), hkv = keys_t.size(1);
+  const PairFn<T> fn = kernel_for<T>(h / hkv, d);
+  TORCH_CHECK(fn != nullptr, "rlkit::decode_attention: no kernel for ", h / hkv,
+              " query heads per KV head of ", d, " (1-8 heads of 16, 32, 64 or 128)");
+  const float* qp = q.data_ptr<float>();  // a view of the step's q/k projection: its strides, no copy
+  const bool* mp = attend.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  const int64_t per = h / hkv, width = (length + kW - 1) / kW * kW;
+  at::parallel_for(0, a * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(per * width);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / hkv, g = i % hkv;
+      const Pair<T> pair{qp + r * q.stride(0) + g * per * q.stride(1),
+                         q.stride(1),
+                         kp + r * keys_t.stride(0) + g * keys_t.stride(1),
+                         keys_t.stride(2),
+                         vp + r * values.stride(0) + g * values.stride(1),
+                         values.stride(2),
+                         mp + r * attend.stride(0),
+                         attend.stride(3),
+                         op + (r * h + g * per) * d};
+      fn(pair, length, static_cast<float>(scale), scores.data());
+    }
+  });
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values,
                             const at::Tensor& attend, int64_t length, double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && keys_t.scalar_type() == at::kFloat &&
-                  values.scalar_type() == at::kFloat && attend.scalar_type() == at::kBool,
-              "rlkit::decode_attention: fp32 q, keys_t, values and a bool attend");
+  const bool bf16 = keys_t.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && attend.scalar_type() == at::kBool &&
+                  (keys_t.scalar_type() == at::kFloat || bf16) && values.scalar_type() == keys_t.scalar_type(),
+              "rlkit::decode_attention: fp32 q, keys_t and values both fp32 or both bf16, a bool attend");
   TORCH_CHECK(q.dim() == 4 && keys_t.dim() == 4 && values.dim() == 4 && attend.dim() == 4,
               "rlkit::decode_attention: 4-d q, keys_t, values, attend");
   const int64_t a = q.size(0), h = q.size(1), d = q.size(3), hkv = keys_t.size(1);
@@ -165,33 +209,16 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const
                   length <= attend.size(3),
               "rlkit::decode_attention: keys_t needs room for the length rounded up to the vector width");
   TORCH_CHECK(keys_t.stride(3) == 1 && values.stride(3) == 1, "keys_t and values: last dim contiguous");
-  const PairFn fn = kernel_for(h / hkv, d);
-  TORCH_CHECK(fn != nullptr, "rlkit::decode_attention: no kernel for ", h / hkv,
-              " query heads per KV head of ", d, " (1-8 heads of 16, 32, 64 or 128)");
   TORCH_CHECK(q.stride(3) == 1, "rlkit::decode_attention: q's last dim contiguous");
   at::Tensor out = at::empty({a, h, 1, d}, q.options());
-  const float* qp = q.data_ptr<float>();  // a view of the step's q/k projection: its strides, no copy
-  const float* kp = keys_t.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
-  const bool* mp = attend.data_ptr<bool>();
-  float* op = out.data_ptr<float>();
-  const int64_t per = h / hkv, width = (length + kW - 1) / kW * kW;
-  at::parallel_for(0, a * hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(per * width);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = i / hkv, g = i % hkv;
-      const Pair pair{qp + r * q.stride(0) + g * per * q.stride(1),
-                      q.stride(1),
-                      kp + r * keys_t.stride(0) + g * keys_t.stride(1),
-                      keys_t.stride(2),
-                      vp + r * values.stride(0) + g * values.stride(1),
-                      values.stride(2),
-                      mp + r * attend.stride(0),
-                      attend.stride(3),
-                      op + (r * h + g * per) * d};
-      fn(pair, length, static_cast<float>(scale), scores.data());
-    }
-  });
+  if (bf16) {
+    attend_all<uint16_t>(q, keys_t, values, attend, length, scale, out,
+                         reinterpret_cast<const uint16_t*>(keys_t.data_ptr<at::BFloat16>()),
+                         reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()));
+  } else {
+    attend_all<float>(q, keys_t, values, attend, length, scale, out, keys_t.data_ptr<float>(),
+                      values.data_ptr<float>());
+  }
   return out;
 }
 

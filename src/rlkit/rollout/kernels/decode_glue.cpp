@@ -262,9 +262,9 @@ at::Tensor rotary_write(const at::Tensor& y, const c10::optional<at::Tensor>& bi
               "rlkit::rotary_write: slabs [A, Hkv, C, D] of one dtype (fp32 or bf16) with room at start");
   const bool transposed = key_slab_t.has_value() && key_slab_t->defined();
   if (transposed)
-    TORCH_CHECK(key_slab_t->scalar_type() == at::kFloat && key_slab_t->size(0) == a &&
+    TORCH_CHECK(key_slab_t->scalar_type() == key_slab.scalar_type() && key_slab_t->size(0) == a &&
                     key_slab_t->size(2) == d && start < key_slab_t->size(3),
-                "rlkit::rotary_write: key_slab_t [A, Hkv, D, C] fp32 with room at start");
+                "rlkit::rotary_write: key_slab_t [A, Hkv, D, C] in the slabs' dtype with room at start");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   const float* b = optional_data(bias);
   const float* qn = optional_data(q_norm);
@@ -304,7 +304,8 @@ at::Tensor rotary_write(const at::Tensor& y, const c10::optional<at::Tensor>& bi
             put_head<float>(keys, r, g, start, d, rotated.data());
             put_head<float>(values, r, g, start, d, v);
           }
-          if (transposed) put_head<float>(keys_t, r, g, start, d, rotated.data());
+          if (transposed && bf16_slabs) put_head<uint16_t>(keys_t, r, g, start, d, rotated.data());
+          if (transposed && !bf16_slabs) put_head<float>(keys_t, r, g, start, d, rotated.data());
         }
       }
     }
