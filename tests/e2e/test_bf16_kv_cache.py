@@ -2,19 +2,22 @@
 bfloat16``) on prompts long enough that its steps attend over at least ``BF16_KV_MIN_POSITIONS`` positions on
 average keeps its K/V in bf16 (``rlkit.rollout.bf16_kv``), trains on what it samples (a non-zero gradient) and
 logs how far the rollout's log-probs are from the fp32 actor's; the same recipe keeps fp32 K/V on short
-prompts, and on a CPU whose attention probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled here
-as such a machine would have measured it) found bf16 K/V no faster. Real parts throughout: the Ray worker, the
-oneDNN-packed copy, the TorchScript loop, the update."""
+prompts, and on a CPU whose attention probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled
+here as such a machine would have measured it: SDPA's, and where the compiled kernel attends, the kernel's
+over each cache) found bf16 K/V no faster. Real parts throughout: the Ray worker, the oneDNN-packed copy, the
+TorchScript loop, the compiled kernels where they build here (copied into each run's cache), the update."""
 
 from __future__ import annotations
 
 import math
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rlkit_harness import two_graded_steps
 
+from rlkit.rollout import attention_kernel, cpu_kernels
 from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, KvAttentionProbe, cached_kv_attention_probe
 from rlkit.rollout.bf16_weights import bf16_weights_unavailable
 
@@ -35,15 +38,27 @@ def long_prompt_data(data, root):
 
 
 def attention_probe(model, cache, pays: bool) -> None:
-    """The hardware cache ``cache`` holding this CPU's attention probe for ``model`` 's heads as a machine
-    where bf16 K/V do (or do not) attend faster would have measured it."""
+    """The hardware cache ``cache`` holding this CPU's attention probes for ``model`` 's heads as a machine
+    where bf16 K/V do (or do not) attend faster would have measured them, with SDPA and with the compiled
+    kernel (found faster than SDPA, and copied in where it builds here)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 1.5)
-    cached_kv_attention_probe(heads, kv_heads, dim, cache / "hardware.json", probe=lambda *_: measured)
+    for kernel in (False, True):
+        cached_kv_attention_probe(
+            heads, kv_heads, dim, cache / "hardware.json", probe=lambda *_: measured, kernel=kernel
+        )
+    kernel_faster = attention_kernel.KernelAttentionProbe(sdpa_s=1.0, kernel_s=0.5)
+    attention_kernel.cached_kernel_probe(
+        heads, kv_heads, dim, cache / "hardware.json", probe=lambda *_: kernel_faster
+    )
+    if cpu_kernels.kernel_unavailable() is None:
+        library, _ = cpu_kernels.kernel_library()
+        (cache / "kernels").mkdir()
+        shutil.copy(library, cache / "kernels" / library.name)
 
 
 def run_two_steps(model, data, out, cache):

@@ -75,7 +75,8 @@ PROBE_EVICT_BYTES = 32 * 2**20  # read before each layer's attention (probe_kv_a
 class KvAttentionProbe:
     """One decode step's attention on this CPU at ``rows`` rows over ``positions`` positions, ``PROBE_LAYERS``
     layers of distinct K/V (median seconds of ``PROBE_REPS`` interleaved reps): fp32 K/V with SDPA over
-    ``enable_gqa`` (the lean step's), and bf16 K/V with :func:`kv_attention`."""
+    ``enable_gqa`` (the lean step's), and bf16 K/V with :func:`kv_attention` — or, where the step attends
+    through rlkit's compiled kernel (``rlkit.rollout.attention_kernel``), the kernel over each."""
 
     fp32_s: float
     bf16_s: float
@@ -97,9 +98,10 @@ class KvAttentionProbe:
         )
 
 
-def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
+def probe_kv_attention(heads: int, kv_heads: int, dim: int, kernel: bool = False) -> KvAttentionProbe:
     """Time both attentions (:class:`KvAttentionProbe`) for a model of ``heads``/``kv_heads`` heads of
-    ``dim``, on this process's torch threads (a fraction of a second). Each layer's attention is timed on its
+    ``dim``, on this process's torch threads (a fraction of a second); ``kernel``: both through rlkit's
+    compiled kernel over keys kept transposed (it must be loaded). Each layer's attention is timed on its
     own, after ``PROBE_EVICT_BYTES`` of other memory is read (a decode layer's weights stream through the
     caches between two attentions), so its K/V come from memory as in a real step, not from a large L3."""
     generator = torch.Generator().manual_seed(0)
@@ -110,13 +112,24 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
     q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
     attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
     scale = dim**-0.5
+    if kernel:
+        from rlkit.rollout.attention_kernel import decode_attention  # (it imports nothing of this module)
+
+        keys_t = [k.transpose(-1, -2).contiguous() for k in keys]  # PROBE_POSITIONS: a multiple of 16
+        keys16_t = [k.transpose(-1, -2).contiguous() for k in keys16]
 
     def fp32(layer: int) -> None:
+        if kernel:
+            decode_attention(q, keys_t[layer], values[layer], attend, PROBE_POSITIONS, scale)
+            return
         F.scaled_dot_product_attention(
             q, keys[layer], values[layer], attn_mask=attend, scale=scale, enable_gqa=True
         )
 
     def bf16(layer: int) -> None:
+        if kernel:
+            decode_attention(q, keys16_t[layer], values16[layer], attend, PROBE_POSITIONS, scale)
+            return
         kv_attention(q, keys16[layer], values16[layer], attend, scale)
 
     times = time_cold_layers(fp32, bf16, layers=PROBE_LAYERS, evict_bytes=PROBE_EVICT_BYTES, reps=PROBE_REPS)
@@ -124,33 +137,40 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int) -> KvAttentionProbe:
 
 
 def cached_kv_attention_probe(
-    heads: int, kv_heads: int, dim: int, cache_path: Path | None = None, *, probe=probe_kv_attention
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    cache_path: Path | None = None,
+    *,
+    probe=probe_kv_attention,
+    kernel: bool = False,
 ) -> KvAttentionProbe:
-    """The probe for these heads on this CPU and torch version from the hardware cache
-    (``rlkit.hardware.cpu.cached_entry``: ``$RLKIT_CACHE/hardware.json``), or measured now and added to it:
-    one machine decides the same way on every run."""
+    """The probe for these heads (``kernel``: through the compiled kernel) on this CPU and torch version from
+    the hardware cache (``rlkit.hardware.cpu.cached_entry``: ``$RLKIT_CACHE/hardware.json``), or measured now
+    and added to it: one machine decides the same way on every run."""
     from rlkit.hardware import cached_entry, cpu_info
 
     return cached_entry(
-        f"bf16-kv-attention-cold-{heads}-{kv_heads}-{dim}",
+        f"bf16-kv-attention-{'kernel' if kernel else 'cold'}-{heads}-{kv_heads}-{dim}",
         cpu_info(),
-        lambda: asdict(probe(heads, kv_heads, dim)),
+        lambda: asdict(probe(heads, kv_heads, dim, kernel) if kernel else probe(heads, kv_heads, dim)),
         KvAttentionProbe.from_entry,
         cache_path,
     )
 
 
-def bf16_kv_pays(heads: int, kv_heads: int, dim: int) -> bool:
+def bf16_kv_pays(heads: int, kv_heads: int, dim: int, kernel: bool = False) -> bool:
     """Whether this CPU's probe (:func:`cached_kv_attention_probe`, read once per process and cache file)
-    finds bf16 K/V worth it for these heads."""
+    finds bf16 K/V worth it for these heads, attended as the step will attend them (``kernel``: through the
+    compiled kernel, else SDPA)."""
     from rlkit.hardware import default_cache_path
 
-    return _pays(heads, kv_heads, dim, default_cache_path())
+    return _pays(heads, kv_heads, dim, default_cache_path(), kernel)
 
 
 @functools.cache
-def _pays(heads: int, kv_heads: int, dim: int, cache_path: Path) -> bool:
-    return cached_kv_attention_probe(heads, kv_heads, dim, cache_path).pays
+def _pays(heads: int, kv_heads: int, dim: int, cache_path: Path, kernel: bool = False) -> bool:
+    return cached_kv_attention_probe(heads, kv_heads, dim, cache_path, kernel=kernel).pays
 
 
 def bf16_kv_cache_fits(lean) -> bool:

@@ -191,7 +191,8 @@ class DecodePlan:
     # lean step over the bf16 decode copy: bf16 K/V where a step attends over at least this many positions on
     # average (prompt width + max_new_tokens / 2; rollout.bf16_kv); None: fp32 K/V always
     bf16_kv_from: int | None = BF16_KV_MIN_POSITIONS
-    # ... and only where this CPU's attention probe finds bf16 K/V faster (rollout.bf16_kv.bf16_kv_pays);
+    # ... and only where this CPU's attention probe finds bf16 K/V faster (rollout.bf16_kv.bf16_kv_pays),
+    # timed with the attention that will read them (the compiled kernel where it attends, else SDPA);
     # False: without asking it (tests and benchmarks that compare the two caches on any CPU)
     bf16_kv_probe: bool = True
     # lean step over fp32 or bf16 K/V: attention by the compiled kernel (rollout.attention_kernel) where it
@@ -333,14 +334,6 @@ def decode(
     if lean is not None and graph_step is not None:
         lean = graph_step
     width, max_new, start = prompt_ids.shape[1], responses.shape[1], run.plan.bf16_kv_from
-    bf16_kv = (
-        lean is not None
-        and lean is not graph_step
-        and start is not None
-        and width + max_new / 2 >= start
-        and bf16_kv_cache_fits(lean)
-        and (not run.plan.bf16_kv_probe or bf16_kv_pays(lean.heads, lean.kv_heads, lean.dim))
-    )
     kernel = (
         lean is not None
         and lean is not graph_step
@@ -348,6 +341,14 @@ def decode(
         and kernel_fits(lean)
         and kernel_unavailable() is None
         and (not run.plan.attention_kernel_probe or kernel_pays(lean.heads, lean.kv_heads, lean.dim))
+    )
+    bf16_kv = (  # asked of the attention that will read them: the kernel's over each, or SDPA's
+        lean is not None
+        and lean is not graph_step
+        and start is not None
+        and width + max_new / 2 >= start
+        and bf16_kv_cache_fits(lean)
+        and (not run.plan.bf16_kv_probe or bf16_kv_pays(lean.heads, lean.kv_heads, lean.dim, kernel))
     )
     cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None, transposed_keys=kernel)
     _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean)

@@ -22,6 +22,7 @@ from rlkit.rollout.bf16_kv import (
     probe_kv_attention,
     shared_prompt_sdpa,
 )
+from rlkit.rollout.cpu_kernels import kernel_unavailable
 from rlkit.rollout.shared_prompt import shared_prompt_attention
 
 
@@ -184,13 +185,16 @@ def test_bf16_kv_log_probs_stay_near_the_copys_forward(request, arch, slab_dtype
 
 @pytest.fixture
 def attention_probe(tmp_path, monkeypatch):
-    """``probe(pays)``: this CPU's cached attention probe for the tiny models' heads, as a machine where bf16
-    K/V do (or do not) pay would have measured it (a hardware cache of this test's own: ``RLKIT_CACHE``)."""
+    """``probe(pays, heads, kv_heads, dim, kernel_pays=pays)``: this CPU's cached attention probes for the
+    tiny models' heads, as a machine where bf16 K/V do (or do not) pay under SDPA (``pays``) and under the
+    compiled kernel (``kernel_pays``) would have measured them (a hardware cache of this test's own:
+    ``RLKIT_CACHE``)."""
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
 
-    def probe(pays: bool, heads: int, kv_heads: int, dim: int) -> None:
-        measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if pays else 1.5)
-        cached_kv_attention_probe(heads, kv_heads, dim, probe=lambda *_: measured)
+    def probe(pays: bool, heads: int, kv_heads: int, dim: int, kernel_pays: bool | None = None) -> None:
+        for kernel, bf16_pays in ((False, pays), (True, pays if kernel_pays is None else kernel_pays)):
+            measured = KvAttentionProbe(fp32_s=1.0, bf16_s=0.5 if bf16_pays else 1.5)
+            cached_kv_attention_probe(heads, kv_heads, dim, probe=lambda *_, m=measured: m, kernel=kernel)
 
     return probe
 
@@ -222,6 +226,24 @@ def test_the_rule_takes_bf16_kv_for_long_decodes_of_the_bf16_copy_where_the_prob
     assert slab_dtypes.count(torch.bfloat16) == (len(packed.model.layers) if pays else 0)  # the long decode's
 
 
+@pytest.mark.skipif(
+    kernel_unavailable() is not None, reason=f"no decode kernels here: {kernel_unavailable()}"
+)
+@pytest.mark.parametrize("kernel", [True, False])
+def test_the_rule_asks_the_probe_of_the_attention_that_reads_the_cache(
+    request, slab_dtypes, attention_probe, kernel
+):
+    """A long decode of the bf16 copy on a CPU where bf16 K/V pay under the compiled kernel but not under
+    SDPA: bf16 K/V (read by the kernel) where the kernel attends, fp32 K/V where it is turned off."""
+    tok, _, packed = _bf16_copy(request, "qwen2")
+    step = lean_step.lean_step_for(packed)
+    attention_probe(False, step.heads, step.kv_heads, step.dim, kernel_pays=True)
+    kw = {"max_new_tokens": 2 * BF16_KV_MIN_POSITIONS, "attention_kernel_probe": False}
+    long, _ = generate(tok, packed, fast=True, lean=True, n=1, do_sample=False, attention_kernel=kernel, **kw)
+    assert long.meta["metrics"]["rollout/attention_kernel"] == float(kernel)
+    assert long.meta["metrics"]["rollout/bf16_kv_cache"] == float(kernel)
+
+
 def test_the_attention_probe_times_both_caches_once_per_machine(tmp_path):
     """The real probe: both attentions timed; cached, so a second read measures nothing and decides alike."""
     measured: list[KvAttentionProbe] = []
@@ -237,3 +259,25 @@ def test_the_attention_probe_times_both_caches_once_per_machine(tmp_path):
     assert first.fp32_s > 0 and first.bf16_s > 0
     assert first.pays == (first.bf16_s <= BF16_KV_MAX_RATIO * first.fp32_s)
     assert "bf16-kv-attention-cold-9-3-64" in cache.read_text()
+
+
+@pytest.mark.skipif(
+    kernel_unavailable() is not None, reason=f"no decode kernels here: {kernel_unavailable()}"
+)
+def test_the_kernels_probe_times_it_over_both_caches_under_its_own_key(tmp_path, monkeypatch):
+    """``kernel=True``: the compiled kernel over fp32 and over bf16 K/V, cached beside (not instead of) the
+    SDPA probe."""
+    from rlkit.rollout import attention_kernel
+
+    read: list[torch.dtype] = []
+    real = attention_kernel.decode_attention
+    monkeypatch.setattr(
+        attention_kernel, "decode_attention", lambda q, k, *a: read.append(k.dtype) or real(q, k, *a)
+    )
+    cache = tmp_path / "hardware.json"
+    sdpa = cached_kv_attention_probe(4, 2, 16, cache)
+    kernel = cached_kv_attention_probe(4, 2, 16, cache, kernel=True)
+    assert kernel.fp32_s > 0 and kernel.bf16_s > 0 and kernel != sdpa
+    assert set(read) == {torch.float32, torch.bfloat16}  # the kernel read both caches
+    text = cache.read_text()
+    assert "bf16-kv-attention-cold-4-2-16" in text and "bf16-kv-attention-kernel-4-2-16" in text
