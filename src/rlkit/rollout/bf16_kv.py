@@ -101,9 +101,10 @@ class KvAttentionProbe:
 def probe_kv_attention(heads: int, kv_heads: int, dim: int, kernel: bool = False) -> KvAttentionProbe:
     """Time both attentions (:class:`KvAttentionProbe`) for a model of ``heads``/``kv_heads`` heads of
     ``dim``, on this process's torch threads (a fraction of a second); ``kernel``: both through rlkit's
-    compiled kernel over keys kept transposed (it must be loaded). Each layer's attention is timed on its
-    own, after ``PROBE_EVICT_BYTES`` of other memory is read (a decode layer's weights stream through the
-    caches between two attentions), so its K/V come from memory as in a real step, not from a large L3."""
+    compiled kernel over keys kept transposed (loaded here; an error where it cannot be). Each layer's
+    attention is timed on its own, after ``PROBE_EVICT_BYTES`` of other memory is read (a decode layer's
+    weights stream through the caches between two attentions), so its K/V come from memory as in a real
+    step, not from a large L3."""
     generator = torch.Generator().manual_seed(0)
     shape = (PROBE_ROWS, kv_heads, PROBE_POSITIONS, dim)
     keys = [torch.randn(shape, generator=generator) for _ in range(PROBE_LAYERS)]
@@ -114,6 +115,11 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int, kernel: bool = False
     scale = dim**-0.5
     if kernel:
         from rlkit.rollout.attention_kernel import decode_attention  # (it imports nothing of this module)
+        from rlkit.rollout.cpu_kernels import kernel_unavailable
+
+        why = kernel_unavailable()  # loads the library
+        if why is not None:
+            raise RuntimeError(f"rlkit.rollout.bf16_kv: cannot probe the kernel over bf16 K/V: {why}")
 
         keys_t = [k.transpose(-1, -2).contiguous() for k in keys]  # PROBE_POSITIONS: a multiple of 16
         keys16_t = [k.transpose(-1, -2).contiguous() for k in keys16]

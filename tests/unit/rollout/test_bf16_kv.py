@@ -281,3 +281,11 @@ def test_the_kernels_probe_times_it_over_both_caches_under_its_own_key(tmp_path,
     assert set(read) == {torch.float32, torch.bfloat16}  # the kernel read both caches
     text = cache.read_text()
     assert "bf16-kv-attention-cold-4-2-16" in text and "bf16-kv-attention-kernel-4-2-16" in text
+
+
+def test_the_kernels_probe_says_why_it_cannot_run(monkeypatch):
+    from rlkit.rollout import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "kernel_unavailable", lambda: "no g++ on PATH to compile them")
+    with pytest.raises(RuntimeError, match="cannot probe the kernel over bf16 K/V: no g"):
+        probe_kv_attention(4, 2, 16, kernel=True)
