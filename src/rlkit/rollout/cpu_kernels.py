@@ -4,16 +4,18 @@ this CPU on first use.
 Two C++ files under ``kernels/`` implement them: ``decode_attention.cpp`` the step's attention over the slab
 cache (``rlkit::decode_attention``; when the step uses it: ``rlkit.rollout.attention_kernel``) and
 ``decode_glue.cpp`` the elementwise work between its GEMMs, fused per row (``rlkit::rms_norm_cast``,
-``add_rms_norm_cast``, ``rotary_write``, ``silu_mul_cast``; ``rlkit.rollout.decode_glue``). The schemas are
+``add_rms_norm_cast``, ``rotary_write``, ``silu_mul_cast``; called by
+``rlkit.rollout.scripted_step.fused_layer_loop``), both on the vector types and functions of
+``vector_math.h``. The schemas are
 defined here, at import, so TorchScript's layer loops (``rlkit.rollout.scripted_step``) compile against them
 everywhere; the files only implement them (``TORCH_LIBRARY_IMPL``).
 
 Both are compiled together on first use for this CPU — AVX-512 (16 floats a vector) where the CPU has
 avx512f/bw/dq/vl, else AVX2 and FMA (8) — by the machine's ``g++`` against the installed torch (~15-25 s),
-cached under ``$RLKIT_CACHE/kernels/`` by a hash of the sources, the compiler, the flags and the torch
-version, and loaded into the process (:func:`kernel_unavailable`). Where that cannot be (no x86-64 Linux CPU
-with AVX2 and FMA, no ``g++``, a failed compile or load) the step runs its torch operators as before and says
-why once. Only what the CPU reports picks the flags, never ``-march=native``'s tuning.
+cached under ``$RLKIT_CACHE/kernels/`` by a hash of the sources and header, the compiler, the flags and the
+torch version, and loaded into the process (:func:`kernel_unavailable`). Where that cannot be (no x86-64
+Linux CPU with AVX2 and FMA, no ``g++``, a failed compile or load) the step runs its torch operators as
+before and says why once. Only what the CPU reports picks the flags, never ``-march=native``'s tuning.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(
     Path(__file__).resolve().parent / "kernels" / name for name in ("decode_attention.cpp", "decode_glue.cpp")
 )
+HEADERS = (Path(__file__).resolve().parent / "kernels" / "vector_math.h",)  # included by the sources
 SCHEMAS = (
     "decode_attention(Tensor q, Tensor keys_t, Tensor values, Tensor attend, int length, float scale)"
     " -> Tensor",
@@ -117,7 +120,7 @@ def kernel_library(
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     digest = hashlib.sha256()
     for part in (
-        *(source.read_bytes() for source in SOURCES),
+        *(source.read_bytes() for source in (*SOURCES, *HEADERS)),
         str(version).encode(),
         " ".join(flags).encode(),
         torch.__version__.encode(),

@@ -403,3 +403,24 @@ def test_a_fused_loop_that_cannot_be_scripted_leaves_the_unfused_one(tok_and_mod
         scripted_step.scripted_layer_loop.cache_clear()
     assert out.meta["metrics"]["rollout/scripted_layers"] == 1.0
     assert out.meta["metrics"]["rollout/fused_glue"] == 0.0
+
+
+def test_an_installed_rlkit_ships_every_file_the_build_reads():
+    """The wheel's package data (pyproject.toml) covers the kernels' sources and the header they include, and
+    the build hashes every file the sources include: a file left out would fail to compile, or a stale
+    library would be loaded, only on an install from a wheel."""
+    import ast
+    import fnmatch
+    import re
+
+    root = Path(ck.__file__).resolve().parents[1]  # src/rlkit
+    pyproject = (root.parents[1] / "pyproject.toml").read_text()  # (tomllib: Python 3.11+)
+    package_data = pyproject.split("[tool.setuptools.package-data]", 1)[1]
+    globs = ast.literal_eval(re.search(r"^rlkit = (\[.*\])$", package_data, re.M).group(1))
+    read = (*ck.SOURCES, *ck.HEADERS)
+    for path in read:
+        assert any(fnmatch.fnmatch(str(path.relative_to(root)), g) for g in globs), path
+    included = {
+        name for path in read for name in re.findall(r'#include "([^"]+)"', path.read_text())
+    }  # the kernels' own headers (quoted includes)
+    assert included == {h.name for h in ck.HEADERS}

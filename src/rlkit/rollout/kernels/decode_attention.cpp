@@ -10,7 +10,7 @@
 // keys_t holds each KV head's keys transposed (position fastest) with C >= L rounded up to RLKIT_VEC; values
 // are read at positions < L, attend at positions < L (1: attended). Per (row, KV head): the scores of its
 // H / Hkv queries, RLKIT_VEC positions at a time, as register accumulators (no horizontal sums); a vectorised
-// softmax (Cephes' expf polynomial, exp of x <= 0); the weighted sum of the value rows with the outputs held
+// softmax (Cephes' expf polynomial: vector_math.h); the weighted sum of the value rows with the outputs held
 // in registers. RLKIT_VEC is the floats per vector register the build targets: 16 (AVX-512) or 8 (AVX2).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,50 +22,11 @@
 #include <cstring>
 #include <vector>
 
-#ifndef RLKIT_VEC
-#define RLKIT_VEC 16
-#endif
+#include "vector_math.h"
 
 namespace {
 
-constexpr int kW = RLKIT_VEC;
-typedef float vf __attribute__((vector_size(kW * 4)));
-typedef int32_t vi __attribute__((vector_size(kW * 4)));
-typedef char vc __attribute__((vector_size(kW)));
-typedef uint32_t vu __attribute__((vector_size(kW * 4)));
-typedef uint16_t vh __attribute__((vector_size(kW * 2)));
-
-inline vf load(const float* p) {
-  vf x;
-  std::memcpy(&x, p, sizeof(x));
-  return x;
-}
-inline vf load(const uint16_t* p) {  // kW bf16 values widened to fp32 (exact: bf16 is fp32's top half)
-  vh h;
-  std::memcpy(&h, p, sizeof(h));
-  const vu u = __builtin_convertvector(h, vu) << 16;
-  vf f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof(x)); }
-
-inline vf exp_nonpositive(vf x) {  // exp(x) for x <= 0: Cephes' expf, 2^n from the exponent bits
-  const vf zero = {};
-  x = x < -87.0f ? zero - 87.0f : x;
-  const vf fx = x * 1.44269504088896341f + 0.5f;
-  const vi truncated = __builtin_convertvector(fx, vi);
-  const vi n = __builtin_convertvector(truncated, vf) > fx ? truncated - 1 : truncated;  // floor
-  const vf nf = __builtin_convertvector(n, vf);
-  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vf y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-          1.6666665459e-1f) * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  vf pow2;
-  const vi bits = (n + 127) << 23;
-  std::memcpy(&pow2, &bits, sizeof(pow2));
-  return y * pow2;
-}
+using namespace rlkit_vec;
 
 template <typename T>  // the cache's element: float, or uint16_t for bf16
 struct Pair {  // one (row, KV head): where its queries, keys, values, mask and outputs are
@@ -111,7 +72,7 @@ void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
     vf sum = {};
     for (int64_t b = 0; b < blocks; ++b) {
       const vf x = load(s + b * kW);
-      const vf e = x > minus_inf ? exp_nonpositive(x - m) : zero;
+      const vf e = x > minus_inf ? exp_clamped(x - m) : zero;
       store(s + b * kW, e);
       sum += e;
     }

@@ -1,8 +1,8 @@
 // The lean decode step's elementwise work between its GEMMs, fused per row, on the CPU: the implementation of
 // the operators rlkit::rms_norm_cast, rlkit::add_rms_norm_cast, rlkit::rotary_write and rlkit::silu_mul_cast,
 // whose schemas rlkit.rollout.cpu_kernels defines (it compiles this file with the attention kernel; the
-// fused layer loop of rlkit.rollout.scripted_step calls them). Each replaces a run of small operators (casts, slices, norms, rotary, the
-// K/V writes, SiLU) with one pass over a row; the arithmetic is fp32, the outputs rounded to bf16 (round to
+// fused layer loop of rlkit.rollout.scripted_step calls them). Each replaces a run of small operators (casts,
+// slices, norms, rotary, the K/V writes, SiLU) with one pass over a row; the arithmetic is fp32, the outputs rounded to bf16 (round to
 // nearest even, as torch's casts) where the next GEMM takes bf16.
 //
 // rms_norm_cast(x [A, N] fp32, weight [N], eps, bf16) -> [A, N]: x / sqrt(mean(x²) + eps) * weight.
@@ -25,24 +25,11 @@
 #include <type_traits>
 #include <vector>
 
-#ifndef RLKIT_VEC
-#define RLKIT_VEC 16
-#endif
+#include "vector_math.h"
 
 namespace {
 
-constexpr int kW = RLKIT_VEC;
-typedef float vf __attribute__((vector_size(kW * 4)));
-typedef int32_t vi __attribute__((vector_size(kW * 4)));
-typedef uint32_t vu __attribute__((vector_size(kW * 4)));
-typedef uint16_t vh __attribute__((vector_size(kW * 2)));
-
-inline vf load(const float* p) {
-  vf x;
-  std::memcpy(&x, p, sizeof(x));
-  return x;
-}
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof(x)); }
+using namespace rlkit_vec;
 
 inline float from_bf16(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -56,15 +43,6 @@ inline uint16_t to_bf16(float f) {  // round to nearest even, NaN kept quiet: c1
   std::memcpy(&u, &f, sizeof(u));
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-inline vf load_bf16(const uint16_t* p) {
-  vh h;
-  std::memcpy(&h, p, sizeof(h));
-  const vu u = __builtin_convertvector(h, vu) << 16;
-  vf f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
 }
 
 inline void store_bf16(uint16_t* p, vf f) {
@@ -84,7 +62,7 @@ inline void load_row(const at::Tensor& t, int64_t row, int64_t offset, int64_t n
   if (t.scalar_type() == at::kBFloat16) {
     const uint16_t* p =
         reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()) + row * t.stride(0) + offset;
-    for (; i + kW <= n; i += kW) store(out + i, load_bf16(p + i));
+    for (; i + kW <= n; i += kW) store(out + i, load(p + i));
     for (; i < n; ++i) out[i] = from_bf16(p[i]);
   } else {
     const float* p = t.data_ptr<float>() + row * t.stride(0) + offset;
@@ -118,23 +96,6 @@ inline void rms_norm_into(const float* x, const float* weight, int64_t n, double
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
   for (i = 0; i + kW <= n; i += kW) store(out + i, load(x + i) * inv * load(weight + i));
   for (; i < n; ++i) out[i] = x[i] * inv * weight[i];
-}
-
-inline vf exp_clamped(vf x) {  // Cephes' expf over [-87, 88]
-  x = x < -87.0f ? (vf){} - 87.0f : x;
-  x = x > 88.0f ? (vf){} + 88.0f : x;
-  const vf fx = x * 1.44269504088896341f + 0.5f;
-  const vi truncated = __builtin_convertvector(fx, vi);
-  const vi n = __builtin_convertvector(truncated, vf) > fx ? truncated - 1 : truncated;  // floor
-  const vf nf = __builtin_convertvector(n, vf);
-  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vf y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-          1.6666665459e-1f) * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  vf pow2;
-  const vi bits = (n + 127) << 23;
-  std::memcpy(&pow2, &bits, sizeof(pow2));
-  return y * pow2;
 }
 
 const float* optional_data(const c10::optional<at::Tensor>& t) {
