@@ -324,7 +324,8 @@ def decode(
         return Decoded("plain")
     lean = None
     if run.plan.lean_step:
-        on_cpu = module.get_input_embeddings().weight.device.type == "cpu"
+        weight = next(module.parameters(), None)
+        on_cpu = weight is not None and weight.device.type == "cpu"  # the compiled operators are CPU code
         fused_glue = run.plan.scripted_layers and run.plan.fused_glue and on_cpu
         lean = lean_step_for(
             module,
