@@ -184,7 +184,7 @@ def attends_with_kernel(cache) -> bool:
 
 def kernel_fits(lean) -> bool:
     """Whether lean step ``lean`` (``rlkit.rollout.lean_step.LeanStep``) has heads the kernel is built for, on
-    the CPU, with fp32 states (its K/V and queries)."""
+    the CPU, with fp32 states (its queries, and its K/V unless the bf16 KV cache holds them)."""
     layers = getattr(lean, "layers", None)
     if not layers or lean.kv_heads <= 0 or lean.heads % lean.kv_heads:
         return False
