@@ -222,7 +222,8 @@ def measure_shape(report, model, tok, prompts, rows: int, tokens: int, args) -> 
         return steps[name]
 
     def generate(name: str):
-        decode_module.lean_step_for = lambda module, scripted=False: patched(module, name)  # the Python loop
+        # the Python loop (neither scripted nor fused)
+        decode_module.lean_step_for = lambda module, scripted=False, fused_glue=False: patched(module, name)
         ro.generator.manual_seed(1)
         start = time.perf_counter()
         out = ro.generate(prompts)

@@ -206,7 +206,7 @@ def test_the_compile_spikes_layer_halves_compute_the_lean_step(benchmark_module,
         params=HFRolloutParams(dtype="float32"),
     )
 
-    def layered(module, scripted=False):  # the spike's halves stand in for the Python loop
+    def layered(module, scripted=False, fused_glue=False):  # the spike's halves stand in for the Python loop
         lean = lean_step_for(module)
         spike.compile_layers(lean, compile_fn=lambda fn: fn)
         return lambda *args: spike.layered_call(lean, *args)
@@ -272,9 +272,11 @@ def test_decode_attention_kernel_computes_the_steps_attention(benchmark_module):
     if why:
         pytest.skip(why)
     got = script.measure(rows=3, length=11, reps=1, layers=2, evict_bytes=4096)
-    assert set(got["ms"]) == {"sdpa_cold", "kernel_cold", "sdpa_hot", "kernel_hot"}
+    paths = ("sdpa", "kernel", "sdpa16", "kernel16")  # over fp32 K/V, and over the bf16 cache
+    assert set(got["ms"]) == {f"{p}_{t}" for p in paths for t in ("cold", "hot")}
     assert all(ms > 0 for ms in got["ms"].values())
     assert got["max_abs_diff"] < 1e-5
+    assert got["max_abs_diff_bf16"] < 2e-2  # the same bf16 K/V; bf16 SDPA rounds the query to bf16
 
 
 def test_ab_compile_compiles_each_layers_mlp_and_norms_and_keeps_the_numbers(
