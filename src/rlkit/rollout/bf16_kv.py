@@ -118,6 +118,15 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int, kernel: bool = False
     q = torch.randn(PROBE_ROWS, heads, 1, dim, generator=generator)
     attend = torch.ones(PROBE_ROWS, 1, 1, PROBE_POSITIONS, dtype=torch.bool)
     scale = dim**-0.5
+
+    def fp32(layer: int) -> None:
+        F.scaled_dot_product_attention(
+            q, keys[layer], values[layer], attn_mask=attend, scale=scale, enable_gqa=True
+        )
+
+    def bf16(layer: int) -> None:
+        kv_attention(q, keys16[layer], values16[layer], attend, scale)
+
     if kernel:
         from rlkit.rollout.attention_kernel import decode_attention  # (it imports nothing of this module)
         from rlkit.rollout.cpu_kernels import kernel_unavailable
@@ -125,23 +134,14 @@ def probe_kv_attention(heads: int, kv_heads: int, dim: int, kernel: bool = False
         why = kernel_unavailable()  # loads the library
         if why is not None:
             raise RuntimeError(f"rlkit.rollout.bf16_kv: cannot probe the kernel over bf16 K/V: {why}")
-
         keys_t = [k.transpose(-1, -2).contiguous() for k in keys]  # PROBE_POSITIONS: a multiple of 16
         keys16_t = [k.transpose(-1, -2).contiguous() for k in keys16]
 
-    def fp32(layer: int) -> None:
-        if kernel:
+        def fp32(layer: int) -> None:
             decode_attention(q, keys_t[layer], values[layer], attend, PROBE_POSITIONS, scale)
-            return
-        F.scaled_dot_product_attention(
-            q, keys[layer], values[layer], attn_mask=attend, scale=scale, enable_gqa=True
-        )
 
-    def bf16(layer: int) -> None:
-        if kernel:
+        def bf16(layer: int) -> None:
             decode_attention(q, keys16_t[layer], values16[layer], attend, PROBE_POSITIONS, scale)
-            return
-        kv_attention(q, keys16[layer], values16[layer], attend, scale)
 
     times = time_cold_layers(fp32, bf16, layers=PROBE_LAYERS, evict_bytes=PROBE_EVICT_BYTES, reps=PROBE_REPS)
     return KvAttentionProbe(*times)
@@ -164,7 +164,7 @@ def cached_kv_attention_probe(
     return cached_entry(
         f"bf16-kv-attention-{'kernel' if kernel else 'cold'}-{heads}-{kv_heads}-{dim}",
         cpu_info(),
-        lambda: asdict(probe(heads, kv_heads, dim, kernel) if kernel else probe(heads, kv_heads, dim)),
+        lambda: asdict(probe(heads, kv_heads, dim, kernel)),
         KvAttentionProbe.from_entry,
         cache_path,
     )

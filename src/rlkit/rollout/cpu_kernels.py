@@ -6,9 +6,9 @@ cache (``rlkit::decode_attention``; when the step uses it: ``rlkit.rollout.atten
 ``decode_glue.cpp`` the elementwise work between its GEMMs, fused per row (``rlkit::rms_norm_cast``,
 ``add_rms_norm_cast``, ``rotary_write``, ``silu_mul_cast``; called by
 ``rlkit.rollout.scripted_step.fused_layer_loop``), both on the vector types and functions of
-``vector_math.h``. The schemas are
-defined here, at import, so TorchScript's layer loops (``rlkit.rollout.scripted_step``) compile against them
-everywhere; the files only implement them (``TORCH_LIBRARY_IMPL``).
+``vector_math.h``. The schemas are defined here, at import, so TorchScript's layer loops
+(``rlkit.rollout.scripted_step``) compile against them everywhere; the files only implement them
+(``TORCH_LIBRARY_IMPL``).
 
 Both are compiled together on first use for this CPU — AVX-512 (16 floats a vector) where the CPU has
 avx512f/bw/dq/vl, else AVX2 and FMA (8) — by the machine's ``g++`` against the installed torch (~15-25 s),
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SOURCES", "build_flags", "kernel_library", "kernel_unavailable"]
+__all__ = ["HEADERS", "SOURCES", "build_flags", "kernel_library", "kernel_unavailable"]
 
 log = logging.getLogger(__name__)
 

@@ -190,8 +190,13 @@ def _attend(
     """Layer ``i`` 's attention for queries ``q [A, H, 1, D]`` over its slabs' first ``start + 1`` positions
     (the new token's K/V already written): a group's shared prompt read once, the bf16 cache's, the compiled
     kernel's or SDPA (:func:`layer_loop`'s docstring). ``[A, H, 1, D]``."""
+    shared = prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0
+    if kernel and not shared:  # over fp32 or bf16 K/V, read in place (no slices of the slabs)
+        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
     keys, values = key_slabs[i][:, :, : start + 1], value_slabs[i][:, :, : start + 1]
-    if prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0:
+    if (
+        prompt_bias is not None and response_bias is not None and shared
+    ):  # (TorchScript refines the Optionals)
         if bf16_kv:
             return shared_prompt_sdpa(
                 q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
@@ -199,8 +204,6 @@ def _attend(
         return shared_prompt_attention(
             q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
         )
-    if kernel:  # over fp32 or bf16 K/V
-        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
     if bf16_kv:
         return kv_attention(q, keys, values, attend, scale)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True)
