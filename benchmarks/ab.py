@@ -39,6 +39,9 @@ Changes (each toggled here by patching, never by a setting in rlkit):
   glue  rollout, scripted lean step: the work between the GEMMs (norms, casts, rotary, K/V writes, SiLU·up) by
          the compiled operators of kernels/decode_glue.cpp (``DecodePlan.fused_glue``,
          rlkit.rollout.scripted_step.fused_layer_loop) vs torch's operators
+  sampling  rollout: a greedy or untruncated draw by the compiled ``rlkit::sample_rows``
+         (kernels/sampling.cpp, ``DecodePlan.fused_sampling``; over the logits as the head wrote them: bf16
+         from the bf16 copy) vs torch's operators (widen to fp32, softmax, block sums)
   castonce  actor, bf16 autocast over several micro-batches: each weight cast to bf16 once per optimizer step
          (``rlkit.model.forward.casts_kept``) vs once per micro-batch (use with ``--micro``)
   micro  update in micro-batches of ``--micro`` samples vs all samples in one micro-batch (same gradient)
@@ -109,6 +112,7 @@ def plans(change: str, on: bool):
         share_prompt_attention=not (change == "sharedattn" and off),
         scripted_layers=not (change == "scripted" and off),
         fused_glue=not (change == "glue" and off),
+        fused_sampling=not (change == "sampling" and off),
         # bf16kv: A fp32 K/V, B bf16 K/V at any length (where it pays decides BF16_KV_MIN_POSITIONS)
         **({"bf16_kv_from": 0 if on else None, "bf16_kv_probe": False} if change == "bf16kv" else {}),
         # kernel: A SDPA, B the compiled kernel wherever it builds (without asking its probe)

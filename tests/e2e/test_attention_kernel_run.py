@@ -4,7 +4,8 @@ it) found the kernel faster attends through it in the Ray worker's lean step
 (``rlkit.rollout.attention_kernel``), trains on what it samples (a non-zero gradient) with rollout log-probs
 that agree with the fp32 actor's to float rounding; on a CPU whose probe found it no faster the same recipe
 attends with SDPA. Both runs' scripted layers call the compiled glue operators (norms, SiLU·up, rotary and
-K/V writes: ``rlkit.rollout.scripted_step.fused_layer_loop``). Real parts throughout: the compiled kernels
+K/V writes: ``rlkit.rollout.scripted_step.fused_layer_loop``) and draw their tokens with the compiled
+``rlkit::sample_rows``. Real parts throughout: the compiled kernels
 (this machine's, copied into each run's cache), the Ray worker, the TorchScript loop, the update."""
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_
         assert step["rollout/attention_kernel"] == 1.0
         assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop called the operator
         assert step["rollout/fused_glue"] == 1.0  # ... and the compiled glue operators (scripted_step)
+        assert step["rollout/fused_sampling"] == 1.0  # ... and the compiled draw (rollout.sampling)
         assert math.isfinite(step["actor/pg_loss"])
         # fp32 rollout through the kernel against the fp32 actor's recompute: float rounding only
         assert step["training/rollout_probs_diff_valid"] == 1.0
@@ -69,4 +71,5 @@ def test_a_run_attends_through_the_kernel_where_its_probe_says(tiny_assets, tmp_
         assert step["rollout/attention_kernel"] == 0.0
         assert step["rollout/lean_step"] == 1.0
         assert step["rollout/fused_glue"] == 1.0  # the glue operators load whatever the attention probe said
+        assert step["rollout/fused_sampling"] == 1.0
     assert not list((tmp_path / "pays" / "kernels").glob(".*.tmp"))  # the copied kernel was used, not rebuilt

@@ -5,7 +5,8 @@ logs how far the rollout's log-probs are from the fp32 actor's; the same recipe 
 prompts, and on a CPU whose attention probe (read from the run's hardware cache, ``RLKIT_CACHE``, filled
 here as such a machine would have measured it: SDPA's, and where the compiled kernel attends, the kernel's
 over each cache) found bf16 K/V no faster. Real parts throughout: the Ray worker, the oneDNN-packed copy, the
-TorchScript loop, the compiled kernels where they build here (copied into each run's cache), the update."""
+TorchScript loop, the compiled kernels where they build here (copied into each run's cache; the draw from the
+copy's bf16 logits among them), the update."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def test_long_prompts_decode_over_a_bf16_kv_cache(tiny_assets, tmp_path):
     for step in run_two_steps(model, long, tmp_path / "out-long", pays):
         assert step["rollout/bf16_kv_cache"] == 1.0
         assert step["rollout/scripted_layers"] == 1.0  # the TorchScript loop over bf16 slabs
+        # the copy's head hands its bf16 logits to the compiled draw where the kernels build here
+        assert step["rollout/fused_sampling"] == float(cpu_kernels.kernel_unavailable() is None)
         assert step["prompt_length/mean"] + 12 / 2 >= BF16_KV_MIN_POSITIONS
         assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
         assert step["critic/score/min"] < step["critic/score/max"]

@@ -356,6 +356,7 @@ def test_ab_toggles_each_decode_plan_change_it_names(benchmark_module):
     default = asdict(DecodePlan())
     for change, field in [
         ("glue", "fused_glue"),
+        ("sampling", "fused_sampling"),
         ("scripted", "scripted_layers"),
         ("lean", "lean_step"),
         ("prefill", "share_prefill"),

@@ -73,6 +73,12 @@ class Bf16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _packed_linear(x, self.packed, self.bias)
 
+    def bf16_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` as oneDNN writes it, ``[..., out_features]`` bf16: ``forward`` 's values before it
+        widens them (exactly) and adds the bias. The lean step's head hands these logits to the sampler,
+        whose compiled draw reads bf16 as it is (``rlkit.rollout.sampling``)."""
+        return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, weight=bf16 (oneDNN packed)"

@@ -1,16 +1,17 @@
 """rlkit's compiled CPU operators for the lean decode step: their schemas, and their one library built for
 this CPU on first use.
 
-Two C++ files under ``kernels/`` implement them: ``decode_attention.cpp`` the step's attention over the slab
-cache (``rlkit::decode_attention``; when the step uses it: ``rlkit.rollout.attention_kernel``) and
+Three C++ files under ``kernels/`` implement them: ``decode_attention.cpp`` the step's attention over the
+slab cache (``rlkit::decode_attention``; when the step uses it: ``rlkit.rollout.attention_kernel``),
 ``decode_glue.cpp`` the elementwise work between its GEMMs, fused per row (``rlkit::rms_norm_cast``,
 ``add_rms_norm_cast``, ``rotary_write``, ``silu_mul_cast``; called by
-``rlkit.rollout.scripted_step.fused_layer_loop``), both on the vector types and functions of
-``vector_math.h``. The schemas are defined here, at import, so TorchScript's layer loops
+``rlkit.rollout.scripted_step.fused_layer_loop``) and ``sampling.cpp`` the next-token draw over the whole
+vocabulary (``rlkit::sample_rows``; called by ``rlkit.rollout.sampling.sample_next``), all on the vector types
+and functions of ``vector_math.h``. The schemas are defined here, at import, so TorchScript's layer loops
 (``rlkit.rollout.scripted_step``) compile against them everywhere; the files only implement them
 (``TORCH_LIBRARY_IMPL``).
 
-Both are compiled together on first use for this CPU — AVX-512 (16 floats a vector) where the CPU has
+They are compiled together on first use for this CPU — AVX-512 (16 floats a vector) where the CPU has
 avx512f/bw/dq/vl, else AVX2 and FMA (8) — by the machine's ``g++`` against the installed torch (~15-25 s),
 cached under ``$RLKIT_CACHE/kernels/`` by a hash of the sources and header, the compiler, the flags and the
 torch version, and loaded into the process (:func:`kernel_unavailable`). Where that cannot be (no x86-64
@@ -38,7 +39,8 @@ __all__ = ["HEADERS", "SOURCES", "build_flags", "kernel_library", "kernel_unavai
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).resolve().parent / "kernels" / name for name in ("decode_attention.cpp", "decode_glue.cpp")
+    Path(__file__).resolve().parent / "kernels" / name
+    for name in ("decode_attention.cpp", "decode_glue.cpp", "sampling.cpp")
 )
 HEADERS = (Path(__file__).resolve().parent / "kernels" / "vector_math.h",)  # included by the sources
 SCHEMAS = (
@@ -51,6 +53,7 @@ SCHEMAS = (
     "rotary_write(Tensor y, Tensor? bias, Tensor cos, Tensor sin, Tensor? q_norm, Tensor? k_norm, float eps,"
     " Tensor(a!) key_slab, Tensor(b!) value_slab, Tensor(c!)? key_slab_t, int start, int heads, int kv_heads)"
     " -> Tensor",
+    "sample_rows(Tensor logits, Tensor? uniform, float temperature, int block) -> (Tensor, Tensor)",
 )
 _LIBRARY = torch.library.Library("rlkit", "DEF")  # kept alive: the schemas live as long as the process
 for _schema in SCHEMAS:

@@ -30,7 +30,9 @@ does not fit. With ``lean_step=False`` both give the same tokens and log-probs u
   copy keeps a long decode's K/V in bf16 (half the bytes attention reads at every step), where this CPU's
   attention probe finds that faster (``DecodePlan.bf16_kv_probe``).
 - **Sampling** (``rlkit.rollout.sampling.sample_next``): no copy of the ``[B, V]`` logits unless top-k/top-p
-  truncates them, no division at temperature 1, top-k without a sort of the vocabulary.
+  truncates them, no division at temperature 1, top-k without a sort of the vocabulary; a greedy or
+  untruncated draw by the compiled ``rlkit::sample_rows`` (``DecodePlan.fused_sampling``: two reads of each
+  row of the logits, bf16 ones read as they are), in both loops.
 
 Shapes: ``B`` rows (prompts × n), ``P`` prompt width, ``T`` response width, ``V`` vocabulary, ``H`` KV
 heads, ``D`` head size, ``A`` rows still in the batch.
@@ -53,7 +55,7 @@ from rlkit.rollout.attention_kernel import kernel_fits, kernel_pays, padded_capa
 from rlkit.rollout.bf16_kv import BF16_KV_MIN_POSITIONS, bf16_kv_cache_fits, bf16_kv_pays
 from rlkit.rollout.cpu_kernels import kernel_unavailable
 from rlkit.rollout.lean_step import lean_step_for
-from rlkit.rollout.sampling import sample_next
+from rlkit.rollout.sampling import kernel_draws, sample_next
 from rlkit.rollout.shared_prompt import SharedPrompt
 
 __all__ = ["DecodePlan", "Decoded", "Decoding", "SlabCache", "SlabLayer", "decode", "slab_layers"]
@@ -203,6 +205,9 @@ class DecodePlan:
     # scripted layers: the work between the GEMMs by the compiled glue operators where they build on this
     # machine (rollout.scripted_step.fused_layer_loop); False: torch's operators
     fused_glue: bool = True
+    # both loops, CPU logits: a greedy or untruncated draw by the compiled rlkit::sample_rows where it builds
+    # on this machine (rollout.sampling.sample_next's ``fused``); False: torch's operators
+    fused_sampling: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,12 +217,14 @@ class Decoded:
     ``"scripted"`` (the same, its layers under TorchScript) or ``"graph"`` (by the graph step);
     ``bf16_kv``: the slab cache held bf16 K/V (``rlkit.rollout.bf16_kv``); ``attention_kernel``: a lean
     step attended with the compiled kernel (``rlkit.rollout.attention_kernel``); ``fused_glue``: its scripted
-    layers ran with the compiled glue operators (``rlkit.rollout.scripted_step.fused_layer_loop``)."""
+    layers ran with the compiled glue operators (``rlkit.rollout.scripted_step.fused_layer_loop``);
+    ``fused_sampling``: the tokens were drawn by the compiled ``rlkit::sample_rows``."""
 
     path: str
     bf16_kv: bool = False
     attention_kernel: bool = False
     fused_glue: bool = False
+    fused_sampling: bool = False
 
 
 @dataclass
@@ -318,14 +325,17 @@ def decode(
     ``log_probs`` and ``response_mask [B, T]`` (filled in place), by the path ``run.plan`` names.
     ``graph_step``: a step with the lean step's contract that replaces it (``rlkit.rollout.ort_step``), where
     the plan takes the lean step. Returns the path taken (:class:`Decoded`)."""
+    weight = next(module.parameters(), None)
+    on_cpu = weight is not None and weight.device.type == "cpu"  # the compiled operators are CPU code
+    fused = (  # the draws by rlkit::sample_rows (rollout.sampling.sample_next)
+        run.plan.fused_sampling and on_cpu and kernel_draws(**run.sampling) and kernel_unavailable() is None
+    )
     layers = slab_layers(module) if run.plan.slab_cache else None
     if layers is None:
-        _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask)
-        return Decoded("plain")
+        _decode_plain(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, fused)
+        return Decoded("plain", fused_sampling=fused)
     lean = None
     if run.plan.lean_step:
-        weight = next(module.parameters(), None)
-        on_cpu = weight is not None and weight.device.type == "cpu"  # the compiled operators are CPU code
         fused_glue = run.plan.scripted_layers and run.plan.fused_glue and on_cpu
         lean = lean_step_for(
             module,
@@ -352,14 +362,16 @@ def decode(
         and (not run.plan.bf16_kv_probe or bf16_kv_pays(lean.heads, lean.kv_heads, lean.dim, kernel))
     )
     cache = SlabCache(layers, width + max_new, torch.bfloat16 if bf16_kv else None, transposed_keys=kernel)
-    _decode_slab(run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean)
+    _decode_slab(
+        run, module, prompt_ids, prompt_mask, responses, log_probs, response_mask, cache, lean, fused
+    )
     if lean is None:
-        return Decoded("slab")
+        return Decoded("slab", fused_sampling=fused)
     if lean is graph_step:
-        return Decoded("graph")
+        return Decoded("graph", fused_sampling=fused)
     path = "scripted" if getattr(lean, "scripted", None) is not None else "lean"
     return Decoded(  # a stand-in step (benchmarks' spikes) may lack the counts
-        path, bf16_kv, getattr(lean, "kernel_steps", 0) > 0, getattr(lean, "fused_steps", 0) > 0
+        path, bf16_kv, getattr(lean, "kernel_steps", 0) > 0, getattr(lean, "fused_steps", 0) > 0, fused
     )
 
 
@@ -392,10 +404,11 @@ def _decode_slab(
     response_mask: torch.Tensor,
     cache: SlabCache,
     lean: Callable | None,
+    fused: bool,
 ) -> None:
     """The fast loop: ``cache`` (empty, prompt width + ``T`` positions long), finished rows dropped, the full
     batch's random draws; ``lean``: the step that decodes every token after the prefill (None: the model's
-    forward)."""
+    forward); ``fused``: ``sample_next``'s (the compiled draw)."""
     b, width = prompt_ids.shape
     max_new = responses.shape[1]
     device = prompt_ids.device
@@ -411,7 +424,9 @@ def _decode_slab(
         uniform = None
         if draw:  # one draw per row of the full batch, as the plain loop draws
             uniform = torch.rand(b, 1, generator=run.generator, dtype=torch.float64, device=device)[rows]
-        tokens, lp = sample_next(logits, generator=run.generator, uniform=uniform, **run.sampling)  # [A]
+        tokens, lp = sample_next(
+            logits, generator=run.generator, uniform=uniform, fused=fused, **run.sampling
+        )
         live = ~finished[rows]
         _record(run, responses, log_probs, response_mask, rows, step, tokens, lp, live)
         ended = run.ended(tokens, live)
@@ -449,8 +464,10 @@ def _decode_plain(
     responses: torch.Tensor,
     log_probs: torch.Tensor,
     response_mask: torch.Tensor,
+    fused: bool,
 ) -> None:
-    """The reference loop: the model's ``DynamicCache``, every row forwarded until all are done."""
+    """The reference loop: the model's ``DynamicCache``, every row forwarded until all are done; ``fused``:
+    ``sample_next``'s (the compiled draw)."""
     b, max_new = responses.shape
     finished = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     rows = torch.arange(b, device=prompt_ids.device)
@@ -459,7 +476,7 @@ def _decode_plain(
     out, logits = run.prefill(module, prompt_ids, mask, pos)  # logits [B, V]
     last_pos = pos[:, -1]
     for step in range(max_new):
-        tokens, lp = sample_next(logits, generator=run.generator, **run.sampling)
+        tokens, lp = sample_next(logits, generator=run.generator, fused=fused, **run.sampling)
         live = ~finished
         _record(run, responses, log_probs, response_mask, rows, step, tokens, lp, live)
         ended = run.ended(tokens, live)

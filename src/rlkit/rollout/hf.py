@@ -338,6 +338,8 @@ class HFRollout:
             "rollout/attention_kernel": float(decoded.attention_kernel),
             # its scripted layers ran the compiled glue operators (rollout.scripted_step.fused_layer_loop)
             "rollout/fused_glue": float(decoded.fused_glue),
+            # the tokens were drawn by the compiled rlkit::sample_rows (rollout.sampling.sample_next)
+            "rollout/fused_sampling": float(decoded.fused_sampling),
         }
         if graph is not None:
             metrics["rollout/onnxruntime_graph_step"] = float(path == "graph")

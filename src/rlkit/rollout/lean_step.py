@@ -47,6 +47,7 @@ from torch import nn
 
 from rlkit.rollout.attention_kernel import attends_with_kernel, decode_attention
 from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa
+from rlkit.rollout.bf16_weights import Bf16Linear
 from rlkit.rollout.packed_copy import FusedMember, FusedOutputs
 from rlkit.rollout.scripted_step import ScriptedLayers
 from rlkit.rollout.shared_prompt import shared_prompt_attention, worth_sharing
@@ -83,7 +84,7 @@ class LeanStep:
 
     def __init__(self, module: nn.Module, *, scripted: bool = False, fused_glue: bool = False):
         config = module.config
-        self.model, self.head = module.model, module.lm_head
+        self.model, self.head = module.model, _head(module.lm_head)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = [_LeanLayer(layer, self.heads, self.kv_heads, self.dim) for layer in self.model.layers]
@@ -94,7 +95,8 @@ class LeanStep:
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Write token ``ids [A, 1]`` at ``positions [A]`` into ``cache`` (a ``SlabCache`` holding ``L - 1``
-        positions) and return its next-token logits ``[A, V]``; ``mask [A, L]``: 1 where a position is
+        positions) and return its next-token logits ``[A, V]`` (bf16 from the bf16 decode copy's head:
+        ``_head``); ``mask [A, L]``: 1 where a position is
         attended (0: left padding)."""
         a = ids.shape[0]
         x = self.model.embed_tokens(ids[:, 0])  # [A, h]
@@ -162,6 +164,16 @@ class RMSNormCall:
         return (
             F.rms_norm(x, self.shape, self.weight, self.eps) if x.dtype == self.weight.dtype else self.norm(x)
         )
+
+
+def _head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head as the step calls it: the bf16 decode copy's bias-free head hands back its GEMM's bf16
+    logits as written (``Bf16Linear.bf16_product``; its forward widens them to fp32, exactly, a [A, V] copy
+    per step that ``rlkit.rollout.sampling.sample_next`` does itself where it must: its compiled draw reads
+    bf16 as it is), any other head its own output."""
+    if isinstance(head, Bf16Linear) and head.bias is None:
+        return head.bf16_product
+    return head
 
 
 def _rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

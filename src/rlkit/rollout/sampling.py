@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sample_next"]
+__all__ = ["kernel_draws", "sample_next"]
 
 _BLOCK = 256  # tokens per block of the two-level inverse CDF (``_sample_full_vocabulary``)
 _TINY = 1e-30  # below this a float32 probability has lost precision: its log-prob comes from log_softmax
+
+
+def kernel_draws(temperature: float, top_p: float, top_k: int, do_sample: bool) -> bool:
+    """Whether ``sample_next(..., fused=True)`` draws with the compiled ``rlkit::sample_rows`` under these
+    settings: a greedy pick, or a draw over the whole vocabulary (no top-p, no top-k)."""
+    return not do_sample or temperature == 0 or (top_p >= 1.0 and top_k <= 0)
 
 
 def sample_next(
@@ -23,6 +29,7 @@ def sample_next(
     do_sample: bool,
     generator: torch.Generator | None,
     uniform: torch.Tensor | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from ``logits [B, V]``; returns ``(tokens [B], log_prob [B])``.
 
@@ -33,9 +40,26 @@ def sample_next(
     vocabulary; nothing else of size ``[B, V]`` is written unless truncation needs it: top-k works on its
     ``k`` candidates, and an untruncated draw reads the softmax once more for its block sums
     (``_sample_full_vocabulary``).
+
+    ``fused``: where :func:`kernel_draws` holds, the compiled ``rlkit::sample_rows``
+    (``rlkit.rollout.cpu_kernels``; the caller checked it loaded, CPU logits) does all of it in two reads of
+    each row, over the logits as they are (fp32, or bf16 from the bf16 decode copy's head): the same greedy
+    tokens; for a draw, the same two-level inverse CDF over unnormalised terms, so a token differs from this
+    path's only where the draw lies within float rounding (~1e-7 of the mass) of a token boundary, and the
+    log-prob is ``log_softmax`` computed in fp64 (within ~1e-5 of this path's ``log`` of an fp32
+    probability).
     """
-    logits = logits.float()
     greedy = not do_sample or temperature == 0
+    if fused and kernel_draws(temperature, top_p, top_k, do_sample):
+        if not greedy and uniform is None:
+            uniform = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64)
+        return torch.ops.rlkit.sample_rows(
+            logits if logits.stride(-1) == 1 else logits.contiguous(),
+            None if greedy else uniform,
+            1.0 if greedy else float(temperature),
+            _BLOCK,
+        )
+    logits = logits.float()
     scaled = logits if greedy or temperature == 1 else logits / temperature  # [B, V]
     probs = torch.softmax(scaled, dim=-1)  # [B, V]
     if greedy:

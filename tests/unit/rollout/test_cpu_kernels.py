@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from _models import perturbed_model
 from test_attention_kernel import SHAPES
 from test_decode import CASES, ending_tokens, generate
+from test_fused_sampling import check_all as check_sampling  # noqa: F401  (AVX2_CHECK imports it)
 from test_lean_step import ARCHS, _models, other_archs  # noqa: F401  (the fixture)
 
 from rlkit.rollout import cpu_kernels as ck
@@ -170,7 +171,7 @@ from rlkit.rollout import cpu_kernels
 torch.ops.load_library(sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 from test_attention_kernel import SHAPES, kernel_inputs
-from test_cpu_kernels import check_all
+from test_cpu_kernels import check_all, check_sampling
 for shape in SHAPES:
     q, keys, keys_t, values, mask = kernel_inputs(*shape)
     length, scale = shape[-1], shape[3] ** -0.5
@@ -181,14 +182,14 @@ for shape in SHAPES:
         k, v = keys[:, :, :length].to(dtype).float(), vs[:, :, :length].float()
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
-print("ok", len(SHAPES), check_all())
+print("ok", len(SHAPES), check_all(), check_sampling())
 """
 
 
 @needs_kernels
 def test_the_avx2_build_computes_the_same(tmp_path):
     """The 8-wide build (an AVX2 CPU's), compiled here and run in a process of its own (an operator has one
-    implementation per process): the same attention (over fp32 and bf16 K/V) and glue."""
+    implementation per process): the same attention (over fp32 and bf16 K/V), glue and draws."""
     path, why = ck.kernel_library(tmp_path, cpu_flags={"avx2", "fma"})
     assert why is None and path.name.startswith("decode_kernels-8-")
     done = subprocess.run(
@@ -198,7 +199,7 @@ def test_the_avx2_build_computes_the_same(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == f"ok {len(SHAPES)} 12"
+    assert done.stdout.strip() == f"ok {len(SHAPES)} 12 {2 * 3 * 6 * 16 + 2 * 3 * 3 * 4 + 2}"
 
 
 def test_the_build_follows_the_cpus_flags_and_says_why_not(tmp_path, monkeypatch):
@@ -219,7 +220,7 @@ def test_a_failed_compile_is_a_reason_not_a_crash_and_a_good_one_is_cached(tmp_p
     monkeypatch.setattr(ck, "SOURCES", (*ck.SOURCES, broken))
     path, why = ck.kernel_library(tmp_path / "a", cpu_flags={"avx2", "fma"})
     assert path is None and why.startswith(
-        "compiling decode_attention.cpp, decode_glue.cpp, broken.cpp failed"
+        "compiling decode_attention.cpp, decode_glue.cpp, sampling.cpp, broken.cpp failed"
     )
     assert list((tmp_path / "a").iterdir()) == []  # no half-written library left behind
     monkeypatch.undo()

@@ -45,6 +45,7 @@ def generate(
     attention_kernel: bool = True,
     attention_kernel_probe: bool = True,
     fused_glue: bool = True,
+    fused_sampling: bool = True,
     eos=None,
     cls=HFRollout,
     **kw,
@@ -67,6 +68,7 @@ def generate(
             attention_kernel=attention_kernel,
             attention_kernel_probe=attention_kernel_probe,
             fused_glue=fused_glue,
+            fused_sampling=fused_sampling,
         ),
     )
     rec = Recorder(model)

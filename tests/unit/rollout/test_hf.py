@@ -75,6 +75,8 @@ def test_layout_and_n_samples(tok_and_model):
     assert metrics.pop("rollout/attention_kernel") in (0.0, 1.0)
     # whether its compiled glue operators ran: tests/unit/rollout/test_cpu_kernels.py
     assert metrics.pop("rollout/fused_glue") in (0.0, 1.0)
+    # whether its compiled draw ran: tests/unit/rollout/test_fused_sampling.py
+    assert metrics.pop("rollout/fused_sampling") in (0.0, 1.0)
     assert metrics == {"rollout/lean_step": 1.0, "rollout/scripted_layers": 1.0, "rollout/bf16_kv_cache": 0.0}
 
 
