@@ -17,6 +17,8 @@ decode step does (a loop over one matrix would read it from cache and overstate 
   instead of 7; the outputs split), the "fewer ops per layer" idea of issue 30, measured before building it;
 - ``int8_weight_only``: int8 weights with a per-row scale, fp32 activations (``torch._weight_int8pack_mm``,
   torchao's weight-only int8 path; no packing step);
+- ``int8_weight_only_bf16``: the same weights with bf16 activations and scales (the product bf16), the form
+  that kernel is fastest in on AVX-512 CPUs;
 - ``mlas``: ONNX Runtime's MLAS fp32 GEMM on weights it prepacked (``rlkit.rollout.mlas_weights.MlasLinear``,
   what ``rollout.backend.linears=onnxruntime`` decodes with; needs onnxruntime);
 - ``onednn_bf16``: oneDNN's linear on bf16 weights packed in its blocked layout, fp32 activations cast to bf16
@@ -63,18 +65,26 @@ def _fused(weights: list) -> list:
 
 
 def _int8(flat: list) -> list:
-    """Each weight as int8 with a per-output-row scale (symmetric, absmax / 127)."""
+    """Each weight as int8 with a per-output-row scale (symmetric, absmax / 127), the scale in fp32 and
+    bf16."""
     import torch
 
     out = []
     for w in flat:
         scale = w.abs().amax(1) / 127
-        out.append((torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale))
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        out.append((q, scale, scale.bfloat16()))
     return out
 
 
 # bytes per weight element each kernel reads (default 4: fp32)
-WEIGHT_BYTES = {"fbgemm_fp16": 2, "fbgemm_fp16_fused": 2, "int8_weight_only": 1, "onednn_bf16": 2}
+WEIGHT_BYTES = {
+    "fbgemm_fp16": 2,
+    "fbgemm_fp16_fused": 2,
+    "int8_weight_only": 1,
+    "int8_weight_only_bf16": 1,
+    "onednn_bf16": 2,
+}
 
 
 def _kernels(
@@ -86,6 +96,7 @@ def _kernels(
     import torch.nn.functional as F
 
     mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, m) for w in flat]  # packed for this M
+    xs16 = {k: x.bfloat16() for k, x in xs.items()}
     return {
         "linear": lambda: [F.linear(xs[w.shape[1]], w) for w in flat],
         "W@xT": lambda: [w @ xs[w.shape[1]].T for w in flat],
@@ -103,7 +114,10 @@ def _kernels(
         "fbgemm_fp16_fused": lambda: [
             torch.ops.quantized.linear_dynamic_fp16(xs[k], p).split(sizes, -1) for p, k, sizes in fused
         ],
-        "int8_weight_only": lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in int8],
+        "int8_weight_only": lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s, _ in int8],
+        "int8_weight_only_bf16": lambda: [
+            torch._weight_int8pack_mm(xs16[q.shape[1]], q, s16) for q, _, s16 in int8
+        ],
         "mlas": lambda: [lin(xs[lin.in_features]) for lin in mlas],
         "onednn_bf16": lambda: [lin(xs[lin.in_features]) for lin in bf16],
     }
@@ -157,7 +171,7 @@ def main() -> None:
                 bf16.append(Bf16Linear(linear))
             packing["onednn_bf16"] = time.perf_counter() - start
     fused = _fused(weights) if wanted is None or "fbgemm_fp16_fused" in wanted else []
-    int8 = _int8(flat) if wanted is None or "int8_weight_only" in wanted else []
+    int8 = _int8(flat) if wanted is None or wanted & {"int8_weight_only", "int8_weight_only_bf16"} else []
     machine = machine_record(args.threads) | {"bandwidth": memory_bandwidth()}
     head = (
         f"{hardware_line(machine)}; {args.threads} torch thread(s); read bandwidth "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 
 def test_reward_timeout_overhead_scores_through_every_manager(benchmark_module, monkeypatch, tmp_path):
@@ -277,6 +278,21 @@ def test_decode_attention_kernel_computes_the_steps_attention(benchmark_module):
     assert all(ms > 0 for ms in got["ms"].values())
     assert got["max_abs_diff"] < 1e-5
     assert got["max_abs_diff_bf16"] < 2e-2  # the same bf16 K/V; bf16 SDPA rounds the query to bf16
+
+
+def test_sampling_kernel_times_both_draws_of_the_same_logits(benchmark_module):
+    """``sampling_kernel.py`` times torch's draw and the compiled one, cold and hot, over the same logits and
+    uniforms, and counts the draws where their tokens differ (none at a small vocabulary's spacing)."""
+    from rlkit.rollout.cpu_kernels import kernel_unavailable
+
+    if kernel_unavailable() is not None:
+        pytest.skip(kernel_unavailable())
+    script = benchmark_module("sampling_kernel.py")
+    for dtype in (torch.float32, torch.bfloat16):
+        got = script.measure(rows=3, dtype=dtype, reps=4, vocab=300, evict_bytes=4096)
+        assert set(got["ms"]) == {f"{p}_{t}" for p in ("torch", "kernel") for t in ("cold", "hot")}
+        assert all(ms > 0 for ms in got["ms"].values())
+        assert got["draws"] == 12 and got["differ"] == 0
 
 
 def test_ab_compile_compiles_each_layers_mlp_and_norms_and_keeps_the_numbers(
