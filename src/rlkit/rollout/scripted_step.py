@@ -21,10 +21,11 @@ GEMMs are most of the step.
 is the same loop with the work between the GEMMs done by compiled operators (``kernels/decode_glue.cpp``,
 built with the attention kernel by ``rlkit.rollout.cpu_kernels``): the residual add fused with the next
 RMSNorm and the cast to the GEMM's input dtype, the q/k/v bias with Qwen3's head norms, the rotation and the
-K/V writes into the slab (and its transposed keys), SiLU times up with its cast — each one pass over the
-rows in place of 3-9 torch operators, and the bf16 copy's packed GEMM outputs read as bf16 with their biases
-added on the way in. The same arithmetic to float rounding: the same tokens, log-probs within 1e-5 in fp32
-and within the bf16 copy's rounding (``tests/unit/rollout/test_cpu_kernels.py``). Measured on the same
+K/V writes into the slab (its transposed keys a whole block of positions at a time, the attention kernel
+reading the positions after the last whole block from the slab), SiLU times up with its cast — each one pass
+over the rows in place of 3-9 torch operators, and the bf16 copy's packed GEMM outputs read as bf16 with their
+biases added on the way in. The same arithmetic to float rounding: the same tokens, log-probs within 1e-5 in
+fp32 and within the bf16 copy's rounding (``tests/unit/rollout/test_cpu_kernels.py``). Measured on the same
 machine (``benchmarks/ab.py --change glue --phase gen``; docs/benchmarks.md, "the decode's glue fused"): a
 whole generate 0.87× the unfused loop's with the bf16 copy at 16 rows, 0.76× at 8, 0.95× in fp32 at 16.
 
@@ -163,6 +164,7 @@ def layer_loop(
             scale,
             bf16_kv,
             kernel,
+            False,  # every position's transposed key written above
         )
         x = x + _linear(o.reshape(a, heads * dim), out_proj[i], out_bias[i], packed)
         gu = _project(F.rms_norm(x, [hidden], norms[2 * i + 1], eps), gate_up[i], gate_up_bias[i], packed)
@@ -186,27 +188,33 @@ def _attend(
     scale: float,
     bf16_kv: bool,
     kernel: bool,
+    blocked_keys: bool,
 ) -> torch.Tensor:
     """Layer ``i`` 's attention for queries ``q [A, H, 1, D]`` over its slabs' first ``start + 1`` positions
     (the new token's K/V already written): a group's shared prompt read once, the bf16 cache's, the compiled
-    kernel's or SDPA (:func:`layer_loop`'s docstring). ``[A, H, 1, D]``."""
+    kernel's or SDPA (:func:`layer_loop`'s docstring). ``blocked_keys``: the transposed keys hold whole
+    blocks only (``rlkit::rotary_write``'s), so the kernel reads the positions after them from the key slab.
+    ``[A, H, 1, D]``."""
     shared = prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0
     if kernel and not shared:  # over fp32 or bf16 K/V, read in place (no slices of the slabs)
-        return torch.ops.rlkit.decode_attention(q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale)
-    keys, values = key_slabs[i][:, :, : start + 1], value_slabs[i][:, :, : start + 1]
+        keys: Optional[torch.Tensor] = key_slabs[i] if blocked_keys else None  # noqa: UP045
+        return torch.ops.rlkit.decode_attention(
+            q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale, keys
+        )
+    key_view, values = key_slabs[i][:, :, : start + 1], value_slabs[i][:, :, : start + 1]
     if (
         prompt_bias is not None and response_bias is not None and shared
     ):  # (TorchScript refines the Optionals)
         if bf16_kv:
             return shared_prompt_sdpa(
-                q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+                q, key_view, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
             )
         return shared_prompt_attention(
-            q, keys, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
+            q, key_view, values, prompt_keys[i], prompt_values[i], prompt_bias, response_bias, scale
         )
     if bf16_kv:
-        return kv_attention(q, keys, values, attend, scale)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale, enable_gqa=True)
+        return kv_attention(q, key_view, values, attend, scale)
+    return F.scaled_dot_product_attention(q, key_view, values, attn_mask=attend, scale=scale, enable_gqa=True)
 
 
 def _gemm(
@@ -262,8 +270,8 @@ def fused_layer_loop(
     the GEMMs done by the compiled operators of ``kernels/decode_glue.cpp`` (``rlkit.rollout.cpu_kernels``),
     one pass each: the residual add fused with the next RMSNorm and its cast to the GEMM's input dtype
     (``add_rms_norm_cast``), the q/k/v bias, Qwen3's head norms, the rotation and the K/V writes
-    (``rotary_write``), SiLU times up (``silu_mul_cast``). A packed GEMM's bf16 output goes to them as it
-    is."""
+    (``rotary_write``; the transposed keys a whole block at a time), SiLU times up (``silu_mul_cast``). A
+    packed GEMM's bf16 output goes to them as it is."""
     a = x.shape[0]
     layers = len(qkv)
     h = torch.ops.rlkit.rms_norm_cast(x, norms[0], eps, packed)
@@ -306,6 +314,7 @@ def fused_layer_loop(
             scale,
             bf16_kv,
             kernel,
+            True,  # rotary_write fills the transposed keys a whole block at a time
         )
         attended, attended_bias = _gemm(o.reshape(a, heads * dim), [out_proj[i]], [out_bias[i]], packed)
         x, h = torch.ops.rlkit.add_rms_norm_cast(x, attended, attended_bias, norms[2 * i + 1], eps, packed)

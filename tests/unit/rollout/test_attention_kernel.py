@@ -83,6 +83,39 @@ def test_over_bf16_kv_the_kernel_is_attention_over_the_bf16_values(shape):
         ak.decode_attention(q, keys16_t, values, mask[:, None, None, :], length, scale)
 
 
+def vector_width() -> int:
+    """The positions per vector of this process's library (its RLKIT_VEC: 16 with AVX-512, 8 with AVX2)."""
+    from rlkit.hardware import cpu_flags
+
+    return ck.build_flags(cpu_flags())[1]
+
+
+def check_blocked_keys(shape, dtype: torch.dtype, width: int) -> None:
+    """Given the untransposed key slab, the kernel reads the transposed keys only for the whole blocks of
+    ``width`` positions below the length (NaN in them after that) and the rest from the slab: the same
+    attention as over the whole transposed keys."""
+    rows, heads, kv_heads, dim, length = shape
+    q, keys, keys_t, values, mask = kernel_inputs(*shape)
+    keys, keys_t, values = keys.to(dtype), keys_t.to(dtype), values.to(dtype)
+    attend, scale = mask[:, None, None, :], dim**-0.5
+    whole = ak.decode_attention(q, keys_t, values, attend, length, scale)
+    keys_t[..., length // width * width :] = float("nan")
+    got = torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale, keys)
+    torch.testing.assert_close(got, whole, atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_given_the_key_slab_the_kernel_reads_the_last_positions_from_it(shape, dtype):
+    check_blocked_keys(shape, dtype, vector_width())
+    q, keys, keys_t, values, mask = kernel_inputs(*shape)
+    with pytest.raises(RuntimeError, match=r"keys \[A, Hkv, C, D\] in keys_t's dtype"):
+        torch.ops.rlkit.decode_attention(
+            q, keys_t, values, mask[:, None, None], shape[-1], 0.1, keys.bfloat16()
+        )
+
+
 @needs_kernel
 def test_the_kernel_refuses_what_it_was_not_built_for():
     q, _, keys_t, values, mask = kernel_inputs(2, 9, 3, 64, 20)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _models import perturbed_model
-from test_attention_kernel import SHAPES
+from test_attention_kernel import SHAPES, vector_width
 from test_decode import CASES, ending_tokens, generate
 from test_fused_sampling import check_all as check_sampling  # noqa: F401  (AVX2_CHECK imports it)
 from test_lean_step import ARCHS, _models, other_archs  # noqa: F401  (the fixture)
@@ -67,25 +67,30 @@ def check_silu_mul(bf16: bool, rows: int = 4, intermediate: int = 1544) -> None:
                 torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
 
 
-def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) -> None:
+def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool, block: int) -> None:
     """``rotary_write`` against the lean step's torch ops: bias added, Qwen3's head norms, q and k rotated
-    (``x·cos + roll(x, D/2)·sin``), k and v written at ``start`` only (NaN elsewhere stays NaN); the
-    transposed keys (the attention kernel's, in the slabs' dtype) hold the same values as the keys."""
+    (``x·cos + roll(x, D/2)·sin``), k and v written at ``start`` only (the earlier positions kept, NaN after
+    it stays NaN); the transposed keys (the attention kernel's, in the slabs' dtype) untouched unless
+    ``start`` ends a block of ``block`` positions (the library's vector width), then that whole block of
+    keys."""
     torch.manual_seed(2)
-    rows, heads, kv_heads, dim, start, capacity = 3, 6, 2, 32, 5, 9
+    rows, heads, kv_heads, dim, capacity = 3, 6, 2, 32, 2 * block + 1
     width = (heads + 2 * kv_heads) * dim
     angle = 6 * torch.rand(rows, 1, dim // 2)
     cos = torch.cat([angle.cos(), angle.cos()], -1)
     sin = torch.cat([-angle.sin(), angle.sin()], -1)  # rotate_half's signs folded in, as the lean step's
     q_norm, k_norm = (torch.randn(dim), torch.randn(dim)) if head_norms else (None, None)
-    for y_dtype in (torch.bfloat16, torch.float32):
+    for y_dtype, start in ((torch.bfloat16, 5), (torch.float32, block - 1), (torch.bfloat16, 2 * block - 1)):
         y, bias = torch.randn(rows, width).to(y_dtype), torch.randn(width)
         keys = torch.full((rows, kv_heads, capacity, dim), float("nan"), dtype=slab_dtype)
+        keys[:, :, :start] = torch.randn(rows, kv_heads, start, dim).to(slab_dtype)  # the earlier steps'
+        earlier = keys[:, :, :start].clone()
         values = torch.full_like(keys, float("nan"))
-        keys_t = torch.full((rows, kv_heads, dim, 16), float("nan"), dtype=slab_dtype) if transposed else None
+        keys_t = torch.full((rows, kv_heads, dim, 2 * block + 16), float("nan"), dtype=slab_dtype)
         q = torch.ops.rlkit.rotary_write(
-            y, bias, cos, sin, q_norm, k_norm, 1e-6, keys, values, keys_t, start, heads, kv_heads
-        )
+            y, bias, cos, sin, q_norm, k_norm, 1e-6, keys, values, keys_t if transposed else None, start,
+            heads, kv_heads,
+        )  # fmt: skip
         heads_of = (y.float() + bias).reshape(rows, heads + 2 * kv_heads, dim)
         qk, v = heads_of[:, : heads + kv_heads], heads_of[:, heads + kv_heads :]
         if head_norms:
@@ -101,15 +106,21 @@ def check_rotary(slab_dtype: torch.dtype, head_norms: bool, transposed: bool) ->
         torch.testing.assert_close(q, qk[:, :heads, None], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(keys[:, :, start], qk[:, heads:].to(slab_dtype), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(values[:, :, start], v.to(slab_dtype), rtol=0, atol=0)
-        others = [p for p in range(capacity) if p != start]
-        assert keys[:, :, others].isnan().all() and values[:, :, others].isnan().all()
-        if transposed:
-            assert torch.equal(keys_t[..., start], keys[:, :, start])
-            assert keys_t[..., [p for p in range(16) if p != start]].isnan().all()
+        assert torch.equal(keys[:, :, :start], earlier)
+        assert keys[:, :, start + 1 :].isnan().all() and values[:, :, start + 1 :].isnan().all()
+        written = torch.zeros(keys_t.shape[-1], dtype=torch.bool)
+        if transposed and (start + 1) % block == 0:
+            first = start + 1 - block
+            assert torch.equal(
+                keys_t[..., first : start + 1], keys[:, :, first : start + 1].transpose(-1, -2)
+            )
+            written[first : start + 1] = True
+        assert keys_t[..., ~written].isnan().all()
 
 
-def check_all() -> int:
-    """Every check above, each case; returns how many ran (the AVX2 build's subprocess prints it)."""
+def check_all(block: int) -> int:
+    """Every check above, each case, for the library of vector width ``block``; returns how many ran (the
+    AVX2 build's subprocess prints it)."""
     cases = 0
     for bf16 in (True, False):
         check_norms(bf16)
@@ -118,7 +129,7 @@ def check_all() -> int:
     for slab_dtype in (torch.float32, torch.bfloat16):
         for head_norms in (False, True):
             for transposed in (False, True):
-                check_rotary(slab_dtype, head_norms, transposed)
+                check_rotary(slab_dtype, head_norms, transposed, block)
                 cases += 1
     return cases
 
@@ -140,7 +151,7 @@ def test_silu_mul_is_torchs_silu_times_up(bf16):
 @pytest.mark.parametrize("head_norms", [False, True])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_rotary_write_rotates_and_writes_what_the_lean_step_does(slab_dtype, head_norms, transposed):
-    check_rotary(slab_dtype, head_norms, transposed)
+    check_rotary(slab_dtype, head_norms, transposed, vector_width())
 
 
 @needs_kernels
@@ -167,10 +178,14 @@ def test_the_glue_operators_refuse_what_they_cannot_read():
 
 AVX2_CHECK = """
 import sys, torch, torch.nn.functional as F
+from pathlib import Path
 from rlkit.rollout import cpu_kernels
-torch.ops.load_library(sys.argv[1])
+# this process's library is the AVX2 build: the test modules' kernel_unavailable() loads it, not this CPU's
+# (an operator keeps the last implementation loaded; check_rotary's 8-wide blocks fail on a 16-wide one)
+cpu_kernels.kernel_library = lambda *args, **kwargs: (Path(sys.argv[1]), None)
+assert cpu_kernels.kernel_unavailable() is None
 sys.path.insert(0, sys.argv[2])
-from test_attention_kernel import SHAPES, kernel_inputs
+from test_attention_kernel import SHAPES, check_blocked_keys, kernel_inputs
 from test_cpu_kernels import check_all, check_sampling
 for shape in SHAPES:
     q, keys, keys_t, values, mask = kernel_inputs(*shape)
@@ -182,7 +197,9 @@ for shape in SHAPES:
         k, v = keys[:, :, :length].to(dtype).float(), vs[:, :, :length].float()
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=True)
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
-print("ok", len(SHAPES), check_all(), check_sampling())
+    for dtype in (torch.float32, torch.bfloat16):  # the last positions from the key slab, 8-wide blocks
+        check_blocked_keys(shape, dtype, 8)
+print("ok", len(SHAPES), check_all(8), check_sampling())
 """
 
 

@@ -31,16 +31,15 @@ def check_draws(rows: int = 16, vocab: int = 49152, trials: int = 6) -> int:
     not within ``NEAR_BOUNDARY`` of a token boundary of the fp64 CDF between the two, at most 1 % differing;
     log-probs fp64's ``log_softmax`` at the token. Returns the draws checked."""
     torch.manual_seed(3)
-    checked = 0
+    checked = differ = 0
     for dtype in (torch.float32, torch.bfloat16):
         for temperature in (1.0, 0.7, 1.3):
-            differ = 0
             for _ in range(trials):
                 logits = (3 * torch.randn(rows, vocab)).to(dtype)
                 logits[0, 17] = 40.0  # a peaked row
                 u = torch.rand(rows, 1, dtype=torch.float64)
                 u[1] = 0.0  # the first token with mass
-                u[2] = 1.0 - 2**-53  # the last
+                u[2] = 1.0 - 2**-53  # the end of the last block
                 want, want_lp = torch_draw(logits, u, temperature)
                 got, got_lp = torch.ops.rlkit.sample_rows(logits, u, temperature, sampling._BLOCK)
                 assert got.dtype == torch.int64 and got_lp.dtype == torch.float32
@@ -56,9 +55,12 @@ def check_draws(rows: int = 16, vocab: int = 49152, trials: int = 6) -> int:
                     lo = min(int(got[r]), int(want[r]))
                     assert (cdf[r, lo : max(int(got[r]), int(want[r]))] - u[r]).abs().min() < NEAR_BOUNDARY
                     differ += 1
-                assert int(got[0]) == 17 and int(got[1]) == 0 and int(got[2]) == vocab - 1
+                # the peaked row's token; u = 0 the first token; u → 1 a token of the last block (which one
+                # is float rounding: the running sum may cross the block's fp32 sum before its last token)
+                assert int(got[0]) == 17 and int(got[1]) == 0
+                assert (vocab - 1) // sampling._BLOCK * sampling._BLOCK <= int(got[2]) < vocab
                 checked += rows
-            assert differ <= rows * trials // 100, (dtype, temperature, differ)
+    assert differ <= max(1, checked // 100), differ
     return checked
 
 

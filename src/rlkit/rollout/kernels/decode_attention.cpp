@@ -4,11 +4,14 @@
 // it).
 //
 // decode_attention(q [A, H, 1, D], keys_t [A, Hkv, D, C], values [A, Hkv, C', D], attend [A, 1, 1, L'] bool,
-//                  length L, scale) -> [A, H, 1, D]; q and the output fp32, keys_t and values both fp32 or
-//                  both bf16 (rlkit.rollout.bf16_kv's cache: widened to fp32 as they are loaded, the
-//                  arithmetic fp32 either way); query head h reads KV head h / (H / Hkv).
+//                  length L, scale, keys [A, Hkv, C', D]?) -> [A, H, 1, D]; q and the output fp32, keys_t,
+//                  values and keys all fp32 or all bf16 (rlkit.rollout.bf16_kv's cache: widened to fp32 as
+//                  they are loaded, the arithmetic fp32 either way); query head h reads KV head h / (H / Hkv).
 // keys_t holds each KV head's keys transposed (position fastest) with C >= L rounded up to RLKIT_VEC; values
-// are read at positions < L, attend at positions < L (1: attended). Per (row, KV head): the scores of its
+// are read at positions < L, attend at positions < L (1: attended). With keys (the untransposed key slab),
+// keys_t is read only for the whole RLKIT_VEC-position blocks below L and the positions after them from keys:
+// rlkit::rotary_write fills keys_t a whole block at a time (decode_glue.cpp), so a step writes no scattered
+// transposed column. Per (row, KV head): the scores of its
 // H / Hkv queries, RLKIT_VEC positions at a time, as register accumulators (no horizontal sums); a vectorised
 // softmax (Cephes' expf polynomial: vector_math.h); the weighted sum of the value rows with the outputs held
 // in registers. RLKIT_VEC is the floats per vector register the build targets: 16 (AVX-512) or 8 (AVX2).
@@ -39,7 +42,19 @@ struct Pair {  // one (row, KV head): where its queries, keys, values, mask and 
   const bool* attend;
   int64_t attend_stride;
   float* out;
+  const T* keys;  // the untransposed keys (nullptr: every position from keys_t)
+  int64_t key_row_stride;  // between two positions of keys
+  int64_t transposed;  // positions read from keys_t: keys is read from here on
 };
+
+template <typename T>
+inline float dot(const float* q, const T* k, int d) {  // d a multiple of kW
+  vf sum = {};
+  for (int t = 0; t < d; t += kW) sum += load(q + t) * load(k + t);
+  float total = 0.0f;
+  for (int c = 0; c < kW; ++c) total += sum[c];
+  return total;
+}
 
 template <typename T, int Per, int D>
 void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
@@ -48,12 +63,19 @@ void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
   const vf zero = {}, minus_inf = zero - INFINITY;
   for (int64_t b = 0; b < blocks; ++b) {  // scores [Per, width]
     vf acc[Per] = {};
-    for (int t = 0; t < D; ++t) {
-      const vf k = load(pair.keys_t + t * pair.key_stride + b * kW);
-      for (int p = 0; p < Per; ++p) acc[p] += pair.q[p * pair.q_stride + t] * k;
+    const int64_t filled = std::min<int64_t>(kW, len - b * kW);
+    if (b * kW < pair.transposed) {
+      for (int t = 0; t < D; ++t) {
+        const vf k = load(pair.keys_t + t * pair.key_stride + b * kW);
+        for (int p = 0; p < Per; ++p) acc[p] += pair.q[p * pair.q_stride + t] * k;
+      }
+    } else {  // the positions after keys_t's whole blocks, from the untransposed keys
+      for (int64_t c = 0; c < filled; ++c) {
+        const T* k = pair.keys + (b * kW + c) * pair.key_row_stride;
+        for (int p = 0; p < Per; ++p) acc[p][c] = dot(pair.q + p * pair.q_stride, k, D);
+      }
     }
     vc bytes = {};
-    const int64_t filled = std::min<int64_t>(kW, len - b * kW);
     for (int64_t c = 0; c < filled; ++c) bytes[c] = pair.attend[(b * kW + c) * pair.attend_stride] ? 1 : 0;
     const vf keep = __builtin_convertvector(bytes, vf);
     for (int p = 0; p < Per; ++p)
@@ -127,7 +149,8 @@ PairFn<T> kernel_for(int64_t per, int64_t dim) {
 
 template <typename T>
 void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values, const at::Tensor& attend,
-                int64_t length, double scale, const at::Tensor& out, const T* kp, const T* vp) {
+                int64_t length, double scale, const at::Tensor& out, const T* kp, const T* vp,
+                const at::Tensor* keys, const T* rp) {
   const int64_t a = q.size(0), h = q.size(1), d = q.size(3), hkv = keys_t.size(1);
   const PairFn<T> fn = kernel_for<T>(h / hkv, d);
   TORCH_CHECK(fn != nullptr, "rlkit::decode_attention: no kernel for ", h / hkv,
@@ -136,6 +159,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor&
   const bool* mp = attend.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   const int64_t per = h / hkv, width = (length + kW - 1) / kW * kW;
+  const int64_t transposed = keys != nullptr ? length / kW * kW : width;
   at::parallel_for(0, a * hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(per * width);
     for (int64_t i = begin; i < end; ++i) {
@@ -148,14 +172,18 @@ void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor&
                          values.stride(2),
                          mp + r * attend.stride(0),
                          attend.stride(3),
-                         op + (r * h + g * per) * d};
+                         op + (r * h + g * per) * d,
+                         keys != nullptr ? rp + r * keys->stride(0) + g * keys->stride(1) : nullptr,
+                         keys != nullptr ? keys->stride(2) : 0,
+                         transposed};
       fn(pair, length, static_cast<float>(scale), scores.data());
     }
   });
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values,
-                            const at::Tensor& attend, int64_t length, double scale) {
+                            const at::Tensor& attend, int64_t length, double scale,
+                            const c10::optional<at::Tensor>& keys) {
   const bool bf16 = keys_t.scalar_type() == at::kBFloat16;
   TORCH_CHECK(q.scalar_type() == at::kFloat && attend.scalar_type() == at::kBool &&
                   (keys_t.scalar_type() == at::kFloat || bf16) && values.scalar_type() == keys_t.scalar_type(),
@@ -171,14 +199,20 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const
               "rlkit::decode_attention: keys_t needs room for the length rounded up to the vector width");
   TORCH_CHECK(keys_t.stride(3) == 1 && values.stride(3) == 1, "keys_t and values: last dim contiguous");
   TORCH_CHECK(q.stride(3) == 1, "rlkit::decode_attention: q's last dim contiguous");
+  const at::Tensor* k = keys.has_value() && keys->defined() ? &*keys : nullptr;
+  if (k != nullptr)
+    TORCH_CHECK(k->dim() == 4 && k->scalar_type() == keys_t.scalar_type() && k->size(0) == a &&
+                    k->size(1) == hkv && k->size(3) == d && length <= k->size(2) && k->stride(3) == 1,
+                "rlkit::decode_attention: keys [A, Hkv, C, D] in keys_t's dtype, C >= length, last dim contiguous");
   at::Tensor out = at::empty({a, h, 1, d}, q.options());
   if (bf16) {
     attend_all<uint16_t>(q, keys_t, values, attend, length, scale, out,
                          reinterpret_cast<const uint16_t*>(keys_t.data_ptr<at::BFloat16>()),
-                         reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()));
+                         reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), k,
+                         k != nullptr ? reinterpret_cast<const uint16_t*>(k->data_ptr<at::BFloat16>()) : nullptr);
   } else {
     attend_all<float>(q, keys_t, values, attend, length, scale, out, keys_t.data_ptr<float>(),
-                      values.data_ptr<float>());
+                      values.data_ptr<float>(), k, k != nullptr ? k->data_ptr<float>() : nullptr);
   }
   return out;
 }

@@ -12,7 +12,10 @@
 //     folded in), q_norm [D]?, k_norm [D]?, eps, key_slab [A, Hkv, C, D], value_slab [A, Hkv, C, D],
 //     key_slab_t [A, Hkv, D, C']?, start, heads, kv_heads) -> q [A, H, 1, D] fp32: y's q and k heads
 //     (RMS-normed per head where norms are given) rotated (x cos + roll(x, D/2) sin), k and v written into
-//     the slabs (fp32 or bf16) at position start, k also into key_slab_t.
+//     the slabs (fp32 or bf16) at position start; where start ends a block of RLKIT_VEC positions, that
+//     block of keys copied into key_slab_t (one whole vector per head dim, where a position at a time wrote
+//     D scattered columns): rlkit::decode_attention, given the key slab, reads the positions after the last
+//     whole block from it.
 // silu_mul_cast(gate_up [A, 2I] fp32|bf16, bias [2I]?, bf16) -> [A, I]: silu(gate) * up.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -205,6 +208,15 @@ void put_head(const Slab& slab, int64_t r, int64_t g, int64_t start, int64_t d, 
   }
 }
 
+// the keys of positions first .. first + kW of head g of row r, copied from keys into keys_t
+template <typename T>
+void put_block(const Slab& keys, const Slab& keys_t, int64_t r, int64_t g, int64_t first, int64_t d) {
+  const T* src = reinterpret_cast<const T*>(keys.data) + r * keys.row + g * keys.head + first * keys.position;
+  T* dst = reinterpret_cast<T*>(keys_t.data) + r * keys_t.row + g * keys_t.head + first * keys_t.position;
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j < kW; ++j) dst[i * keys_t.dim + j * keys_t.position] = src[j * keys.position + i * keys.dim];
+}
+
 at::Tensor rotary_write(const at::Tensor& y, const c10::optional<at::Tensor>& bias, const at::Tensor& cos,
                         const at::Tensor& sin, const c10::optional<at::Tensor>& q_norm,
                         const c10::optional<at::Tensor>& k_norm, double eps, at::Tensor& key_slab,
@@ -265,8 +277,10 @@ at::Tensor rotary_write(const at::Tensor& y, const c10::optional<at::Tensor>& bi
             put_head<float>(keys, r, g, start, d, rotated.data());
             put_head<float>(values, r, g, start, d, v);
           }
-          if (transposed && bf16_slabs) put_head<uint16_t>(keys_t, r, g, start, d, rotated.data());
-          if (transposed && !bf16_slabs) put_head<float>(keys_t, r, g, start, d, rotated.data());
+          if (transposed && (start + 1) % kW == 0) {  // a block of positions complete: into keys_t
+            if (bf16_slabs) put_block<uint16_t>(keys, keys_t, r, g, start + 1 - kW, d);
+            else put_block<float>(keys, keys_t, r, g, start + 1 - kW, d);
+          }
         }
       }
     }
