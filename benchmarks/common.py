@@ -591,3 +591,19 @@ def module_at(rev: str, path: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def kernel_report(name: str, script: str, detail: str) -> tuple[Report, Path]:
+    """The ``Report`` of a benchmark of rlkit's compiled decode kernels (``rlkit.rollout.cpu_kernels``) and
+    the library it times: exits where they cannot run here, sets one torch thread, and starts the report
+    with the machine line, the library's name and ``detail``."""
+    from rlkit.rollout.cpu_kernels import kernel_library, kernel_unavailable
+
+    why = kernel_unavailable()
+    if why:
+        raise SystemExit(f"{script}: {why}; nothing measured.")
+    one_thread()
+    library, _ = kernel_library()
+    report = Report(name)
+    report(hardware_line(), f"| kernel: {library.name} | {detail}")
+    return report, library

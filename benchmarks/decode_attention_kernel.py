@@ -111,17 +111,11 @@ def main() -> None:
     )
     parser.add_argument("--reps", type=int, default=8)
     args = parser.parse_args()
-    from common import Report, hardware_line, one_thread
+    from common import kernel_report
 
-    why = unavailable()
-    if why:
-        raise SystemExit(f"decode_attention_kernel.py: {why}; nothing measured.")
-    one_thread()
-    from rlkit.rollout.cpu_kernels import kernel_library
-
-    library, _ = kernel_library()
-    report = Report("decode-attention-kernel")
-    report(hardware_line(), f"| kernel: {library.name} | {args.reps} reps, median, 30 layers a step")
+    report, library = kernel_report(
+        "decode-attention-kernel", "decode_attention_kernel.py", f"{args.reps} reps, median, 30 layers a step"
+    )
     report(
         "| rows × L | SDPA cold ms | kernel cold ms | kernel / SDPA cold | SDPA hot ms | kernel hot ms | "
         "kernel / SDPA hot | ns per (row, KV head, position): SDPA / kernel, hot | max abs diff |"

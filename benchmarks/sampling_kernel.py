@@ -89,17 +89,11 @@ def main() -> None:
     )
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
-    from common import Report, hardware_line, one_thread
+    from common import kernel_report
 
-    from rlkit.rollout.cpu_kernels import kernel_library, kernel_unavailable
-
-    why = kernel_unavailable()
-    if why:
-        raise SystemExit(f"sampling_kernel.py: {why}; nothing measured.")
-    one_thread()
-    library, _ = kernel_library()
-    report = Report("sampling-kernel")
-    report(hardware_line(), f"| kernel: {library.name} | vocabulary {VOCAB}, {args.reps} reps, median")
+    report, library = kernel_report(
+        "sampling-kernel", "sampling_kernel.py", f"vocabulary {VOCAB}, {args.reps} reps, median"
+    )
     report(
         "| rows | logits | torch cold ms | kernel cold ms | kernel / torch cold | torch hot ms | "
         "kernel hot ms | kernel / torch hot | draws differing |"

@@ -5,7 +5,9 @@ per (row, KV head, position) there on an Intel Xeon with AMX whether the cache i
 computing small dot products and softmaxes, not reading the cache (docs/benchmarks.md, "session 30"). The
 operator ``rlkit::decode_attention`` (``kernels/decode_attention.cpp``) computes the same attention per (row,
 KV head): the scores of its query heads for 8 or 16 positions at a time in vector registers over keys kept
-transposed (:class:`rlkit.rollout.decode.SlabLayer`'s ``key_slab_t``, written beside the keys), a vectorised
+transposed (:class:`rlkit.rollout.decode.SlabLayer`'s ``key_slab_t``, written beside the keys; the fused layer
+loop writes it a whole block of positions at a time and the kernel reads the positions after the last whole
+block from the key slab, ``rlkit.rollout.scripted_step``), a vectorised
 softmax, and the weighted sum of the value rows with the outputs held in registers: 0.56–0.68× SDPA's time per
 step of 30 layers at 8–16 rows on that machine, cold, timed alone; in a whole SmolLM2 generate
 (``benchmarks/ab.py --change kernel``) 0.94–0.96× at 64 tokens and 0.82–0.94× at 256 — attention is a smaller
@@ -26,8 +28,9 @@ replaces there computes in bf16): 0.78–0.83× the fp32 kernel's time and 0.41�
 
 Numerics: fp32 arithmetic; another summation order and a polynomial ``exp`` (1–2 ulp), so the outputs agree
 with SDPA's to float rounding (within 1e-6 on random caches), not bit for bit; the two lean loops (Python and
-TorchScript) call the same operator, so they agree bit for bit with each other
-(``tests/unit/rollout/test_attention_kernel.py``).
+TorchScript, torch's glue) call the same operator on the same transposed keys, so they agree bit for bit with
+each other (``tests/unit/rollout/test_attention_kernel.py``); the fused loop's last positions, read from the
+key slab, are dot products summed in another order (float rounding again).
 
 Shapes: ``A`` rows, ``H``/``Hkv`` query/KV heads, ``D`` head size, ``C`` slab capacity, ``L`` filled
 positions.
