@@ -51,9 +51,7 @@ template <typename T>
 inline float dot(const float* q, const T* k, int d) {  // d a multiple of kW
   vf sum = {};
   for (int t = 0; t < d; t += kW) sum += load(q + t) * load(k + t);
-  float total = 0.0f;
-  for (int c = 0; c < kW; ++c) total += sum[c];
-  return total;
+  return sum_lanes(sum);
 }
 
 template <typename T, int Per, int D>
@@ -98,8 +96,7 @@ void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
       store(s + b * kW, e);
       sum += e;
     }
-    float total = 0.0f;
-    for (int c = 0; c < kW; ++c) total += sum[c];
+    const float total = sum_lanes(sum);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     for (int64_t b = 0; b < blocks; ++b) store(s + b * kW, load(s + b * kW) * inv);
   }

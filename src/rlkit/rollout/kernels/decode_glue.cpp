@@ -34,13 +34,6 @@ namespace {
 
 using namespace rlkit_vec;
 
-inline float from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 inline uint16_t to_bf16(float f) {  // round to nearest even, NaN kept quiet: c10::BFloat16's conversion
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
@@ -66,7 +59,7 @@ inline void load_row(const at::Tensor& t, int64_t row, int64_t offset, int64_t n
     const uint16_t* p =
         reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()) + row * t.stride(0) + offset;
     for (; i + kW <= n; i += kW) store(out + i, load(p + i));
-    for (; i < n; ++i) out[i] = from_bf16(p[i]);
+    for (; i < n; ++i) out[i] = widen(p[i]);
   } else {
     const float* p = t.data_ptr<float>() + row * t.stride(0) + offset;
     std::memcpy(out, p, n * sizeof(float));
@@ -93,8 +86,7 @@ inline void rms_norm_into(const float* x, const float* weight, int64_t n, double
     const vf v = load(x + i);
     lanes += v * v;
   }
-  float sum = 0.0f;
-  for (int c = 0; c < kW; ++c) sum += lanes[c];
+  float sum = sum_lanes(lanes);
   for (; i < n; ++i) sum += x[i] * x[i];
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
   for (i = 0; i + kW <= n; i += kW) store(out + i, load(x + i) * inv * load(weight + i));

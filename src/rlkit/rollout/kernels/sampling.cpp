@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -33,13 +32,9 @@ namespace {
 
 using namespace rlkit_vec;
 
-inline float widen(const float* p, int64_t i) { return p[i]; }
-
-inline float widen(const uint16_t* p, int64_t i) {
-  const uint32_t u = static_cast<uint32_t>(p[i]) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+template <typename T>
+inline float scaled(const T* p, int64_t i, float temperature, bool divide) {  // x_i, one value
+  return divide ? widen(p[i]) / temperature : widen(p[i]);
 }
 
 inline float exp_one(float x) {  // exp_clamped of one value: the same lane arithmetic as the vector passes
@@ -58,10 +53,7 @@ float row_max(const T* p, int64_t v, float temperature, bool divide) {
   }
   float m = lanes[0];
   for (int c = 1; c < kW; ++c) m = std::max(m, lanes[c]);
-  for (; i < v; ++i) {
-    const float x = divide ? widen(p, i) / temperature : widen(p, i);
-    m = std::max(m, x);
-  }
+  for (; i < v; ++i) m = std::max(m, scaled(p, i, temperature, divide));
   return m;
 }
 
@@ -75,9 +67,8 @@ float block_sum(const T* p, int64_t begin, int64_t end, float m, float temperatu
     if (divide) x = x / temperature;
     lanes += exp_clamped(x - m);
   }
-  float sum = 0.0f;
-  for (int c = 0; c < kW; ++c) sum += lanes[c];
-  for (; i < end; ++i) sum += exp_one((divide ? widen(p, i) / temperature : widen(p, i)) - m);
+  float sum = sum_lanes(lanes);
+  for (; i < end; ++i) sum += exp_one(scaled(p, i, temperature, divide) - m);
   return sum;
 }
 
@@ -92,7 +83,7 @@ void sample_row(const T* p, int64_t v, float temperature, const double* u, int64
     total += static_cast<double>(block_sum(p, c * block, std::min(v, (c + 1) * block), m, temperature, divide));
     cdf[c] = total;
   }
-  auto x_at = [&](int64_t i) { return divide ? widen(p, i) / temperature : widen(p, i); };
+  auto x_at = [&](int64_t i) { return scaled(p, i, temperature, divide); };
   int64_t pick = 0;
   if (u == nullptr) {  // greedy: the first maximum
     while (pick < v - 1 && !(x_at(pick) == m)) ++pick;

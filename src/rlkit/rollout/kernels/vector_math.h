@@ -1,5 +1,6 @@
-// The vector types and the few vector functions both of rlkit's decode kernel files use (decode_attention.cpp,
-// decode_glue.cpp), written with GCC's vector extensions so one source compiles to AVX-512 or AVX2 code.
+// The vector types and the few vector and scalar helpers rlkit's decode kernel files share (decode_attention.cpp,
+// decode_glue.cpp, sampling.cpp), written with GCC's vector extensions so one source compiles to AVX-512 or
+// AVX2 code.
 // RLKIT_VEC is the floats per vector register the build targets: 16 (AVX-512) or 8 (AVX2); rlkit.rollout.
 // cpu_kernels passes it, and hashes this file with the sources into the library's name.
 #pragma once
@@ -36,6 +37,21 @@ inline vf load(const uint16_t* p) {  // kW bf16 values widened to fp32 (exact: b
 }
 
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof(x)); }
+
+inline float sum_lanes(vf x) {  // the lanes added in order, 0 first
+  float total = 0.0f;
+  for (int c = 0; c < kW; ++c) total += x[c];
+  return total;
+}
+
+inline float widen(float x) { return x; }
+
+inline float widen(uint16_t b) {  // one bf16 value as fp32 (exact: bf16 is fp32's top half)
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
 
 inline vf exp_clamped(vf x) {  // Cephes' expf over [-87, 88] (inputs clamped to it), 2^n from the exponent bits
   x = x < -87.0f ? (vf){} - 87.0f : x;
