@@ -45,7 +45,7 @@ SOURCES = tuple(
 HEADERS = (Path(__file__).resolve().parent / "kernels" / "vector_math.h",)  # included by the sources
 SCHEMAS = (
     "decode_attention(Tensor q, Tensor keys_t, Tensor values, Tensor attend, int length, float scale,"
-    " Tensor? keys=None) -> Tensor",
+    " Tensor? keys=None, bool bf16_out=False) -> Tensor",
     "rms_norm_cast(Tensor x, Tensor weight, float eps, bool bf16) -> Tensor",
     "add_rms_norm_cast(Tensor x, Tensor y, Tensor? bias, Tensor weight, float eps, bool bf16)"
     " -> (Tensor, Tensor)",

@@ -165,6 +165,7 @@ def layer_loop(
             bf16_kv,
             kernel,
             False,  # every position's transposed key written above
+            False,  # fp32 out: the output projection rounds it (bit for bit as the kernel would)
         )
         x = x + _linear(o.reshape(a, heads * dim), out_proj[i], out_bias[i], packed)
         gu = _project(F.rms_norm(x, [hidden], norms[2 * i + 1], eps), gate_up[i], gate_up_bias[i], packed)
@@ -189,17 +190,19 @@ def _attend(
     bf16_kv: bool,
     kernel: bool,
     blocked_keys: bool,
+    bf16_out: bool,
 ) -> torch.Tensor:
     """Layer ``i`` 's attention for queries ``q [A, H, 1, D]`` over its slabs' first ``start + 1`` positions
     (the new token's K/V already written): a group's shared prompt read once, the bf16 cache's, the compiled
     kernel's or SDPA (:func:`layer_loop`'s docstring). ``blocked_keys``: the transposed keys hold whole
-    blocks only (``rlkit::rotary_write``'s), so the kernel reads the positions after them from the key slab.
-    ``[A, H, 1, D]``."""
+    blocks only (``rlkit::rotary_write``'s), so the kernel reads the positions after them from the key slab;
+    ``bf16_out``: the kernel's output rounded to bf16, the packed output projection's input, by the kernel
+    itself (the other paths give fp32, which the projection rounds the same way). ``[A, H, 1, D]``."""
     shared = prompt_bias is not None and response_bias is not None and len(prompt_keys) > 0
     if kernel and not shared:  # over fp32 or bf16 K/V, read in place (no slices of the slabs)
         keys: Optional[torch.Tensor] = key_slabs[i] if blocked_keys else None  # noqa: UP045
         return torch.ops.rlkit.decode_attention(
-            q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale, keys
+            q, key_slabs_t[i], value_slabs[i], attend, start + 1, scale, keys, bf16_out
         )
     key_view, values = key_slabs[i][:, :, : start + 1], value_slabs[i][:, :, : start + 1]
     if (
@@ -271,7 +274,8 @@ def fused_layer_loop(
     one pass each: the residual add fused with the next RMSNorm and its cast to the GEMM's input dtype
     (``add_rms_norm_cast``), the q/k/v bias, Qwen3's head norms, the rotation and the K/V writes
     (``rotary_write``; the transposed keys a whole block at a time), SiLU times up (``silu_mul_cast``). A
-    packed GEMM's bf16 output goes to them as it is."""
+    packed GEMM's bf16 output goes to them as it is, and the attention kernel writes the packed output
+    projection's bf16 input itself."""
     a = x.shape[0]
     layers = len(qkv)
     h = torch.ops.rlkit.rms_norm_cast(x, norms[0], eps, packed)
@@ -315,6 +319,7 @@ def fused_layer_loop(
             bf16_kv,
             kernel,
             True,  # rotary_write fills the transposed keys a whole block at a time
+            packed,  # the packed output projection's bf16 input written by the kernel (no cast op)
         )
         attended, attended_bias = _gemm(o.reshape(a, heads * dim), [out_proj[i]], [out_bias[i]], packed)
         x, h = torch.ops.rlkit.add_rms_norm_cast(x, attended, attended_bias, norms[2 * i + 1], eps, packed)

@@ -99,9 +99,20 @@ def check_blocked_keys(shape, dtype: torch.dtype, width: int) -> None:
     keys, keys_t, values = keys.to(dtype), keys_t.to(dtype), values.to(dtype)
     attend, scale = mask[:, None, None, :], dim**-0.5
     whole = ak.decode_attention(q, keys_t, values, attend, length, scale)
+    check_bf16_out(q, keys_t, values, attend, length, scale, None)
     keys_t[..., length // width * width :] = float("nan")
     got = torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale, keys)
     torch.testing.assert_close(got, whole, atol=2e-6, rtol=1e-5)
+    check_bf16_out(q, keys_t, values, attend, length, scale, keys)
+
+
+def check_bf16_out(q, keys_t, values, attend, length: int, scale: float, keys) -> None:
+    """``bf16_out``: the kernel's fp32 output rounded to bf16 by the kernel, bit for bit as torch's cast
+    rounds it (the packed output projection's input in ``scripted_step.fused_layer_loop``)."""
+    fp32 = torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale, keys)
+    rounded = torch.ops.rlkit.decode_attention(q, keys_t, values, attend, length, scale, keys, True)
+    assert rounded.dtype == torch.bfloat16 and rounded.shape == fp32.shape
+    assert torch.equal(rounded.view(torch.int16), fp32.bfloat16().view(torch.int16))
 
 
 @needs_kernel

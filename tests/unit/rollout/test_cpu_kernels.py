@@ -382,6 +382,36 @@ def test_the_fused_loop_through_the_bf16_copy_groups_and_every_cache(packed_mode
 
 
 @needs_kernels
+def test_the_kernel_hands_the_packed_output_projection_bf16_without_a_cast(packed_model):
+    """In the fused loop over the bf16 copy the attention kernel writes the output projection's bf16 input
+    itself (``bf16_out``): a decode through the kernel casts an ``[A, H·D]`` tensor twice a step (the last
+    layer's bf16 down projection widened for the residual, the head's input rounded) where SDPA's casts once
+    more per layer (its fp32 output rounded for the projection), and both decode the same tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tok, packed = packed_model("qwen2")
+    config = packed.config
+    width = config.num_attention_heads * (config.hidden_size // config.num_attention_heads)
+    kw = {"n": 1, **CASES["greedy"], "attention_kernel_probe": False, "bf16_kv_from": None}
+
+    def casts(kernel: bool) -> tuple[int, object]:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            out = generate(tok, packed, fast=True, lean=True, attention_kernel=kernel, **kw)[0]
+        shaped = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes]
+        count = sum(1 for e in shaped if len(e.input_shapes[0]) == 2 and e.input_shapes[0][1] == width)
+        return count, out
+
+    with_kernel, by_kernel = casts(True)
+    with_sdpa, by_sdpa = casts(False)
+    assert by_kernel.meta["metrics"]["rollout/attention_kernel"] == 1.0
+    assert by_sdpa.meta["metrics"]["rollout/attention_kernel"] == 0.0
+    steps = (with_sdpa - with_kernel) // config.num_hidden_layers
+    assert steps > 0 and with_sdpa - with_kernel == steps * config.num_hidden_layers
+    assert with_kernel == 2 * steps  # none for the attention's output
+    assert torch.equal(by_kernel["responses"], by_sdpa["responses"])
+
+
+@needs_kernels
 def test_the_rule_takes_the_fused_loop_wherever_the_operators_load(tok_and_model, monkeypatch):
     """Default plan: the fused loop under the scripted layers; torch's operators with ``fused_glue=False``,
     the Python loop (``scripted_layers=False``) or where the library did not load (the reason said once by

@@ -4,9 +4,11 @@
 // it).
 //
 // decode_attention(q [A, H, 1, D], keys_t [A, Hkv, D, C], values [A, Hkv, C', D], attend [A, 1, 1, L'] bool,
-//                  length L, scale, keys [A, Hkv, C', D]?) -> [A, H, 1, D]; q and the output fp32, keys_t,
-//                  values and keys all fp32 or all bf16 (rlkit.rollout.bf16_kv's cache: widened to fp32 as
-//                  they are loaded, the arithmetic fp32 either way); query head h reads KV head h / (H / Hkv).
+//                  length L, scale, keys [A, Hkv, C', D]?, bf16_out) -> [A, H, 1, D]; q fp32, keys_t, values
+//                  and keys all fp32 or all bf16 (rlkit.rollout.bf16_kv's cache: widened to fp32 as they are
+//                  loaded, the arithmetic fp32 either way); the output fp32, or with bf16_out rounded to bf16
+//                  (round to nearest even, as torch's cast: the packed output projection's input dtype);
+//                  query head h reads KV head h / (H / Hkv).
 // keys_t holds each KV head's keys transposed (position fastest) with C >= L rounded up to RLKIT_VEC; values
 // are read at positions < L, attend at positions < L (1: attended). With keys (the untransposed key slab),
 // keys_t is read only for the whole RLKIT_VEC-position blocks below L and the positions after them from keys:
@@ -41,7 +43,8 @@ struct Pair {  // one (row, KV head): where its queries, keys, values, mask and 
   int64_t value_stride;  // between two positions
   const bool* attend;
   int64_t attend_stride;
-  float* out;
+  float* out;  // fp32 outputs, or nullptr where out_bf16 takes them
+  uint16_t* out_bf16;
   const T* keys;  // the untransposed keys (nullptr: every position from keys_t)
   int64_t key_row_stride;  // between two positions of keys
   int64_t transposed;  // positions read from keys_t: keys is read from here on
@@ -112,7 +115,12 @@ void attend_pair(const Pair<T>& pair, int64_t len, float scale, float* scores) {
     }
   }
   for (int p = 0; p < Per; ++p)
-    for (int c = 0; c < chunks; ++c) store(pair.out + p * D + c * kW, o[p][c]);
+    for (int c = 0; c < chunks; ++c) {
+      if (pair.out_bf16 != nullptr)
+        store_bf16(pair.out_bf16 + p * D + c * kW, o[p][c]);
+      else
+        store(pair.out + p * D + c * kW, o[p][c]);
+    }
 }
 
 template <typename T>
@@ -154,7 +162,9 @@ void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor&
               " query heads per KV head of ", d, " (1-8 heads of 16, 32, 64 or 128)");
   const float* qp = q.data_ptr<float>();  // a view of the step's q/k projection: its strides, no copy
   const bool* mp = attend.data_ptr<bool>();
-  float* op = out.data_ptr<float>();
+  const bool bf16_out = out.scalar_type() == at::kBFloat16;
+  float* op = bf16_out ? nullptr : out.data_ptr<float>();
+  uint16_t* bp = bf16_out ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
   const int64_t per = h / hkv, width = (length + kW - 1) / kW * kW;
   const int64_t transposed = keys != nullptr ? length / kW * kW : width;
   at::parallel_for(0, a * hkv, 1, [&](int64_t begin, int64_t end) {
@@ -169,7 +179,8 @@ void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor&
                          values.stride(2),
                          mp + r * attend.stride(0),
                          attend.stride(3),
-                         op + (r * h + g * per) * d,
+                         bf16_out ? nullptr : op + (r * h + g * per) * d,
+                         bf16_out ? bp + (r * h + g * per) * d : nullptr,
                          keys != nullptr ? rp + r * keys->stride(0) + g * keys->stride(1) : nullptr,
                          keys != nullptr ? keys->stride(2) : 0,
                          transposed};
@@ -180,7 +191,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor&
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values,
                             const at::Tensor& attend, int64_t length, double scale,
-                            const c10::optional<at::Tensor>& keys) {
+                            const c10::optional<at::Tensor>& keys, bool bf16_out) {
   const bool bf16 = keys_t.scalar_type() == at::kBFloat16;
   TORCH_CHECK(q.scalar_type() == at::kFloat && attend.scalar_type() == at::kBool &&
                   (keys_t.scalar_type() == at::kFloat || bf16) && values.scalar_type() == keys_t.scalar_type(),
@@ -201,7 +212,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys_t, const
     TORCH_CHECK(k->dim() == 4 && k->scalar_type() == keys_t.scalar_type() && k->size(0) == a &&
                     k->size(1) == hkv && k->size(3) == d && length <= k->size(2) && k->stride(3) == 1,
                 "rlkit::decode_attention: keys [A, Hkv, C, D] in keys_t's dtype, C >= length, last dim contiguous");
-  at::Tensor out = at::empty({a, h, 1, d}, q.options());
+  at::Tensor out = at::empty({a, h, 1, d}, q.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
   if (bf16) {
     attend_all<uint16_t>(q, keys_t, values, attend, length, scale, out,
                          reinterpret_cast<const uint16_t*>(keys_t.data_ptr<at::BFloat16>()),

@@ -34,23 +34,6 @@ namespace {
 
 using namespace rlkit_vec;
 
-inline uint16_t to_bf16(float f) {  // round to nearest even, NaN kept quiet: c10::BFloat16's conversion
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-inline void store_bf16(uint16_t* p, vf f) {
-  vu u;
-  std::memcpy(&u, &f, sizeof(u));
-  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vu nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
-  const vu kept = (rounded & ~nan) | (0x7fc0u & nan);
-  const vh h = __builtin_convertvector(kept, vh);
-  std::memcpy(p, &h, sizeof(h));
-}
-
 // row of n values of t (fp32 or bf16) from column offset, plus bias[offset:] (or none), into out as fp32
 inline void load_row(const at::Tensor& t, int64_t row, int64_t offset, int64_t n, const float* bias,
                      float* out) {

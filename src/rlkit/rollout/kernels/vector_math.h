@@ -53,6 +53,23 @@ inline float widen(uint16_t b) {  // one bf16 value as fp32 (exact: bf16 is fp32
   return f;
 }
 
+inline uint16_t to_bf16(float f) {  // round to nearest even, NaN kept quiet: c10::BFloat16's conversion
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline void store_bf16(uint16_t* p, vf f) {
+  vu u;
+  std::memcpy(&u, &f, sizeof(u));
+  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vu nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+  const vu kept = (rounded & ~nan) | (0x7fc0u & nan);
+  const vh h = __builtin_convertvector(kept, vh);
+  std::memcpy(p, &h, sizeof(h));
+}
+
 inline vf exp_clamped(vf x) {  // Cephes' expf over [-87, 88] (inputs clamped to it), 2^n from the exponent bits
   x = x < -87.0f ? (vf){} - 87.0f : x;
   x = x > 88.0f ? (vf){} + 88.0f : x;
