@@ -381,3 +381,29 @@ def test_ab_toggles_each_decode_plan_change_it_names(benchmark_module):
         a, b = (asdict(script.plans(change, on)[1]) for on in (False, True))
         assert b == default, change
         assert a == default | {field: False}, change
+
+
+def test_bf16_repack_stages_the_weights_rlkit_packs(benchmark_module, tiny_model_dir):
+    """``bf16_repack.py``'s B packs the same bf16 weights as rlkit's own packing (the copies' logits
+    bit-identical, a fused group's rows in its members' order) and drops its staging buffer after a
+    refresh."""
+    from rlkit.model.load import load_model
+    from rlkit.recipe.schema import ModelConfig
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+
+    if bf16_weights_unavailable() is not None:
+        pytest.skip(bf16_weights_unavailable())
+    script = benchmark_module("bf16_repack.py")
+    model = load_model(ModelConfig(path=str(tiny_model_dir))).eval()
+    rlkits = Bf16DecodeCopy(model)
+    with script.staged_packing():
+        staged = Bf16DecodeCopy(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)  # moved weights: both copies repack
+        staged.refresh(model)
+    assert not script._STAGING
+    rlkits.refresh(model)
+    ids = torch.tensor([[3, 17, 29, 5, 11]])
+    with torch.no_grad():
+        assert torch.equal(rlkits.module(input_ids=ids).logits, staged.module(input_ids=ids).logits)
