@@ -8,7 +8,9 @@ KV head): the scores of its query heads for 8 or 16 positions at a time in vecto
 transposed (:class:`rlkit.rollout.decode.SlabLayer`'s ``key_slab_t``, written beside the keys; the fused layer
 loop writes it a whole block of positions at a time and the kernel reads the positions after the last whole
 block from the key slab, ``rlkit.rollout.scripted_step``), a vectorised
-softmax, and the weighted sum of the value rows with the outputs held in registers: 0.56–0.68× SDPA's time per
+softmax, and the weighted sum of the value rows with the outputs held in registers (written fp32, or in the
+fused loop over the bf16 decode copy rounded to bf16 for its packed output projection, ``bf16_out``: the bits
+torch's cast would give, without a cast operator per layer): 0.56–0.68× SDPA's time per
 step of 30 layers at 8–16 rows on that machine, cold, timed alone; in a whole SmolLM2 generate
 (``benchmarks/ab.py --change kernel``) 0.94–0.96× at 64 tokens and 0.82–0.94× at 256 — attention is a smaller
 share of a real step than of attention timed on its own.
