@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, machine_record, one_thread, save_results  # noqa: E402
+from common import hardware_line, machine_record, one_thread, repack_model, save_results  # noqa: E402
 
 _STAGING: dict = {}  # the staging buffer (B's), for one refresh
 
@@ -93,21 +93,12 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
 
     if bf16_weights_unavailable() is not None:
         raise SystemExit(f"bf16_repack.py: {bf16_weights_unavailable()}")
+    tok, model, params = repack_model(args.model)
     path = args.model
-    if path == "smollm2":
-        from rlkit.model.smollm2 import smollm2_dir
-
-        path = str(smollm2_dir())
-    cfg = ModelConfig(path=path)
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).eval()
-    params = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
     fresh = Bf16DecodeCopy(model)
     with staged_packing():
         staged = Bf16DecodeCopy(model)

@@ -133,6 +133,24 @@ def fp32_decode_model(path: str):
     return tok, load_model(cfg, tokenizer=tok).float().eval()
 
 
+def repack_model(name: str):
+    """``(tokenizer, model, linear weights)`` for the repack benchmarks: ``smollm2`` (the cached
+    SmolLM2-135M-Instruct) or an HF folder, loaded as rlkit loads a model, in eval mode, with the count of
+    its ``nn.Linear`` weights (what a decode copy packs)."""
+    from rlkit.model.load import load_model, load_tokenizer
+    from rlkit.recipe.schema import ModelConfig
+
+    path = name
+    if path == "smollm2":
+        from rlkit.model.smollm2 import smollm2_dir
+
+        path = str(smollm2_dir())
+    cfg = ModelConfig(path=path)
+    tok = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer=tok).eval()
+    return tok, model, sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+
+
 @dataclass
 class Prefilled:
     """The arithmetic prompts prefilled into a slab cache (:func:`prefilled_arithmetic`)."""

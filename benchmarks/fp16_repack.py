@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware_line, machine_record, save_results  # noqa: E402
+from common import hardware_line, machine_record, repack_model, save_results  # noqa: E402
 
 
 def main() -> None:
@@ -32,19 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from rlkit.model.load import load_model, load_tokenizer
-    from rlkit.recipe.schema import ModelConfig
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
+    tok, model, params = repack_model(args.model)
     path = args.model
-    if path == "smollm2":
-        from rlkit.model.smollm2 import smollm2_dir
-
-        path = str(smollm2_dir())
-    cfg = ModelConfig(path=path)
-    tok = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer=tok).eval()
-    params = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
     counts = [int(t) for t in args.threads.split(",")]
     copies = {n: Fp16DecodeCopy(model) for n in counts}
     for fp16 in copies.values():
@@ -56,7 +47,7 @@ def main() -> None:
             start = time.perf_counter()
             copies[n].refresh(model, trainable_moved=True)
             times[n].append(time.perf_counter() - start)
-            assert copies[n].repacked == len(copies[n].names)
+            assert copies[n].repacked == sum(len(unit) for unit in copies[n].units)
     # fbgemm's packing alone, the same weights split over n Python threads (no range check, no copies)
     weights = [m.weight.detach().float().contiguous() for m in model.modules() if type(m) is torch.nn.Linear]
     pack_only: dict[int, list[float]] = {n: [] for n in counts}
@@ -81,8 +72,9 @@ def main() -> None:
         lines.append(
             f"| {n} | {t:.3f} | {t / params * 1e9:.1f} | {t / base:.2f} | {p:.3f} | {p / base_pack:.2f} |"
         )
+    linears = sum(len(unit) for unit in copies[counts[0]].units)
     text = (
-        f"{hardware_line(machine)}\n\n{len(copies[counts[0]].names)} linears, {params / 1e6:.1f} M weights "
+        f"{hardware_line(machine)}\n\n{linears} linears, {params / 1e6:.1f} M weights "
         f"({path}); {args.reps} reps each, interleaved; logits bit-identical across thread counts: "
         f"{identical}\n\n" + "\n".join(lines)
     )
