@@ -3,7 +3,7 @@
 # (issue 30: "on every machine class you measure"; docs/benchmarks.md, "Where it stands"). One benchmark at a
 # time, one torch thread each; every step writes its own results file under benchmarks/results/.
 #
-#     bash benchmarks/machine_sweep.sh           # the micro-benchmarks (~25 min on 2 cores, Zen 4)
+#     bash benchmarks/machine_sweep.sh           # the micro-benchmarks (~28 min on 2 cores, Zen 4)
 #     bash benchmarks/machine_sweep.sh --harness # then the default harness against TRL (~70 min more)
 #
 # What each one re-checks (the default it measured, where it lives):
@@ -17,6 +17,12 @@
 #   ab.py --change castonce   bf16 weights cast once per optimizer step (ForwardPlan.cast_weights_once)
 #   update_compile.py         torch.compile on the update's body (not built on Zen 4: 0.90-0.97x)
 #   fp16_probe.py             what rollout.backend.dtype: auto decides here, measured fresh
+#   decode_attention_kernel.py the compiled attention kernel against SDPA over fp32 and bf16 K/V
+#                             (rlkit.rollout.attention_kernel: KERNEL_MAX_RATIO; rlkit.rollout.bf16_kv)
+#   sampling_kernel.py        the compiled draw against torch's (DecodePlan.fused_sampling)
+#   ab.py --change kernel|glue|sampling  the same three in a whole generate (DecodePlan.attention_kernel,
+#                             fused_glue, fused_sampling; glue in fp32 where the CPU has no native bf16: the
+#                             fused loop runs over plain or bf16-packed linears only)
 # The machine line (CPU model, flags, probes) is in every results file; cite them in docs/benchmarks.md
 # beside the machine class.
 set -euo pipefail
@@ -52,6 +58,14 @@ if [ $TRAIN = bf16 ]; then
     --prompts 4 --samples 16 --tokens 32 --micro 4 --reps 3
 fi
 python benchmarks/update_compile.py --model "$M" --dtypes $DTYPES
+python benchmarks/decode_attention_kernel.py
+python benchmarks/sampling_kernel.py
+for change in kernel glue sampling; do
+  dtype=$DECODE
+  if [ $change = glue ] && [ $DECODE = float16 ]; then dtype=float32; fi
+  python benchmarks/ab.py --model "$M" --change $change --phase gen --decode-dtype $dtype --prompts 2 \
+    --samples 8 --tokens 64 --reps 5
+done
 if [ "${1:-}" = "--harness" ]; then
   python benchmarks/run.py --dtypes $HARNESS --rounds 1 --steps 3 --warmup 3 --label "sweep-$(date +%Y%m%d)"
 fi
