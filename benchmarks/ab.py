@@ -162,7 +162,9 @@ def main() -> None:
     parser.add_argument("--change", required=True)
     parser.add_argument("--phase", default="update")
     parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument(
+        "--samples", type=int, default=16, help="completions in all: --prompts × (samples / prompts) rows"
+    )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts; samples / prompts each")

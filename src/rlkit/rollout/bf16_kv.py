@@ -60,8 +60,8 @@ __all__ = [
 ]
 
 # the mean positions a step attends over (prompt width + max_new_tokens / 2) from which the bf16 copy keeps
-# bf16 K/V. Measured on AMX, SmolLM2, 2 prompts x 4 rows (benchmarks/ab.py --change bf16kv --phase gen): a
-# whole generate 0.82-1.02x at 526-token prompts x 64 tokens (mean ~560; 0.92x over 9 reps at 8 rows; a noisy
+# bf16 K/V. Measured on AMX, SmolLM2, 2 prompts x 2 rows (benchmarks/ab.py --change bf16kv --phase gen): a
+# whole generate 0.82-1.02x at 526-token prompts x 64 tokens (mean ~560; 0.92x over 9 reps at 4 rows; a noisy
 # host), 0.95x at 44 x 512 (mean ~300), 1.07x (within its reps' noise; fastest
 # reps equal) at 44 x 256 (mean ~172), 0.995x at 44 x 64; one step's attention breaks even between 108 and
 # 300 positions (benchmarks/decode_attention.py)

@@ -27,7 +27,7 @@ over the rows in place of 3-9 torch operators, and the bf16 copy's packed GEMM o
 biases added on the way in. The same arithmetic to float rounding: the same tokens, log-probs within 1e-5 in
 fp32 and within the bf16 copy's rounding (``tests/unit/rollout/test_cpu_kernels.py``). Measured on the same
 machine (``benchmarks/ab.py --change glue --phase gen``; docs/benchmarks.md, "the decode's glue fused"): a
-whole generate 0.87× the unfused loop's with the bf16 copy at 16 rows, 0.76× at 8, 0.95× in fp32 at 16.
+whole generate 0.87× the unfused loop's with the bf16 copy at 8 rows, 0.76× at 4, 0.95× in fp32 at 8.
 
 Accepted (:meth:`ScriptedLayers.of`): a :class:`~rlkit.rollout.lean_step.LeanStep` on the CPU whose every
 layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``) or all the bf16 decode copy's
