@@ -163,7 +163,10 @@ def main() -> None:
     parser.add_argument("--phase", default="update")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument(
-        "--samples", type=int, default=16, help="completions in all: --prompts × (samples / prompts) rows"
+        "--samples",
+        type=int,
+        default=16,
+        help="completions (rows) in all: samples / prompts for each of --prompts prompts",
     )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
