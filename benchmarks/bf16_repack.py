@@ -98,7 +98,6 @@ def main() -> None:
     if bf16_weights_unavailable() is not None:
         raise SystemExit(f"bf16_repack.py: {bf16_weights_unavailable()}")
     tok, model, params = repack_model(args.model)
-    path = args.model
     fresh = Bf16DecodeCopy(model)
     with staged_packing():
         staged = Bf16DecodeCopy(model)
@@ -129,7 +128,7 @@ def main() -> None:
     ]
     text = (
         f"{hardware_line(machine)}\n\n{len(staged.units)} packed units, {params / 1e6:.1f} M weights "
-        f"({path}); "
+        f"({args.model}); "
         f"{args.reps} reps each, interleaved; B/A {b / a:.3f} (medians), "
         f"{min(times['staged']) / min(times['fresh']):.3f} (fastest); logits bit-identical: {identical}\n\n"
         + "\n".join(lines)

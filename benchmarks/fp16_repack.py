@@ -35,7 +35,6 @@ def main() -> None:
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
     tok, model, params = repack_model(args.model)
-    path = args.model
     counts = [int(t) for t in args.threads.split(",")]
     copies = {n: Fp16DecodeCopy(model) for n in counts}
     for fp16 in copies.values():
@@ -75,7 +74,7 @@ def main() -> None:
     linears = sum(len(unit) for unit in copies[counts[0]].units)
     text = (
         f"{hardware_line(machine)}\n\n{linears} linears, {params / 1e6:.1f} M weights "
-        f"({path}); {args.reps} reps each, interleaved; logits bit-identical across thread counts: "
+        f"({args.model}); {args.reps} reps each, interleaved; logits bit-identical across thread counts: "
         f"{identical}\n\n" + "\n".join(lines)
     )
     print(text)
