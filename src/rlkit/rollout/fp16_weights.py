@@ -9,8 +9,11 @@ docs/benchmarks.md, "fp16 decode weights".
 
 The decode copy (:class:`Fp16DecodeCopy`, ``rlkit.rollout.packed_copy.PackedDecodeCopy``'s machinery) is a
 deep copy of the actor's module whose ``nn.Linear`` s are :class:`Fp16Linear` (the packed weight, bias kept
-fp32) and whose other parameters (embeddings, norms, LoRA adapters) stay fp32 and are copied at every
-refresh; a weight is repacked only when it may have moved (that module's docstring).
+fp32) — a decoder layer's q/k/v and gate/up siblings one :class:`Fp16FusedLinear` each (one GEMM where three
+or two ran, each member's outputs the same bit for bit) — and whose other parameters (embeddings, norms,
+LoRA adapters) stay fp32 and are copied at every refresh; a weight is repacked only when it may have moved
+(that module's docstring). The lean step's scripted layers call the packed matrices themselves
+(``rlkit.rollout.scripted_step``).
 
 Numerics: fp16 keeps 11 significant bits (bf16: 8), so each weight is rounded by at most 2^-11
 relative; one forward of SmolLM2-135M moved no log-prob over its whole vocabulary by more than 0.02, and the
@@ -26,9 +29,9 @@ from torch import nn
 
 from rlkit.errors import RlkitError
 from rlkit.hardware import fp16_weights_unavailable
-from rlkit.rollout.packed_copy import PackedDecodeCopy
+from rlkit.rollout.packed_copy import FusedOutputs, PackedDecodeCopy
 
-__all__ = ["Fp16DecodeCopy", "Fp16Linear"]
+__all__ = ["Fp16DecodeCopy", "Fp16FusedLinear", "Fp16Linear"]
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 
@@ -45,16 +48,7 @@ class Fp16Linear(nn.Module):
     def pack(self, linear: nn.Linear, name: str = "") -> None:
         """Pack ``linear`` 's current weight (and bias); ``name`` for the error where a weight exceeds
         fp16."""
-        with torch.no_grad():
-            weight = linear.weight.detach().float().contiguous()
-            largest = float(weight.abs().max())
-            if not largest <= _FP16_MAX:
-                raise RlkitError(
-                    f"rollout.backend.dtype=float16: {name or 'a linear'}'s weight holds {largest:g}, "
-                    f"beyond fp16's range ({_FP16_MAX:g}); decode in float32 (or bfloat16) instead."
-                )
-            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-            self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        self.packed = _prepack([linear], (name,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
@@ -65,6 +59,58 @@ class Fp16Linear(nn.Module):
         )
 
 
+def _prepack(linears: list[nn.Linear], names: tuple[str, ...]):
+    """fbgemm's packed fp16 matrix of ``linears`` ' weights, their output rows stacked, with their fp32 biases
+    (zero where one of several has none; None where none has one). A weight beyond fp16's range is an error
+    naming its linear."""
+    with torch.no_grad():
+        weights = [linear.weight.detach().float() for linear in linears]
+        for weight, name in zip(weights, names, strict=True):
+            largest = float(weight.abs().max())
+            if not largest <= _FP16_MAX:
+                raise RlkitError(
+                    f"rollout.backend.dtype=float16: {name or 'a linear'}'s weight holds {largest:g}, "
+                    f"beyond fp16's range ({_FP16_MAX:g}); decode in float32 (or bfloat16) instead."
+                )
+        bias = None
+        if any(linear.bias is not None for linear in linears):
+            bias = torch.cat(
+                [
+                    linear.bias.detach().float()
+                    if linear.bias is not None
+                    else torch.zeros(linear.out_features)
+                    for linear in linears
+                ]
+            )
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        return torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), bias)
+
+
+class Fp16FusedLinear(FusedOutputs):
+    """Sibling linears ``linears`` (one input width) as one fbgemm fp16 matrix, their output rows stacked:
+    ``output(x, i)`` is linear ``i`` 's ``[..., out_i]`` as :class:`Fp16Linear` computes it (each output
+    element the same fp32 sum over the same fp16-rounded weights), the GEMM run once for all of them
+    (``rlkit.rollout.packed_copy.FusedMember``)."""
+
+    def __init__(self, linears: list[nn.Linear], names: tuple[str, ...]):
+        super().__init__()
+        self.in_features = linears[0].in_features
+        self.splits = [linear.out_features for linear in linears]
+        self.names = names
+        self.pack(linears, names)
+
+    def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
+        """Pack the linears' current weights (and biases) as one matrix."""
+        self.packed = _prepack(linears, names or ("",) * len(linears))
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
+
+    def extra_repr(self) -> str:
+        members = "+".join(name.rpartition(".")[2] for name in self.names)
+        return f"{members}: {super().extra_repr()}, weight=fp16 (fbgemm packed)"
+
+
 class Fp16DecodeCopy(PackedDecodeCopy):
     """The decode copy with fbgemm fp16 weights (:class:`Fp16Linear`): ``rollout.backend.dtype: float16``."""
 
@@ -72,4 +118,4 @@ class Fp16DecodeCopy(PackedDecodeCopy):
         reason = fp16_weights_unavailable()
         if reason:
             raise RlkitError(f"rollout.backend.dtype=float16: {reason}. Use rollout.backend.dtype=float32.")
-        super().__init__(source, Fp16Linear, "rollout.backend.dtype=float16")
+        super().__init__(source, Fp16Linear, "rollout.backend.dtype=float16", fused_cls=Fp16FusedLinear)

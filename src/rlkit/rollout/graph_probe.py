@@ -9,14 +9,17 @@ what each path really runs, on one decoder layer of the run's own architecture (
 and a 256-word vocabulary, random weights), at ``GRAPH_PROBE_ROWS`` rows over a ``GRAPH_PROBE_CONTEXT``-token
 prefill, one thread, the best of ``GRAPH_PROBE_ROUNDS`` rounds:
 
-- ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear``, its layers under
-  TorchScript as the decode runs them (``rlkit.rollout.scripted_step``);
+- ``fp32_s``: the lean step (``rlkit.rollout.lean_step.LeanStep``) with ``F.linear`` as the decode runs it
+  (``rlkit.rollout.decode``): its layers under TorchScript (``rlkit.rollout.scripted_step``), with the
+  compiled glue operators and, over a cache that keeps its keys transposed, the compiled attention kernel
+  where they load on this machine and the kernel's own probe takes it (``rlkit.rollout.attention_kernel``);
 - ``fp16_s``: the same step over fbgemm fp16 weights (``rlkit.rollout.fp16_weights``; inf where this torch
   has no fbgemm), ``fp16_pack_s`` repacking them once (one weight hand-over);
 - ``graph_s``: the one-graph step (``OrtDecodeStep``), ``graph_pack_s`` rebuilding its session once;
-- ``bf16_s``: the lean step over oneDNN-packed bf16 weights (``rlkit.rollout.bf16_weights``; scripted too),
-  ``bf16_pack_s`` repacking them once; only on a CPU with native bf16 (``CpuInfo.native_bf16``: avx512_bf16,
-  AMX) where torch has oneDNN, inf elsewhere (emulated bf16 is many times slower than fp32: nothing to weigh).
+- ``bf16_s``: the lean step over oneDNN-packed bf16 weights (``rlkit.rollout.bf16_weights``; run the same
+  way, over fp32 K/V), ``bf16_pack_s`` repacking them once; only on a CPU with native bf16
+  (``CpuInfo.native_bf16``: avx512_bf16, AMX) where torch has oneDNN, inf elsewhere (emulated bf16 is many
+  times slower than fp32: nothing to weigh).
 
 Each path costs ``margin × pack + tokens × step`` for a decode of ``tokens`` (no pack for ``F.linear``;
 ``margin``: ``rlkit.hardware.mlas.MLAS_PAYBACK_MARGIN``, the per-linear probes' margin); the cheapest wins
@@ -118,7 +121,9 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
     ``bf16``), and of each path's repack."""
     from rlkit.hardware import fp16_weights_unavailable
     from rlkit.model.kv_cache import cache_argument
+    from rlkit.rollout.attention_kernel import kernel_fits, kernel_pays
     from rlkit.rollout.bf16_weights import Bf16DecodeCopy
+    from rlkit.rollout.cpu_kernels import kernel_unavailable
     from rlkit.rollout.decode import SlabCache, slab_layers
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
     from rlkit.rollout.lean_step import LeanStep
@@ -126,8 +131,14 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, _VOCAB, (rows, context), generator=gen)
     mask = torch.ones(rows, context, dtype=torch.long)
-    cache = SlabCache(slab_layers(model), context + _STEPS + 2)
-    model(input_ids=ids, attention_mask=mask, use_cache=True, **cache_argument(model, cache))
+    glue = kernel_unavailable() is None  # the compiled operators loaded: the fused loop and the kernel
+    lean = LeanStep(model, scripted=True, fused_glue=glue)  # as the decode runs it (rollout.decode)
+    kernel = glue and kernel_fits(lean) and kernel_pays(lean.heads, lean.kv_heads, lean.dim)
+    caches = {}  # the graph's (it writes the slabs only) and the lean step's (transposed keys: the kernel's)
+    for name, transposed in (("graph", False), ("lean", kernel)):
+        cache = SlabCache(slab_layers(model), context + _STEPS + 2, transposed_keys=transposed)
+        model(input_ids=ids, attention_mask=mask, use_cache=True, **cache_argument(model, cache))
+        caches[name] = cache
     copies = {
         "fp16": None if fp16_weights_unavailable() else Fp16DecodeCopy(model),
         "bf16": Bf16DecodeCopy(model) if bf16 else None,
@@ -139,19 +150,19 @@ def _time_paths(model, graph, rounds: int, rows: int, context: int, bf16: bool) 
             packed.refresh(model)
     names = ("fp32_s", "fp16_s", "graph_s", "fp16_pack_s", "graph_pack_s", "bf16_s", "bf16_pack_s")
     best = dict.fromkeys(names, math.inf)
-    lean = LeanStep(model, scripted=True)  # as the decode runs it (DecodePlan.scripted_layers)
     for _ in range(rounds):
         start = time.perf_counter()
         graph.refresh(model)
         best["graph_pack_s"] = min(best["graph_pack_s"], time.perf_counter() - start)
-        best["fp32_s"] = min(best["fp32_s"], _time_steps(lean, cache, ids, mask, _STEPS))
-        best["graph_s"] = min(best["graph_s"], _time_steps(graph, cache, ids, mask, _STEPS))
+        best["fp32_s"] = min(best["fp32_s"], _time_steps(lean, caches["lean"], ids, mask, _STEPS))
+        best["graph_s"] = min(best["graph_s"], _time_steps(graph, caches["graph"], ids, mask, _STEPS))
         for kind, packed in copies.items():
             if packed is not None:
                 start = time.perf_counter()
-                step = LeanStep(packed.refresh(model, trainable_moved=True), scripted=True)
+                step = LeanStep(packed.refresh(model, trainable_moved=True), scripted=True, fused_glue=glue)
                 best[f"{kind}_pack_s"] = min(best[f"{kind}_pack_s"], time.perf_counter() - start)
-                best[f"{kind}_s"] = min(best[f"{kind}_s"], _time_steps(step, cache, ids, mask, _STEPS))
+                seconds = _time_steps(step, caches["lean"], ids, mask, _STEPS)
+                best[f"{kind}_s"] = min(best[f"{kind}_s"], seconds)
     return best
 
 
@@ -218,9 +229,10 @@ def cached_graph_probe(config: Mapping[str, Any], cpu, cache_path: Path | None =
         "num_key_value_heads",
         "head_dim",
     )
-    # "scripted": measured since the lean step's layers run under TorchScript (an older entry timed its Python
-    # loop)
-    kind = "graph-decode-scripted-" + "-".join(str(config.get(k)) for k in keys)
+    # "fused": measured since the lean step runs as the decode runs it, its layers under TorchScript with the
+    # compiled glue and attention kernel where they load, the fp16 copy's too (older entries timed the Python
+    # loop, then the scripted one without the compiled operators)
+    kind = "graph-decode-fused-" + "-".join(str(config.get(k)) for k in keys)
 
     def measured() -> dict[str, Any]:
         result = (probe or probe_graph_step)(config)

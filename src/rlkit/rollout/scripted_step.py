@@ -30,10 +30,12 @@ machine (``benchmarks/ab.py --change glue --phase gen``; docs/benchmarks.md, "th
 whole generate 0.87× the unfused loop's with the bf16 copy at 8 rows, 0.76× at 4, 0.95× in fp32 at 8.
 
 Accepted (:meth:`ScriptedLayers.of`): a :class:`~rlkit.rollout.lean_step.LeanStep` on the CPU whose every
-layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``) or all the bf16 decode copy's
-oneDNN-packed ones (``rlkit.rollout.bf16_weights``; q/k/v and gate/up fused or not), whose norms are RMSNorms
-with one epsilon run as ``F.rms_norm`` and whose activation is SiLU. Anything else — fp16 or MLAS weights, a
-LoRA adapter's layers, another activation, a GPU — runs the lean step's Python loop.
+layer's projections are all plain ``nn.Linear`` s (fp32 weights, ``F.linear``), all the bf16 decode copy's
+oneDNN-packed ones (``rlkit.rollout.bf16_weights``) or all the fp16 copy's fbgemm ones
+(``rlkit.rollout.fp16_weights``; TorchScript calls ``quantized::linear_dynamic_fp16`` on their packed
+matrices) — q/k/v and gate/up fused or not —, whose norms are RMSNorms with one epsilon run as
+``F.rms_norm`` and whose activation is SiLU. Anything else — MLAS weights, a LoRA adapter's layers, another
+activation, a GPU — runs the lean step's Python loop.
 
 Shapes: ``A`` rows, ``L`` filled cache positions after the step, ``H``/``Hkv`` query/KV heads, ``D`` head
 size, ``P`` the shared prompt's width.
@@ -54,6 +56,9 @@ from rlkit.rollout.bf16_kv import kv_attention, shared_prompt_sdpa  # compiled i
 from rlkit.rollout.shared_prompt import shared_prompt_attention  # (likewise)
 
 __all__ = ["ScriptedLayers", "layer_loop"]
+
+# fbgemm's packed fp16 matrix (``torch.ops.quantized.linear_prepack_fp16``; rlkit.rollout.fp16_weights)
+HalfWeight = torch.classes.quantized.LinearPackedParamsBase
 
 
 def _linear(
@@ -76,8 +81,15 @@ def _project(
     weights: List[torch.Tensor],  # noqa: UP006
     biases: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
     packed: bool,
+    half: List[HalfWeight],  # noqa: UP006
 ) -> torch.Tensor:
-    """Sibling projections of ``x``, their outputs side by side on the last dim (one fused GEMM, or each)."""
+    """Sibling projections of ``x``, their outputs side by side on the last dim (one fused GEMM, or each):
+    ``half`` 's fbgemm fp16 matrices (their biases inside, fp32 in and out) where it holds any, else
+    ``weights`` with ``biases`` (:func:`_linear`)."""
+    if len(half) > 0:
+        if len(half) == 1:
+            return torch.ops.quantized.linear_dynamic_fp16(x, half[0])
+        return torch.cat([torch.ops.quantized.linear_dynamic_fp16(x, m) for m in half], dim=-1)
     if len(weights) == 1:
         return _linear(x, weights[0], biases[0], packed)
     return torch.cat([_linear(x, weights[i], biases[i], packed) for i in range(len(weights))], dim=-1)
@@ -89,15 +101,10 @@ def layer_loop(
     sin: torch.Tensor,
     attend: torch.Tensor,
     norms: List[torch.Tensor],  # noqa: UP006
-    qkv: List[List[torch.Tensor]],  # noqa: UP006
-    qkv_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
     head_norms: List[torch.Tensor],  # noqa: UP006
-    out_proj: List[torch.Tensor],  # noqa: UP006
-    out_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
-    gate_up: List[List[torch.Tensor]],  # noqa: UP006
-    gate_up_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
-    down: List[torch.Tensor],  # noqa: UP006
-    down_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    weights: List[List[torch.Tensor]],  # noqa: UP006
+    biases: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    half: List[List[HalfWeight]],  # noqa: UP006
     key_slabs: List[torch.Tensor],  # noqa: UP006
     value_slabs: List[torch.Tensor],  # noqa: UP006
     key_slabs_t: List[torch.Tensor],  # noqa: UP006
@@ -119,20 +126,24 @@ def layer_loop(
     """Every decoder layer of one lean step (``LeanStep.__call__``'s loop, the same ops in the same order):
     ``x [A, hidden]`` the token's embedding, ``cos``/``sin [A, 1, D]`` its rotary tables (``sin`` with
     ``rotate_half``'s signs folded in), ``attend [A, 1, 1, L]`` the padding mask; per layer ``i``:
-    ``norms[2i]``/``norms[2i+1]`` the input/post-attention RMSNorm weights, ``qkv[i]`` the q/k/v weights
-    (one fused matrix or three), ``head_norms[2i]``/``[2i+1]`` Qwen3's q/k norms (empty: none), ``out_proj``,
-    ``gate_up`` (fused or two) and ``down``, each with its bias (None: none), and ``key_slabs``/``value_slabs
-    [A, Hkv, capacity, D]`` written at position ``start`` (``L = start + 1``). With ``prompt_keys`` (a
-    group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once per group, under
-    ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA. ``bf16_kv``: the slabs hold
-    bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. ``kernel``: ``key_slabs_t [A, Hkv, D, C]``
-    hold the keys transposed too (written at ``start``, in the slabs' dtype), attended by
-    ``rlkit::decode_attention`` (``rlkit.rollout.attention_kernel``; over fp32 or bf16 K/V) instead of SDPA
-    or the bf16 cache's SDPA. Returns ``[A, hidden]``."""
-    a, hidden, half = x.shape[0], x.shape[1], dim // 2
-    for i in range(len(qkv)):
+    ``norms[2i]``/``norms[2i+1]`` the input/post-attention RMSNorm weights, ``head_norms[2i]``/``[2i+1]``
+    Qwen3's q/k norms (empty: none), the layer's four GEMMs at ``4i`` (q/k/v: one fused matrix or three),
+    ``4i + 1`` (the output projection), ``4i + 2`` (gate/up: fused or two) and ``4i + 3`` (down), each as
+    ``weights`` (plain, or bf16-packed where ``packed``) with ``biases`` (None: none), or as fbgemm fp16
+    matrices ``half`` (their biases inside; ``weights`` and ``biases`` then empty there), and
+    ``key_slabs``/``value_slabs [A, Hkv, capacity, D]`` written at position ``start`` (``L = start + 1``).
+    With ``prompt_keys`` (a group's shared prompt K/V ``[g, Hkv, P, D]`` per layer) attention reads it once
+    per group, under ``prompt_bias [g, 1, 1, P]``/``response_bias [A, 1, 1, L - P]``; else SDPA.
+    ``bf16_kv``: the slabs hold bf16 K/V, attended by ``rlkit.rollout.bf16_kv``'s functions. ``kernel``:
+    ``key_slabs_t [A, Hkv, D, C]`` hold the keys transposed too (written at ``start``, in the slabs' dtype),
+    attended by ``rlkit::decode_attention`` (``rlkit.rollout.attention_kernel``; over fp32 or bf16 K/V)
+    instead of SDPA or the bf16 cache's SDPA. Returns ``[A, hidden]``."""
+    a, hidden, turn = x.shape[0], x.shape[1], dim // 2
+    for i in range(len(norms) // 2):
         h = F.rms_norm(x, [hidden], norms[2 * i], eps)
-        y = _project(h, qkv[i], qkv_bias[i], packed).reshape(a, heads + 2 * kv_heads, dim)
+        y = _project(h, weights[4 * i], biases[4 * i], packed, half[4 * i]).reshape(
+            a, heads + 2 * kv_heads, dim
+        )
         qk, v = y[:, : heads + kv_heads], y[:, heads + kv_heads :]
         if len(head_norms) > 0:
             qk = torch.cat(
@@ -142,7 +153,7 @@ def layer_loop(
                 ],
                 dim=1,
             )
-        qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+        qk = torch.addcmul(qk * cos, qk.roll(turn, dims=-1), sin)
         q = qk[:, :heads, None]
         key_slab, value_slab = key_slabs[i], value_slabs[i]
         key_slab[:, :, start : start + 1].copy_(qk[:, heads:, None])
@@ -167,10 +178,13 @@ def layer_loop(
             False,  # every position's transposed key written above
             False,  # fp32 out: the output projection rounds it (bit for bit as the kernel would)
         )
-        x = x + _linear(o.reshape(a, heads * dim), out_proj[i], out_bias[i], packed)
-        gu = _project(F.rms_norm(x, [hidden], norms[2 * i + 1], eps), gate_up[i], gate_up_bias[i], packed)
+        x = x + _project(
+            o.reshape(a, heads * dim), weights[4 * i + 1], biases[4 * i + 1], packed, half[4 * i + 1]
+        )
+        h = F.rms_norm(x, [hidden], norms[2 * i + 1], eps)
+        gu = _project(h, weights[4 * i + 2], biases[4 * i + 2], packed, half[4 * i + 2])
         gate, up = gu[..., :intermediate], gu[..., intermediate:]
-        x = x + _linear(F.silu(gate) * up, down[i], down_bias[i], packed)
+        x = x + _project(F.silu(gate) * up, weights[4 * i + 3], biases[4 * i + 3], packed, half[4 * i + 3])
     return x
 
 
@@ -225,15 +239,16 @@ def _gemm(
     weights: List[torch.Tensor],  # noqa: UP006
     biases: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
     packed: bool,
+    half: List[HalfWeight],  # noqa: UP006
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:  # noqa: UP006, UP045
-    """:func:`_project` for the fused loop: ``(output, bias still to add)``. One packed matrix gives its bf16
-    output as it is, its bias left to the fused operator that reads it; plain linears and several packed ones
-    give fp32 with their biases added (``None``)."""
-    if packed and len(weights) == 1:
+    """:func:`_project` for the fused loop: ``(output, bias still to add)``. One bf16-packed matrix gives its
+    bf16 output as it is, its bias left to the fused operator that reads it; plain linears, fp16 ones and
+    several packed ones give fp32 with their biases added (``None``)."""
+    if packed and len(weights) == 1 and len(half) == 0:
         scalars: List[Optional[Union[int, float, complex]]] = []  # noqa: UP006, UP007, UP045
         y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weights[0], None, "none", scalars, "")
         return y, biases[0]
-    return _project(x, weights, biases, packed), None
+    return _project(x, weights, biases, packed, half), None
 
 
 def fused_layer_loop(
@@ -242,15 +257,10 @@ def fused_layer_loop(
     sin: torch.Tensor,
     attend: torch.Tensor,
     norms: List[torch.Tensor],  # noqa: UP006
-    qkv: List[List[torch.Tensor]],  # noqa: UP006
-    qkv_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
     head_norms: List[torch.Tensor],  # noqa: UP006
-    out_proj: List[torch.Tensor],  # noqa: UP006
-    out_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
-    gate_up: List[List[torch.Tensor]],  # noqa: UP006
-    gate_up_bias: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
-    down: List[torch.Tensor],  # noqa: UP006
-    down_bias: List[Optional[torch.Tensor]],  # noqa: UP006, UP045
+    weights: List[List[torch.Tensor]],  # noqa: UP006
+    biases: List[List[Optional[torch.Tensor]]],  # noqa: UP006, UP045
+    half: List[List[HalfWeight]],  # noqa: UP006
     key_slabs: List[torch.Tensor],  # noqa: UP006
     value_slabs: List[torch.Tensor],  # noqa: UP006
     key_slabs_t: List[torch.Tensor],  # noqa: UP006
@@ -277,10 +287,10 @@ def fused_layer_loop(
     packed GEMM's bf16 output goes to them as it is, and the attention kernel writes the packed output
     projection's bf16 input itself."""
     a = x.shape[0]
-    layers = len(qkv)
+    layers = len(norms) // 2
     h = torch.ops.rlkit.rms_norm_cast(x, norms[0], eps, packed)
     for i in range(layers):
-        y, y_bias = _gemm(h, qkv[i], qkv_bias[i], packed)
+        y, y_bias = _gemm(h, weights[4 * i], biases[4 * i], packed, half[4 * i])
         q_norm: Optional[torch.Tensor] = None  # noqa: UP045
         k_norm: Optional[torch.Tensor] = None  # noqa: UP045
         if len(head_norms) > 0:
@@ -321,11 +331,12 @@ def fused_layer_loop(
             True,  # rotary_write fills the transposed keys a whole block at a time
             packed,  # the packed output projection's bf16 input written by the kernel (no cast op)
         )
-        attended, attended_bias = _gemm(o.reshape(a, heads * dim), [out_proj[i]], [out_bias[i]], packed)
+        o = o.reshape(a, heads * dim)
+        attended, attended_bias = _gemm(o, weights[4 * i + 1], biases[4 * i + 1], packed, half[4 * i + 1])
         x, h = torch.ops.rlkit.add_rms_norm_cast(x, attended, attended_bias, norms[2 * i + 1], eps, packed)
-        gu, gu_bias = _gemm(h, gate_up[i], gate_up_bias[i], packed)
+        gu, gu_bias = _gemm(h, weights[4 * i + 2], biases[4 * i + 2], packed, half[4 * i + 2])
         m = torch.ops.rlkit.silu_mul_cast(gu, gu_bias, packed)
-        d, d_bias = _gemm(m, [down[i]], [down_bias[i]], packed)
+        d, d_bias = _gemm(m, weights[4 * i + 3], biases[4 * i + 3], packed, half[4 * i + 3])
         if i + 1 < layers:
             x, h = torch.ops.rlkit.add_rms_norm_cast(x, d, d_bias, norms[2 * i + 2], eps, packed)
         else:
@@ -354,8 +365,9 @@ class ScriptedLayers:
     """A lean step's layers as :func:`layer_loop`'s arguments, gathered once per ``generate``; calling it runs
     every layer of one step, each slab advanced as ``SlabLayer.update`` advances it."""
 
-    def __init__(self, lean, parts: dict, packed: bool, eps: float, intermediate: int, fused: bool = False):
-        self.lean, self.parts, self.packed = lean, parts, packed
+    def __init__(self, lean, parts: dict, kind: str, eps: float, intermediate: int, fused: bool = False):
+        # kind: the GEMMs' weights, "plain", "bf16" (oneDNN-packed: the loops' ``packed``) or "fp16" (fbgemm)
+        self.lean, self.parts, self.kind, self.packed = lean, parts, kind, kind == "bf16"
         self.eps, self.intermediate = eps, intermediate
         self.fused = fused and scripted_layer_loop(True) is not None
         self.loop = scripted_layer_loop(self.fused)
@@ -368,19 +380,17 @@ class ScriptedLayers:
         gathered = [_layer_parts(layer) for layer in lean.layers]
         if scripted_layer_loop() is None or not gathered or any(parts is None for parts in gathered):
             return None
-        kinds = {parts["packed"] for parts in gathered}
+        kinds = {parts["kind"] for parts in gathered}
         eps = {e for parts in gathered for e in parts["eps"]}
         widths = {parts["intermediate"] for parts in gathered}
         if len(kinds) != 1 or len(eps) != 1 or len(widths) != 1:
             return None
         if any(p.device.type != "cpu" for parts in gathered for p in parts["norms"]):
             return None
-        names = ("norms", "qkv", "qkv_bias", "head_norms", "out_proj", "out_bias", "gate_up", "gate_up_bias")
-        merged = {name: [] for name in (*names, "down", "down_bias")}
+        merged = {name: [] for name in ("norms", "head_norms", "weights", "biases", "half")}
         for parts in gathered:
             for name in merged:
-                item = parts[name]
-                merged[name].extend(item) if name in ("norms", "head_norms") else merged[name].append(item)
+                merged[name].extend(parts[name])
         return cls(lean, merged, kinds.pop(), eps.pop(), widths.pop(), fused)
 
     def __call__(
@@ -429,19 +439,29 @@ class ScriptedLayers:
         )
 
 
-def _weights(linears: list[nn.Module], fused) -> tuple[list, list, bool] | None:
-    """``(weights, biases, packed)`` of sibling projections ``linears`` (``fused``: the packed group that
-    holds them as one matrix, or None), or None where one is neither plain nor oneDNN-packed bf16."""
+def _weights(linears: list[nn.Module], fused) -> tuple[list, list, list, str] | None:
+    """``(weights, biases, half, kind)`` of sibling projections ``linears`` (``fused``: the packed group that
+    holds them as one matrix, or None), ``kind`` ``"plain"``, ``"bf16"`` (oneDNN-packed) or ``"fp16"``
+    (fbgemm: ``half`` holds the matrices, biases inside); None where one is none of these."""
     from rlkit.rollout.bf16_weights import Bf16FusedLinear, Bf16Linear
+    from rlkit.rollout.fp16_weights import Fp16FusedLinear, Fp16Linear
 
     if fused is not None:
-        if type(fused) is not Bf16FusedLinear:
-            return None
-        return [fused.packed], [fused.bias], True
-    if all(type(m) is nn.Linear for m in linears):
-        return [m.weight for m in linears], [m.bias for m in linears], False
-    if all(type(m) is Bf16Linear for m in linears):
-        return [m.packed for m in linears], [m.bias for m in linears], True
+        if type(fused) is Bf16FusedLinear:
+            return [fused.packed], [fused.bias], [], "bf16"
+        if type(fused) is Fp16FusedLinear:
+            return [], [], [fused.packed], "fp16"
+        return None
+    for cls, kind in ((nn.Linear, "plain"), (Bf16Linear, "bf16"), (Fp16Linear, "fp16")):
+        if all(type(m) is cls for m in linears):
+            if kind == "fp16":
+                return [], [], [m.packed for m in linears], kind
+            return (
+                [m.weight if kind == "plain" else m.packed for m in linears],
+                [m.bias for m in linears],
+                [],
+                kind,
+            )
     return None
 
 
@@ -454,25 +474,21 @@ def _layer_parts(layer) -> dict | None:
     norms, head_norms = weighed[:2], weighed[2:]
     if type(layer.act) is not nn.SiLU and type(layer.act).__name__ != "SiLUActivation":
         return None
-    qkv = _weights([layer.q_proj, layer.k_proj, layer.v_proj], layer.qkv)
-    gate_up = _weights([layer.gate_proj, layer.up_proj], layer.gate_up)
-    out_proj, down = _weights([layer.o_proj], None), _weights([layer.down_proj], None)
-    parts = (qkv, gate_up, out_proj, down)
-    if any(p is None for p in parts) or len({p[2] for p in parts}) != 1:
+    gemms = (  # the loop's order: q/k/v, the output projection, gate/up, down
+        _weights([layer.q_proj, layer.k_proj, layer.v_proj], layer.qkv),
+        _weights([layer.o_proj], None),
+        _weights([layer.gate_proj, layer.up_proj], layer.gate_up),
+        _weights([layer.down_proj], None),
+    )
+    if any(g is None for g in gemms) or len({g[3] for g in gemms}) != 1:
         return None
-    intermediate = layer.gate_proj.out_features
     return {
-        "packed": qkv[2],
+        "kind": gemms[0][3],
         "eps": [n[1] for n in (*norms, *head_norms)],
-        "intermediate": intermediate,
+        "intermediate": layer.gate_proj.out_features,
         "norms": [n[0] for n in norms],
         "head_norms": [n[0] for n in head_norms],
-        "qkv": qkv[0],
-        "qkv_bias": qkv[1],
-        "out_proj": out_proj[0][0],
-        "out_bias": out_proj[1][0],
-        "gate_up": gate_up[0],
-        "gate_up_bias": gate_up[1],
-        "down": down[0][0],
-        "down_bias": down[1][0],
+        "weights": [g[0] for g in gemms],
+        "biases": [g[1] for g in gemms],
+        "half": [g[2] for g in gemms],
     }

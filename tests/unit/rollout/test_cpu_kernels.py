@@ -305,18 +305,21 @@ def test_the_fused_loop_decodes_what_torchs_operators_decode(request, arch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("packed", [False, True], ids=["fp32", "bf16-copy"])
-def test_the_fused_loop_adds_every_linears_bias(tmp_path, packed):
+@pytest.mark.parametrize("weights", ["fp32", "bf16-copy", "fp16-copy"])
+def test_the_fused_loop_adds_every_linears_bias(tmp_path, weights):
     """A Llama with ``attention_bias`` and ``mlp_bias`` (a bias on o_proj, gate/up and down too; the bf16
-    copy's GEMMs leave each to the operator that reads their output): the same tokens, log-probs to float
-    rounding (the bf16 copy's rounding)."""
+    copy's GEMMs leave each to the operator that reads their output, the fp16 copy's fbgemm GEMMs add their
+    own): the same tokens, log-probs to float rounding (the bf16 copy's rounding)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from rlkit.hardware import fp16_weights_unavailable
     from rlkit.model.tiny import build_tiny_model
     from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
+    from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
-    if packed and bf16_weights_unavailable() is not None:
-        pytest.skip(bf16_weights_unavailable())
+    unavailable = {"bf16-copy": bf16_weights_unavailable, "fp16-copy": fp16_weights_unavailable}
+    if weights in unavailable and unavailable[weights]():
+        pytest.skip(unavailable[weights]())
     path = build_tiny_model(tmp_path / "llama", arch="llama", seed=2)
     config = AutoConfig.from_pretrained(path)
     config.attention_bias, config.mlp_bias = True, True
@@ -324,12 +327,13 @@ def test_the_fused_loop_adds_every_linears_bias(tmp_path, packed):
     tok, model = perturbed_model(path, seed=2)
     assert model.model.layers[0].mlp.down_proj.bias.abs().sum() > 0
     assert model.model.layers[0].self_attn.o_proj.bias.abs().sum() > 0
-    model = Bf16DecodeCopy(model).module if packed else model
+    copies = {"bf16-copy": Bf16DecodeCopy, "fp16-copy": Fp16DecodeCopy}
+    model = copies[weights](model).module if weights in copies else model
     kw = {"n": 2, **CASES["sampled"], "attention_kernel_probe": False}
     fused, plain = (
         generate(tok, model, fast=True, lean=True, fused_glue=on, **kw)[0] for on in (True, False)
     )
-    assert_close_decodes(fused, plain, tolerance=2e-3 if packed else 1e-5)
+    assert_close_decodes(fused, plain, tolerance=2e-3 if weights == "bf16-copy" else 1e-5)
 
 
 @pytest.fixture

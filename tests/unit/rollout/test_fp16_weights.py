@@ -55,6 +55,20 @@ def test_fp16_linear_is_the_plain_sum_over_fp16_rounded_weights():
     assert not torch.allclose(got, linear(x), atol=1e-7, rtol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 8, 16])
+def test_a_fused_group_gives_each_member_what_its_own_linear_gives(rows):
+    """q/k/v as one fbgemm matrix (``Fp16FusedLinear``; k without a bias, so its share is zero): each
+    member's slice of the one GEMM equals its own ``Fp16Linear`` bit for bit."""
+    from rlkit.rollout.fp16_weights import Fp16FusedLinear
+
+    torch.manual_seed(1)
+    linears = [nn.Linear(64, 64), nn.Linear(64, 16, bias=False), nn.Linear(64, 16)]
+    group = Fp16FusedLinear(linears, ("q_proj", "k_proj", "v_proj"))
+    x = torch.randn(rows, 64)
+    for linear, got in zip(linears, group.run(x).split(group.splits, dim=-1), strict=True):
+        assert torch.equal(got, Fp16Linear(linear)(x))
+
+
 def test_fp16_decode_copy_matches_rounded_weights_and_repacks_only_after_an_update(tiny_model_dir):
     """Through the registered backend, as the worker builds it: the same tokens as the plain fp32 loop over
     the fp16-rounded model and log-probs within float rounding, before and after a fused AdamW step on the

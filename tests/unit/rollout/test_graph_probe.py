@@ -248,7 +248,7 @@ def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
     from transformers import AutoConfig
 
     from rlkit.rollout.bf16_weights import Bf16FusedLinear, Bf16Linear, bf16_weights_unavailable
-    from rlkit.rollout.fp16_weights import Fp16Linear
+    from rlkit.rollout.fp16_weights import Fp16FusedLinear, Fp16Linear
     from rlkit.rollout.graph_probe import _probe_model, _time_paths
     from rlkit.rollout.ort_step import ort_step_for
 
@@ -257,13 +257,13 @@ def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
     model = _probe_model(AutoConfig.from_pretrained(tiny_model_dir).to_dict(), 1)
     linears = sum(type(m) is torch.nn.Linear for m in model.modules())
     packs = {Bf16Linear: 0, Fp16Linear: 0}
-    for cls in (Bf16Linear, Fp16Linear, Bf16FusedLinear):
+    counts_as = {Bf16Linear: Bf16Linear, Fp16Linear: Fp16Linear, Bf16FusedLinear: Bf16Linear}
+    counts_as[Fp16FusedLinear] = Fp16Linear
+    for cls in counts_as:
         original = cls.pack
 
         def counted(self, linear, name="", cls=cls, original=original):  # a fused group: its linears
-            packs[Bf16Linear if cls is Bf16FusedLinear else cls] += (
-                len(linear) if isinstance(linear, list) else 1
-            )
+            packs[counts_as[cls]] += len(linear) if isinstance(linear, list) else 1
             original(self, linear, name)
 
         monkeypatch.setattr(cls, "pack", counted)
@@ -275,3 +275,39 @@ def test_every_timed_repack_packs_every_linear(tiny_model_dir, monkeypatch):
     if fp16_weights_unavailable() is None:
         assert packs[Fp16Linear] == 3 * linears
     assert math.isfinite(best["bf16_pack_s"]) and best["bf16_pack_s"] > 0
+
+
+def test_the_probe_times_the_lean_step_as_the_decode_runs_it(tiny_model_dir, monkeypatch):
+    """The F.linear and fp16 paths are timed as ``rollout.decode`` runs them where the compiled operators
+    load: the scripted layers with the fused glue, attending with the kernel over a cache that keeps its keys
+    transposed (the kernel's probe taking it); the graph over a plain cache."""
+    import torch
+    from transformers import AutoConfig
+
+    from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.rollout import attention_kernel, graph_probe
+    from rlkit.rollout.attention_kernel import attends_with_kernel
+    from rlkit.rollout.cpu_kernels import kernel_unavailable
+    from rlkit.rollout.lean_step import LeanStep
+    from rlkit.rollout.ort_step import ort_step_for
+
+    if kernel_unavailable():
+        pytest.skip(f"no decode kernels here: {kernel_unavailable()}")
+    monkeypatch.setattr(attention_kernel, "kernel_pays", lambda *heads: True)
+    timed = []
+    real = graph_probe._time_steps
+
+    def spy(step, cache, *args):
+        timed.append((step, cache))
+        return real(step, cache, *args)
+
+    monkeypatch.setattr(graph_probe, "_time_steps", spy)
+    model = graph_probe._probe_model(AutoConfig.from_pretrained(tiny_model_dir).to_dict(), 1)
+    with torch.no_grad():
+        graph_probe._time_paths(model, ort_step_for(model), rounds=1, rows=4, context=8, bf16=False)
+    lean = [(step, cache) for step, cache in timed if isinstance(step, LeanStep)]
+    assert len(lean) == (1 if fp16_weights_unavailable() else 2)  # F.linear, fp16 weights
+    for step, cache in lean:
+        assert step.scripted is not None and step.scripted.fused and step.fused_steps > 0
+        assert attends_with_kernel(cache) and step.kernel_steps > 0
+    assert [attends_with_kernel(cache) for step, cache in timed if not isinstance(step, LeanStep)] == [False]

@@ -1,8 +1,8 @@
 """The lean step's layers under TorchScript (rlkit.rollout.scripted_step) against its Python loop: the same
 operators in the same order, so the same tokens and the same log-probs bit for bit — fp32 on four model
 families (Qwen2's q/k/v biases, Qwen3's q/k norms, grouped KV heads), through the bf16 decode copy's fused
-oneDNN GEMMs, and with a group's prompt read once for its rows; where it cannot run (fp16 weights, a LoRA
-adapter, no TorchScript) the Python loop runs."""
+oneDNN GEMMs and the fp16 copy's fbgemm ones, and with a group's prompt read once for its rows; where it
+cannot run (a LoRA adapter, MLAS weights, no TorchScript) the Python loop runs."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_the_scripted_layers_run_the_bf16_copys_fused_gemms(request, arch):
     packed = Bf16DecodeCopy(model).module
     step = lean_step_for(packed, scripted=True)
     assert step.scripted is not None and step.scripted.packed
-    assert all(len(w) == 1 for w in step.scripted.parts["qkv"] + step.scripted.parts["gate_up"])  # fused
+    assert [len(w) for w in step.scripted.parts["weights"][:4]] == [1, 1, 1, 1]  # q/k/v, gate/up fused
     kw = {"n": 2, **CASES["temperature_top_k_top_p"]}
     (scripted, _), (loop, _) = (
         generate(tok, packed, fast=True, lean=True, scripted=on, fused_glue=False, **kw)
@@ -59,6 +59,31 @@ def test_the_scripted_layers_run_the_bf16_copys_fused_gemms(request, arch):
     )
     assert_identical(scripted, loop)
     assert scripted.meta["metrics"]["rollout/scripted_layers"] == 1.0
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_the_scripted_layers_run_the_fp16_copys_fused_gemms(request, arch):
+    """fbgemm's packed fp16 matrices (q/k/v and gate/up each one, biases inside) called from the script: the
+    same tokens and log-probs bit for bit as the Python loop over the same copy."""
+    from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.rollout.fp16_weights import Fp16DecodeCopy
+
+    if fp16_weights_unavailable():
+        pytest.skip(fp16_weights_unavailable())
+    tok, model = _models(request, arch)
+    packed = Fp16DecodeCopy(model).module
+    step = lean_step_for(packed, scripted=True)
+    assert step.scripted is not None and step.scripted.kind == "fp16" and not step.scripted.packed
+    parts = step.scripted.parts
+    assert [len(h) for h in parts["half"][:4]] == [1, 1, 1, 1] and parts["weights"][:4] == [[], [], [], []]
+    kw = {"n": 2, **CASES["temperature_top_k_top_p"]}
+    (scripted, _), (loop, _) = (
+        generate(tok, packed, fast=True, lean=True, scripted=on, fused_glue=False, **kw)
+        for on in (True, False)
+    )
+    assert_identical(scripted, loop)
+    assert scripted.meta["metrics"]["rollout/scripted_layers"] == 1.0
+    assert loop.meta["metrics"]["rollout/scripted_layers"] == 0.0
 
 
 def test_the_scripted_layers_read_a_groups_prompt_once(tok_and_model, monkeypatch):
@@ -89,16 +114,21 @@ def test_the_scripted_layers_read_a_groups_prompt_once(tok_and_model, monkeypatc
 
 
 def test_weights_the_script_does_not_take_run_the_python_loop(tok_and_model):
-    """fbgemm's fp16 linears and a LoRA adapter's layers are modules the script cannot call: the lean step
-    keeps its Python loop and says so (``rollout/scripted_layers`` 0)."""
+    """A LoRA adapter's layers and ONNX Runtime's MLAS linears are modules the script cannot call: the lean
+    step keeps its Python loop and says so (``rollout/scripted_layers`` 0)."""
+    from rlkit.hardware import onnxruntime_unavailable
     from rlkit.model.lora import apply_lora
     from rlkit.recipe.schema import LoraConfig
-    from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
     tok, model = tok_and_model
     assert lean_step_for(model, scripted=True).scripted is not None
     lora, _ = apply_lora(copy.deepcopy(model), LoraConfig(rank=4))
-    for other in (Fp16DecodeCopy(model).module, lora.eval()):
+    others = [lora.eval()]
+    if onnxruntime_unavailable() is None:
+        from rlkit.rollout.mlas_weights import MlasDecodeCopy
+
+        others.append(MlasDecodeCopy(model).module)
+    for other in others:
         step = lean_step_for(other, scripted=True)
         assert step is not None and step.scripted is None
         out, _ = generate(tok, other, fast=True, lean=True, scripted=True, n=2, do_sample=False)
