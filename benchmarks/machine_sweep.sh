@@ -21,8 +21,9 @@
 #                             (rlkit.rollout.attention_kernel: KERNEL_MAX_RATIO; rlkit.rollout.bf16_kv)
 #   sampling_kernel.py        the compiled draw against torch's (DecodePlan.fused_sampling)
 #   ab.py --change kernel|glue|sampling  the same three in a whole generate (DecodePlan.attention_kernel,
-#                             fused_glue, fused_sampling; glue in fp32 where the CPU has no native bf16: the
-#                             fused loop runs over plain or bf16-packed linears only)
+#                             fused_glue, fused_sampling), over the decode weights auto picks here
+#   ab.py --change mlas       without native bf16: that torch step against the one ONNX Runtime graph
+#                             (what rlkit.rollout.graph_probe weighs for linears: auto), in a whole generate
 # The machine line (CPU model, flags, probes) is in every results file; cite them in docs/benchmarks.md
 # beside the machine class.
 set -euo pipefail
@@ -60,10 +61,10 @@ fi
 python benchmarks/update_compile.py --model "$M" --dtypes $DTYPES
 python benchmarks/decode_attention_kernel.py
 python benchmarks/sampling_kernel.py
-for change in kernel glue sampling; do
-  dtype=$DECODE
-  if [ $change = glue ] && [ $DECODE = float16 ]; then dtype=float32; fi
-  python benchmarks/ab.py --model "$M" --change $change --phase gen --decode-dtype $dtype --prompts 2 \
+changes="kernel glue sampling"
+if [ $DECODE = float16 ]; then changes="$changes mlas"; fi
+for change in $changes; do
+  python benchmarks/ab.py --model "$M" --change $change --phase gen --decode-dtype $DECODE --prompts 2 \
     --samples 8 --tokens 64 --reps 5
 done
 if [ "${1:-}" = "--harness" ]; then
