@@ -31,7 +31,7 @@ import functools
 import torch
 from torch import nn
 
-from rlkit.rollout.packed_copy import FusedOutputs, PackedDecodeCopy
+from rlkit.rollout.packed_copy import PackedDecodeCopy, PackedSiblings, stacked_bias
 
 __all__ = ["Bf16DecodeCopy", "Bf16FusedLinear", "Bf16Linear", "bf16_weights_unavailable"]
 
@@ -90,18 +90,13 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return y.float() if bias is None else y.float() + bias
 
 
-class Bf16FusedLinear(FusedOutputs):
+class Bf16FusedLinear(PackedSiblings):
     """Sibling linears ``linears`` (one input width) as one oneDNN-packed bf16 matrix, their output rows
     stacked: ``output(x, i)`` is linear ``i`` 's ``[..., out_i]`` as :class:`Bf16Linear` computes it (each
     output element the same sum over the same bf16-rounded operands), the GEMM run once for all of them
     (``rlkit.rollout.packed_copy.FusedMember``)."""
 
-    def __init__(self, linears: list[nn.Linear], names: tuple[str, ...]):
-        super().__init__()
-        self.in_features = linears[0].in_features
-        self.splits = [linear.out_features for linear in linears]
-        self.names = names
-        self.pack(linears, names)
+    packing = "bf16 (oneDNN packed)"
 
     def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
         """Pack the linears' current weights as one matrix (their biases kept fp32, zero where one has
@@ -109,25 +104,10 @@ class Bf16FusedLinear(FusedOutputs):
         with torch.no_grad():
             weight = torch.cat([linear.weight.detach().to(torch.bfloat16) for linear in linears])
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-            self.bias = (
-                None
-                if all(linear.bias is None for linear in linears)
-                else torch.cat(
-                    [
-                        linear.bias.detach().float()
-                        if linear.bias is not None
-                        else torch.zeros(linear.out_features)
-                        for linear in linears
-                    ]
-                )
-            )
+            self.bias = stacked_bias(linears)
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return _packed_linear(x, self.packed, self.bias)
-
-    def extra_repr(self) -> str:
-        members = "+".join(name.rpartition(".")[2] for name in self.names)
-        return f"{members}: {super().extra_repr()}, weight=bf16 (oneDNN packed)"
 
 
 class Bf16DecodeCopy(PackedDecodeCopy):

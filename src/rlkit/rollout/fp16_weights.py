@@ -29,7 +29,7 @@ from torch import nn
 
 from rlkit.errors import RlkitError
 from rlkit.hardware import fp16_weights_unavailable
-from rlkit.rollout.packed_copy import FusedOutputs, PackedDecodeCopy
+from rlkit.rollout.packed_copy import PackedDecodeCopy, PackedSiblings, stacked_bias
 
 __all__ = ["Fp16DecodeCopy", "Fp16FusedLinear", "Fp16Linear"]
 
@@ -72,32 +72,17 @@ def _prepack(linears: list[nn.Linear], names: tuple[str, ...]):
                     f"rollout.backend.dtype=float16: {name or 'a linear'}'s weight holds {largest:g}, "
                     f"beyond fp16's range ({_FP16_MAX:g}); decode in float32 (or bfloat16) instead."
                 )
-        bias = None
-        if any(linear.bias is not None for linear in linears):
-            bias = torch.cat(
-                [
-                    linear.bias.detach().float()
-                    if linear.bias is not None
-                    else torch.zeros(linear.out_features)
-                    for linear in linears
-                ]
-            )
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-        return torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), bias)
+        return torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), stacked_bias(linears))
 
 
-class Fp16FusedLinear(FusedOutputs):
+class Fp16FusedLinear(PackedSiblings):
     """Sibling linears ``linears`` (one input width) as one fbgemm fp16 matrix, their output rows stacked:
     ``output(x, i)`` is linear ``i`` 's ``[..., out_i]`` as :class:`Fp16Linear` computes it (each output
     element the same fp32 sum over the same fp16-rounded weights), the GEMM run once for all of them
     (``rlkit.rollout.packed_copy.FusedMember``)."""
 
-    def __init__(self, linears: list[nn.Linear], names: tuple[str, ...]):
-        super().__init__()
-        self.in_features = linears[0].in_features
-        self.splits = [linear.out_features for linear in linears]
-        self.names = names
-        self.pack(linears, names)
+    packing = "fp16 (fbgemm packed)"
 
     def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
         """Pack the linears' current weights (and biases) as one matrix."""
@@ -105,10 +90,6 @@ class Fp16FusedLinear(FusedOutputs):
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
-
-    def extra_repr(self) -> str:
-        members = "+".join(name.rpartition(".")[2] for name in self.names)
-        return f"{members}: {super().extra_repr()}, weight=fp16 (fbgemm packed)"
 
 
 class Fp16DecodeCopy(PackedDecodeCopy):

@@ -33,7 +33,14 @@ from torch import nn
 
 from rlkit.errors import RlkitError
 
-__all__ = ["FusedMember", "FusedOutputs", "PackedDecodeCopy", "sibling_groups"]
+__all__ = [
+    "FusedMember",
+    "FusedOutputs",
+    "PackedDecodeCopy",
+    "PackedSiblings",
+    "sibling_groups",
+    "stacked_bias",
+]
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # read one input in Llama-family layers
 
@@ -106,6 +113,41 @@ class FusedOutputs:
         if len(self.taken) == len(self.splits):  # every member served: hold nothing between steps
             self.input, self.outputs, self.taken = None, (), set()
         return out
+
+
+class PackedSiblings(FusedOutputs):
+    """A fused group packed from its sibling linears (the packed copies' ``fused_cls``): ``in_features``,
+    ``splits`` and ``names`` from them, the one matrix from the subclass's :meth:`pack` (called again at each
+    refresh), ``packing`` naming the weights' format in its repr."""
+
+    packing = ""
+
+    def __init__(self, linears: list[nn.Linear], names: tuple[str, ...]):
+        super().__init__()
+        self.in_features = linears[0].in_features
+        self.splits = [linear.out_features for linear in linears]
+        self.names = names
+        self.pack(linears, names)
+
+    def pack(self, linears: list[nn.Linear], names: tuple[str, ...] = ()) -> None:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        members = "+".join(name.rpartition(".")[2] for name in self.names)
+        return f"{members}: {super().extra_repr()}, weight={self.packing}"
+
+
+def stacked_bias(linears: list[nn.Linear]) -> torch.Tensor | None:
+    """Sibling linears' biases as one fp32 ``[sum(out_features)]`` in their order, zero where one of them has
+    none; None where none has one."""
+    if all(linear.bias is None for linear in linears):
+        return None
+    return torch.cat(
+        [
+            linear.bias.detach().float() if linear.bias is not None else torch.zeros(linear.out_features)
+            for linear in linears
+        ]
+    )
 
 
 def _pack_all(jobs: list[tuple[nn.Module | FusedOutputs, list[nn.Linear], tuple[str, ...]]]) -> None:

@@ -41,41 +41,30 @@ def test_the_scripted_layers_decode_exactly_what_the_python_loop_decodes(request
     assert loop.meta["metrics"]["rollout/scripted_layers"] == 0.0
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_the_scripted_layers_run_the_bf16_copys_fused_gemms(request, arch):
-    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
-
-    if bf16_weights_unavailable() is not None:
-        pytest.skip(bf16_weights_unavailable())
-    tok, model = _models(request, arch)
-    packed = Bf16DecodeCopy(model).module
-    step = lean_step_for(packed, scripted=True)
-    assert step.scripted is not None and step.scripted.packed
-    assert [len(w) for w in step.scripted.parts["weights"][:4]] == [1, 1, 1, 1]  # q/k/v, gate/up fused
-    kw = {"n": 2, **CASES["temperature_top_k_top_p"]}
-    (scripted, _), (loop, _) = (
-        generate(tok, packed, fast=True, lean=True, scripted=on, fused_glue=False, **kw)
-        for on in (True, False)
-    )
-    assert_identical(scripted, loop)
-    assert scripted.meta["metrics"]["rollout/scripted_layers"] == 1.0
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
-def test_the_scripted_layers_run_the_fp16_copys_fused_gemms(request, arch):
-    """fbgemm's packed fp16 matrices (q/k/v and gate/up each one, biases inside) called from the script: the
-    same tokens and log-probs bit for bit as the Python loop over the same copy."""
+@pytest.mark.parametrize("weights", ["bf16", "fp16"])
+def test_the_scripted_layers_run_a_packed_copys_fused_gemms(request, arch, weights):
+    """The bf16 copy's oneDNN-packed matrices and the fp16 copy's fbgemm ones (q/k/v and gate/up one matrix
+    each; fbgemm adds its biases itself) called from the script: the same tokens and log-probs bit for bit as
+    the Python loop over the same copy."""
     from rlkit.hardware import fp16_weights_unavailable
+    from rlkit.rollout.bf16_weights import Bf16DecodeCopy, bf16_weights_unavailable
     from rlkit.rollout.fp16_weights import Fp16DecodeCopy
 
-    if fp16_weights_unavailable():
-        pytest.skip(fp16_weights_unavailable())
+    copy_cls, unavailable = {
+        "bf16": (Bf16DecodeCopy, bf16_weights_unavailable),
+        "fp16": (Fp16DecodeCopy, fp16_weights_unavailable),
+    }[weights]
+    if unavailable():
+        pytest.skip(unavailable())
     tok, model = _models(request, arch)
-    packed = Fp16DecodeCopy(model).module
+    packed = copy_cls(model).module
     step = lean_step_for(packed, scripted=True)
-    assert step.scripted is not None and step.scripted.kind == "fp16" and not step.scripted.packed
+    assert step.scripted is not None and step.scripted.kind == weights
+    assert step.scripted.packed == (weights == "bf16")  # the loops' oneDNN path
     parts = step.scripted.parts
-    assert [len(h) for h in parts["half"][:4]] == [1, 1, 1, 1] and parts["weights"][:4] == [[], [], [], []]
+    held, empty = ("half", "weights") if weights == "fp16" else ("weights", "half")
+    assert [len(g) for g in parts[held][:4]] == [1, 1, 1, 1] and parts[empty][:4] == [[], [], [], []]
     kw = {"n": 2, **CASES["temperature_top_k_top_p"]}
     (scripted, _), (loop, _) = (
         generate(tok, packed, fast=True, lean=True, scripted=on, fused_glue=False, **kw)
