@@ -407,3 +407,28 @@ def test_bf16_repack_stages_the_weights_rlkit_packs(benchmark_module, tiny_model
     ids = torch.tensor([[3, 17, 29, 5, 11]])
     with torch.no_grad():
         assert torch.equal(rlkits.module(input_ids=ids).logits, staged.module(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (35, 600)], ids=["one-block", "two-row-blocks-padded-columns"])
+def test_fp16_fastpack_builds_fbgemms_own_layout(benchmark_module, tmp_path, shape):
+    """``fp16_fastpack.py``'s verdict stands only if its packing is fbgemm's: the buffer it builds, multiplied
+    by fbgemm's own kernel, gives torch's ``linear_dynamic_fp16`` outputs bit for bit — one block row, and two
+    (K = 600: a 512-row block and an 88-row one) with N padded to a whole column block."""
+    import shutil
+
+    from rlkit.hardware import cpu_flags, fp16_weights_unavailable
+
+    if fp16_weights_unavailable() or shutil.which("g++") is None:
+        pytest.skip(fp16_weights_unavailable() or "no g++ to compile the spike's operator")
+    script = benchmark_module("fp16_fastpack.py")
+    script.build_operator(tmp_path)
+    bcol = script.column_block(set(cpu_flags()))
+    n, k = shape
+    weight = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    packed = script.fast_pack(weight, bcol)
+    for rows in (1, 8, 17):
+        x = torch.randn(rows, k)
+        want = torch.ops.quantized.linear_dynamic_fp16(
+            x, torch.ops.quantized.linear_prepack_fp16(weight, None)
+        )
+        assert torch.equal(torch.ops.rlkit_fp16_spike.fp16_gemm(x, packed, k, n, bcol), want)
