@@ -95,7 +95,8 @@ def test_auto_decodes_with_fp16_weights_where_they_pay(tiny_assets, tmp_path, li
     assert [r["step"] for r in steps] == [1, 2]
     for step in steps:
         assert step["rollout/fp16_repacked_linears"] == linears
-        assert step["rollout/scripted_layers"] == 0.0  # fbgemm's linears: the lean step's Python loop
+        assert step["rollout/lean_step"] == 1.0
+        assert step["rollout/scripted_layers"] == 1.0  # fbgemm's matrices called from TorchScript
         assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
         assert step["critic/score/min"] < step["critic/score/max"]  # graded rewards vary: a real gradient
         # the fp16-weight policy is not the fp32 actor's: the mismatch is measured, small and non-zero
